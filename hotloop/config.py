@@ -1,0 +1,152 @@
+"""Configuration: the user-facing ``EngineConfig`` and the resolved, frozen configs the engine runs on.
+
+``EngineConfig`` carries LMDeploy's field names so its users can switch by changing an import.
+It is validated on construction; ``resolve`` turns it plus a model folder into ``ModelConfig``,
+``CacheConfig`` and ``SchedulerConfig``, which nothing mutates afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+BACKENDS = ("auto", "turbo", "pytorch")
+BACKEND_ALIASES = {"turbomind": "turbo"}
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16", "float": "float32"}
+MODEL_FORMATS = (None, "hf", "gguf", "awq")
+QUANT_POLICIES = (0, 4, 8)
+LOAD_FORMATS = ("auto", "dummy")
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message names the field and the limit."""
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything about how the engine runs a model (LMDeploy-compatible names).
+
+    cache_max_entry_count: a float in (0, 1] is the fraction of free device memory (on the CPU:
+    of available RAM) given to KV blocks; an int >= 1 is an exact number of blocks.
+    session_len: the most tokens one sequence may hold (prompt plus output); None takes the model's
+    ``max_position_embeddings``.
+    """
+
+    backend: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    tp: int = 1
+    session_len: int | None = None
+    max_batch_size: int = 128
+    cache_max_entry_count: float | int = 0.8
+    cache_block_seq_len: int = 64
+    max_prefill_token_num: int = 8192
+    enable_prefix_caching: bool = False
+    quant_policy: int = 0
+    model_format: str | None = None
+    eager_mode: bool = False
+    load_format: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        backend = BACKEND_ALIASES.get(self.backend, self.backend)
+        object.__setattr__(self, "backend", backend)
+        _check(backend in BACKENDS, f"backend={self.backend!r} is not one of {BACKENDS} (or 'turbomind')")
+        _check(self.device in DEVICES, f"device={self.device!r} is not one of {DEVICES}")
+        dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        object.__setattr__(self, "dtype", dtype)
+        _check(dtype in DTYPES, f"dtype={self.dtype!r} is not one of {DTYPES}")
+        _check(isinstance(self.tp, int) and self.tp >= 1, f"tp={self.tp!r} must be an integer >= 1")
+        _check(
+            self.session_len is None or (isinstance(self.session_len, int) and self.session_len >= 2),
+            f"session_len={self.session_len!r} must be an integer >= 2",
+        )
+        _check(
+            isinstance(self.max_batch_size, int) and self.max_batch_size >= 1,
+            f"max_batch_size={self.max_batch_size!r} must be an integer >= 1",
+        )
+        c = self.cache_max_entry_count
+        if isinstance(c, bool) or not isinstance(c, (int, float)):
+            raise ConfigError(f"cache_max_entry_count={c!r} must be a float in (0, 1] or an int >= 1")
+        if isinstance(c, float):
+            _check(0.0 < c <= 1.0, f"cache_max_entry_count={c!r}: a float must lie in (0, 1]")
+        else:
+            _check(c >= 1, f"cache_max_entry_count={c!r}: an int must be >= 1 (a number of blocks)")
+        b = self.cache_block_seq_len
+        _check(
+            isinstance(b, int) and 1 <= b <= 1024,
+            f"cache_block_seq_len={b!r} must be an integer in [1, 1024]",
+        )
+        _check(
+            isinstance(self.max_prefill_token_num, int) and self.max_prefill_token_num >= 1,
+            f"max_prefill_token_num={self.max_prefill_token_num!r} must be an integer >= 1",
+        )
+        _check(self.quant_policy in QUANT_POLICIES, f"quant_policy={self.quant_policy!r} must be one of 0, 4, 8")
+        _check(self.model_format in MODEL_FORMATS, f"model_format={self.model_format!r} must be one of {MODEL_FORMATS}")
+        _check(self.load_format in LOAD_FORMATS, f"load_format={self.load_format!r} must be one of {LOAD_FORMATS}")
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class TurbomindEngineConfig(EngineConfig):
+    """``EngineConfig`` with ``backend='turbo'`` preset (LMDeploy name)."""
+
+    backend: str = "turbo"
+
+
+@dataclass(frozen=True)
+class PytorchEngineConfig(EngineConfig):
+    """``EngineConfig`` with ``backend='pytorch'`` preset (LMDeploy name)."""
+
+    backend: str = "pytorch"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the engine needs to know about a model, read once from its Hugging Face config."""
+
+    path: str
+    architecture: str
+    hf_config: Any = field(repr=False, compare=False)
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    dtype: str
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V for every layer, at the model's dtype (no KV quantization)."""
+        itemsize = 4 if self.dtype == "float32" else 2
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The resolved KV pool: block size and an exact block count."""
+
+    block_size: int
+    num_blocks: int
+    enable_prefix_caching: bool = False
+    quant_policy: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Admission limits of the scheduler."""
+
+    max_batch_size: int
+    max_prefill_token_num: int
+    session_len: int

@@ -1,0 +1,114 @@
+"""Torch reference ops: the CPU path, and what every GPU kernel is tested against.
+
+Paged KV cache layout, per layer: ``k_cache`` and ``v_cache`` of shape
+``[num_blocks, block_size, num_kv_heads, head_dim]``. Token ``i`` of a sequence lives in block
+``block_table[i // block_size]`` at offset ``i % block_size``; its flat slot is
+``block * block_size + offset``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv_cache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store ``k``, ``v`` ``[T, num_kv_heads, head_dim]`` at flat slots ``slot_mapping`` ``[T]``."""
+    nb, bs, h, d = k_cache.shape
+    k_cache.view(nb * bs, h, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(nb * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` tokens of one sequence: ``[length, num_kv_heads, head_dim]``."""
+    bs = cache.shape[1]
+    nblk = (length + bs - 1) // bs
+    return cache[block_table[:nblk].long()].flatten(0, 1)[:length]
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_lens: list[int],
+    seq_lens: list[int],
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of new queries over each sequence's paged context.
+
+    q: ``[T, num_heads, head_dim]``, the queries of all sequences back to back (``query_lens``).
+    Sequence ``b`` has ``seq_lens[b]`` tokens in the cache (its new tokens already written), and
+    its queries are the last ``query_lens[b]`` of those. GQA: ``num_heads`` is a multiple of the
+    cache's ``num_kv_heads``. Returns ``[T, num_heads, head_dim]`` in q's dtype.
+    """
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv = k_cache.shape[2]
+    group = num_heads // num_kv
+    out = torch.empty_like(q)
+    bs = k_cache.shape[1]
+    decode_rows = [b for b, ql in enumerate(query_lens) if ql == 1]
+    starts = [0]
+    for ql in query_lens:
+        starts.append(starts[-1] + ql)
+
+    # Decodes of the batch together: pad contexts to the longest, mask the tail.
+    if len(decode_rows) > 1:
+        idx = torch.tensor(decode_rows, dtype=torch.long, device=q.device)
+        lens = torch.tensor([seq_lens[b] for b in decode_rows], device=q.device)
+        max_len = int(lens.max())
+        nblk = (max_len + bs - 1) // bs
+        tables = block_tables[idx, :nblk].long()
+        k = k_cache[tables].flatten(1, 2)[:, :max_len]  # [D, L, kv, d]
+        v = v_cache[tables].flatten(1, 2)[:, :max_len]
+        pos = torch.arange(max_len, device=q.device)
+        valid = pos[None, :] < lens[:, None]
+        if sliding_window is not None:
+            valid &= pos[None, :] >= (lens[:, None] - sliding_window)
+        qi = torch.tensor([starts[b] for b in decode_rows], dtype=torch.long, device=q.device)
+        qd = q[qi].view(len(decode_rows), num_kv, group, head_dim).float()  # [D, kv, g, d]
+        scores = torch.einsum("nkgd,nlkd->nkgl", qd, k.float()) * scale
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+        probs = scores.softmax(dim=-1)
+        o = torch.einsum("nkgl,nlkd->nkgd", probs, v.float())
+        out[qi] = o.reshape(len(decode_rows), num_heads, head_dim).to(q.dtype)
+        done = set(decode_rows)
+    else:
+        done = set()
+
+    for b, ql in enumerate(query_lens):
+        if b in done or ql == 0:
+            continue
+        L = seq_lens[b]
+        k = gather_kv(k_cache, block_tables[b], L).float()  # [L, kv, d]
+        v = gather_kv(v_cache, block_tables[b], L).float()
+        qb = q[starts[b] : starts[b] + ql].float()  # [ql, h, d]
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        qpos = torch.arange(L - ql, L, device=q.device)
+        kpos = torch.arange(L, device=q.device)
+        mask = kpos[None, :] <= qpos[:, None]
+        if sliding_window is not None:
+            mask &= kpos[None, :] > qpos[:, None] - sliding_window
+        o = F.scaled_dot_product_attention(
+            qb.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
+        )
+        out[starts[b] : starts[b] + ql] = o.transpose(0, 1).to(q.dtype)
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32, returned in x's dtype (as transformers' LlamaRMSNorm)."""
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``x = cat([gate, up], -1)``."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up

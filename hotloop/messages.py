@@ -1,0 +1,138 @@
+"""Messages between the user and the engine: ``GenerationConfig`` in, ``Response`` out.
+
+Field names follow LMDeploy's ``GenerationConfig`` and ``Response`` so its users can switch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RequestError(ValueError):
+    """A request cannot be served as given; the message names the field and the limit.
+
+    ``param`` is the offending field, for OpenAI-shaped error bodies.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How to generate for one request.
+
+    do_sample=False means greedy decoding whatever the temperature; with do_sample=True a
+    temperature of 0 is also greedy. top_k=0 and top_p=1.0 and min_p=0.0 switch those filters off.
+    logprobs: how many top alternatives to return with each generated token's log-probability
+    (0 returns only the chosen token's; None returns none).
+    """
+
+    n: int = 1
+    max_new_tokens: int = 512
+    do_sample: bool = False
+    temperature: float = 0.8
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    random_seed: int | None = None
+    stop_words: tuple[str, ...] | list[str] | None = None
+    stop_token_ids: tuple[int, ...] | list[int] | None = None
+    ignore_eos: bool = False
+    min_new_tokens: int | None = None
+    skip_special_tokens: bool = True
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None
+
+    def __post_init__(self) -> None:
+        def bad(name: str, limit: str) -> RequestError:
+            return RequestError(f"{name}={getattr(self, name)!r} {limit}", param=name)
+
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad("n", "must be an integer >= 1")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise bad("max_new_tokens", "must be an integer >= 1")
+        if self.temperature < 0:
+            raise bad("temperature", "must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "must lie in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad("top_k", "must be an integer >= 0 (0 disables it)")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", "must lie in [0, 1]")
+        if self.repetition_penalty <= 0:
+            raise bad("repetition_penalty", "must be > 0")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise bad("presence_penalty", "must lie in [-2, 2]")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise bad("frequency_penalty", "must lie in [-2, 2]")
+        if self.min_new_tokens is not None and (not isinstance(self.min_new_tokens, int) or self.min_new_tokens < 0):
+            raise bad("min_new_tokens", "must be an integer >= 0")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            raise bad("logprobs", "must be an integer in [0, 20]")
+        if isinstance(self.stop_words, str):
+            object.__setattr__(self, "stop_words", (self.stop_words,))
+        if self.stop_words is not None:
+            object.__setattr__(self, "stop_words", tuple(s for s in self.stop_words if s))
+        if self.stop_token_ids is not None:
+            object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return (not self.do_sample) or self.temperature == 0.0 or self.top_k == 1
+
+    def replace(self, **changes: Any) -> GenerationConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """Log-probability of one generated token, with the top alternatives (id -> logprob)."""
+
+    token_id: int
+    logprob: float
+    top: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class Response:
+    """The result (or, while streaming, the increment so far) of one generation.
+
+    In a stream, ``text`` and ``token_ids`` are the new piece since the previous response;
+    from ``pipe(...)`` they are the whole output.
+    """
+
+    text: str
+    generate_token_len: int
+    input_token_len: int
+    finish_reason: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    index: int = 0
+    cached_tokens: int = 0
+    session_id: int | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.input_token_len
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.generate_token_len
