@@ -1,0 +1,1 @@
+"""Python API: ``pipeline()`` and its sessions."""

@@ -1,0 +1,1 @@
+"""Benchmark drivers behind ``hotloop bench``."""

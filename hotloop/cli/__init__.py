@@ -1,0 +1,1 @@
+"""Command line: ``hotloop serve / chat / check_env / bench``."""

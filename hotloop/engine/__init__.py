@@ -1,0 +1,1 @@
+"""Engine core: request state, KV block accounting, scheduling, detokenization. Pure Python."""
