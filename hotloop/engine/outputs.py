@@ -25,3 +25,11 @@ class RequestOutput:
     num_generated_tokens: int
     cached_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    """What the executor returns for one request that sampled this step."""
+
+    token_id: int
+    logprob: TokenLogprob | None = None

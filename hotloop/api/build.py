@@ -1,0 +1,73 @@
+"""Assemble an ``Engine`` from a model argument and an ``EngineConfig``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from hotloop.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from hotloop.engine.engine import Engine
+from hotloop.executor.executor import LocalExecutor, resolve_device, resolve_dtype
+from hotloop.models.loader import model_config_from_path
+from hotloop.models.registry import resolve_architecture
+from hotloop.models.resolve import resolve_model_path
+from hotloop.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class BuiltEngine:
+    engine: Engine
+    model_path: Path
+    model_config: ModelConfig
+    backend: str
+    device: str
+    tokenizer: Any
+
+
+def choose_backend(requested: str, architecture: str) -> str:
+    """``auto`` and ``turbo`` run our own model implementations; ``pytorch`` is not built yet."""
+    resolve_architecture(architecture)  # raises UnsupportedModelError listing what is supported
+    if requested == "pytorch":
+        raise ValueError(
+            "backend='pytorch' (transformers modeling code over the paged cache) is not available in this "
+            f"version; use backend='turbo' (or 'auto'), which supports {architecture}"
+        )
+    if requested == "auto":
+        logger.info("backend auto -> turbo (%s is in the turbo model zoo)", architecture)
+    return "turbo"
+
+
+def build_engine(model: str | None, config: EngineConfig | None = None) -> BuiltEngine:
+    config = config or EngineConfig()
+    path = resolve_model_path(model)
+    device = resolve_device(config.device)
+    probe = model_config_from_path(path, "auto")
+    dtype = resolve_dtype(config.dtype, probe.dtype, device)
+    dtype_name = str(dtype).removeprefix("torch.")
+    model_config = model_config_from_path(path, dtype_name)
+    backend = choose_backend(config.backend, model_config.architecture)
+    session_len = config.session_len or model_config.max_position_embeddings
+    executor = LocalExecutor(path, model_config, config, device, dtype, session_len)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    engine = Engine(
+        executor,
+        tokenizer,
+        model_config,
+        CacheConfig(
+            block_size=config.cache_block_seq_len,
+            num_blocks=executor.num_blocks,
+            enable_prefix_caching=config.enable_prefix_caching,
+            quant_policy=config.quant_policy,
+        ),
+        SchedulerConfig(
+            max_batch_size=config.max_batch_size,
+            max_prefill_token_num=config.max_prefill_token_num,
+            session_len=session_len,
+        ),
+    )
+    return BuiltEngine(engine, path, model_config, backend, device.type, tokenizer)

@@ -1,0 +1,238 @@
+"""The Python pipeline: LMDeploy-shaped ``pipeline()`` over one engine, with chat sessions.
+
+``pipe(prompts)`` submits every prompt to the engine at once and steps it until all finish, so a
+list of prompts is batched by the scheduler exactly as a server would batch them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from hotloop.api.build import BuiltEngine, build_engine
+from hotloop.config import EngineConfig
+from hotloop.engine.outputs import RequestOutput
+from hotloop.messages import GenerationConfig, RequestError, Response
+from hotloop.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+Message = dict[str, Any]
+Prompt = Union[str, list[Message]]
+
+
+@dataclass
+class Session:
+    """A multi-turn conversation for ``Pipeline.chat``: its messages and the last response."""
+
+    session_id: int
+    history: list[Message] = field(default_factory=list)
+    response: Response | None = None
+
+    def __repr__(self) -> str:
+        turns = "\n".join(f"{m['role']}: {m['content']}" for m in self.history)
+        return f"Session(id={self.session_id}):\n{turns}"
+
+
+class Pipeline:
+    """Generate from a model in Python. Use as a context manager or call ``close()``."""
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        backend_config: EngineConfig | None = None,
+        chat_template: str | None = None,
+        log_level: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs:
+            raise TypeError(f"pipeline() got unexpected arguments: {sorted(kwargs)}")
+        if log_level:
+            from hotloop.utils.logging import set_log_level
+
+            set_log_level(log_level)
+        self._built: BuiltEngine | None = build_engine(model_path, backend_config)
+        self.tokenizer = self._built.tokenizer
+        self.chat_template = chat_template
+        self._ids = itertools.count()
+        self._session_ids = itertools.count(1)
+
+    # -- properties -----------------------------------------------------------------------------
+    @property
+    def engine(self):  # type: ignore[no-untyped-def]
+        if self._built is None:
+            raise RuntimeError("the pipeline is closed")
+        return self._built.engine
+
+    @property
+    def built(self) -> BuiltEngine:
+        if self._built is None:
+            raise RuntimeError("the pipeline is closed")
+        return self._built
+
+    # -- prompt handling ------------------------------------------------------------------------
+    def encode(self, prompt: Prompt, do_preprocess: bool = True) -> list[int]:
+        """Token ids for a string or an OpenAI message list (chat template applied by default)."""
+        if isinstance(prompt, str):
+            if not do_preprocess or not self.has_chat_template:
+                return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+            prompt = [{"role": "user", "content": prompt}]
+        if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
+            raise RequestError("a prompt must be a string or a list of {'role', 'content'} messages", "prompt")
+        if not self.has_chat_template:
+            raise RequestError(
+                "this model has no chat template, so message lists cannot be formatted; "
+                "pass a plain string with do_preprocess=False or set chat_template",
+                "messages",
+            )
+        text = self.tokenizer.apply_chat_template(
+            prompt, add_generation_prompt=True, tokenize=False, chat_template=self.chat_template
+        )
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.chat_template or getattr(self.tokenizer, "chat_template", None))
+
+    @staticmethod
+    def _normalize(prompts: Any) -> tuple[list[Prompt], bool]:
+        """-> (list of prompts, whether the input was a single prompt)."""
+        if isinstance(prompts, str):
+            return [prompts], True
+        if isinstance(prompts, list) and prompts and all(isinstance(m, dict) for m in prompts):
+            return [prompts], True
+        if isinstance(prompts, (list, tuple)):
+            out: list[Prompt] = []
+            for p in prompts:
+                if isinstance(p, (list, tuple)) and len(p) == 1 and isinstance(p[0], str):
+                    p = p[0]  # LMDeploy accepts [["text"], ...]
+                if not isinstance(p, (str, list)):
+                    raise RequestError(f"unsupported prompt type {type(p).__name__}", "prompts")
+                out.append(p if isinstance(p, str) else list(p))
+            return out, False
+        raise RequestError(f"unsupported prompts type {type(prompts).__name__}", "prompts")
+
+    # -- generation -----------------------------------------------------------------------------
+    def _submit(
+        self, prompts: Sequence[Prompt], gen_config: GenerationConfig, do_preprocess: bool
+    ) -> list[tuple[int, int, str, list[int]]]:
+        """Encode and validate everything first, then submit: a bad prompt submits nothing."""
+        encoded = [self.encode(p, do_preprocess) for p in prompts]
+        for ids in encoded:
+            self.engine.validate(ids, gen_config)
+        subs = []
+        for i, ids in enumerate(encoded):
+            for j in range(gen_config.n):
+                params = gen_config
+                if gen_config.random_seed is not None and j > 0:
+                    params = gen_config.replace(random_seed=gen_config.random_seed + j)
+                rid = f"pipe-{next(self._ids)}"
+                self.engine.add_request(rid, ids, params)
+                subs.append((i, j, rid, ids))
+        return subs
+
+    def _run(self, rids: set[str]) -> Iterator[RequestOutput]:
+        """Step the engine until every request in ``rids`` finished, yielding their outputs."""
+        pending = set(rids)
+        try:
+            while pending:
+                for o in self.engine.step():
+                    if o.request_id in pending:
+                        if o.finished:
+                            pending.discard(o.request_id)
+                        yield o
+        finally:
+            for rid in pending:  # the caller stopped early: free the blocks
+                self.engine.abort_request(rid)
+            if pending:
+                while self.engine.has_unfinished() and any(r in self.engine.requests for r in pending):
+                    self.engine.step()
+
+    def __call__(
+        self,
+        prompts: Any,
+        gen_config: GenerationConfig | None = None,
+        do_preprocess: bool = True,
+        config: GenerationConfig | None = None,
+    ) -> Any:
+        """Generate for one prompt (-> Response) or a list (-> list of Response).
+
+        With ``gen_config.n > 1`` each prompt gives a list of ``n`` responses.
+        """
+        gen_config = gen_config or config or GenerationConfig()
+        items, single = self._normalize(prompts)
+        subs = self._submit(items, gen_config, do_preprocess)
+        by_id = {rid: (i, j, ids) for i, j, rid, ids in subs}
+        acc: dict[str, Response] = {
+            rid: Response("", 0, len(ids), None, [], None, i) for rid, (i, _j, ids) in by_id.items()
+        }
+        for o in self._run(set(by_id)):
+            _accumulate(acc[o.request_id], o)
+        results: list[Any] = []
+        for i in range(len(items)):
+            group = [acc[rid] for rid, (pi, _j, _ids) in by_id.items() if pi == i]
+            results.append(group if gen_config.n > 1 else group[0])
+        return results[0] if single else results
+
+    def stream_infer(
+        self, prompts: Any, gen_config: GenerationConfig | None = None, do_preprocess: bool = True
+    ) -> Iterator[Response]:
+        """Yield incremental responses (new text and token ids); ``index`` says which prompt."""
+        gen_config = gen_config or GenerationConfig()
+        items, _single = self._normalize(prompts)
+        subs = self._submit(items, gen_config, do_preprocess)
+        by_id = {rid: (i, ids) for i, _j, rid, ids in subs}
+        for o in self._run(set(by_id)):
+            i, ids = by_id[o.request_id]
+            yield Response(
+                text=o.new_text,
+                generate_token_len=o.num_generated_tokens,
+                input_token_len=o.num_prompt_tokens,
+                finish_reason=o.finish_reason,
+                token_ids=list(o.new_token_ids),
+                logprobs=list(o.logprobs) or None,
+                index=i,
+                cached_tokens=o.cached_tokens,
+            )
+
+    def chat(
+        self,
+        prompt: str | list[Message],
+        session: Session | None = None,
+        gen_config: GenerationConfig | None = None,
+    ) -> Session:
+        """One turn of a multi-turn conversation; pass the returned session to continue it."""
+        if session is None:
+            session = Session(next(self._session_ids))
+        new = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        messages = session.history + new
+        resp = self(messages, gen_config=gen_config)
+        session.history = messages + [{"role": "assistant", "content": resp.text}]
+        session.response = resp
+        resp.session_id = session.session_id
+        return session
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the model and the KV cache."""
+        self._built = None
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _accumulate(resp: Response, o: RequestOutput) -> None:
+    resp.text += o.new_text
+    resp.token_ids.extend(o.new_token_ids)
+    resp.generate_token_len = o.num_generated_tokens
+    resp.input_token_len = o.num_prompt_tokens
+    resp.cached_tokens = o.cached_tokens
+    if o.logprobs:
+        resp.logprobs = (resp.logprobs or []) + list(o.logprobs)
+    if o.finished:
+        resp.finish_reason = o.finish_reason

@@ -1,0 +1,208 @@
+"""The engine: accepts requests, and each ``step()`` schedules, executes and updates.
+
+Thread-safe at its edge: ``add_request`` / ``abort_request`` may be called from any thread; they
+validate at once (raising ``RequestError``) and leave the request in an inbox that the next
+``step()`` drains. Everything else runs on the thread that calls ``step()``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Protocol
+
+from hotloop.config import CacheConfig, ModelConfig, SchedulerConfig
+from hotloop.engine.block_manager import BlockManager
+from hotloop.engine.detokenizer import IncrementalDetokenizer
+from hotloop.engine.outputs import RequestOutput, SampledToken
+from hotloop.engine.request import Request, RequestStatus
+from hotloop.engine.scheduler import Scheduler, SchedulerOutput
+from hotloop.messages import GenerationConfig, RequestError
+
+
+class Executor(Protocol):
+    """Runs the scheduled tokens; returns one ``SampledToken`` per scheduled request that samples,
+    in the order of ``out.scheduled``."""
+
+    def execute(self, out: SchedulerOutput) -> list[SampledToken]: ...
+
+
+class Engine:
+    """Continuous-batching engine over one executor."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        tokenizer: Any,
+        model_config: ModelConfig,
+        cache_config: CacheConfig,
+        scheduler_config: SchedulerConfig,
+    ) -> None:
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.model_config = model_config
+        self.cache_config = cache_config
+        self.scheduler_config = scheduler_config
+        self.block_manager = BlockManager(cache_config.num_blocks, cache_config.block_size)
+        self.scheduler = Scheduler(scheduler_config, self.block_manager)
+        self.requests: dict[str, Request] = {}
+        self._lock = threading.Lock()
+        self._inbox: list[Request] = []
+        self._aborts: list[str] = []
+        self._ids: set[str] = set()
+        self.num_steps = 0
+
+    # -- edge (any thread) ----------------------------------------------------------------------
+    @property
+    def session_len(self) -> int:
+        return self.scheduler_config.session_len
+
+    @property
+    def max_tokens_per_request(self) -> int:
+        """A request must fit the session and the whole KV pool."""
+        return min(self.session_len, self.cache_config.num_blocks * self.cache_config.block_size)
+
+    def validate(self, prompt_token_ids: list[int], params: GenerationConfig) -> None:
+        """Raise ``RequestError`` naming the field and the limit if the request cannot be served."""
+        p = len(prompt_token_ids)
+        if p == 0:
+            raise RequestError("the prompt is empty: it must hold at least one token", param="prompt")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise RequestError(
+                f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})", param="prompt"
+            )
+        limit = self.max_tokens_per_request
+        m = params.max_new_tokens
+        if p + m > limit:
+            where = (
+                f"session_len={self.session_len}"
+                if limit == self.session_len
+                else f"the KV cache's {limit} tokens (session_len={self.session_len})"
+            )
+            raise RequestError(
+                f"the prompt has {p} tokens and max_new_tokens is {m}: {p + m} tokens exceed {where}; "
+                f"shorten the prompt or lower max_new_tokens to at most {max(limit - p, 0)}",
+                param="max_new_tokens" if p < limit else "prompt",
+            )
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: GenerationConfig) -> None:
+        """Validate and queue a request; it joins the batch at the next step."""
+        self.validate(prompt_token_ids, params)
+        stop_ids = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
+            stop_ids.update(self.model_config.eos_token_ids)
+        req = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            stop_token_ids=frozenset(stop_ids),
+        )
+        req.detokenizer = IncrementalDetokenizer(
+            self.tokenizer,
+            req.prompt_token_ids,
+            skip_special_tokens=params.skip_special_tokens,
+            stop_words=tuple(params.stop_words or ()),
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
+        with self._lock:
+            if request_id in self._ids:
+                raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
+            self._ids.add(request_id)
+            self._inbox.append(req)
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort a request; its final output (finish_reason ``abort``) comes from the next step."""
+        with self._lock:
+            self._aborts.append(request_id)
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            pending = bool(self._inbox or self._aborts)
+        return pending or self.scheduler.has_unfinished()
+
+    # -- the loop (one thread) -------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs = self._drain_inbox()
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return outputs
+        sampled = self.executor.execute(out)
+        self.scheduler.advance(out)
+        self.num_steps += 1
+        return outputs + self._update(out, sampled)
+
+    def _drain_inbox(self) -> list[RequestOutput]:
+        with self._lock:
+            new, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+        for req in new:
+            self.requests[req.request_id] = req
+            self.scheduler.add(req)
+        outputs = []
+        for rid in aborts:
+            req = self.requests.get(rid)
+            if req is None or req.is_finished:
+                continue
+            outputs.append(self._finish(req, RequestStatus.FINISHED_ABORTED, [], ""))
+        return outputs
+
+    def _update(self, out: SchedulerOutput, sampled: list[SampledToken]) -> list[RequestOutput]:
+        samplers = [s.request for s in out.scheduled if s.samples]
+        assert len(samplers) == len(sampled), f"executor returned {len(sampled)} tokens for {len(samplers)}"
+        now = time.monotonic()
+        outputs = []
+        for req, tok in zip(samplers, sampled, strict=True):
+            req.output_token_ids.append(tok.token_id)
+            if tok.logprob is not None:
+                req.output_logprobs.append(tok.logprob)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            detok: IncrementalDetokenizer = req.detokenizer
+            text = detok.add_tokens([tok.token_id])
+            status = None
+            if tok.token_id in req.stop_token_ids or detok.stopped:
+                status = RequestStatus.FINISHED_STOPPED
+            elif req.num_output_tokens >= req.max_new_tokens or req.num_tokens >= self.session_len:
+                status = RequestStatus.FINISHED_LENGTH
+            lps = [tok.logprob] if tok.logprob is not None else []
+            if status is not None:
+                outputs.append(self._finish(req, status, [tok.token_id], text, lps))
+            else:
+                outputs.append(self._output(req, [tok.token_id], text, None, lps))
+        return outputs
+
+    def _finish(
+        self, req: Request, status: RequestStatus, new_ids: list[int], text: str, lps: list | None = None
+    ) -> RequestOutput:
+        self.scheduler.finish(req, status)
+        text += req.detokenizer.flush()
+        self.requests.pop(req.request_id, None)
+        with self._lock:
+            self._ids.discard(req.request_id)
+        reason = status.finish_reason
+        return self._output(req, new_ids, text, str(reason) if reason else None, lps or [])
+
+    @staticmethod
+    def _output(req: Request, new_ids: list[int], text: str, reason: str | None, lps: list) -> RequestOutput:
+        return RequestOutput(
+            request_id=req.request_id,
+            new_token_ids=new_ids,
+            new_text=text,
+            finished=reason is not None,
+            finish_reason=reason,
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_generated_tokens=req.num_output_tokens,
+            cached_tokens=req.num_cached_tokens,
+            logprobs=lps,
+        )
+
+    # -- stats ------------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.block_manager.num_blocks

@@ -1,0 +1,101 @@
+"""The request state machine: one generation, from waiting to finished.
+
+WAITING -> RUNNING -> FINISHED_{STOPPED,LENGTH,ABORTED}; a RUNNING request may be PREEMPTED
+(its KV blocks freed, to be recomputed), which puts it back in the waiting queue.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hotloop.messages import FinishReason, GenerationConfig, TokenLogprob
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return _REASONS.get(self)
+
+
+_FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+_REASONS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+}
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence being generated.
+
+    ``num_computed_tokens`` counts the leading tokens of ``all_token_ids`` whose K/V is in the
+    cache. The scheduler grows it; preemption resets it to 0 (recompute).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: GenerationConfig
+    stop_token_ids: frozenset[int] = frozenset()
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    # Opaque per-request state owned by the executor (e.g. the seeded torch.Generator).
+    sampler_state: Any = None
+    # Opaque per-request state owned by the output processor (the incremental detokenizer).
+    detokenizer: Any = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.params.max_new_tokens
+
+    @property
+    def max_total_tokens(self) -> int:
+        """The most tokens this request can ever hold in the cache."""
+        return self.num_prompt_tokens + self.params.max_new_tokens
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """``all_token_ids[start:end]`` without building the concatenation."""
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p : end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished

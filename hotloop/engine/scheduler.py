@@ -1,0 +1,145 @@
+"""Continuous batching: which requests run this step, and how many tokens each.
+
+Prefill, chunked prefill and decode are one mechanism: each scheduled request advances its
+``num_computed_tokens`` by ``num_tokens``; a request samples a token when the step reaches the end
+of its known tokens. Running requests go first (oldest first); when one of them cannot get a
+block, the newest running request is preempted (blocks freed, recomputed later). Waiting requests
+join in FIFO order while slots (``max_batch_size``), blocks and the step's prefill token budget
+(``max_prefill_token_num``) allow; a prompt longer than the budget is prefilled over several steps,
+alongside the running decodes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from hotloop.config import SchedulerConfig
+from hotloop.engine.block_manager import BlockManager
+from hotloop.engine.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """``num_tokens`` new tokens of ``request`` run this step, starting at position ``start``."""
+
+    request: Request
+    num_tokens: int
+    start: int
+    samples: bool = False  # this step reaches the last known token, so a new token is sampled
+
+    @classmethod
+    def of(cls, request: Request, num_tokens: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        return cls(request, num_tokens, start, start + num_tokens == request.num_tokens)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Owns the waiting queue and the running batch; allocates blocks through the BlockManager."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # -- queue management -------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """Take ``request`` out of the queues and free its blocks."""
+        assert status.finished
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.block_manager.free(request)
+        request.status = status
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step -----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        bm = self.block_manager
+        budget = self.config.max_prefill_token_num
+        now = time.monotonic()
+
+        idx = 0
+        while idx < len(self.running):
+            req = self.running[idx]
+            remaining = req.num_tokens - req.num_computed_tokens
+            n = remaining if remaining == 1 else min(remaining, budget)
+            if n == 0:
+                idx += 1
+                continue
+            while not bm.can_allocate(req, n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                bm.allocate(req, n)
+                out.scheduled.append(ScheduledRequest.of(req, n))
+                if remaining > 1:
+                    budget -= n
+                idx += 1
+
+        # No admissions in a step that had to preempt: the pool is under pressure.
+        while self.waiting and not out.preempted and budget > 0 and len(self.running) < self.config.max_batch_size:
+            req = self.waiting[0]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not bm.can_allocate(req, n):
+                break
+            self.waiting.popleft()
+            bm.allocate(req, n)
+            req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            self.running.append(req)
+            out.scheduled.append(ScheduledRequest.of(req, n))
+            budget -= n
+        return out
+
+    def _preempt(self, request: Request) -> None:
+        """Free ``request``'s blocks; it goes to the front of the queue to be recomputed."""
+        self.block_manager.free(request)
+        request.num_computed_tokens = 0
+        request.num_cached_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def advance(self, out: SchedulerOutput) -> None:
+        """Record that the executor computed this step's tokens."""
+        for s in out.scheduled:
+            s.request.num_computed_tokens += s.num_tokens

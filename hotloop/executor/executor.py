@@ -1,0 +1,79 @@
+"""The in-process executor: loads the model, sizes and allocates the KV pool, runs steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hotloop.config import EngineConfig, ModelConfig
+from hotloop.engine.outputs import SampledToken
+from hotloop.engine.scheduler import SchedulerOutput
+from hotloop.executor.kv_cache import allocate_kv_cache, block_bytes, num_kv_blocks
+from hotloop.executor.model_runner import ModelRunner
+from hotloop.models.loader import load_model
+from hotloop.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when present, else the CPU; asking for CUDA without one is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was requested but torch sees no CUDA device; use --device cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(requested: str, model_dtype: str, device: torch.device) -> torch.dtype:
+    """``auto``: float32 on the CPU (exact and fast there); on the GPU the model's own 16-bit dtype."""
+    if requested != "auto":
+        return _DTYPES[requested]
+    if device.type == "cpu":
+        return torch.float32
+    return torch.float16 if model_dtype == "float16" else torch.bfloat16
+
+
+class LocalExecutor:
+    """One model on one device (tp=1)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        model_config: ModelConfig,
+        engine_config: EngineConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        session_len: int,
+    ) -> None:
+        if engine_config.tp != 1:
+            raise ValueError(f"tp={engine_config.tp}: tensor parallelism is not available yet; use tp=1")
+        self.device = device
+        self.dtype = dtype
+        logger.info("loading %s (%s) on %s as %s", model_path, model_config.architecture, device, dtype)
+        self.model = load_model(model_path, dtype, device, load_format=engine_config.load_format)
+        bs = engine_config.cache_block_seq_len
+        self.num_blocks = num_kv_blocks(
+            model_config,
+            engine_config.cache_max_entry_count,
+            bs,
+            dtype,
+            device,
+            max_useful_tokens=engine_config.max_batch_size * session_len,
+        )
+        per_block = block_bytes(model_config, bs, dtype)
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.1f MiB, %d tokens)",
+            self.num_blocks,
+            bs,
+            self.num_blocks * per_block / 2**20,
+            self.num_blocks * bs,
+        )
+        self.kv_caches = allocate_kv_cache(model_config, self.num_blocks, bs, dtype, device)
+        self.runner = ModelRunner(self.model, self.kv_caches, bs, device)
+
+    def execute(self, out: SchedulerOutput) -> list[SampledToken]:
+        return self.runner.execute(out)

@@ -1,0 +1,75 @@
+"""KV cache sizing and allocation: how many blocks fit, and the per-layer tensors."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from hotloop.config import ModelConfig
+from hotloop.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+def available_memory(device: torch.device) -> int:
+    """Free bytes on ``device``: free GPU memory, or available RAM on the CPU."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one block: K and V of ``block_size`` tokens in every layer."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * model_config.num_layers * block_size * model_config.num_kv_heads * model_config.head_dim * itemsize
+
+
+def num_kv_blocks(
+    model_config: ModelConfig,
+    cache_max_entry_count: float | int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_useful_tokens: int | None = None,
+) -> int:
+    """Resolve ``cache_max_entry_count`` into a block count.
+
+    A float in (0, 1] takes that fraction of the memory free now (after the weights are loaded);
+    an int is an exact block count. On the CPU, a fractional count is capped at
+    ``max_useful_tokens`` (every sequence of a full batch at session length), since RAM beyond that
+    is never used and the CPU has no dedicated pool to fill.
+    """
+    if isinstance(cache_max_entry_count, int):
+        return cache_max_entry_count
+    per_block = block_bytes(model_config, block_size, dtype)
+    free = available_memory(device)
+    n = int(free * cache_max_entry_count) // per_block
+    if device.type == "cpu" and max_useful_tokens is not None:
+        n = min(n, -(-max_useful_tokens // block_size))
+    if n < 1:
+        raise RuntimeError(
+            f"no room for KV blocks: {free / 2**30:.2f} GiB free x cache_max_entry_count="
+            f"{cache_max_entry_count} < one block of {per_block} bytes; raise cache_max_entry_count, "
+            "lower session_len or use a smaller model"
+        )
+    return n
+
+
+def allocate_kv_cache(
+    model_config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer ``(k_cache, v_cache)``, each ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+    shape = (num_blocks, block_size, model_config.num_kv_heads, model_config.head_dim)
+    return [
+        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        for _ in range(model_config.num_layers)
+    ]

@@ -1,0 +1,116 @@
+"""Model runner: builds the inputs of a mixed batch over the paged cache, runs the model, samples.
+
+One step's batch is the new tokens of every scheduled request back to back (prefill chunks and
+decodes alike). Only requests that reach the end of their known tokens produce logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hotloop.engine.outputs import SampledToken
+from hotloop.engine.request import Request
+from hotloop.engine.scheduler import SchedulerOutput
+from hotloop.executor.sampler import Sampler, SamplerOutput, SamplingMetadata
+from hotloop.layers.attention import AttentionMetadata
+from hotloop.messages import TokenLogprob
+
+
+class ModelRunner:
+    """Runs one scheduled step on ``model`` with the KV tensors it was given."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        block_size: int,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.device = device
+        self.sampler = Sampler()
+
+    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """Flat ``input_ids`` / ``positions`` ``[T]``, attention metadata and the logits rows."""
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        logits_rows: list[int] = []
+        for s in out.scheduled:
+            req = s.request
+            end = s.start + s.num_tokens
+            input_ids.extend(req.token_ids(s.start, end))
+            blocks = req.block_ids
+            for p in range(s.start, end):
+                positions.append(p)
+                slots.append(blocks[p // bs] * bs + p % bs)
+            query_lens.append(s.num_tokens)
+            seq_lens.append(end)
+            if s.samples:
+                logits_rows.append(len(input_ids) - 1)
+        width = max(len(s.request.block_ids) for s in out.scheduled)
+        tables = [s.request.block_ids + [0] * (width - len(s.request.block_ids)) for s in out.scheduled]
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            query_lens=query_lens,
+            seq_lens=seq_lens,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
+        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        return ids, pos, meta, logits_rows
+
+    def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
+        gens: list[torch.Generator | None] = []
+        suppress: list[list[int]] = []
+        for r in reqs:
+            if r.params.random_seed is not None and not r.params.greedy and r.sampler_state is None:
+                r.sampler_state = torch.Generator(device=self.device).manual_seed(r.params.random_seed)
+            gens.append(r.sampler_state)
+            min_new = r.params.min_new_tokens or 0
+            suppress.append(sorted(r.stop_token_ids) if r.num_output_tokens < min_new else [])
+        return SamplingMetadata(
+            params=[r.params for r in reqs],
+            prompt_token_ids=[r.prompt_token_ids for r in reqs],
+            output_token_ids=[r.output_token_ids for r in reqs],
+            generators=gens,
+            suppress_token_ids=suppress,
+        )
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> list[SampledToken]:
+        ids, pos, meta, rows = self.prepare(out)
+        hidden = self.model(ids, pos, self.kv_caches, meta)
+        reqs = [s.request for s in out.scheduled if s.samples]
+        if not reqs:
+            return []
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        result = self.sampler(logits, self._sampling_metadata(reqs))
+        return _to_tokens(result, reqs)
+
+
+def _to_tokens(result: SamplerOutput, reqs: list[Request]) -> list[SampledToken]:
+    token_ids = result.token_ids.tolist()
+    if result.logprobs is None:
+        return [SampledToken(t) for t in token_ids]
+    lps = result.logprobs.tolist()
+    top_ids = result.top_ids.tolist() if result.top_ids is not None else None
+    top_lps = result.top_logprobs.tolist() if result.top_logprobs is not None else None
+    tokens = []
+    for i, (t, r) in enumerate(zip(token_ids, reqs, strict=True)):
+        k = r.params.logprobs
+        if k is None:
+            tokens.append(SampledToken(t))
+            continue
+        top = {}
+        if k and top_ids is not None and top_lps is not None:
+            top = dict(zip(top_ids[i][:k], top_lps[i][:k], strict=True))
+        tokens.append(SampledToken(t, TokenLogprob(t, lps[i], top)))
+    return tokens
