@@ -289,7 +289,8 @@ def _dequantize(tensor: Any) -> np.ndarray:
     values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     expected = tuple(int(n) for n in reversed(tensor.shape))
     values = np.asarray(values, dtype=np.float32).reshape(expected)
-    return values
+    # F32 tensors come straight from the read-only memory map; torch wants writable arrays.
+    return values if values.flags.writeable else values.copy()
 
 
 def iter_hf_tensors(reader: Any, spec: ArchSpec, config: dict[str, Any],
@@ -373,6 +374,15 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _apply_umask(folder: Path) -> None:
+    """mkdtemp makes a 0700 folder and safetensors a 0600 file; give them what mkdir/open would."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.iterdir():
+        path.chmod(0o666 & ~umask)
+
+
 def _install(tmp: Path, out_dir: Path) -> None:
     """Move the finished temp folder to ``out_dir``, replacing an older conversion there."""
     if out_dir.exists():
@@ -424,6 +434,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: Path, progress: bool = True) ->
         marker = {"format_version": FORMAT_VERSION, **source_fingerprint(gguf_path), "architecture": meta.arch,
                   "hf_architecture": spec.hf_architecture, "created": time.time()}
         _write_json(tmp / MARKER_NAME, marker)
+        _apply_umask(tmp)
         _install(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

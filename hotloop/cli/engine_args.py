@@ -1,0 +1,69 @@
+"""Engine flags, generated from ``EngineConfig``'s fields with LMDeploy's names."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from hotloop.config import BACKENDS, DEVICES, DTYPES, LOAD_FORMATS, EngineConfig
+
+_HELP = {
+    "backend": f"inference engine: {', '.join(BACKENDS)} ('turbomind' is an alias of 'turbo')",
+    "device": f"device: {', '.join(DEVICES)}",
+    "dtype": f"weight and activation dtype: {', '.join(DTYPES)} (auto: float32 on CPU, the model's 16-bit dtype on GPU)",
+    "tp": "tensor parallel degree",
+    "session_len": "most tokens a sequence may hold, prompt plus output (default: the model's context length)",
+    "max_batch_size": "most sequences running at once",
+    "cache_max_entry_count": "KV pool: a float in (0, 1] is the fraction of free memory; an int >= 1 a block count",
+    "cache_block_seq_len": "tokens per KV block",
+    "max_prefill_token_num": "most prompt tokens prefilled in one step; longer prompts are chunked",
+    "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
+    "quant_policy": "KV cache quantization: 0 (none), 8 (int8), 4 (int4)",
+    "model_format": "weight format: hf, gguf, awq (default: detected)",
+    "eager_mode": "disable CUDA graphs",
+    "load_format": f"weights: {', '.join(LOAD_FORMATS)} (dummy: random weights from the config)",
+    "seed": "engine-wide random seed",
+}
+
+
+def _cache_count(text: str) -> float | int:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--cache-max-entry-count {text!r}: expected a float in (0, 1] or an int >= 1"
+        ) from None
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    for f in dataclasses.fields(EngineConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default
+        help_text = _HELP.get(f.name, f.name) + f" (default: {default})"
+        if f.name == "cache_max_entry_count":
+            group.add_argument(flag, type=_cache_count, default=default, help=help_text)
+        elif isinstance(default, bool):
+            group.add_argument(flag, action="store_true", default=default, help=help_text)
+        elif f.name == "quant_policy":
+            group.add_argument(flag, type=int, choices=(0, 4, 8), default=default, help=help_text)
+        elif f.name in ("backend",):
+            group.add_argument(flag, choices=(*BACKENDS, "turbomind"), default=default, help=help_text)
+        elif f.name in ("device",):
+            group.add_argument(flag, choices=DEVICES, default=default, help=help_text)
+        elif f.name == "model_format":
+            group.add_argument(flag, choices=("hf", "gguf", "awq"), default=None, help=help_text)
+        elif f.name == "load_format":
+            group.add_argument(flag, choices=LOAD_FORMATS, default=default, help=help_text)
+        elif isinstance(default, int) or f.name == "session_len":
+            group.add_argument(flag, type=int, default=default, help=help_text)
+        else:
+            group.add_argument(flag, type=str, default=default, help=help_text)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})

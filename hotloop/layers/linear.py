@@ -1,0 +1,174 @@
+"""Linear layers and their weight loaders: plain, fused QKV and fused gate/up.
+
+Each layer owns how a checkpoint tensor lands in its parameters (``weight_loader``); a model's
+``packed_modules_mapping`` says which checkpoint names feed which fused layer and shard. How the
+weight is stored and multiplied is the layer's ``quant_method`` (unquantized by default), so a
+quantized format swaps the method, not the layer. Tensor parallelism (tp=1 for now) would slice the
+loaded tensor in ``Linear.weight_loader`` / ``_FusedLinear._narrow`` and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ShardId = str | int
+WeightLoader = Callable[..., None]
+
+
+def set_weight_loader(param: nn.Parameter, loader: WeightLoader, shard_ids: Sequence[ShardId] = ()) -> None:
+    """Attach ``loader`` (and, for a fused parameter, the shard ids it expects) to ``param``."""
+    param.weight_loader = loader  # type: ignore[attr-defined]
+    param.shard_ids = tuple(shard_ids)  # type: ignore[attr-defined]
+
+
+def shard_key(param_name: str, shard_id: ShardId | None) -> str:
+    """The name under which one loaded piece of a parameter is recorded (``qkv_proj.weight[k]``)."""
+    return param_name if shard_id is None else f"{param_name}[{shard_id}]"
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId | None = None) -> None:
+    """Copy a whole tensor into ``param`` (casting dtype), checking the shape."""
+    if shard_id is not None:
+        raise ValueError(f"parameter of shape {tuple(param.shape)} is not fused; got shard {shard_id!r}")
+    if param.shape != loaded.shape:
+        raise ValueError(f"weight shape {tuple(loaded.shape)} does not match parameter shape {tuple(param.shape)}")
+    param.data.copy_(loaded)
+
+
+class LinearMethod(Protocol):
+    """How a linear layer stores its weight and multiplies by it (the quantization hook)."""
+
+    def create_weights(self, layer: Linear) -> None: ...
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class UnquantizedLinearMethod:
+    """A dense ``[out, in]`` weight in the model dtype; ``y = x @ W.T + b``."""
+
+    def create_weights(self, layer: Linear) -> None:
+        weight = nn.Parameter(torch.empty(layer.out_features, layer.in_features, dtype=layer.dtype), requires_grad=False)
+        set_weight_loader(weight, layer.weight_loader, layer.shard_ids)
+        layer.register_parameter("weight", weight)
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, layer.weight, layer.bias)
+
+
+class Linear(nn.Module):
+    """``y = x W^T + b`` with weights created by ``quant_method``: x ``[T, in]`` -> ``[T, out]``."""
+
+    shard_ids: tuple[ShardId, ...] = ()
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
+        quant_method: LinearMethod | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.dtype = dtype if dtype is not None else torch.get_default_dtype()
+        self.quant_method: LinearMethod = quant_method if quant_method is not None else UnquantizedLinearMethod()
+        self.quant_method.create_weights(self)
+        if bias:
+            b = nn.Parameter(torch.empty(out_features, dtype=self.dtype), requires_grad=False)
+            set_weight_loader(b, self.weight_loader, self.shard_ids)
+            self.bias: nn.Parameter | None = b
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId | None = None) -> None:
+        default_weight_loader(param, loaded, shard_id)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(self, x)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class _FusedLinear(Linear):
+    """Several projections of the same input stacked along the output dim; loaded shard by shard."""
+
+    def __init__(
+        self,
+        in_features: int,
+        shards: dict[ShardId, int],
+        bias: bool,
+        dtype: torch.dtype | None,
+        quant_method: LinearMethod | None,
+    ) -> None:
+        self.shard_ids = tuple(shards)
+        self.output_sizes = list(shards.values())
+        offsets: dict[ShardId, tuple[int, int]] = {}
+        start = 0
+        for sid, size in shards.items():
+            offsets[sid] = (start, size)
+            start += size
+        self.shard_offsets = offsets
+        super().__init__(in_features, start, bias, dtype, quant_method)
+
+    def _narrow(self, param: nn.Parameter, shard_id: ShardId) -> torch.Tensor:
+        if shard_id not in self.shard_offsets:
+            raise ValueError(f"unknown shard {shard_id!r}; this layer has shards {list(self.shard_offsets)}")
+        start, size = self.shard_offsets[shard_id]
+        return param.data.narrow(0, start, size)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId | None = None) -> None:
+        if shard_id is None:  # the checkpoint already stores the fused tensor
+            default_weight_loader(param, loaded)
+            return
+        dst = self._narrow(param, shard_id)
+        if dst.shape != loaded.shape:
+            raise ValueError(
+                f"shard {shard_id!r}: weight shape {tuple(loaded.shape)} does not match expected {tuple(dst.shape)}"
+            )
+        dst.copy_(loaded)
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Views of the fused output ``[T, out]``, one per shard."""
+        return y.split(self.output_sizes, dim=-1)
+
+
+class QKVLinear(_FusedLinear):
+    """q, k and v projections in one matmul; output ``[T, (H + 2*KV) * D]`` laid out [q | k | v]."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
+        quant_method: LinearMethod | None = None,
+    ) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        shards: dict[ShardId, int] = {"q": num_heads * head_dim, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim}
+        super().__init__(hidden_size, shards, bias, dtype, quant_method)
+
+
+class MergedLinear(_FusedLinear):
+    """Projections of sizes ``output_sizes`` in one matmul, shard ``i`` at index ``i`` (gate/up: 0/1)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        output_sizes: Sequence[int],
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
+        quant_method: LinearMethod | None = None,
+    ) -> None:
+        shards: dict[ShardId, int] = dict(enumerate(output_sizes))
+        super().__init__(in_features, shards, bias, dtype, quant_method)
