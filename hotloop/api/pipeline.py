@@ -197,6 +197,18 @@ class Pipeline:
                 cached_tokens=o.cached_tokens,
             )
 
+    def get_ppl(self, input_ids: list[int] | list[list[int]]) -> list[float]:
+        """Perplexity of each token sequence (LMDeploy's ``get_ppl``): exp of the mean negative
+        log-likelihood of tokens 1..n-1 given their prefixes."""
+        import math
+
+        batch = [input_ids] if input_ids and isinstance(input_ids[0], int) else input_ids
+        result = []
+        for ids in batch:
+            lps = self.engine.score(list(ids))  # type: ignore[arg-type]
+            result.append(math.exp(-sum(lps) / len(lps)))
+        return result
+
     def chat(
         self,
         prompt: str | list[Message],

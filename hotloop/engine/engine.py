@@ -26,6 +26,10 @@ class Executor(Protocol):
 
     def execute(self, out: SchedulerOutput) -> list[SampledToken]: ...
 
+    def score(self, request: Request, start: int, num_tokens: int) -> list[float]:
+        """Prefill tokens ``start .. start+num_tokens`` and return log p(next | prefix) for each."""
+        ...
+
 
 class Engine:
     """Continuous-batching engine over one executor."""
@@ -197,6 +201,33 @@ class Engine:
             cached_tokens=req.num_cached_tokens,
             logprobs=lps,
         )
+
+    def score(self, token_ids: list[int]) -> list[float]:
+        """``log p(token_i | tokens_<i)`` for ``i >= 1``, through the paged cache in prefill chunks.
+
+        Call it from the thread that steps the engine. Its blocks are borrowed from the pool for the
+        duration of the call; if the pool is too busy it raises ``RequestError``.
+        """
+        if len(token_ids) < 2:
+            raise RequestError("scoring needs at least two tokens", param="input_ids")
+        self.validate(token_ids[:-1], GenerationConfig(max_new_tokens=1))
+        req = Request(f"score-{id(token_ids)}", list(token_ids), GenerationConfig(max_new_tokens=1))
+        if self.block_manager.blocks_for(len(token_ids)) > self.block_manager.num_free_blocks:
+            raise RequestError(
+                f"not enough free KV blocks to score {len(token_ids)} tokens now; retry when the engine is idle",
+                param="input_ids",
+            )
+        logprobs: list[float] = []
+        try:
+            while req.num_computed_tokens < len(token_ids):
+                start = req.num_computed_tokens
+                n = min(len(token_ids) - start, self.scheduler_config.max_prefill_token_num)
+                self.block_manager.allocate(req, n)
+                logprobs += self.executor.score(req, start, n)
+                req.num_computed_tokens += n
+        finally:
+            self.block_manager.free(req)
+        return logprobs
 
     # -- stats ------------------------------------------------------------------------------------
     @property

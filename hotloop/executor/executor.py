@@ -8,6 +8,7 @@ import torch
 
 from hotloop.config import EngineConfig, ModelConfig
 from hotloop.engine.outputs import SampledToken
+from hotloop.engine.request import Request
 from hotloop.engine.scheduler import SchedulerOutput
 from hotloop.executor.kv_cache import allocate_kv_cache, block_bytes, num_kv_blocks
 from hotloop.executor.model_runner import ModelRunner
@@ -77,3 +78,6 @@ class LocalExecutor:
 
     def execute(self, out: SchedulerOutput) -> list[SampledToken]:
         return self.runner.execute(out)
+
+    def score(self, request: Request, start: int, num_tokens: int) -> list[float]:
+        return self.runner.score(request, start, num_tokens)

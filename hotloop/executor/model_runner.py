@@ -11,7 +11,7 @@ from torch import nn
 
 from hotloop.engine.outputs import SampledToken
 from hotloop.engine.request import Request
-from hotloop.engine.scheduler import SchedulerOutput
+from hotloop.engine.scheduler import ScheduledRequest, SchedulerOutput
 from hotloop.executor.sampler import Sampler, SamplerOutput, SamplingMetadata
 from hotloop.layers.attention import AttentionMetadata
 from hotloop.messages import TokenLogprob
@@ -94,6 +94,22 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
         result = self.sampler(logits, self._sampling_metadata(reqs))
         return _to_tokens(result, reqs)
+
+
+    @torch.inference_mode()
+    def score(self, request: Request, start: int, num_tokens: int) -> list[float]:
+        """Prefill ``num_tokens`` tokens of ``request`` from ``start`` and return, for each of
+        them whose successor is known, ``log p(successor | prefix)`` (for perplexity)."""
+        out = SchedulerOutput([ScheduledRequest(request, num_tokens, start)])
+        ids, pos, meta, _rows = self.prepare(out)
+        hidden = self.model(ids, pos, self.kv_caches, meta)
+        end = min(start + num_tokens, request.num_tokens - 1)
+        if end <= start:
+            return []
+        logits = self.model.compute_logits(hidden[: end - start])
+        targets = torch.tensor(request.token_ids(start + 1, end + 1), device=logits.device)
+        lp = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None])[:, 0]
+        return lp.tolist()
 
 
 def _to_tokens(result: SamplerOutput, reqs: list[Request]) -> list[SampledToken]:

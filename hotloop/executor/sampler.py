@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -50,7 +51,9 @@ class SamplingMetadata:
         n = len(self.params)
         for name in ("prompt_token_ids", "output_token_ids", "generators", "suppress_token_ids"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"SamplingMetadata.{name} has {len(getattr(self, name))} rows, params has {n}")
+                raise ValueError(
+                    f"SamplingMetadata.{name} has {len(getattr(self, name))} rows, params has {n}"
+                )
 
 
 @dataclass
@@ -69,7 +72,7 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None  # [N, K] float32
 
 
-def _to_device(data: Sequence[float] | Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _to_device(data: Sequence[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small host list as a device tensor without stalling the host on the device queue."""
     t = torch.tensor(data, dtype=dtype)
     if device.type == "cuda":

@@ -64,7 +64,11 @@ def t(values: list[float] | list[int], dtype: torch.dtype = torch.float32) -> to
 def test_greedy_equals_argmax(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
     logits = torch.randn(6, 50).to(dtype)
-    params = [GREEDY, GenerationConfig(do_sample=True, temperature=0.0), GenerationConfig(do_sample=True, top_k=1)] * 2
+    params = [
+        GREEDY,
+        GenerationConfig(do_sample=True, temperature=0.0),
+        GenerationConfig(do_sample=True, top_k=1),
+    ] * 2
     out = Sampler()(logits, meta(params))
     assert out.token_ids.dtype == torch.int64 and out.token_ids.shape == (6,)
     assert torch.equal(out.token_ids, logits.float().argmax(dim=-1))
@@ -170,7 +174,14 @@ def test_token_counts_ignores_out_of_range() -> None:
 
 @pytest.mark.parametrize(
     ("k", "expected"),
-    [(1, {0}), (2, {0, 2, 3}), (3, {0, 2, 3}), (4, {0, 1, 2, 3}), (0, {0, 1, 2, 3, 4}), (99, {0, 1, 2, 3, 4})],
+    [
+        (1, {0}),
+        (2, {0, 2, 3}),
+        (3, {0, 2, 3}),
+        (4, {0, 1, 2, 3}),
+        (0, {0, 1, 2, 3, 4}),
+        (99, {0, 1, 2, 3, 4}),
+    ],
 )
 def test_top_k_mask_keeps_ties(k: int, expected: set[int]) -> None:
     logits = torch.tensor([[3.0, 1.0, 2.0, 2.0, 0.0]])
@@ -195,6 +206,21 @@ def test_top_k_mask_keeps_ties(k: int, expected: set[int]) -> None:
 def test_top_p_mask_edges(top_p: float, expected: set[int]) -> None:
     logits = logits_for([0.5, 0.25, 0.125, 0.0625, 0.0625])
     assert kept(top_k_top_p_min_p_mask(logits, top_p=t([top_p]))) == expected
+
+
+@pytest.mark.parametrize(
+    ("probs", "top_p", "expected"),
+    [
+        ([0.7, 0.2, 0.1], 0.9, {0, 1}),
+        ([0.6, 0.3, 0.1], 0.9, {0, 1}),
+        ([0.1, 0.2, 0.3, 0.4], 0.7, {2, 3}),
+        ([0.05, 0.15, 0.3, 0.5], 0.95, {1, 2, 3}),
+        ([0.1, 0.1, 0.8], 0.9, {0, 1, 2}),
+    ],
+)
+def test_top_p_mask_decimal_edges(probs: list[float], top_p: float, expected: set[int]) -> None:
+    # Masses that are not exact in binary must still hit the edge: no extra token from rounding.
+    assert kept(top_k_top_p_min_p_mask(logits_for(probs), top_p=t([top_p]))) == expected
 
 
 @pytest.mark.parametrize(
@@ -306,7 +332,8 @@ def test_sample_distribution_matches_probs() -> None:
     want = torch.cat([sq / sq.sum(), torch.zeros(1)])
     gens = [seeded(i) for i in range(draws // 4)]
     out = Sampler()(
-        logits[: draws // 4], meta([GenerationConfig(do_sample=True, temperature=0.5, top_k=3)] * (draws // 4), generators=gens)
+        logits[: draws // 4],
+        meta([GenerationConfig(do_sample=True, temperature=0.5, top_k=3)] * (draws // 4), generators=gens),
     )
     freq = torch.bincount(out.token_ids, minlength=4).float() / (draws // 4)
     assert torch.allclose(freq, want, atol=0.025), freq

@@ -1,0 +1,270 @@
+"""The Llama-family decoder: Llama and Mistral here; Qwen2, Qwen3 and InternLM2 configure it.
+
+One pre-norm decoder with small switches (``DecoderArgs``): q/k/v and o biases, MLP bias, per-head
+q/k RMSNorm, per-layer sliding window. Projections are fused (qkv, gate/up); the checkpoint's
+separate tensors reach them through ``packed_modules_mapping`` and each layer's weight loader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from hotloop.layers.activation import SiluAndMul
+from hotloop.layers.attention import AttentionMetadata, PagedAttention
+from hotloop.layers.embedding import LMHead, VocabEmbedding
+from hotloop.layers.linear import Linear, MergedLinear, QKVLinear, ShardId, default_weight_loader, shard_key
+from hotloop.layers.norm import RMSNorm
+from hotloop.layers.rotary import RopeConfig, RotaryEmbedding, apply_rotary
+from hotloop.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+CosSin = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderArgs:
+    """The shape and switches of one decoder, resolved from a Hugging Face config."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    sliding_windows: tuple[int | None, ...] = ()
+
+    @classmethod
+    def from_hf(cls, cfg: Any, **switches: Any) -> DecoderArgs:
+        act = getattr(cfg, "hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ValueError(f"hidden_act={act!r} is not supported by the turbo decoder (only 'silu')")
+        num_heads = int(cfg.num_attention_heads)
+        num_layers = int(cfg.num_hidden_layers)
+        return cls(
+            hidden_size=int(cfg.hidden_size),
+            intermediate_size=int(cfg.intermediate_size),
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or num_heads),
+            head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads),
+            vocab_size=int(cfg.vocab_size),
+            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+            rope=RopeConfig.from_hf(cfg),
+            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            sliding_windows=layer_sliding_windows(cfg, num_layers),
+            **switches,
+        )
+
+
+def layer_sliding_windows(cfg: Any, num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's attention window (None: full). Honours ``use_sliding_window`` and ``layer_types``."""
+    window = getattr(cfg, "sliding_window", None)
+    if not window or getattr(cfg, "use_sliding_window", True) is False:
+        return (None,) * num_layers
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types:
+        return tuple(int(window) if t == "sliding_attention" else None for t in layer_types)
+    return (int(window),) * num_layers
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, args: DecoderArgs, layer_idx: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_heads = args.num_heads
+        self.num_kv_heads = args.num_kv_heads
+        self.head_dim = args.head_dim
+        self.qkv_proj = QKVLinear(
+            args.hidden_size, args.head_dim, args.num_heads, args.num_kv_heads, args.qkv_bias, dtype
+        )
+        self.o_proj = Linear(args.num_heads * args.head_dim, args.hidden_size, args.o_bias, dtype)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if args.qk_norm:
+            self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps, dtype)
+            self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps, dtype)
+        window = args.sliding_windows[layer_idx] if args.sliding_windows else None
+        self.attn = PagedAttention(args.num_heads, args.num_kv_heads, args.head_dim, args.head_dim**-0.5, window)
+
+    def forward(self, h: torch.Tensor, cos_sin: CosSin, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        T = h.shape[0]
+        q, k, v = self.qkv_proj.split(self.qkv_proj(h))  # [T, H*D], [T, KV*D], [T, KV*D]
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q.view(T, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
+        cos, sin = cos_sin
+        q = apply_rotary(q, cos, sin, self.head_dim).view(T, -1)
+        k = apply_rotary(k, cos, sin, self.head_dim).view(T, -1)
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, args: DecoderArgs, dtype: torch.dtype) -> None:
+        super().__init__()
+        inter = args.intermediate_size
+        self.gate_up_proj = MergedLinear(args.hidden_size, [inter, inter], args.mlp_bias, dtype)
+        self.act_fn = SiluAndMul()
+        self.down_proj = Linear(inter, args.hidden_size, args.mlp_bias, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, args: DecoderArgs, layer_idx: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(args, layer_idx, dtype)
+        self.mlp = LlamaMLP(args, dtype)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos_sin: CosSin,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's MLP output, the residual stream before it); the next norm adds them."""
+        if residual is None:
+            residual = h
+            h = self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(h, cos_sin, kv_cache, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, args: DecoderArgs, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(args.vocab_size, args.hidden_size, dtype)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(args, i, dtype) for i in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype)
+        self.rotary_emb = RotaryEmbedding(args.head_dim, args.rope)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
+        h = self.embed_tokens(input_ids)  # [T, hidden]
+        cos_sin = self.rotary_emb.cos_sin(positions)  # shared by every layer
+        residual: torch.Tensor | None = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            h, residual = layer(h, residual, cos_sin, kv_cache, meta)
+        if residual is None:
+            return self.norm(h)
+        return self.norm(h, residual)[0]
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama (1/2/3.x). Subclasses change ``decoder_args`` and, for other layouts, ``remap_weights``."""
+
+    packed_modules_mapping: ClassVar[dict[str, tuple[str, ShardId]]] = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+    # Checkpoint tensors that are buffers we recompute, not weights.
+    ignored_weight_suffixes: ClassVar[tuple[str, ...]] = (
+        "rotary_emb.inv_freq",
+        "rotary_emb.cos_cached",
+        "rotary_emb.sin_cached",
+    )
+
+    def __init__(self, hf_config: Any, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.config = hf_config
+        self.args = self.decoder_args(hf_config)
+        self.model = LlamaModel(self.args, dtype)
+        tie_to = self.model.embed_tokens if self.args.tie_word_embeddings else None
+        self.lm_head = LMHead(self.args.vocab_size, self.args.hidden_size, dtype, tie_to=tie_to)
+
+    @classmethod
+    def decoder_args(cls, hf_config: Any) -> DecoderArgs:
+        bias = bool(getattr(hf_config, "attention_bias", False))
+        return DecoderArgs.from_hf(
+            hf_config, qkv_bias=bias, o_bias=bias, mlp_bias=bool(getattr(hf_config, "mlp_bias", False))
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """input_ids, positions ``[T]`` -> final-normed hidden states ``[T, hidden]``."""
+        return self.model(input_ids, positions, kv_caches, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, hidden]`` -> float32 ``[N, vocab]``."""
+        return self.lm_head(hidden)
+
+    def remap_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+        """Checkpoint names -> Llama names; identity here, InternLM2 overrides it."""
+        return weights
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load Hugging Face checkpoint tensors; returns the keys loaded (``shard_key`` names).
+
+        The loader compares the returned keys with every parameter (and every shard of a fused
+        one) to report what is missing. Tensors matching no parameter are logged and skipped.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        unexpected: list[str] = []
+        for ckpt_name, tensor in self.remap_weights(weights):
+            if ckpt_name.endswith(self.ignored_weight_suffixes):
+                continue
+            if self.lm_head.tied and ckpt_name == "lm_head.weight":
+                continue  # some tied checkpoints store the copy anyway
+            name, shard = self._param_name(ckpt_name)
+            param = params.get(name)
+            if param is None:
+                unexpected.append(ckpt_name)
+                continue
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            try:
+                loader(param, tensor, shard)
+            except ValueError as e:
+                raise ValueError(f"checkpoint tensor {ckpt_name!r} -> parameter {name!r}: {e}") from None
+            loaded.add(shard_key(name, shard))
+        if unexpected:
+            shown = ", ".join(unexpected[:10]) + (" ..." if len(unexpected) > 10 else "")
+            logger.warning("%d checkpoint tensors match no parameter and were skipped: %s", len(unexpected), shown)
+        return loaded
+
+    def _param_name(self, ckpt_name: str) -> tuple[str, ShardId | None]:
+        for ckpt_part, (fused, shard) in self.packed_modules_mapping.items():
+            marker = f".{ckpt_part}."
+            if marker in ckpt_name:
+                return ckpt_name.replace(marker, f".{fused}.", 1), shard
+        return ckpt_name, None
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral: Llama plus an optional sliding window (``sliding_window``, read per layer)."""
