@@ -42,7 +42,9 @@ class LMHead(nn.Module):
         self.tied = tie_to is not None
         if tie_to is not None:
             if tie_to.weight.shape != (vocab_size, hidden_size):
-                raise ValueError(f"cannot tie LM head [{vocab_size}, {hidden_size}] to {tuple(tie_to.weight.shape)}")
+                raise ValueError(
+                    f"cannot tie LM head [{vocab_size}, {hidden_size}] to {tuple(tie_to.weight.shape)}"
+                )
             self.weight = tie_to.weight
         else:
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)

@@ -10,7 +10,7 @@ loaded tensor in ``Linear.weight_loader`` / ``_FusedLinear._narrow`` and nowhere
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,9 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: S
     if shard_id is not None:
         raise ValueError(f"parameter of shape {tuple(param.shape)} is not fused; got shard {shard_id!r}")
     if param.shape != loaded.shape:
-        raise ValueError(f"weight shape {tuple(loaded.shape)} does not match parameter shape {tuple(param.shape)}")
+        raise ValueError(
+            f"weight shape {tuple(loaded.shape)} does not match parameter shape {tuple(param.shape)}"
+        )
     param.data.copy_(loaded)
 
 
@@ -52,12 +54,14 @@ class UnquantizedLinearMethod:
     """A dense ``[out, in]`` weight in the model dtype; ``y = x @ W.T + b``."""
 
     def create_weights(self, layer: Linear) -> None:
-        weight = nn.Parameter(torch.empty(layer.out_features, layer.in_features, dtype=layer.dtype), requires_grad=False)
+        weight = nn.Parameter(
+            torch.empty(layer.out_features, layer.in_features, dtype=layer.dtype), requires_grad=False
+        )
         set_weight_loader(weight, layer.weight_loader, layer.shard_ids)
         layer.register_parameter("weight", weight)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, layer.weight, layer.bias)
+        return F.linear(x, cast(torch.Tensor, layer.weight), layer.bias)
 
 
 class Linear(nn.Module):
@@ -77,7 +81,9 @@ class Linear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.dtype = dtype if dtype is not None else torch.get_default_dtype()
-        self.quant_method: LinearMethod = quant_method if quant_method is not None else UnquantizedLinearMethod()
+        self.quant_method: LinearMethod = (
+            quant_method if quant_method is not None else UnquantizedLinearMethod()
+        )
         self.quant_method.create_weights(self)
         if bias:
             b = nn.Parameter(torch.empty(out_features, dtype=self.dtype), requires_grad=False)
@@ -86,14 +92,18 @@ class Linear(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId | None = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId | None = None
+    ) -> None:
         default_weight_loader(param, loaded, shard_id)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(self, x)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        )
 
 
 class _FusedLinear(Linear):
@@ -123,7 +133,9 @@ class _FusedLinear(Linear):
         start, size = self.shard_offsets[shard_id]
         return param.data.narrow(0, start, size)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId | None = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId | None = None
+    ) -> None:
         if shard_id is None:  # the checkpoint already stores the fused tensor
             default_weight_loader(param, loaded)
             return
@@ -155,7 +167,11 @@ class QKVLinear(_FusedLinear):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        shards: dict[ShardId, int] = {"q": num_heads * head_dim, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim}
+        shards: dict[ShardId, int] = {
+            "q": num_heads * head_dim,
+            "k": num_kv_heads * head_dim,
+            "v": num_kv_heads * head_dim,
+        }
         super().__init__(hidden_size, shards, bias, dtype, quant_method)
 
 

@@ -49,7 +49,9 @@ class RopeConfig:
         rope_type = params.get("rope_type") or params.get("type") or "default"
         max_pos = int(getattr(hf_config, "max_position_embeddings", 2048))
         orig = params.get("original_max_position_embeddings")
-        partial = params.get("partial_rotary_factor") or getattr(hf_config, "partial_rotary_factor", None) or 1.0
+        partial = (
+            params.get("partial_rotary_factor") or getattr(hf_config, "partial_rotary_factor", None) or 1.0
+        )
         return cls(
             theta=float(theta),
             rope_type=str(rope_type),
@@ -110,7 +112,9 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         rotary_dim = int(head_dim * cfg.partial_rotary_factor)
         if rotary_dim % 2 or rotary_dim <= 2 or rotary_dim > head_dim:
-            raise ValueError(f"rotary dim {rotary_dim} (head_dim={head_dim}) must be even, > 2 and <= head_dim")
+            raise ValueError(
+                f"rotary dim {rotary_dim} (head_dim={head_dim}) must be even, > 2 and <= head_dim"
+            )
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim
         self.cfg = cfg

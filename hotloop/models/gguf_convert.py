@@ -61,8 +61,9 @@ SUPPORTED_ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": ArchSpec("LlamaForCausalLM", "llama", permute_qk=True),
     "qwen2": ArchSpec("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ArchSpec("Qwen3ForCausalLM", "qwen3"),
-    "gemma3": ArchSpec("Gemma3ForCausalLM", "gemma3_text", norm_offset=-1.0,
-                       ffn_norm_name="pre_feedforward_layernorm"),
+    "gemma3": ArchSpec(
+        "Gemma3ForCausalLM", "gemma3_text", norm_offset=-1.0, ffn_norm_name="pre_feedforward_layernorm"
+    ),
 }
 
 # GGUF per-block tensor stem -> HF module path inside ``model.layers.N``. ``ffn_norm`` is per-arch.
@@ -92,8 +93,15 @@ _TOP_RE = re.compile(r"^([a-z0-9_]+)\.(weight|bias)$")
 
 # Tokens that end a turn in common chat formats; like llama.cpp we stop on any of them that the
 # vocabulary holds as a control token, so generation stops on <|im_end|> *and* <|endoftext|>.
-_END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>",
-                       "<|end|>", "</s>")
+_END_OF_TURN_TOKENS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "</s>",
+)
 _CONTROL_TOKEN_TYPE = 3  # gguf.TokenType.CONTROL
 
 
@@ -166,7 +174,9 @@ def build_hf_config(meta: _Meta, spec: ArchSpec, tensor_names: set[str], vocab_s
     rope_dims = meta.arch_get("rope.dimension_count")
     if rope_dims is not None and int(rope_dims) != head_dim:
         # HF Llama/Qwen rotate the whole head; a partial rotary GGUF would convert silently wrong.
-        raise GGUFConversionError(f"partial rotary (rope dims {rope_dims} != head_dim {head_dim}) is not supported")
+        raise GGUFConversionError(
+            f"partial rotary (rope dims {rope_dims} != head_dim {head_dim}) is not supported"
+        )
     eos = meta.get("tokenizer.ggml.eos_token_id")
     config: dict[str, Any] = {
         "architectures": [spec.hf_architecture],
@@ -196,10 +206,16 @@ def build_hf_config(meta: _Meta, spec: ArchSpec, tensor_names: set[str], vocab_s
     if spec.model_type == "llama":
         config.update(attention_bias=has_q_bias, mlp_bias="blk.0.ffn_up.bias" in tensor_names)
     elif spec.model_type == "qwen2":
-        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=config["num_hidden_layers"])
+        config.update(
+            use_sliding_window=False, sliding_window=None, max_window_layers=config["num_hidden_layers"]
+        )
     elif spec.model_type == "qwen3":
-        config.update(attention_bias=has_q_bias, use_sliding_window=False, sliding_window=None,
-                      max_window_layers=config["num_hidden_layers"])
+        config.update(
+            attention_bias=has_q_bias,
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=config["num_hidden_layers"],
+        )
     elif spec.model_type == "gemma3_text":
         config.update(_gemma3_extras(meta, config))
     return config
@@ -216,7 +232,9 @@ def _gemma3_extras(meta: _Meta, config: dict[str, Any]) -> dict[str, Any]:
         "hidden_act": "gelu_pytorch_tanh",
         "hidden_activation": "gelu_pytorch_tanh",
         "sliding_window": int(meta.arch_get("attention.sliding_window", 4096)),
-        "layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)],
+        "layer_types": [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)
+        ],
         "rope_local_base_freq": 10000.0,
         "query_pre_attn_scalar": scalar,
         "final_logit_softcapping": meta.arch_get("final_logit_softcapping"),
@@ -261,7 +279,9 @@ def hf_tensor_name(gguf_name: str, spec: ArchSpec) -> str | None:
     match = _TOP_RE.match(gguf_name)
     if match and match.group(1) in _TOP_NAMES:
         return f"{_TOP_NAMES[match.group(1)]}.{match.group(2)}"
-    raise GGUFConversionError(f"GGUF tensor '{gguf_name}' has no Hugging Face counterpart for this architecture")
+    raise GGUFConversionError(
+        f"GGUF tensor '{gguf_name}' has no Hugging Face counterpart for this architecture"
+    )
 
 
 def undo_rope_permute(weight: np.ndarray, n_heads: int) -> np.ndarray:
@@ -293,8 +313,9 @@ def _dequantize(tensor: Any) -> np.ndarray:
     return values if values.flags.writeable else values.copy()
 
 
-def iter_hf_tensors(reader: Any, spec: ArchSpec, config: dict[str, Any],
-                    progress: bool = False) -> Iterator[tuple[str, np.ndarray]]:
+def iter_hf_tensors(
+    reader: Any, spec: ArchSpec, config: dict[str, Any], progress: bool = False
+) -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(hf_name, float32 array)`` for every tensor of the GGUF file, in file order."""
     from tqdm.auto import tqdm
 
@@ -326,7 +347,9 @@ def _write_weights(reader: Any, spec: ArchSpec, config: dict[str, Any], folder: 
     import torch
     from safetensors.torch import save_file
 
-    state = {name: torch.from_numpy(values) for name, values in iter_hf_tensors(reader, spec, config, progress)}
+    state = {
+        name: torch.from_numpy(values) for name, values in iter_hf_tensors(reader, spec, config, progress)
+    }
     if config["tie_word_embeddings"]:
         state.pop("lm_head.weight", None)
     save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
@@ -362,7 +385,11 @@ def _generation_config(meta: _Meta, config: dict[str, Any]) -> dict[str, Any]:
 def source_fingerprint(gguf_path: Path) -> dict[str, Any]:
     """What identifies a GGUF file for caching: absolute path, size and mtime."""
     stat = gguf_path.stat()
-    return {"source": str(gguf_path.resolve()), "source_size": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
+    return {
+        "source": str(gguf_path.resolve()),
+        "source_size": stat.st_size,
+        "source_mtime_ns": stat.st_mtime_ns,
+    }
 
 
 def read_marker(folder: Path) -> dict[str, Any] | None:
@@ -387,7 +414,9 @@ def _install(tmp: Path, out_dir: Path) -> None:
     """Move the finished temp folder to ``out_dir``, replacing an older conversion there."""
     if out_dir.exists():
         if read_marker(out_dir) is None and any(out_dir.iterdir()):
-            raise GGUFConversionError(f"{out_dir} exists and is not a hotloop conversion; refusing to replace it")
+            raise GGUFConversionError(
+                f"{out_dir} exists and is not a hotloop conversion; refusing to replace it"
+            )
         # A directory cannot be renamed over a non-empty one: move the old one aside first.
         old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
         os.replace(out_dir, old / "x")
@@ -421,7 +450,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: Path, progress: bool = True) ->
     if embed is None:
         raise GGUFConversionError(f"{gguf_path} has no token_embd.weight tensor")
     config = build_hf_config(meta, spec, tensor_names, vocab_size=int(embed.shape[-1]))
-    logger.info("converting %s (%s, %d tensors) into %s", gguf_path.name, meta.arch, len(reader.tensors), out_dir)
+    logger.info(
+        "converting %s (%s, %d tensors) into %s", gguf_path.name, meta.arch, len(reader.tensors), out_dir
+    )
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
@@ -431,8 +462,13 @@ def convert_gguf(gguf_path: str | Path, out_dir: Path, progress: bool = True) ->
         _write_weights(reader, spec, config, tmp, progress)
         _write_tokenizer(gguf_path, tmp, meta)
         # The marker goes last: a folder with a marker is a complete one.
-        marker = {"format_version": FORMAT_VERSION, **source_fingerprint(gguf_path), "architecture": meta.arch,
-                  "hf_architecture": spec.hf_architecture, "created": time.time()}
+        marker = {
+            "format_version": FORMAT_VERSION,
+            **source_fingerprint(gguf_path),
+            "architecture": meta.arch,
+            "hf_architecture": spec.hf_architecture,
+            "created": time.time(),
+        }
         _write_json(tmp / MARKER_NAME, marker)
         _apply_umask(tmp)
         _install(tmp, out_dir)

@@ -45,7 +45,9 @@ class InternLM2ForCausalLM(LlamaForCausalLM):
         bias = bool(getattr(hf_config, "bias", False))
         return DecoderArgs.from_hf(hf_config, qkv_bias=bias, o_bias=bias)
 
-    def remap_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    def remap_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         a = self.args
         for name, tensor in weights:
             if name == "output.weight":

@@ -98,9 +98,13 @@ class LlamaAttention(nn.Module):
             self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps, dtype)
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps, dtype)
         window = args.sliding_windows[layer_idx] if args.sliding_windows else None
-        self.attn = PagedAttention(args.num_heads, args.num_kv_heads, args.head_dim, args.head_dim**-0.5, window)
+        self.attn = PagedAttention(
+            args.num_heads, args.num_kv_heads, args.head_dim, args.head_dim**-0.5, window
+        )
 
-    def forward(self, h: torch.Tensor, cos_sin: CosSin, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, cos_sin: CosSin, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
         T = h.shape[0]
         q, k, v = self.qkv_proj.split(self.qkv_proj(h))  # [T, H*D], [T, KV*D], [T, KV*D]
         if self.q_norm is not None and self.k_norm is not None:
@@ -224,7 +228,9 @@ class LlamaForCausalLM(nn.Module):
         """``[N, hidden]`` -> float32 ``[N, vocab]``."""
         return self.lm_head(hidden)
 
-    def remap_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+    def remap_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
         """Checkpoint names -> Llama names; identity here, InternLM2 overrides it."""
         return weights
 
@@ -255,7 +261,9 @@ class LlamaForCausalLM(nn.Module):
             loaded.add(shard_key(name, shard))
         if unexpected:
             shown = ", ".join(unexpected[:10]) + (" ..." if len(unexpected) > 10 else "")
-            logger.warning("%d checkpoint tensors match no parameter and were skipped: %s", len(unexpected), shown)
+            logger.warning(
+                "%d checkpoint tensors match no parameter and were skipped: %s", len(unexpected), shown
+            )
         return loaded
 
     def _param_name(self, ckpt_name: str) -> tuple[str, ShardId | None]:

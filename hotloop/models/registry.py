@@ -37,3 +37,8 @@ def get_model_class(architecture: str) -> type[nn.Module]:
     module, name = entry
     cls: type[nn.Module] = getattr(importlib.import_module(module), name)
     return cls
+
+
+def resolve_architecture(architecture: str) -> type[nn.Module]:
+    """Same as ``get_model_class``; the name ``hotloop.api.build`` uses to check support up front."""
+    return get_model_class(architecture)

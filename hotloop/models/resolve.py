@@ -155,7 +155,7 @@ def resolve_model_path(model: str | None, progress: bool = True) -> Path:
     """
     if model is None or model == "":
         return _default_model(progress)
-    path = Path(model).expanduser()
+    path = Path(model).expanduser().absolute()
     if path.is_dir():
         return _from_folder(path, progress)
     if path.is_file():

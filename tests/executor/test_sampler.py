@@ -50,7 +50,9 @@ def logits_for(probs: list[float]) -> torch.Tensor:
 
 
 def kept(mask: torch.Tensor) -> set[int]:
-    return set(mask.nonzero().flatten().tolist())
+    """The kept token ids of a single-row mask."""
+    assert mask.dim() == 1 or mask.shape[0] == 1
+    return set(mask.reshape(-1).nonzero().flatten().tolist())
 
 
 def t(values: list[float] | list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -216,6 +218,10 @@ def test_top_p_mask_edges(top_p: float, expected: set[int]) -> None:
         ([0.1, 0.2, 0.3, 0.4], 0.7, {2, 3}),
         ([0.05, 0.15, 0.3, 0.5], 0.95, {1, 2, 3}),
         ([0.1, 0.1, 0.8], 0.9, {0, 1, 2}),
+        # float32 softmax + cumsum land just below the edge here (0.79999995, 0.84999996):
+        ([0.45, 0.35, 0.2], 0.8, {0, 1}),
+        ([0.6, 0.25, 0.15], 0.85, {0, 1}),
+        ([0.65, 0.2, 0.15], 0.85, {0, 1}),
     ],
 )
 def test_top_p_mask_decimal_edges(probs: list[float], top_p: float, expected: set[int]) -> None:

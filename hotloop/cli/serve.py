@@ -1,0 +1,91 @@
+"""``hotloop serve [api_server] [MODEL]``: the OpenAI-compatible HTTP server.
+
+``hotloop serve api_server MODEL`` is LMDeploy's spelling; ``hotloop serve MODEL`` (or plain
+``hotloop serve`` for the default model) is the same thing. Server flags keep LMDeploy's names and
+defaults; every ``EngineConfig`` field is a flag too.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from hotloop.cli.engine_args import add_engine_args, engine_config_from_args
+
+SUBCOMMANDS = ("api_server",)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve a model over an OpenAI-compatible HTTP API. "
+        "Usage: hotloop serve [api_server] [MODEL] [flags].",
+        usage="hotloop serve [api_server] [MODEL] [flags]",
+    )
+    p.add_argument(
+        "positionals",
+        nargs="*",
+        metavar="[api_server] [MODEL]",
+        help="optional 'api_server', then an HF folder or .gguf file (default: the embedded SmolLM2)",
+    )
+    add_server_args(p)
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--server-name", default="0.0.0.0", help="host to bind (default: 0.0.0.0)")
+    g.add_argument("--server-port", type=int, default=23333, help="port to bind (default: 23333)")
+    g.add_argument("--model-name", default=None, help="name clients use as 'model' (default: the model folder's name)")
+    g.add_argument("--api-keys", nargs="+", default=None, help="accepted API keys; if set, every route but /health needs one")
+    g.add_argument("--allow-origins", nargs="+", default=["*"], help="CORS allowed origins (default: *)")
+    g.add_argument("--allow-methods", nargs="+", default=["*"], help="CORS allowed methods (default: *)")
+    g.add_argument("--allow-headers", nargs="+", default=["*"], help="CORS allowed headers (default: *)")
+    g.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    g.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+                   type=str.upper, help="log level (default: INFO)")
+    g.add_argument("--max-concurrent-requests", type=int, default=None,
+                   help="generation requests served at once; more wait for a slot (default: no limit)")
+    g.add_argument("--chat-template", default=None, help="a Jinja chat template file to use instead of the model's")
+    g.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 10)")
+
+
+def split_positionals(values: list[str]) -> tuple[str, str | None]:
+    """-> (subcommand, model). ``[]``, ``[MODEL]``, ``[api_server]``, ``[api_server, MODEL]``."""
+    rest = list(values)
+    command = "api_server"
+    if rest and rest[0] in SUBCOMMANDS:
+        command = rest.pop(0)
+    if len(rest) > 1:
+        raise ValueError(f"expected at most one MODEL, got {rest}")
+    return command, (rest[0] if rest else None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hotloop.api.build import build_engine
+    from hotloop.serve.api_server import ServerArgs, run_server
+    from hotloop.serve.chat_template import load_chat_template
+    from hotloop.utils.logging import set_log_level
+
+    _command, model = split_positionals(args.positionals)
+    server_args = ServerArgs(
+        server_name=args.server_name,
+        server_port=args.server_port,
+        model_name=args.model_name,
+        api_keys=tuple(args.api_keys) if args.api_keys else None,
+        allow_origins=tuple(args.allow_origins),
+        allow_methods=tuple(args.allow_methods),
+        allow_headers=tuple(args.allow_headers),
+        allow_credentials=args.allow_credentials,
+        log_level=args.log_level,
+        max_concurrent_requests=args.max_concurrent_requests,
+        chat_template=args.chat_template,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+    set_log_level(args.log_level)
+    load_chat_template(args.chat_template)  # fail on a bad path before loading the model
+    built = build_engine(model, engine_config_from_args(args))
+    run_server(built, server_args)
+    return 0

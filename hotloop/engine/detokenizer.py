@@ -1,0 +1,166 @@
+"""Incremental detokenization of one request's output, with stop strings.
+
+Owns turning a stream of output token ids into a stream of text that is safe to show: never a
+broken UTF-8 character, never a piece of a stop string that is later taken back, and, once the
+request finishes, exactly ``tokenizer.decode(output_ids)`` (cut at the stop string, if one matched).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# What a decoder returns for bytes that are not (yet) a whole UTF-8 character.
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Decodes one request's output ids a few tokens at a time and applies its stop strings.
+
+    Decoding uses two offsets into the output ids, ``prefix`` <= ``read``: the text of
+    ``ids[prefix:read]`` is already known, so the text of new tokens is
+    ``decode(ids[prefix:]) - decode(ids[prefix:read])``. Decoding with a few tokens of left context
+    keeps what a lone token would decode differently (a SentencePiece word-start space, bytes of a
+    character split across tokens) the same as in a full decode, while each step costs O(1) and
+    not O(length). When the decoded window ends in U+FFFD the last character is incomplete: nothing
+    is emitted and the window grows until the character completes. The offsets then move forward.
+
+    The window starts at the first output token, so the finished text equals
+    ``tokenizer.decode(output_ids, skip_special_tokens=...)``. ``prompt_token_ids`` is accepted for
+    the vLLM-shaped signature but deliberately not used as left context: with a SentencePiece
+    tokenizer that context would add a leading space to the first output token that a decode of
+    the output ids alone does not have.
+
+    Stop strings are searched in the decoded text across token boundaries. When several could
+    match, the one that completes first as the text streams wins (for stop strings that do not
+    overlap, simply the earliest in the text; at the same end, the longer one); this makes the
+    result independent of how the text is split into tokens or ``add_tokens`` calls. Text after
+    the stop string is dropped, and so is the stop string itself unless
+    ``include_stop_str_in_output``. In that (default) case, a tail of the text that could be the
+    start of a stop string is held back until it either completes the stop string or stops being
+    a possible prefix.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_token_ids: Sequence[int],
+        skip_special_tokens: bool = True,
+        stop_words: tuple[str, ...] = (),
+        include_stop_str_in_output: bool = False,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self._skip_special_tokens = skip_special_tokens
+        self._stop_words = tuple(s for s in stop_words if s)
+        self._include_stop = include_stop_str_in_output
+        self._ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._prefix_text = ""  # decode(ids[prefix_offset:read_offset])
+        self._decoded = ""  # text of ids[:read_offset]; cut at the stop string once one matched
+        self._emitted = 0  # length of the prefix of _decoded handed out so far
+        self._stopped = False
+        self._flushed = False
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string has matched; the request should finish with reason ``stop``."""
+        return self._stopped
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far (by ``add_tokens`` and ``flush``)."""
+        return self._decoded[: self._emitted]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """Every output id given to ``add_tokens``, including any after a stop string."""
+        return list(self._ids)
+
+    def add_tokens(self, new_token_ids: Sequence[int]) -> str:
+        """Decode the new tokens and return the text that is now safe to emit (may be '').
+
+        After a stop string matched (or after ``flush``) further tokens are ignored and '' is returned.
+        """
+        if self._stopped or self._flushed:
+            return ""
+        checked = len(self._decoded)
+        for token_id in new_token_ids:
+            self._ids.append(int(token_id))
+            self._advance(final=False)
+        return self._check_and_emit(checked, final=False)
+
+    def flush(self) -> str:
+        """At finish: the text held back so far, i.e. a possible stop-string prefix that never
+        completed and the bytes of an unfinished character (as U+FFFD, as a full decode gives them).
+        Never the matched stop string unless ``include_stop_str_in_output``. Idempotent."""
+        if self._flushed:
+            return ""
+        self._flushed = True
+        if self._stopped:
+            return ""  # everything up to the stop string went out with the token that matched it
+        checked = len(self._decoded)
+        if self._read_offset < len(self._ids):
+            self._advance(final=True)
+        return self._check_and_emit(checked, final=True)
+
+    def _decode(self, ids: list[int]) -> str:
+        text = self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
+        assert isinstance(text, str)
+        return text
+
+    def _advance(self, final: bool) -> None:
+        """Move decoded text of ``ids[read_offset:]`` into ``_decoded`` if it ends on a whole character."""
+        window = self._decode(self._ids[self._prefix_offset :])
+        if not final and (len(window) <= len(self._prefix_text) or window.endswith(_REPLACEMENT)):
+            return  # nothing visible yet, or an incomplete character: wait for more tokens
+        self._decoded += window[len(self._prefix_text) :]
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        self._prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+
+    def _check_and_emit(self, checked: int, final: bool) -> str:
+        """Look for a stop string in text added after ``checked`` and return what may now go out."""
+        end = len(self._decoded)
+        match = self._find_stop(checked)
+        if match is not None:
+            start, stop_end = match
+            end = stop_end if self._include_stop else start
+            self._decoded = self._decoded[:end]
+            self._stopped = True
+        elif not final and not self._include_stop:
+            # With the stop string included, a prefix of it is never taken back, so nothing is held.
+            end -= self._partial_stop_len()
+        end = max(end, self._emitted)
+        piece = self._decoded[self._emitted : end]
+        self._emitted = end
+        return piece
+
+    def _find_stop(self, checked: int) -> tuple[int, int] | None:
+        """(start, end) of the stop string that completes first in the text, or None.
+
+        Only matches ending after ``checked`` are new: earlier text was searched already.
+        """
+        best: tuple[int, int] | None = None
+        for word in self._stop_words:
+            start = self._decoded.find(word, max(0, checked - len(word) + 1))
+            if start >= 0:
+                # Earliest end first; at the same end the earlier start (the longer word) wins.
+                key = (start + len(word), start)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else (best[1], best[0])
+
+    def _partial_stop_len(self) -> int:
+        """Length of the longest tail of the decoded text that is a proper prefix of a stop string."""
+        longest = 0
+        for word in self._stop_words:
+            for k in range(min(len(word) - 1, len(self._decoded)), longest, -1):
+                if self._decoded.endswith(word[:k]):
+                    longest = k
+                    break
+        return longest

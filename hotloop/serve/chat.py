@@ -1,0 +1,174 @@
+"""``POST /v1/chat/completions``: messages through the chat template, streaming or not, ``n`` choices."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from hotloop.engine.async_engine import EngineDeadError
+from hotloop.serve.chat_template import ChatTemplateError, encode_messages
+from hotloop.serve.errors import APIError, error_body
+from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
+from hotloop.serve.logprobs import chat_logprobs
+from hotloop.serve.openai_protocol import ChatCompletionRequest, ChatCompletionResponse, ChatMessage
+from hotloop.serve.params import choice_seed, resolve_max_tokens, sampling_config, validate_prompt
+from hotloop.serve.state import ServerState
+
+router = APIRouter()
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template wants them: text content only (parts joined by newlines)."""
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text":
+                    raise APIError(
+                        400,
+                        f"messages[{i}].content[{j}] is an {part.type} part, but this model is text-only; "
+                        "send text parts only",
+                        f"messages[{i}].content[{j}]",
+                        "unsupported_content",
+                    )
+                texts.append(part.text)  # type: ignore[union-attr]
+            content = "\n".join(texts)
+        d: dict[str, Any] = {"role": m.role, "content": content or ""}
+        if m.name is not None:
+            d["name"] = m.name
+        if m.tool_calls is not None:
+            d["tool_calls"] = m.tool_calls
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        out.append(d)
+    return out
+
+
+def encode_chat(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+    try:
+        return encode_messages(state.tokenizer, message_dicts(messages), state.chat_template, add_generation_prompt)
+    except ChatTemplateError as e:
+        raise APIError(400, str(e), "messages", "invalid_value") from e
+
+
+def _check_unsupported(body: ChatCompletionRequest) -> None:
+    rf = body.response_format
+    if rf is not None and rf.type == "json_schema":
+        raise APIError(400, "response_format type 'json_schema' is not supported yet (no constrained decoding); "
+                       "use 'text' or 'json_object'", "response_format", "unsupported_parameter")
+    if body.tools and body.tool_choice != "none":
+        raise APIError(400, "tools (function calling) are not supported by this server", "tools",
+                       "unsupported_parameter")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs", "invalid_value")
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
+    state: ServerState = request.app.state.hotloop
+    state.check_model(body.model)
+    _check_unsupported(body)
+    ids = encode_chat(state, body.messages, body.add_generation_prompt)
+    requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    max_new = resolve_max_tokens(state, len(ids), requested, "messages")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    params = sampling_config(state, body, max_new, logprobs)
+    validate_prompt(state, ids, params, "messages")
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    subs = [(ids, choice_seed(params, j)) for j in range(body.n)]
+    if body.stream:
+        job = await GenerationJob.start(state, request_id, subs)
+        return EventStreamResponse(_stream(state, body, job, request_id, len(ids)), job.close)
+    return await run_until_disconnect(request, _complete(state, body, subs, request_id))
+
+
+async def _complete(
+    state: ServerState, body: ChatCompletionRequest, subs: list[tuple[list[int], Any]], request_id: str
+) -> Response | dict[str, Any]:
+    job = await GenerationJob.start(state, request_id, subs)
+    n = len(subs)
+    texts = [""] * n
+    lps: list[list[Any]] = [[] for _ in range(n)]
+    reasons: list[str | None] = [None] * n
+    generated = [0] * n
+    cached = [0] * n
+    try:
+        async for i, o in job.outputs():
+            texts[i] += o.new_text
+            lps[i].extend(o.logprobs)
+            generated[i] = o.num_generated_tokens
+            cached[i] = max(cached[i], o.cached_tokens)
+            if o.finished:
+                reasons[i] = o.finish_reason
+    finally:
+        job.close()
+    top = body.top_logprobs or 0
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": texts[i]},
+            "logprobs": {"content": chat_logprobs(state, lps[i], top)} if body.logprobs else None,
+            "finish_reason": reasons[i],
+        }
+        for i in range(n)
+    ]
+    prompt_len = len(subs[0][0])
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "choices": choices,
+        "usage": _usage(prompt_len, sum(generated), max(cached)),
+    }
+
+
+def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+async def _stream(
+    state: ServerState, body: ChatCompletionRequest, job: GenerationJob, request_id: str, prompt_len: int
+) -> AsyncIterator[str]:
+    created = int(time.time())
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    base: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                            "model": state.model_name}
+
+    def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, reason: str | None = None) -> str:
+        payload = {**base, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                                        "finish_reason": reason}]}
+        if include_usage:
+            payload["usage"] = None
+        return sse(payload)
+
+    n = len(job.streams)
+    generated = [0] * n
+    cached = 0
+    top = body.top_logprobs or 0
+    try:
+        for i in range(n):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        async for i, o in job.outputs():
+            generated[i] = o.num_generated_tokens
+            cached = max(cached, o.cached_tokens)
+            lp = {"content": chat_logprobs(state, o.logprobs, top)} if body.logprobs and o.logprobs else None
+            if o.new_text or o.finished or lp is not None:
+                delta = {"content": o.new_text} if o.new_text or not o.finished else {}
+                yield chunk(i, delta, lp, o.finish_reason)
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": _usage(prompt_len, sum(generated), cached)})
+        yield SSE_DONE
+    except EngineDeadError as e:
+        yield sse(error_body(503, str(e), None, "engine_unavailable"))
+        yield SSE_DONE
+    finally:
+        job.close()

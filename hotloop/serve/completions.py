@@ -1,0 +1,167 @@
+"""``POST /v1/completions``: raw prompts (text, token ids, or lists of either), ``echo``, ``logprobs``.
+
+No chat template is applied. Choice ``index`` is ``prompt_index * n + j``. Usage counts each
+prompt once, however many choices it has. ``max_tokens`` defaults to 16, as in OpenAI's API.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from hotloop.engine.async_engine import EngineDeadError
+from hotloop.messages import GenerationConfig
+from hotloop.serve.errors import APIError, error_body
+from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
+from hotloop.serve.logprobs import CompletionLogprobAccumulator, merge_completion_logprobs
+from hotloop.serve.openai_protocol import CompletionRequest, CompletionResponse
+from hotloop.serve.params import choice_seed, resolve_max_tokens, sampling_config, validate_prompt
+from hotloop.serve.state import ServerState
+
+router = APIRouter()
+
+
+def _prompts(state: ServerState, prompt: Any) -> list[tuple[list[int], str]]:
+    """Each prompt as (token ids, text for echo)."""
+    if isinstance(prompt, str):
+        items: list[Any] = [prompt]
+    elif prompt and all(isinstance(t, int) for t in prompt):
+        items = [prompt]
+    else:
+        items = list(prompt)
+    if not items:
+        raise APIError(400, "prompt is empty: send a string, a list of strings, or token ids", "prompt",
+                       "invalid_value")
+    out = []
+    for k, p in enumerate(items):
+        param = "prompt" if len(items) == 1 else f"prompt[{k}]"
+        if isinstance(p, str):
+            ids = list(state.tokenizer.encode(p, add_special_tokens=True))
+            text = p
+        else:
+            ids = list(p)
+            state.check_token_ids(ids, param)
+            text = state.tokenizer.decode(ids, skip_special_tokens=False) if ids else ""
+        if not ids:
+            raise APIError(400, f"{param} is empty: it must hold at least one token", param, "invalid_value")
+        out.append((ids, text))
+    return out
+
+
+def _check_unsupported(body: CompletionRequest) -> None:
+    if body.suffix:
+        raise APIError(400, "suffix is not supported", "suffix", "unsupported_parameter")
+    if body.best_of is not None and body.best_of != body.n:
+        raise APIError(400, f"best_of={body.best_of} is not supported (only best_of == n)", "best_of",
+                       "unsupported_parameter")
+    if body.echo and body.logprobs is not None:
+        raise APIError(400, "echo with logprobs needs prompt logprobs, which are not supported", "echo",
+                       "unsupported_parameter")
+
+
+@router.post("/v1/completions", response_model=CompletionResponse)
+async def create_completion(body: CompletionRequest, request: Request) -> Any:
+    state: ServerState = request.app.state.hotloop
+    state.check_model(body.model)
+    _check_unsupported(body)
+    prompts = _prompts(state, body.prompt)
+    subs: list[tuple[list[int], GenerationConfig]] = []
+    for k, (ids, _text) in enumerate(prompts):
+        param = "prompt" if len(prompts) == 1 else f"prompt[{k}]"
+        max_new = resolve_max_tokens(state, len(ids), body.max_tokens, param)
+        params = sampling_config(state, body, max_new, body.logprobs)
+        validate_prompt(state, ids, params, param)
+        subs.extend((ids, choice_seed(params, j)) for j in range(body.n))
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    if body.stream:
+        job = await GenerationJob.start(state, request_id, subs)
+        return EventStreamResponse(_stream(state, body, job, request_id, prompts), job.close)
+    return await run_until_disconnect(request, _complete(state, body, subs, request_id, prompts))
+
+
+def _usage(prompts: list[tuple[list[int], str]], generated: list[int], cached: list[int]) -> dict[str, Any]:
+    p = sum(len(ids) for ids, _ in prompts)
+    c = sum(generated)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": sum(cached)}}
+
+
+async def _complete(
+    state: ServerState,
+    body: CompletionRequest,
+    subs: list[tuple[list[int], GenerationConfig]],
+    request_id: str,
+    prompts: list[tuple[list[int], str]],
+) -> Response | dict[str, Any]:
+    job = await GenerationJob.start(state, request_id, subs)
+    n = len(subs)
+    texts = [prompts[i // body.n][1] if body.echo else "" for i in range(n)]
+    accs = [CompletionLogprobAccumulator(state, body.logprobs or 0, len(texts[i])) for i in range(n)]
+    lps: list[dict[str, Any] | None] = [None] * n
+    reasons: list[str | None] = [None] * n
+    generated = [0] * n
+    cached = [0] * len(prompts)
+    try:
+        async for i, o in job.outputs():
+            texts[i] += o.new_text
+            if body.logprobs is not None:
+                lps[i] = merge_completion_logprobs(lps[i], accs[i].add(o.logprobs))
+            generated[i] = o.num_generated_tokens
+            cached[i // body.n] = max(cached[i // body.n], o.cached_tokens)
+            if o.finished:
+                reasons[i] = o.finish_reason
+    finally:
+        job.close()
+    choices = [{"index": i, "text": texts[i], "logprobs": lps[i], "finish_reason": reasons[i]} for i in range(n)]
+    return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
+            "choices": choices, "usage": _usage(prompts, generated, cached)}
+
+
+async def _stream(
+    state: ServerState,
+    body: CompletionRequest,
+    job: GenerationJob,
+    request_id: str,
+    prompts: list[tuple[list[int], str]],
+) -> AsyncIterator[str]:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    base: dict[str, Any] = {"id": request_id, "object": "text_completion", "created": int(time.time()),
+                            "model": state.model_name}
+    n = len(job.streams)
+    accs = [CompletionLogprobAccumulator(state, body.logprobs or 0) for _ in range(n)]
+    generated = [0] * n
+    cached = [0] * len(prompts)
+    echoed = [not body.echo] * n
+
+    def chunk(index: int, text: str, logprobs: Any, reason: str | None) -> str:
+        payload = {**base, "choices": [{"index": index, "text": text, "logprobs": logprobs,
+                                        "finish_reason": reason}]}
+        if include_usage:
+            payload["usage"] = None
+        return sse(payload)
+
+    try:
+        async for i, o in job.outputs():
+            generated[i] = o.num_generated_tokens
+            cached[i // body.n] = max(cached[i // body.n], o.cached_tokens)
+            text = o.new_text
+            if not echoed[i]:
+                echoed[i] = True
+                text = prompts[i // body.n][1] + text
+                accs[i].offset = len(prompts[i // body.n][1])
+            lp = accs[i].add(o.logprobs) if body.logprobs is not None and o.logprobs else None
+            if text or o.finished or lp is not None:
+                yield chunk(i, text, lp, o.finish_reason)
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": _usage(prompts, generated, cached)})
+        yield SSE_DONE
+    except EngineDeadError as e:
+        yield sse(error_body(503, str(e), None, "engine_unavailable"))
+        yield SSE_DONE
+    finally:
+        job.close()

@@ -1,0 +1,72 @@
+"""Engine ``TokenLogprob``s -> OpenAI's chat and completions logprob shapes.
+
+A token is shown as its own decoded text. ``-inf`` (a token masked by a filter or a bias) is
+reported as -9999.0, as OpenAI does, because JSON has no infinity.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hotloop.messages import TokenLogprob
+from hotloop.serve.state import ServerState
+
+_FLOOR = -9999.0
+
+
+def _finite(x: float) -> float:
+    return _FLOOR if math.isnan(x) or x < _FLOOR else float(x)
+
+
+def _top(lp: TokenLogprob, k: int) -> list[tuple[int, float]]:
+    return sorted(lp.top.items(), key=lambda kv: -kv[1])[:k]
+
+
+def chat_logprobs(state: ServerState, lps: list[TokenLogprob], top_k: int) -> list[dict[str, Any]]:
+    """``choices[i].logprobs.content`` entries."""
+    out = []
+    for lp in lps:
+        text = state.token_text(lp.token_id)
+        out.append({
+            "token": text,
+            "logprob": _finite(lp.logprob),
+            "bytes": list(text.encode("utf-8")),
+            "top_logprobs": [
+                {"token": (t := state.token_text(tid)), "logprob": _finite(v), "bytes": list(t.encode("utf-8"))}
+                for tid, v in _top(lp, top_k)
+            ],
+        })
+    return out
+
+
+class CompletionLogprobAccumulator:
+    """Builds ``choices[i].logprobs`` for /v1/completions (tokens, token_logprobs, top_logprobs,
+    text_offset), with offsets continuing from ``offset``."""
+
+    def __init__(self, state: ServerState, top_k: int, offset: int = 0) -> None:
+        self.state = state
+        self.top_k = top_k
+        self.offset = offset
+
+    def add(self, lps: list[TokenLogprob]) -> dict[str, Any]:
+        """The logprobs of these tokens, as one increment."""
+        inc: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for lp in lps:
+            text = self.state.token_text(lp.token_id)
+            inc["tokens"].append(text)
+            inc["token_logprobs"].append(_finite(lp.logprob))
+            inc["top_logprobs"].append(
+                {self.state.token_text(tid): _finite(v) for tid, v in _top(lp, self.top_k)} if self.top_k else None
+            )
+            inc["text_offset"].append(self.offset)
+            self.offset += len(text)
+        return inc
+
+
+def merge_completion_logprobs(total: dict[str, Any] | None, inc: dict[str, Any]) -> dict[str, Any]:
+    if total is None:
+        return {k: list(v) for k, v in inc.items()}
+    for k, v in inc.items():
+        total[k].extend(v)
+    return total

@@ -1,0 +1,150 @@
+"""Native routes: ``POST /generate`` (LMDeploy ``GenerationConfig`` fields, token ids in and out),
+``POST /tokenize`` and ``POST /detokenize``.
+
+``/generate`` answers ``GenerateResponse``; streaming sends one SSE event per increment (new text
+and token ids since the previous one) and ends with ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from hotloop.engine.async_engine import EngineDeadError
+from hotloop.engine.outputs import RequestOutput
+from hotloop.messages import GenerationConfig, RequestError
+from hotloop.serve.chat import encode_chat
+from hotloop.serve.chat_template import ChatTemplateError, encode_messages
+from hotloop.serve.errors import APIError, error_body, from_request_error
+from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
+from hotloop.serve.openai_protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    GenerateRequest,
+    GenerateResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from hotloop.serve.params import resolve_max_tokens
+from hotloop.serve.state import ServerState
+
+router = APIRouter()
+
+_GEN_FIELDS = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+               "frequency_penalty", "random_seed", "stop_words", "stop_token_ids", "ignore_eos", "min_new_tokens",
+               "skip_special_tokens", "logprobs", "include_stop_str_in_output")
+
+
+def _prompt_ids(state: ServerState, body: GenerateRequest) -> list[int]:
+    if (body.prompt is None) == (body.input_ids is None):
+        raise APIError(400, "send exactly one of prompt and input_ids", "prompt", "invalid_value")
+    if body.input_ids is not None:
+        state.check_token_ids(body.input_ids, "input_ids")
+        return list(body.input_ids)
+    assert body.prompt is not None
+    if body.do_preprocess:
+        try:
+            return encode_messages(state.tokenizer, [{"role": "user", "content": body.prompt}], state.chat_template)
+        except ChatTemplateError as e:
+            raise APIError(400, str(e), "do_preprocess", "invalid_value") from e
+    return list(state.tokenizer.encode(body.prompt, add_special_tokens=True))
+
+
+@router.post("/generate", response_model=GenerateResponse)
+async def generate(body: GenerateRequest, request: Request) -> Any:
+    state: ServerState = request.app.state.hotloop
+    state.check_model(body.model)
+    ids = _prompt_ids(state, body)
+    param = "input_ids" if body.input_ids is not None else "prompt"
+    if not ids:
+        raise APIError(400, f"{param} is empty: it must hold at least one token", param, "invalid_value")
+    if body.max_new_tokens is None:
+        max_new = resolve_max_tokens(state, len(ids), None, param)
+    else:
+        max_new = body.max_new_tokens
+    if body.stop_token_ids:
+        state.check_token_ids(body.stop_token_ids, "stop_token_ids")
+    try:
+        fields = {k: getattr(body, k) for k in _GEN_FIELDS}
+        params = GenerationConfig(max_new_tokens=max_new, **fields)
+        state.engine.validate(ids, params)
+    except RequestError as e:
+        raise from_request_error(e, native=True) from e
+    request_id = f"gen-{uuid.uuid4().hex}"
+    if body.stream:
+        job = await GenerationJob.start(state, request_id, [(ids, params)], native=True)
+        return EventStreamResponse(_stream(job), job.close)
+    return await run_until_disconnect(request, _complete(state, request_id, ids, params))
+
+
+def _piece(o: RequestOutput, text: str, token_ids: list[int], logprobs: list[Any] | None) -> dict[str, Any]:
+    return {
+        "text": text,
+        "token_ids": token_ids,
+        "input_token_len": o.num_prompt_tokens,
+        "generate_token_len": o.num_generated_tokens,
+        "finish_reason": o.finish_reason,
+        "cached_tokens": o.cached_tokens,
+        "logprobs": logprobs,
+    }
+
+
+def _lps(lps: list[Any]) -> list[dict[str, Any]]:
+    return [{"token_id": lp.token_id, "logprob": max(lp.logprob, -9999.0), "top": lp.top} for lp in lps]
+
+
+async def _complete(
+    state: ServerState, request_id: str, ids: list[int], params: GenerationConfig
+) -> Response | dict[str, Any]:
+    job = await GenerationJob.start(state, request_id, [(ids, params)], native=True)
+    text, tokens, lps = "", [], []
+    last = None
+    try:
+        async for _, o in job.outputs():
+            text += o.new_text
+            tokens.extend(o.new_token_ids)
+            lps.extend(o.logprobs)
+            last = o
+    finally:
+        job.close()
+    assert last is not None
+    return _piece(last, text, tokens, _lps(lps) if params.logprobs is not None else None)
+
+
+async def _stream(job: GenerationJob) -> AsyncIterator[str]:
+    try:
+        async for _, o in job.outputs():
+            if o.new_token_ids or o.new_text or o.finished:
+                yield sse(_piece(o, o.new_text, list(o.new_token_ids), _lps(o.logprobs) if o.logprobs else None))
+        yield SSE_DONE
+    except EngineDeadError as e:
+        yield sse(error_body(503, str(e), None, "engine_unavailable"))
+        yield SSE_DONE
+    finally:
+        job.close()
+
+
+@router.post("/tokenize", response_model=TokenizeResponse)
+async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+    state: ServerState = request.app.state.hotloop
+    state.check_model(body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "send exactly one of prompt and messages", "prompt", "invalid_value")
+    if body.messages is not None:
+        ids = encode_chat(state, body.messages, body.add_generation_prompt)
+    else:
+        assert body.prompt is not None
+        ids = list(state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+    return {"tokens": ids, "count": len(ids), "max_model_len": state.session_len}
+
+
+@router.post("/detokenize", response_model=DetokenizeResponse)
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+    state: ServerState = request.app.state.hotloop
+    state.check_model(body.model)
+    state.check_token_ids(body.tokens, "tokens")
+    return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}

@@ -1,0 +1,126 @@
+"""OpenAI request fields -> ``GenerationConfig``, with the checks that need the model's limits.
+
+OpenAI semantics: ``temperature`` defaults to 1.0 and 0 means greedy; ``top_k`` of -1 or 0 is off;
+``seed`` reproduces a sampled answer (choice j of n uses ``seed + j``, so choices differ).
+"""
+
+from __future__ import annotations
+
+from hotloop.messages import GenerationConfig, RequestError
+from hotloop.serve.errors import APIError, from_request_error
+from hotloop.serve.openai_protocol import _SamplingFields
+from hotloop.serve.state import ServerState
+
+_MAX_STOP = 64
+_SEED_MOD = 2**63
+
+
+def resolve_max_tokens(state: ServerState, prompt_len: int, max_tokens: int | None, prompt_param: str) -> int:
+    """The output budget: ``max_tokens`` if it fits the context, else a 400 naming the numbers;
+    when absent, whatever room the context leaves after the prompt."""
+    limit = state.context_limit
+    where = f"session_len={state.session_len}" if limit == state.session_len else (
+        f"the KV cache's {limit} tokens (session_len={state.session_len})"
+    )
+    if max_tokens is None:
+        room = limit - prompt_len
+        if room < 1:
+            raise APIError(
+                400,
+                f"the prompt has {prompt_len} tokens, which leaves no room to generate within {where}; "
+                f"shorten the prompt to at most {limit - 1} tokens",
+                prompt_param,
+                "context_length_exceeded",
+            )
+        return room
+    if prompt_len + max_tokens > limit:
+        raise APIError(
+            400,
+            f"the prompt has {prompt_len} tokens and max_tokens is {max_tokens}: {prompt_len + max_tokens} "
+            f"tokens exceed {where}; lower max_tokens to at most {max(limit - prompt_len, 0)} "
+            "or shorten the prompt",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+    return max_tokens
+
+
+def _stop_words(stop: str | list[str] | None) -> list[str] | None:
+    if stop is None:
+        return None
+    words = [stop] if isinstance(stop, str) else list(stop)
+    if len(words) > _MAX_STOP:
+        raise APIError(400, f"stop has {len(words)} strings; at most {_MAX_STOP} are allowed", "stop",
+                       "invalid_value")
+    return words
+
+
+def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> dict[int, float] | None:
+    if not bias:
+        return None
+    out: dict[int, float] = {}
+    vocab = state.vocab_size
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise APIError(400, f"logit_bias key {key!r} is not a token id", "logit_bias", "invalid_value") from None
+        if not 0 <= token < vocab:
+            raise APIError(400, f"logit_bias token id {token} is outside the vocabulary [0, {vocab})",
+                           "logit_bias", "invalid_value")
+        if not -100.0 <= value <= 100.0:
+            raise APIError(400, f"logit_bias[{key}]={value} must lie in [-100, 100]", "logit_bias",
+                           "invalid_value")
+        out[token] = float(value)
+    return out
+
+
+def sampling_config(
+    state: ServerState, body: _SamplingFields, max_new_tokens: int, logprobs: int | None
+) -> GenerationConfig:
+    """The ``GenerationConfig`` for one choice (``choice_seed`` gives choice j its seed)."""
+    temperature = 1.0 if body.temperature is None else body.temperature
+    top_k = body.top_k or 0
+    if body.stop_token_ids:
+        state.check_token_ids(body.stop_token_ids, "stop_token_ids")
+    try:
+        return GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0,
+            temperature=temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=max(top_k, 0),
+            min_p=body.min_p or 0.0,
+            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            random_seed=None if body.seed is None else body.seed % _SEED_MOD,
+            stop_words=_stop_words(body.stop),
+            stop_token_ids=body.stop_token_ids,
+            ignore_eos=body.ignore_eos,
+            min_new_tokens=body.min_tokens,
+            skip_special_tokens=body.skip_special_tokens,
+            logprobs=logprobs,
+            include_stop_str_in_output=body.include_stop_str_in_output,
+            logit_bias=_logit_bias(state, body.logit_bias),
+        )
+    except RequestError as e:
+        raise from_request_error(e) from e
+
+
+def choice_seed(params: GenerationConfig, j: int) -> GenerationConfig:
+    """Choice ``j`` of ``n``: a seeded request gives each choice its own seed."""
+    if j == 0 or params.random_seed is None:
+        return params
+    return params.replace(random_seed=(params.random_seed + j) % _SEED_MOD)
+
+
+def validate_prompt(state: ServerState, ids: list[int], params: GenerationConfig, param: str) -> None:
+    """The engine's own checks (vocabulary, KV pool), reported against the user's field names."""
+    try:
+        state.engine.validate(ids, params)
+    except RequestError as e:
+        err = from_request_error(e)
+        if err.param == "prompt":
+            err.param = param
+        raise err from e

