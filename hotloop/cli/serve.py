@@ -63,6 +63,17 @@ def split_positionals(values: list[str]) -> tuple[str, str | None]:
     return command, (rest[0] if rest else None)
 
 
+def model_name_for(model: str | None) -> str:
+    """The default ``--model-name``: the model folder's name (a GGUF file's stem)."""
+    if model is None:
+        from hotloop.models.resolve import DEFAULT_MODEL_NAME
+
+        return DEFAULT_MODEL_NAME
+    from hotloop.serve.state import default_model_name
+
+    return default_model_name(model.rstrip("/"))
+
+
 def run(args: argparse.Namespace) -> int:
     from hotloop.api.build import build_engine
     from hotloop.serve.api_server import ServerArgs, run_server
@@ -73,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     server_args = ServerArgs(
         server_name=args.server_name,
         server_port=args.server_port,
-        model_name=args.model_name,
+        model_name=args.model_name or model_name_for(model),
         api_keys=tuple(args.api_keys) if args.api_keys else None,
         allow_origins=tuple(args.allow_origins),
         allow_methods=tuple(args.allow_methods),

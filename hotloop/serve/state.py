@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,14 @@ class ServerArgs:
 
 
 def default_model_name(model_path: Path | str) -> str:
-    """The model folder's name (a GGUF file's name without ``.gguf``)."""
+    """The model folder's name (a GGUF file's name without ``.gguf``; a GGUF conversion cached as
+    ``<stem>-<hash>`` gives ``<stem>``)."""
     path = Path(model_path)
-    return path.stem if path.suffix == ".gguf" else path.name
+    if path.suffix == ".gguf":
+        return path.stem
+    if path.parent.name == "converted":
+        return re.sub(r"-[0-9a-f]{12}$", "", path.name)
+    return path.name
 
 
 class ServerState:
