@@ -164,9 +164,11 @@ class Engine:
             if req.first_token_time is None:
                 req.first_token_time = now
             detok: IncrementalDetokenizer = req.detokenizer
-            text = detok.add_tokens([tok.token_id])
+            is_stop_token = tok.token_id in req.stop_token_ids
+            # A stop token's own text (e.g. "<|im_end|>") is not output unless asked for.
+            text = "" if is_stop_token and not req.params.include_stop_str_in_output else detok.add_tokens([tok.token_id])
             status = None
-            if tok.token_id in req.stop_token_ids or detok.stopped:
+            if is_stop_token or detok.stopped:
                 status = RequestStatus.FINISHED_STOPPED
             elif req.num_output_tokens >= req.max_new_tokens or req.num_tokens >= self.session_len:
                 status = RequestStatus.FINISHED_LENGTH
