@@ -13,7 +13,9 @@ if TYPE_CHECKING:
     from hotloop.api.pipeline import Pipeline
 
 
-def pipeline(model_path: str | None = None, backend_config: EngineConfig | None = None, **kwargs: Any) -> Pipeline:
+def pipeline(
+    model_path: str | None = None, backend_config: EngineConfig | None = None, **kwargs: Any
+) -> Pipeline:
     """Build a :class:`hotloop.api.pipeline.Pipeline` (LMDeploy-compatible signature).
 
     ``model_path`` is a local Hugging Face folder, a ``.gguf`` file, or None for the embedded

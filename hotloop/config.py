@@ -15,7 +15,13 @@ BACKENDS = ("auto", "turbo", "pytorch")
 BACKEND_ALIASES = {"turbomind": "turbo"}
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16", "float": "float32"}
+DTYPE_ALIASES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "float": "float32",
+}
 MODEL_FORMATS = (None, "hf", "gguf", "awq")
 QUANT_POLICIES = (0, 4, 8)
 LOAD_FORMATS = ("auto", "dummy")
@@ -89,9 +95,17 @@ class EngineConfig:
             isinstance(self.max_prefill_token_num, int) and self.max_prefill_token_num >= 1,
             f"max_prefill_token_num={self.max_prefill_token_num!r} must be an integer >= 1",
         )
-        _check(self.quant_policy in QUANT_POLICIES, f"quant_policy={self.quant_policy!r} must be one of 0, 4, 8")
-        _check(self.model_format in MODEL_FORMATS, f"model_format={self.model_format!r} must be one of {MODEL_FORMATS}")
-        _check(self.load_format in LOAD_FORMATS, f"load_format={self.load_format!r} must be one of {LOAD_FORMATS}")
+        _check(
+            self.quant_policy in QUANT_POLICIES, f"quant_policy={self.quant_policy!r} must be one of 0, 4, 8"
+        )
+        _check(
+            self.model_format in MODEL_FORMATS,
+            f"model_format={self.model_format!r} must be one of {MODEL_FORMATS}",
+        )
+        _check(
+            self.load_format in LOAD_FORMATS,
+            f"load_format={self.load_format!r} must be one of {LOAD_FORMATS}",
+        )
 
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)

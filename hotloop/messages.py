@@ -83,7 +83,9 @@ class GenerationConfig:
             raise bad("presence_penalty", "must lie in [-2, 2]")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise bad("frequency_penalty", "must lie in [-2, 2]")
-        if self.min_new_tokens is not None and (not isinstance(self.min_new_tokens, int) or self.min_new_tokens < 0):
+        if self.min_new_tokens is not None and (
+            not isinstance(self.min_new_tokens, int) or self.min_new_tokens < 0
+        ):
             raise bad("min_new_tokens", "must be an integer >= 0")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "must be an integer in [0, 20]")

@@ -33,6 +33,7 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 def _train_tokenizer(out: Path) -> None:
     """A byte-level BPE with TINY_VOCAB ids, trained on Python's own docs (no download)."""
     from pydoc_data.topics import topics
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -79,7 +80,9 @@ TINY_ARCHS: dict[str, dict[str, Any]] = {
         },
     ),
     # MHA with an odd head count, untied
-    "llama_mha_odd": dict(arch="llama", num_attention_heads=3, num_key_value_heads=3, head_dim=16, hidden_size=48),
+    "llama_mha_odd": dict(
+        arch="llama", num_attention_heads=3, num_key_value_heads=3, head_dim=16, hidden_size=48
+    ),
     "llama_linear_rope": dict(arch="llama", rope_scaling={"rope_type": "linear", "factor": 2.0}),
     "mistral_window": dict(arch="mistral", num_attention_heads=4, num_key_value_heads=1, sliding_window=16),
     "qwen2_bias": dict(arch="qwen2", num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),

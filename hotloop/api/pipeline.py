@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from hotloop.api.build import BuiltEngine, build_engine
 from hotloop.config import EngineConfig
@@ -20,7 +20,7 @@ from hotloop.utils.logging import get_logger
 logger = get_logger(__name__)
 
 Message = dict[str, Any]
-Prompt = Union[str, list[Message]]
+Prompt = str | list[Message]
 
 
 @dataclass
@@ -80,7 +80,9 @@ class Pipeline:
                 return list(self.tokenizer.encode(prompt, add_special_tokens=True))
             prompt = [{"role": "user", "content": prompt}]
         if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
-            raise RequestError("a prompt must be a string or a list of {'role', 'content'} messages", "prompt")
+            raise RequestError(
+                "a prompt must be a string or a list of {'role', 'content'} messages", "prompt"
+            )
         if not self.has_chat_template:
             raise RequestError(
                 "this model has no chat template, so message lists cannot be formatted; "

@@ -10,13 +10,19 @@ from hotloop.messages import GenerationConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("chat", help="chat with a model in the terminal", description="Interactive streaming chat.")
-    p.add_argument("model_path", nargs="?", default=None, help="HF folder or .gguf file (default: embedded SmolLM2)")
+    p = sub.add_parser(
+        "chat", help="chat with a model in the terminal", description="Interactive streaming chat."
+    )
+    p.add_argument(
+        "model_path", nargs="?", default=None, help="HF folder or .gguf file (default: embedded SmolLM2)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=512, help="most tokens per answer (default: 512)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--chat-template", default=None, help="a Jinja chat template file to use instead of the model's")
+    p.add_argument(
+        "--chat-template", default=None, help="a Jinja chat template file to use instead of the model's"
+    )
     add_engine_args(p)
     p.set_defaults(func=run)
 
@@ -37,8 +43,11 @@ def run(args: argparse.Namespace) -> int:
     )
     print("loading the model ...", flush=True)
     with Pipeline(args.model_path, engine_config_from_args(args), chat_template=template) as pipe:
-        print(f"model: {pipe.built.model_path.name} ({pipe.built.backend}, {pipe.built.device}). "
-              "Type 'exit' to quit.", flush=True)
+        print(
+            f"model: {pipe.built.model_path.name} ({pipe.built.backend}, {pipe.built.device}). "
+            "Type 'exit' to quit.",
+            flush=True,
+        )
         history: list[dict[str, str]] = []
         while True:
             try:

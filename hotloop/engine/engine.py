@@ -146,10 +146,10 @@ class Engine:
             self.scheduler.add(req)
         outputs = []
         for rid in aborts:
-            req = self.requests.get(rid)
-            if req is None or req.is_finished:
+            victim = self.requests.get(rid)
+            if victim is None or victim.is_finished:
                 continue
-            outputs.append(self._finish(req, RequestStatus.FINISHED_ABORTED, [], ""))
+            outputs.append(self._finish(victim, RequestStatus.FINISHED_ABORTED, [], ""))
         return outputs
 
     def _update(self, out: SchedulerOutput, sampled: list[SampledToken]) -> list[RequestOutput]:
@@ -166,7 +166,11 @@ class Engine:
             detok: IncrementalDetokenizer = req.detokenizer
             is_stop_token = tok.token_id in req.stop_token_ids
             # A stop token's own text (e.g. "<|im_end|>") is not output unless asked for.
-            text = "" if is_stop_token and not req.params.include_stop_str_in_output else detok.add_tokens([tok.token_id])
+            text = (
+                ""
+                if is_stop_token and not req.params.include_stop_str_in_output
+                else detok.add_tokens([tok.token_id])
+            )
             status = None
             if is_stop_token or detok.stopped:
                 status = RequestStatus.FINISHED_STOPPED

@@ -114,7 +114,12 @@ class Scheduler:
                 idx += 1
 
         # No admissions in a step that had to preempt: the pool is under pressure.
-        while self.waiting and not out.preempted and budget > 0 and len(self.running) < self.config.max_batch_size:
+        while (
+            self.waiting
+            and not out.preempted
+            and budget > 0
+            and len(self.running) < self.config.max_batch_size
+        ):
             req = self.waiting[0]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if not bm.can_allocate(req, n):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -11,7 +12,7 @@ from hotloop.engine.outputs import SampledToken
 from hotloop.engine.request import Request
 from hotloop.engine.scheduler import SchedulerOutput
 from hotloop.executor.kv_cache import allocate_kv_cache, block_bytes, num_kv_blocks
-from hotloop.executor.model_runner import ModelRunner
+from hotloop.executor.model_runner import CausalLM, ModelRunner
 from hotloop.models.loader import load_model
 from hotloop.utils.logging import get_logger
 
@@ -74,7 +75,7 @@ class LocalExecutor:
             self.num_blocks * bs,
         )
         self.kv_caches = allocate_kv_cache(model_config, self.num_blocks, bs, dtype, device)
-        self.runner = ModelRunner(self.model, self.kv_caches, bs, device)
+        self.runner = ModelRunner(cast(CausalLM, self.model), self.kv_caches, bs, device)
 
     def execute(self, out: SchedulerOutput) -> list[SampledToken]:
         return self.runner.execute(out)

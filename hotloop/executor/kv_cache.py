@@ -30,7 +30,14 @@ def available_memory(device: torch.device) -> int:
 def block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of one block: K and V of ``block_size`` tokens in every layer."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * model_config.num_layers * block_size * model_config.num_kv_heads * model_config.head_dim * itemsize
+    return (
+        2
+        * model_config.num_layers
+        * block_size
+        * model_config.num_kv_heads
+        * model_config.head_dim
+        * itemsize
+    )
 
 
 def num_kv_blocks(

@@ -6,8 +6,9 @@ decodes alike). Only requests that reach the end of their known tokens produce l
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
-from torch import nn
 
 from hotloop.engine.outputs import SampledToken
 from hotloop.engine.request import Request
@@ -17,12 +18,26 @@ from hotloop.layers.attention import AttentionMetadata
 from hotloop.messages import TokenLogprob
 
 
+class CausalLM(Protocol):
+    """What the runner needs of a model (see ``hotloop/models/llama.py``)."""
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
 class ModelRunner:
     """Runs one scheduled step on ``model`` with the KV tensors it was given."""
 
     def __init__(
         self,
-        model: nn.Module,
+        model: CausalLM,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         block_size: int,
         device: torch.device,
@@ -33,7 +48,9 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
 
-    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    def prepare(
+        self, out: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Flat ``input_ids`` / ``positions`` ``[T]``, attention metadata and the logits rows."""
         bs = self.block_size
         input_ids: list[int] = []
@@ -94,7 +111,6 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
         result = self.sampler(logits, self._sampling_metadata(reqs))
         return _to_tokens(result, reqs)
-
 
     @torch.inference_mode()
     def score(self, request: Request, start: int, num_tokens: int) -> list[float]:

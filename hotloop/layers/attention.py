@@ -39,7 +39,12 @@ class PagedAttention(nn.Module):
     """Writes this step's K/V into the layer's cache, then attends over each sequence's context."""
 
     def __init__(
-        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, sliding_window: int | None = None
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
@@ -66,6 +71,13 @@ class PagedAttention(nn.Module):
         k_cache, v_cache = kv_cache
         reference.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         o = reference.paged_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.query_lens, meta.seq_lens, self.scale, self.sliding_window
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.query_lens,
+            meta.seq_lens,
+            self.scale,
+            self.sliding_window,
         )
         return o.reshape(T, self.num_heads * self.head_dim)

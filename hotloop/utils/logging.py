@@ -15,7 +15,9 @@ def get_logger(name: str) -> logging.Logger:
         root = logging.getLogger("hotloop")
         if not root.handlers:
             handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+            )
             root.addHandler(handler)
         root.setLevel(logging.INFO)
         root.propagate = False

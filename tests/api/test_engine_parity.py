@@ -33,7 +33,11 @@ def hf_greedy(path: Path, prompts: list[list[int]], max_new: int) -> list[list[i
         for p in prompts:
             ids = torch.tensor([p])
             g = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False, pad_token_id=0
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new,
+                do_sample=False,
+                pad_token_id=0,
             )
             outs.append(g[0, len(p) :].tolist())
     return outs
@@ -44,7 +48,9 @@ def make_prompts(seed: int, n: int = 8) -> list[list[int]]:
     return [[rng.randrange(3, TINY_VOCAB) for _ in range(rng.randrange(3, 40))] for _ in range(n)]
 
 
-def run_engine(path: Path, cfg: EngineConfig, prompts: list[list[int]], max_new: int) -> tuple[list[list[int]], dict]:
+def run_engine(
+    path: Path, cfg: EngineConfig, prompts: list[list[int]], max_new: int
+) -> tuple[list[list[int]], dict]:
     built = build_engine(str(path), cfg)
     engine = built.engine
     params = GenerationConfig(max_new_tokens=max_new, ignore_eos=True)
