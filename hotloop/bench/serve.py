@@ -51,7 +51,9 @@ def parse_goodput(items: list[str] | None) -> dict[str, float]:
     for item in items or []:
         name, sep, value = item.partition(":")
         if not sep or name not in METRICS:
-            raise ValueError(f"--goodput {item!r}: expected NAME:MILLISECONDS with NAME one of {', '.join(METRICS)}")
+            raise ValueError(
+                f"--goodput {item!r}: expected NAME:MILLISECONDS with NAME one of {', '.join(METRICS)}"
+            )
         try:
             ms = float(value)
         except ValueError:
@@ -62,7 +64,9 @@ def parse_goodput(items: list[str] | None) -> dict[str, float]:
     return slos
 
 
-def _payload(chat: bool, model: str, req: BenchRequest, ignore_eos: bool, temperature: float) -> dict[str, Any]:
+def _payload(
+    chat: bool, model: str, req: BenchRequest, ignore_eos: bool, temperature: float
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": req.output_len,
@@ -80,8 +84,14 @@ def _payload(chat: bool, model: str, req: BenchRequest, ignore_eos: bool, temper
 
 
 async def send_request(
-    client: Any, url: str, chat: bool, model: str, req: BenchRequest, headers: dict[str, str],
-    ignore_eos: bool, temperature: float = 0.0,
+    client: Any,
+    url: str,
+    chat: bool,
+    model: str,
+    req: BenchRequest,
+    headers: dict[str, str],
+    ignore_eos: bool,
+    temperature: float = 0.0,
 ) -> RequestResult:
     """Stream one request and time it."""
     res = RequestResult(prompt_len=req.prompt_len)
@@ -90,8 +100,9 @@ async def send_request(
     chunks = 0
     usage: dict[str, Any] | None = None
     try:
-        async with client.stream("POST", url, json=_payload(chat, model, req, ignore_eos, temperature),
-                                 headers=headers) as resp:
+        async with client.stream(
+            "POST", url, json=_payload(chat, model, req, ignore_eos, temperature), headers=headers
+        ) as resp:
             if resp.status_code != 200:
                 body = (await resp.aread()).decode("utf-8", "replace")
                 res.error = f"HTTP {resp.status_code}: {body[:300]}"
@@ -142,9 +153,18 @@ async def fetch_model(client: Any, base_url: str, headers: dict[str, str]) -> st
 
 
 async def run_load(
-    base_url: str, endpoint: str, requests: list[BenchRequest], *, model: str | None = None,
-    api_key: str | None = None, request_rate: float = math.inf, max_concurrency: int | None = None,
-    seed: int = 0, ignore_eos: bool = False, temperature: float = 0.0, progress: bool = True,
+    base_url: str,
+    endpoint: str,
+    requests: list[BenchRequest],
+    *,
+    model: str | None = None,
+    api_key: str | None = None,
+    request_rate: float = math.inf,
+    max_concurrency: int | None = None,
+    seed: int = 0,
+    ignore_eos: bool = False,
+    temperature: float = 0.0,
+    progress: bool = True,
     timeout: float = 600.0,
 ) -> tuple[list[RequestResult], float, str]:
     """Send every request; returns (results in request order, wall time in seconds, model)."""
@@ -184,8 +204,11 @@ def _stats(values: list[float], percentiles: list[float]) -> dict[str, float]:
     if not values:
         return {"mean": 0.0, "median": 0.0, "std": 0.0, **{f"p{_pct_name(p)}": 0.0 for p in percentiles}}
     ordered = sorted(values)
-    out = {"mean": statistics.fmean(ordered), "median": statistics.median(ordered),
-           "std": statistics.pstdev(ordered) if len(ordered) > 1 else 0.0}
+    out = {
+        "mean": statistics.fmean(ordered),
+        "median": statistics.median(ordered),
+        "std": statistics.pstdev(ordered) if len(ordered) > 1 else 0.0,
+    }
     for p in percentiles:
         out[f"p{_pct_name(p)}"] = _percentile(ordered, p)
     return out
@@ -206,13 +229,14 @@ def _percentile(ordered: list[float], p: float) -> float:
 
 
 def meets_slos(r: RequestResult, slos: dict[str, float]) -> bool:
-    values = {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.latency,
-              "itl": max(r.itl) if r.itl else 0.0}
+    values = {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.latency, "itl": max(r.itl) if r.itl else 0.0}
     return r.success and all(values[k] <= v for k, v in slos.items())
 
 
 def summarize(
-    results: list[RequestResult], duration: float, slos: dict[str, float] | None = None,
+    results: list[RequestResult],
+    duration: float,
+    slos: dict[str, float] | None = None,
     percentiles: list[float] | None = None,
 ) -> dict[str, Any]:
     """Throughput and latency statistics (latencies in milliseconds)."""
@@ -270,10 +294,14 @@ def format_table(s: dict[str, Any], percentiles: list[float] | None = None) -> s
         row("Request goodput (req/s):", s["request_goodput"])
     row("Output token throughput (tok/s):", s["output_throughput"])
     row("Total token throughput (tok/s):", s["total_token_throughput"])
-    titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
-              "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+    titles = {
+        "ttft": "Time to First Token",
+        "tpot": "Time per Output Token (excl. 1st token)",
+        "itl": "Inter-token Latency",
+        "e2el": "End-to-end Latency",
+    }
     for name, title in titles.items():
-        lines.append("{:-^60}".format(title))
+        lines.append(f"{title:-^60}")
         key = name.upper()
         row(f"Mean {key} (ms):", s[f"mean_{name}_ms"])
         row(f"Median {key} (ms):", s[f"median_{name}_ms"])
@@ -285,12 +313,26 @@ def format_table(s: dict[str, Any], percentiles: list[float] | None = None) -> s
 
 def build_requests(args: Any, tokenizer: Any | None = None) -> list[BenchRequest]:
     if args.dataset_name == "random":
-        return random_dataset(args.num_prompts, args.random_input_len, args.random_output_len,
-                              args.random_range_ratio, args.random_prefix_len, args.seed, tokenizer)
-    return synthetic_chat_dataset(args.num_prompts, args.seed, args.synthetic_input_median,
-                                  args.synthetic_input_sigma, args.synthetic_output_median,
-                                  args.synthetic_output_sigma, args.synthetic_max_input, args.synthetic_max_output,
-                                  tokenizer)
+        return random_dataset(
+            args.num_prompts,
+            args.random_input_len,
+            args.random_output_len,
+            args.random_range_ratio,
+            args.random_prefix_len,
+            args.seed,
+            tokenizer,
+        )
+    return synthetic_chat_dataset(
+        args.num_prompts,
+        args.seed,
+        args.synthetic_input_median,
+        args.synthetic_input_sigma,
+        args.synthetic_output_median,
+        args.synthetic_output_sigma,
+        args.synthetic_max_input,
+        args.synthetic_max_output,
+        tokenizer,
+    )
 
 
 def run(args: Any) -> int:
@@ -305,20 +347,36 @@ def run(args: Any) -> int:
     requests = build_requests(args, tokenizer)
     base_url = args.base_url or f"http://{args.host}:{args.port}"
     rate = math.inf if args.request_rate is None else args.request_rate
-    results, duration, model = asyncio.run(run_load(
-        base_url, args.endpoint, requests, model=args.model, api_key=args.api_key, request_rate=rate,
-        max_concurrency=args.max_concurrency, seed=args.seed, ignore_eos=args.ignore_eos,
-        temperature=args.temperature, progress=not args.disable_tqdm,
-    ))
+    results, duration, model = asyncio.run(
+        run_load(
+            base_url,
+            args.endpoint,
+            requests,
+            model=args.model,
+            api_key=args.api_key,
+            request_rate=rate,
+            max_concurrency=args.max_concurrency,
+            seed=args.seed,
+            ignore_eos=args.ignore_eos,
+            temperature=args.temperature,
+            progress=not args.disable_tqdm,
+        )
+    )
     summary = summarize(results, duration, slos, percentiles)
     print(format_table(summary, percentiles))
     if args.result_file:
         record = {
-            "config": {"base_url": base_url, "endpoint": args.endpoint, "model": model,
-                       "dataset": args.dataset_name, "num_prompts": args.num_prompts,
-                       "request_rate": "inf" if math.isinf(rate) else rate,
-                       "max_concurrency": args.max_concurrency, "seed": args.seed,
-                       "ignore_eos": args.ignore_eos},
+            "config": {
+                "base_url": base_url,
+                "endpoint": args.endpoint,
+                "model": model,
+                "dataset": args.dataset_name,
+                "num_prompts": args.num_prompts,
+                "request_rate": "inf" if math.isinf(rate) else rate,
+                "max_concurrency": args.max_concurrency,
+                "seed": args.seed,
+                "ignore_eos": args.ignore_eos,
+            },
             **summary,
             "requests": [{k: v for k, v in asdict(r).items() if k != "itl"} for r in results],
         }

@@ -20,24 +20,38 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         "throughput, TTFT, TPOT, ITL and goodput.",
     )
     target = s.add_argument_group("target")
-    target.add_argument("--base-url", default=None, help="server URL, e.g. http://127.0.0.1:23333 (overrides --host/--port)")
+    target.add_argument(
+        "--base-url", default=None, help="server URL, e.g. http://127.0.0.1:23333 (overrides --host/--port)"
+    )
     target.add_argument("--host", default="127.0.0.1")
     target.add_argument("--port", type=int, default=23333)
-    target.add_argument("--endpoint", default="/v1/completions",
-                        help="/v1/completions or /v1/chat/completions (default: /v1/completions)")
+    target.add_argument(
+        "--endpoint",
+        default="/v1/completions",
+        help="/v1/completions or /v1/chat/completions (default: /v1/completions)",
+    )
     target.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
     target.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
-    target.add_argument("--tokenizer", default=None,
-                        help="HF tokenizer folder for exact prompt lengths (default: ~1 token per English word)")
+    target.add_argument(
+        "--tokenizer",
+        default=None,
+        help="HF tokenizer folder for exact prompt lengths (default: ~1 token per English word)",
+    )
 
     data = s.add_argument_group("dataset")
     data.add_argument("--dataset-name", choices=("random", "synthetic-chat"), default="random")
     data.add_argument("--num-prompts", type=int, default=1000)
     data.add_argument("--random-input-len", type=int, default=1024)
     data.add_argument("--random-output-len", type=int, default=128)
-    data.add_argument("--random-range-ratio", type=float, default=0.0,
-                      help="lengths uniform in [L*(1-r), L*(1+r)] (default: 0, fixed lengths)")
-    data.add_argument("--random-prefix-len", type=int, default=0, help="tokens of a prefix shared by every prompt")
+    data.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.0,
+        help="lengths uniform in [L*(1-r), L*(1+r)] (default: 0, fixed lengths)",
+    )
+    data.add_argument(
+        "--random-prefix-len", type=int, default=0, help="tokens of a prefix shared by every prompt"
+    )
     data.add_argument("--synthetic-input-median", type=float, default=180.0)
     data.add_argument("--synthetic-input-sigma", type=float, default=1.0)
     data.add_argument("--synthetic-output-median", type=float, default=160.0)
@@ -46,16 +60,27 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     data.add_argument("--synthetic-max-output", type=int, default=1024)
 
     load = s.add_argument_group("load")
-    load.add_argument("--request-rate", type=float, default=None,
-                      help="requests per second, Poisson arrivals (default: inf, all at once)")
+    load.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="requests per second, Poisson arrivals (default: inf, all at once)",
+    )
     load.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
     load.add_argument("--seed", type=int, default=0)
-    load.add_argument("--ignore-eos", action="store_true", help="ask the server to ignore EOS (vLLM/hotloop extension)")
+    load.add_argument(
+        "--ignore-eos", action="store_true", help="ask the server to ignore EOS (vLLM/hotloop extension)"
+    )
     load.add_argument("--temperature", type=float, default=0.0)
 
     out = s.add_argument_group("report")
-    out.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS",
-                     help="SLOs for goodput, e.g. ttft:500 tpot:50 (names: ttft, tpot, itl, e2el)")
+    out.add_argument(
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="NAME:MS",
+        help="SLOs for goodput, e.g. ttft:500 tpot:50 (names: ttft, tpot, itl, e2el)",
+    )
     out.add_argument("--metric-percentiles", default="99", help="comma-separated percentiles (default: 99)")
     out.add_argument("--result-file", default=None, help="write the results as JSON here")
     out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")

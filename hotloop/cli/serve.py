@@ -37,19 +37,41 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--server-name", default="0.0.0.0", help="host to bind (default: 0.0.0.0)")
     g.add_argument("--server-port", type=int, default=23333, help="port to bind (default: 23333)")
-    g.add_argument("--model-name", default=None, help="name clients use as 'model' (default: the model folder's name)")
-    g.add_argument("--api-keys", nargs="+", default=None, help="accepted API keys; if set, every route but /health needs one")
+    g.add_argument(
+        "--model-name", default=None, help="name clients use as 'model' (default: the model folder's name)"
+    )
+    g.add_argument(
+        "--api-keys",
+        nargs="+",
+        default=None,
+        help="accepted API keys; if set, every route but /health needs one",
+    )
     g.add_argument("--allow-origins", nargs="+", default=["*"], help="CORS allowed origins (default: *)")
     g.add_argument("--allow-methods", nargs="+", default=["*"], help="CORS allowed methods (default: *)")
     g.add_argument("--allow-headers", nargs="+", default=["*"], help="CORS allowed headers (default: *)")
     g.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
-    g.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
-                   type=str.upper, help="log level (default: INFO)")
-    g.add_argument("--max-concurrent-requests", type=int, default=None,
-                   help="generation requests served at once; more wait for a slot (default: no limit)")
-    g.add_argument("--chat-template", default=None, help="a Jinja chat template file to use instead of the model's")
-    g.add_argument("--shutdown-timeout", type=float, default=10.0,
-                   help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 10)")
+    g.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        type=str.upper,
+        help="log level (default: INFO)",
+    )
+    g.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=None,
+        help="generation requests served at once; more wait for a slot (default: no limit)",
+    )
+    g.add_argument(
+        "--chat-template", default=None, help="a Jinja chat template file to use instead of the model's"
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 10)",
+    )
 
 
 def split_positionals(values: list[str]) -> tuple[str, str | None]:

@@ -47,7 +47,9 @@ class Engine:
         self.model_config = model_config
         self.cache_config = cache_config
         self.scheduler_config = scheduler_config
-        self.block_manager = BlockManager(cache_config.num_blocks, cache_config.block_size)
+        self.block_manager = BlockManager(
+            cache_config.num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(scheduler_config, self.block_manager)
         self.requests: dict[str, Request] = {}
         self._lock = threading.Lock()

@@ -59,6 +59,10 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    # Prefix caching: chain hashes of the full blocks of the known tokens (they depend on the
+    # tokens only, so they survive preemption), and keys that separate equal token spans.
+    block_hashes: list[int] = field(default_factory=list)
+    cache_extra_keys: tuple[str, ...] = ()
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     # Opaque per-request state owned by the executor (e.g. the seeded torch.Generator).

@@ -6,7 +6,9 @@ of its known tokens. Running requests go first (oldest first); when one of them 
 block, the newest running request is preempted (blocks freed, recomputed later). Waiting requests
 join in FIFO order while slots (``max_batch_size``), blocks and the step's prefill token budget
 (``max_prefill_token_num``) allow; a prompt longer than the budget is prefilled over several steps,
-alongside the running decodes.
+alongside the running decodes. With prefix caching, an admitted request first takes the cached
+blocks of its longest cached prefix and only the rest is prefilled (and counts against the
+budget); blocks that became full in a step are registered in ``advance``, after they were computed.
 """
 
 from __future__ import annotations
@@ -121,10 +123,16 @@ class Scheduler:
             and len(self.running) < self.config.max_batch_size
         ):
             req = self.waiting[0]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not bm.can_allocate(req, n):
+            cached = bm.lookup_prefix(req)
+            n = min(req.num_tokens - len(cached) * bm.block_size - req.num_computed_tokens, budget)
+            if not bm.can_allocate(req, n, cached):
                 break
             self.waiting.popleft()
+            if bm.enable_prefix_caching:
+                num_cached = bm.take_cached(req, cached)
+                req.num_computed_tokens = num_cached
+                if req.num_preemptions == 0:  # usage reports prompt tokens served from the cache
+                    req.num_cached_tokens = num_cached
             bm.allocate(req, n)
             req.status = RequestStatus.RUNNING
             if req.first_scheduled_time is None:
@@ -138,7 +146,6 @@ class Scheduler:
         """Free ``request``'s blocks; it goes to the front of the queue to be recomputed."""
         self.block_manager.free(request)
         request.num_computed_tokens = 0
-        request.num_cached_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
@@ -146,5 +153,7 @@ class Scheduler:
 
     def advance(self, out: SchedulerOutput) -> None:
         """Record that the executor computed this step's tokens."""
+        bm = self.block_manager
         for s in out.scheduled:
             s.request.num_computed_tokens += s.num_tokens
+            bm.cache_full_blocks(s.request, s.start, s.num_tokens)

@@ -65,16 +65,20 @@ class LocalExecutor:
             dtype,
             device,
             max_useful_tokens=engine_config.max_batch_size * session_len,
+            quant_policy=engine_config.quant_policy,
         )
-        per_block = block_bytes(model_config, bs, dtype)
+        per_block = block_bytes(model_config, bs, dtype, engine_config.quant_policy)
         logger.info(
-            "KV cache: %d blocks of %d tokens (%.1f MiB, %d tokens)",
+            "KV cache: %d blocks of %d tokens (%.1f MiB, %d tokens, quant_policy=%d)",
             self.num_blocks,
             bs,
             self.num_blocks * per_block / 2**20,
             self.num_blocks * bs,
+            engine_config.quant_policy,
         )
-        self.kv_caches = allocate_kv_cache(model_config, self.num_blocks, bs, dtype, device)
+        self.kv_caches = allocate_kv_cache(
+            model_config, self.num_blocks, bs, dtype, device, engine_config.quant_policy
+        )
         self.runner = ModelRunner(cast(CausalLM, self.model), self.kv_caches, bs, device)
 
     def execute(self, out: SchedulerOutput) -> list[SampledToken]:

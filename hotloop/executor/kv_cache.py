@@ -7,6 +7,7 @@ import os
 import torch
 
 from hotloop.config import ModelConfig
+from hotloop.kernels import kv_quant
 from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -27,17 +28,12 @@ def available_memory(device: torch.device) -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block: K and V of ``block_size`` tokens in every layer."""
+def block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype, quant_policy: int = 0) -> int:
+    """Bytes of one block: K and V of ``block_size`` tokens in every layer (with KV quantization:
+    the packed values plus each token's and head's scale and zero, see ``kernels/kv_quant.py``)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return (
-        2
-        * model_config.num_layers
-        * block_size
-        * model_config.num_kv_heads
-        * model_config.head_dim
-        * itemsize
-    )
+    row = kv_quant.row_bytes(model_config.head_dim, quant_policy, itemsize)
+    return 2 * model_config.num_layers * block_size * model_config.num_kv_heads * row
 
 
 def num_kv_blocks(
@@ -47,6 +43,7 @@ def num_kv_blocks(
     dtype: torch.dtype,
     device: torch.device,
     max_useful_tokens: int | None = None,
+    quant_policy: int = 0,
 ) -> int:
     """Resolve ``cache_max_entry_count`` into a block count.
 
@@ -57,7 +54,7 @@ def num_kv_blocks(
     """
     if isinstance(cache_max_entry_count, int):
         return cache_max_entry_count
-    per_block = block_bytes(model_config, block_size, dtype)
+    per_block = block_bytes(model_config, block_size, dtype, quant_policy)
     free = available_memory(device)
     n = int(free * cache_max_entry_count) // per_block
     if device.type == "cpu" and max_useful_tokens is not None:
@@ -72,10 +69,21 @@ def num_kv_blocks(
 
 
 def allocate_kv_cache(
-    model_config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+    model_config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    quant_policy: int = 0,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer ``(k_cache, v_cache)``, each ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+    """Per layer ``(k_cache, v_cache)``, each ``[num_blocks, block_size, num_kv_heads, head_dim]``;
+    quantized, ``uint8`` ``[..., num_kv_heads, row_bytes]`` (the layout is in ``kernels/kv_quant.py``)."""
     shape = (num_blocks, block_size, model_config.num_kv_heads, model_config.head_dim)
+    if quant_policy:
+        kv_quant.check_head_dim(model_config.head_dim, quant_policy)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        shape = (*shape[:3], kv_quant.row_bytes(model_config.head_dim, quant_policy, itemsize))
+        dtype = torch.uint8
     return [
         (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
         for _ in range(model_config.num_layers)

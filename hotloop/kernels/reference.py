@@ -11,11 +11,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hotloop.kernels import kv_quant
+
 
 def write_kv_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Store ``k``, ``v`` ``[T, num_kv_heads, head_dim]`` at flat slots ``slot_mapping`` ``[T]``."""
+    """Store ``k``, ``v`` ``[T, num_kv_heads, head_dim]`` at flat slots ``slot_mapping`` ``[T]``.
+
+    A quantized (uint8) cache is written through ``kv_quant``, quantizing on the way in.
+    """
+    if kv_quant.is_quantized(k_cache):
+        kv_quant.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+        return
     nb, bs, h, d = k_cache.shape
     k_cache.view(nb * bs, h, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(nb * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
@@ -43,9 +51,11 @@ def paged_attention(
     q: ``[T, num_heads, head_dim]``, the queries of all sequences back to back (``query_lens``).
     Sequence ``b`` has ``seq_lens[b]`` tokens in the cache (its new tokens already written), and
     its queries are the last ``query_lens[b]`` of those. GQA: ``num_heads`` is a multiple of the
-    cache's ``num_kv_heads``. Returns ``[T, num_heads, head_dim]`` in q's dtype.
+    cache's ``num_kv_heads``. Returns ``[T, num_heads, head_dim]`` in q's dtype. A quantized
+    cache (see ``kv_quant``) is dequantized as each sequence's context is gathered.
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
+    load = kv_quant.kv_loader(k_cache, head_dim, q.dtype)
     num_kv = k_cache.shape[2]
     group = num_heads // num_kv
     out = torch.empty_like(q)
@@ -70,10 +80,10 @@ def paged_attention(
             valid &= pos[None, :] >= (lens[:, None] - sliding_window)
         qi = torch.tensor([starts[b] for b in decode_rows], dtype=torch.long, device=q.device)
         qd = q[qi].view(len(decode_rows), num_kv, group, head_dim).float()  # [D, kv, g, d]
-        scores = torch.einsum("nkgd,nlkd->nkgl", qd, k.float()) * scale
+        scores = torch.einsum("nkgd,nlkd->nkgl", qd, load(k)) * scale
         scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
         probs = scores.softmax(dim=-1)
-        o = torch.einsum("nkgl,nlkd->nkgd", probs, v.float())
+        o = torch.einsum("nkgl,nlkd->nkgd", probs, load(v))
         out[qi] = o.reshape(len(decode_rows), num_heads, head_dim).to(q.dtype)
         done = set(decode_rows)
     else:
@@ -83,8 +93,8 @@ def paged_attention(
         if b in done or ql == 0:
             continue
         L = seq_lens[b]
-        k = gather_kv(k_cache, block_tables[b], L).float()  # [L, kv, d]
-        v = gather_kv(v_cache, block_tables[b], L).float()
+        k = load(gather_kv(k_cache, block_tables[b], L))  # [L, kv, d]
+        v = load(gather_kv(v_cache, block_tables[b], L))
         qb = q[starts[b] : starts[b] + ql].float()  # [ql, h, d]
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
@@ -112,3 +122,57 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``x = cat([gate, up], -1)``."""
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def rotary_kv_write(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Rotate q ``[T, H, D]`` in place (rotate-half on the first ``2 * cos.shape[-1]`` dims, in
+    float32); rotate k ``[T, KV, D]`` and store it and v at ``slot_mapping`` (negative: skipped)."""
+    half = cos.shape[-1]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        x1, x2 = xf[..., :half], xf[..., half : 2 * half]
+        c, s = cos[:, None, :], sin[:, None, :]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, xf[..., 2 * half :]], dim=-1).to(x.dtype)
+
+    q.copy_(rotate(q))
+    keep = slot_mapping >= 0
+    write_kv_cache(rotate(k)[keep], v[keep], k_cache, v_cache, slot_mapping[keep])
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual), x + residual)``: the pre-norm decoder's add-then-norm."""
+    x = x + residual
+    return rms_norm(x, weight, eps), x
+
+
+def w4a16_dequantize(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """AutoAWQ GEMM tensors (see ``kernels/w4a16_layout.py``) -> ``W`` ``[in, out]`` in scales' dtype."""
+    from hotloop.kernels.w4a16_layout import check_awq_shapes, unpack_int4
+
+    check_awq_shapes(qweight, qzeros, scales, group_size)
+    q = unpack_int4(qweight).to(scales.dtype)  # [in, out]
+    z = unpack_int4(qzeros).to(scales.dtype).repeat_interleave(group_size, dim=0)
+    s = scales.repeat_interleave(group_size, dim=0)
+    return (q - z) * s
+
+
+def w4a16_matmul(
+    x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """``x [M, in] @ dequantize(W) [in, out]`` computed in float32, returned in x's dtype."""
+    w = w4a16_dequantize(qweight, qzeros, scales.float(), group_size)
+    return (x.float() @ w).to(x.dtype)

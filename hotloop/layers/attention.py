@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hotloop.kernels import reference
+from hotloop.kernels import kv_quant, ops, reference
+from hotloop.layers.rotary import apply_rotary
 
 
 @dataclass
@@ -23,12 +24,22 @@ class AttentionMetadata:
     block_tables: ``[B, max_blocks]`` int32, each sequence's block ids (padded with 0).
     query_lens / seq_lens: host lists, per sequence: new tokens this step / tokens in the cache
     after this step (cached prefix + new).
+
+    The GPU kernels read the same facts from device tensors, so a captured CUDA graph needs no host
+    values: ``seq_lens_t`` ``[B]`` int32, ``query_start_t`` ``[B + 1]`` int32 (cumulative query
+    lengths), ``max_query_len`` (sizes the prefill grid) and ``decode_only`` (every query_len is 1).
+    Padding rows of a graph have ``seq_len`` 0 and slot -1. Without the tensors the torch
+    reference runs.
     """
 
     slot_mapping: torch.Tensor
     block_tables: torch.Tensor
     query_lens: list[int]
     seq_lens: list[int]
+    seq_lens_t: torch.Tensor | None = None
+    query_start_t: torch.Tensor | None = None
+    max_query_len: int = 0
+    decode_only: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -62,9 +73,20 @@ class PagedAttention(nn.Module):
         v: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
+        cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """q ``[T, H*D]``, k/v ``[T, KV*D]`` -> ``[T, H*D]``."""
+        """q ``[T, H*D]``, k/v ``[T, KV*D]`` -> ``[T, H*D]``.
+
+        With ``cos_sin`` (``[T, rot / 2]`` float32 each) q and k are rotated here first (fused with
+        the cache write on the GPU); without it they arrive rotated.
+        """
         T = q.shape[0]
+        # A quantized (uint8) KV cache runs the reference path until its GPU kernels exist.
+        if ops.use_triton(q) and meta.seq_lens_t is not None and not kv_quant.is_quantized(kv_cache[0]):
+            return self._forward_triton(q, k, v, kv_cache, meta, cos_sin)
+        if cos_sin is not None:
+            q = apply_rotary(q, cos_sin[0], cos_sin[1], self.head_dim)
+            k = apply_rotary(k, cos_sin[0], cos_sin[1], self.head_dim)
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
@@ -80,4 +102,47 @@ class PagedAttention(nn.Module):
             self.scale,
             self.sliding_window,
         )
+        return o.reshape(T, self.num_heads * self.head_dim)
+
+    def _forward_triton(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        cos_sin: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        from hotloop.kernels.paged_decode_attention import paged_decode_attention
+        from hotloop.kernels.paged_prefill_attention import paged_prefill_attention
+        from hotloop.kernels.rotary_kv_write import rotary_kv_write
+
+        T = q.shape[0]
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = kv_cache
+        if cos_sin is None:  # already rotated: a zero-angle rotation is a plain cache write
+            half = self.head_dim // 2
+            cos_sin = (q.new_ones(T, half, dtype=torch.float32), q.new_zeros(T, half, dtype=torch.float32))
+        # q is rotated in place: it is a view of this layer's projection output, read by nobody else.
+        rotary_kv_write(q, k, v, cos_sin[0], cos_sin[1], k_cache, v_cache, meta.slot_mapping)
+        assert meta.seq_lens_t is not None
+        if meta.decode_only:
+            o = paged_decode_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens_t, self.scale, self.sliding_window
+            )
+        else:
+            assert meta.query_start_t is not None
+            o = paged_prefill_attention(
+                q,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.seq_lens_t,
+                meta.query_start_t,
+                meta.max_query_len,
+                self.scale,
+                self.sliding_window,
+            )
         return o.reshape(T, self.num_heads * self.head_dim)

@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hotloop.kernels import ops, reference
+from hotloop.kernels.w4a16_layout import PACK_FACTOR
+
 ShardId = str | int
 WeightLoader = Callable[..., None]
 
@@ -62,6 +65,102 @@ class UnquantizedLinearMethod:
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, cast(torch.Tensor, layer.weight), layer.bias)
+
+
+class AWQLinearMethod:
+    """W4A16: int4 weights in the AutoAWQ GEMM layout (``kernels/w4a16_layout.py``), one fp scale
+    and zero point per ``group_size`` input channels.
+
+    Parameters ``qweight`` int32 ``[in, out // 8]``, ``qzeros`` int32 ``[in // g, out // 8]`` and
+    ``scales`` ``[in // g, out]`` (model dtype). A fused layer loads each shard into its own
+    columns. After loading, a CPU layer dequantizes once into a dense ``weight`` (plain matmuls
+    from then on); a CUDA layer keeps the packed tensors and runs the Triton W4A16 GEMM.
+    """
+
+    def __init__(self, group_size: int) -> None:
+        if group_size <= 0 or group_size % 16:
+            raise ValueError(f"AWQ group_size={group_size} must be a positive multiple of 16")
+        self.group_size = group_size
+
+    def create_weights(self, layer: Linear) -> None:
+        k, n, g = layer.in_features, layer.out_features, self.group_size
+        if k % g:
+            raise ValueError(
+                f"AWQ group_size={g} does not divide in_features={k} (the format needs whole groups)"
+            )
+        if n % PACK_FACTOR:
+            raise ValueError(f"AWQ needs out_features={n} to be a multiple of {PACK_FACTOR}")
+        shapes = {
+            "qweight": ((k, n // PACK_FACTOR), torch.int32, PACK_FACTOR),
+            "qzeros": ((k // g, n // PACK_FACTOR), torch.int32, PACK_FACTOR),
+            "scales": ((k // g, n), layer.dtype, 1),
+        }
+        for name, (shape, dtype, pack) in shapes.items():
+            param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+            set_weight_loader(param, _column_shard_loader(layer, pack), layer.shard_ids)
+            layer.register_parameter(name, param)
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        weight = layer._parameters.get("weight")
+        if weight is not None:  # dequantized at load (CPU)
+            return F.linear(x, weight, layer.bias)
+        qweight, qzeros, scales = (cast(torch.Tensor, getattr(layer, n)) for n in AWQ_PARAM_NAMES)
+        if ops.use_triton(x):
+            from hotloop.kernels.w4a16_gemm import w4a16_gemm
+
+            y = w4a16_gemm(x, qweight, qzeros, scales, self.group_size)
+        else:
+            y = reference.w4a16_matmul(x, qweight, qzeros, scales, self.group_size)
+        return y if layer.bias is None else y + layer.bias
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        """On the CPU, replace the packed tensors by the dequantized dense weight ``[out, in]``."""
+        qweight = cast(torch.Tensor, layer.qweight)
+        if qweight.is_cuda:
+            return
+        qzeros, scales = cast(torch.Tensor, layer.qzeros), cast(torch.Tensor, layer.scales)
+        dense = reference.w4a16_dequantize(qweight, qzeros, scales.float(), self.group_size)
+        for name in AWQ_PARAM_NAMES:
+            del layer._parameters[name]
+        layer.register_parameter("weight", nn.Parameter(dense.t().to(layer.dtype).contiguous(), False))
+
+
+AWQ_PARAM_NAMES = ("qweight", "qzeros", "scales")
+
+
+def _column_shard_loader(layer: Linear, pack: int) -> WeightLoader:
+    """A loader that puts shard ``s`` of a fused AWQ layer into its columns (``pack`` per element)."""
+
+    def load(param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId | None = None) -> None:
+        if shard_id is None:
+            default_weight_loader(param, loaded)
+            return
+        offsets = cast(dict[ShardId, tuple[int, int]], getattr(layer, "shard_offsets", {}))
+        if shard_id not in offsets:
+            raise ValueError(f"unknown shard {shard_id!r}; this layer has shards {list(offsets)}")
+        start, size = offsets[shard_id]
+        if start % pack or size % pack:
+            raise ValueError(f"shard {shard_id!r} [{start}, {start + size}) is not aligned to {pack} columns")
+        dst = param.data.narrow(1, start // pack, size // pack)
+        if dst.shape != loaded.shape:
+            raise ValueError(
+                f"shard {shard_id!r}: shape {tuple(loaded.shape)} does not match expected {tuple(dst.shape)}"
+            )
+        dst.copy_(loaded)
+
+    return load
+
+
+def set_quant_method(layer: Linear, method: LinearMethod) -> None:
+    """Swap how ``layer`` stores its weight (a module swap after building the model, gpt-fast style).
+
+    The old weight parameters are dropped (the bias stays); the new ones are created on the current
+    default device and await loading.
+    """
+    for name in [n for n in layer._parameters if n != "bias"]:
+        del layer._parameters[name]
+    layer.quant_method = method
+    method.create_weights(layer)
 
 
 class Linear(nn.Module):

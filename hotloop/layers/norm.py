@@ -7,7 +7,7 @@ from typing import overload
 import torch
 from torch import nn
 
-from hotloop.kernels import reference
+from hotloop.kernels import ops
 
 
 class RMSNorm(nn.Module):
@@ -32,9 +32,8 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
-            return reference.rms_norm(x, self.weight, self.eps)
-        x = x + residual
-        return reference.rms_norm(x, self.weight, self.eps), x
+            return ops.rms_norm(x, self.weight, self.eps)
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

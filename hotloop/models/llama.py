@@ -19,7 +19,7 @@ from hotloop.layers.attention import AttentionMetadata, PagedAttention
 from hotloop.layers.embedding import LMHead, VocabEmbedding
 from hotloop.layers.linear import Linear, MergedLinear, QKVLinear, ShardId, default_weight_loader, shard_key
 from hotloop.layers.norm import RMSNorm
-from hotloop.layers.rotary import RopeConfig, RotaryEmbedding, apply_rotary
+from hotloop.layers.rotary import RopeConfig, RotaryEmbedding
 from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -110,10 +110,8 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q.view(T, self.num_heads, self.head_dim))
             k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
-        cos, sin = cos_sin
-        q = apply_rotary(q, cos, sin, self.head_dim).view(T, -1)
-        k = apply_rotary(k, cos, sin, self.head_dim).view(T, -1)
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
+        q, k = q.reshape(T, -1), k.reshape(T, -1)
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta, cos_sin))
 
 
 class LlamaMLP(nn.Module):

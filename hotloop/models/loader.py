@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -16,7 +17,8 @@ import torch
 from torch import nn
 
 from hotloop.config import DTYPE_ALIASES, DTYPES, ModelConfig
-from hotloop.layers.linear import shard_key
+from hotloop.kernels.w4a16_layout import pack_int4, unpack_int4
+from hotloop.layers.linear import AWQLinearMethod, Linear, set_quant_method, shard_key
 from hotloop.layers.norm import RMSNorm
 from hotloop.models.registry import get_model_class
 from hotloop.utils.logging import get_logger
@@ -82,32 +84,154 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device | str,
     load_format: str = "auto",
+    model_format: str | None = None,
 ) -> nn.Module:
     """Build the turbo model for the folder's architecture and load its weights, in eval mode.
 
     ``load_format='dummy'`` needs only config.json: weights are drawn from N(0, 0.02) (norm
-    weights are ones). Raises ``UnsupportedModelError`` for an architecture outside the zoo and
-    ``MissingWeightsError`` when the checkpoint lacks a tensor the model needs.
+    weights are ones). An AutoAWQ checkpoint (``quantization_config.quant_method == 'awq'``, or
+    ``model_format='awq'``) gets W4A16 linear layers. Raises ``UnsupportedModelError`` for an
+    architecture outside the zoo and ``MissingWeightsError`` when the checkpoint lacks a tensor the
+    model needs.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r} must be one of {LOAD_FORMATS}")
     path = Path(model_path)
     hf_config = load_hf_config(path)
+    awq = awq_config_of(hf_config, model_format, dummy=load_format == "dummy")
     cls = get_model_class(architecture_of(hf_config))
     device = torch.device(device)
     with torch.device(device):
         model = cls(hf_config, dtype)
+        if awq is not None:
+            use_awq_linears(model, awq)
+    if awq is not None and device.type == "cuda":
+        torch.cuda.empty_cache()  # give back the dense weights the swap dropped
     if load_format == "dummy":
         init_dummy_weights(model)
     else:
-        loaded = cast(Any, model).load_weights(iter_safetensors(safetensors_files(path)))
+        weights = iter_safetensors(safetensors_files(path))
+        if awq is not None and _remaps_rows(model):
+            weights = _awq_rows_round_trip(model, weights)
+        loaded = cast(Any, model).load_weights(weights)
         missing = missing_weights(model, loaded)
         if missing:
             shown = "\n  ".join(missing[:20]) + ("\n  ..." if len(missing) > 20 else "")
             raise MissingWeightsError(
                 f"{path}: {len(missing)} parameter(s) not found in the checkpoint:\n  {shown}"
             )
+    for module in model.modules():
+        finish = getattr(getattr(module, "quant_method", None), "process_weights_after_loading", None)
+        if finish is not None:
+            finish(module)
+    kind = f"W4A16 AWQ g{awq.group_size}" if awq is not None else str(dtype).removeprefix("torch.")
+    logger.info("weights take %s on %s (%s)", format_bytes(weight_bytes(model)), device, kind)
     return model.eval()
+
+
+@dataclass(frozen=True, slots=True)
+class AWQConfig:
+    """The part of an AutoAWQ ``quantization_config`` that serving needs."""
+
+    group_size: int
+    modules_to_not_convert: tuple[str, ...] = ()
+
+
+def awq_config_of(hf_config: Any, model_format: str | None, dummy: bool = False) -> AWQConfig | None:
+    """The checkpoint's AWQ settings, or None for an unquantized model.
+
+    ``model_format='awq'`` insists on AWQ (random weights with ``dummy`` may omit the
+    quantization_config: group 128); any other format refuses a quantization_config it cannot read.
+    """
+    qc = getattr(hf_config, "quantization_config", None)
+    if qc is not None and not isinstance(qc, dict):
+        qc = qc.to_dict() if hasattr(qc, "to_dict") else dict(vars(qc))
+    method = str(qc.get("quant_method", "")).lower() if qc else ""
+    if model_format not in (None, "awq") and method:
+        raise ValueError(f"model_format={model_format!r}, but config.json declares quant_method={method!r}")
+    if method != "awq":
+        if model_format != "awq":
+            if method:
+                raise ValueError(f"quantization_config quant_method={method!r} is not supported (only 'awq')")
+            return None
+        if not dummy:
+            raise ValueError("model_format='awq' needs config.json to carry an AWQ quantization_config")
+        return AWQConfig(group_size=128)
+    assert qc is not None
+    bits = int(qc.get("bits", qc.get("w_bit", 4)))
+    version = str(qc.get("version", "gemm")).lower()
+    zero_point = bool(qc.get("zero_point", True))
+    if bits != 4 or version != "gemm" or not zero_point:
+        raise ValueError(
+            f"AWQ checkpoint with bits={bits}, version={version!r}, zero_point={zero_point}: "
+            "only bits=4, version='gemm', zero_point=true is supported"
+        )
+    group = int(qc.get("group_size", qc.get("q_group_size", 128)))
+    skip = tuple(qc.get("modules_to_not_convert") or ())
+    return AWQConfig(group_size=group, modules_to_not_convert=skip)
+
+
+def use_awq_linears(model: nn.Module, awq: AWQConfig) -> None:
+    """Swap every linear layer (except ``modules_to_not_convert``) to the W4A16 AWQ method."""
+    for name, module in model.named_modules():
+        if not isinstance(module, Linear):
+            continue
+        members = [name] + [_member_name(name, part, fused) for part, fused in _packed_members(model)]
+        if any(skip in m for skip in awq.modules_to_not_convert for m in members):
+            continue
+        try:
+            set_quant_method(module, AWQLinearMethod(awq.group_size))
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+
+
+def _packed_members(model: nn.Module) -> list[tuple[str, str]]:
+    mapping = getattr(model, "packed_modules_mapping", {})
+    return [(part, fused) for part, (fused, _shard) in mapping.items()]
+
+
+def _member_name(name: str, part: str, fused: str) -> str:
+    return name[: -len(fused)] + part if name.endswith(fused) else name
+
+
+def _remaps_rows(model: nn.Module) -> bool:
+    """Whether the model rewrites checkpoint tensors (InternLM2's packed wqkv), not just renames."""
+    from hotloop.models.llama import LlamaForCausalLM
+
+    return getattr(type(model), "remap_weights", None) is not LlamaForCausalLM.remap_weights
+
+
+def _awq_rows_round_trip(
+    model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Run AWQ tensors through the model's row-wise remap: unpack to ``[out, ...]`` rows, remap,
+    pack back into the AutoAWQ layout the layers load."""
+
+    def to_rows(items: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, t in items:
+            suffix = name.rsplit(".", 1)[-1]
+            if suffix in ("qweight", "qzeros"):
+                t = unpack_int4(t).t()
+            elif suffix == "scales":
+                t = t.t()
+            yield name, t
+
+    for name, t in cast(Any, model).remap_weights(to_rows(weights)):
+        suffix = name.rsplit(".", 1)[-1]
+        if suffix in ("qweight", "qzeros"):
+            t = pack_int4(t.t().contiguous())
+        elif suffix == "scales":
+            t = t.t().contiguous()
+        yield name, t
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes held by the model's parameters (a tied weight counted once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def format_bytes(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def safetensors_files(path: Path) -> list[Path]:
@@ -153,6 +277,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     for param in model.parameters():
         if id(param) in norm_weights:
             param.fill_(1.0)
+        elif param.dtype == torch.int32:  # packed int4 words (AWQ): any bits are valid
+            param.random_(generator=gen)
         elif param.is_floating_point():
             param.normal_(0.0, DUMMY_STD, generator=gen)
 

@@ -82,15 +82,25 @@ def _add_basic_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> dict[str, Any]:
-        card = {"id": state.model_name, "object": "model", "owned_by": "hotloop",
-                "root": str(state.built.model_path), "max_model_len": state.session_len}
+        card = {
+            "id": state.model_name,
+            "object": "model",
+            "owned_by": "hotloop",
+            "root": str(state.built.model_path),
+            "max_model_len": state.session_len,
+        }
         return {"object": "list", "data": [card]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
         state.check_model(model_id)
-        return {"id": state.model_name, "object": "model", "owned_by": "hotloop",
-                "root": str(state.built.model_path), "max_model_len": state.session_len}
+        return {
+            "id": state.model_name,
+            "object": "model",
+            "owned_by": "hotloop",
+            "root": str(state.built.model_path),
+            "max_model_len": state.session_len,
+        }
 
     @app.get("/", include_in_schema=False)
     async def root(_: Request) -> dict[str, Any]:
@@ -107,7 +117,9 @@ class _Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if not self.hotloop_state.draining:
-            logger.info("received %s: finishing in-flight requests, then shutting down", signal.Signals(sig).name)
+            logger.info(
+                "received %s: finishing in-flight requests, then shutting down", signal.Signals(sig).name
+            )
         self.hotloop_state.draining = True
         super().handle_exit(sig, frame)
 
@@ -125,7 +137,9 @@ class _Server(uvicorn.Server):
                 signal.signal(s, handler)
 
 
-def run_server(built_engine: Any, server_args: ServerArgs | None = None, sock: socket.socket | None = None) -> None:
+def run_server(
+    built_engine: Any, server_args: ServerArgs | None = None, sock: socket.socket | None = None
+) -> None:
     """Serve until SIGINT/SIGTERM. ``sock``: an already bound socket (tests), else bind the address."""
     args = server_args or ServerArgs()
     set_log_level(args.log_level)
@@ -146,8 +160,15 @@ def run_server(built_engine: Any, server_args: ServerArgs | None = None, sock: s
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     logger.info(
         "serving %s (%s) on http://%s:%d  [backend %s, device %s, KV cache %d blocks of %d tokens, session_len %d]",
-        state.model_name, built_engine.model_path, shown, port, built_engine.backend, built_engine.device,
-        engine.num_total_blocks, getattr(getattr(engine, "cache_config", None), "block_size", 0), engine.session_len,
+        state.model_name,
+        built_engine.model_path,
+        shown,
+        port,
+        built_engine.backend,
+        built_engine.device,
+        engine.num_total_blocks,
+        getattr(getattr(engine, "cache_config", None), "block_size", 0),
+        engine.session_len,
     )
     if args.api_keys:
         logger.info("API keys required on every route but /health")

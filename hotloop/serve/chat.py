@@ -51,9 +51,13 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def encode_chat(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+def encode_chat(
+    state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool = True
+) -> list[int]:
     try:
-        return encode_messages(state.tokenizer, message_dicts(messages), state.chat_template, add_generation_prompt)
+        return encode_messages(
+            state.tokenizer, message_dicts(messages), state.chat_template, add_generation_prompt
+        )
     except ChatTemplateError as e:
         raise APIError(400, str(e), "messages", "invalid_value") from e
 
@@ -61,11 +65,17 @@ def encode_chat(state: ServerState, messages: list[ChatMessage], add_generation_
 def _check_unsupported(body: ChatCompletionRequest) -> None:
     rf = body.response_format
     if rf is not None and rf.type == "json_schema":
-        raise APIError(400, "response_format type 'json_schema' is not supported yet (no constrained decoding); "
-                       "use 'text' or 'json_object'", "response_format", "unsupported_parameter")
+        raise APIError(
+            400,
+            "response_format type 'json_schema' is not supported yet (no constrained decoding); "
+            "use 'text' or 'json_object'",
+            "response_format",
+            "unsupported_parameter",
+        )
     if body.tools and body.tool_choice != "none":
-        raise APIError(400, "tools (function calling) are not supported by this server", "tools",
-                       "unsupported_parameter")
+        raise APIError(
+            400, "tools (function calling) are not supported by this server", "tools", "unsupported_parameter"
+        )
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs", "invalid_value")
 
@@ -131,8 +141,12 @@ async def _complete(
 
 
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 async def _stream(
@@ -140,12 +154,18 @@ async def _stream(
 ) -> AsyncIterator[str]:
     created = int(time.time())
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    base: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": created,
-                            "model": state.model_name}
+    base: dict[str, Any] = {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": state.model_name,
+    }
 
     def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, reason: str | None = None) -> str:
-        payload = {**base, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                                        "finish_reason": reason}]}
+        payload = {
+            **base,
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}],
+        }
         if include_usage:
             payload["usage"] = None
         return sse(payload)

@@ -35,8 +35,9 @@ def _prompts(state: ServerState, prompt: Any) -> list[tuple[list[int], str]]:
     else:
         items = list(prompt)
     if not items:
-        raise APIError(400, "prompt is empty: send a string, a list of strings, or token ids", "prompt",
-                       "invalid_value")
+        raise APIError(
+            400, "prompt is empty: send a string, a list of strings, or token ids", "prompt", "invalid_value"
+        )
     out = []
     for k, p in enumerate(items):
         param = "prompt" if len(items) == 1 else f"prompt[{k}]"
@@ -57,11 +58,19 @@ def _check_unsupported(body: CompletionRequest) -> None:
     if body.suffix:
         raise APIError(400, "suffix is not supported", "suffix", "unsupported_parameter")
     if body.best_of is not None and body.best_of != body.n:
-        raise APIError(400, f"best_of={body.best_of} is not supported (only best_of == n)", "best_of",
-                       "unsupported_parameter")
+        raise APIError(
+            400,
+            f"best_of={body.best_of} is not supported (only best_of == n)",
+            "best_of",
+            "unsupported_parameter",
+        )
     if body.echo and body.logprobs is not None:
-        raise APIError(400, "echo with logprobs needs prompt logprobs, which are not supported", "echo",
-                       "unsupported_parameter")
+        raise APIError(
+            400,
+            "echo with logprobs needs prompt logprobs, which are not supported",
+            "echo",
+            "unsupported_parameter",
+        )
 
 
 @router.post("/v1/completions", response_model=CompletionResponse)
@@ -87,8 +96,12 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
 def _usage(prompts: list[tuple[list[int], str]], generated: list[int], cached: list[int]) -> dict[str, Any]:
     p = sum(len(ids) for ids, _ in prompts)
     c = sum(generated)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-            "prompt_tokens_details": {"cached_tokens": sum(cached)}}
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": c,
+        "total_tokens": p + c,
+        "prompt_tokens_details": {"cached_tokens": sum(cached)},
+    }
 
 
 async def _complete(
@@ -117,9 +130,17 @@ async def _complete(
                 reasons[i] = o.finish_reason
     finally:
         job.close()
-    choices = [{"index": i, "text": texts[i], "logprobs": lps[i], "finish_reason": reasons[i]} for i in range(n)]
-    return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
-            "choices": choices, "usage": _usage(prompts, generated, cached)}
+    choices = [
+        {"index": i, "text": texts[i], "logprobs": lps[i], "finish_reason": reasons[i]} for i in range(n)
+    ]
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "choices": choices,
+        "usage": _usage(prompts, generated, cached),
+    }
 
 
 async def _stream(
@@ -130,8 +151,12 @@ async def _stream(
     prompts: list[tuple[list[int], str]],
 ) -> AsyncIterator[str]:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    base: dict[str, Any] = {"id": request_id, "object": "text_completion", "created": int(time.time()),
-                            "model": state.model_name}
+    base: dict[str, Any] = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+    }
     n = len(job.streams)
     accs = [CompletionLogprobAccumulator(state, body.logprobs or 0) for _ in range(n)]
     generated = [0] * n
@@ -139,8 +164,10 @@ async def _stream(
     echoed = [not body.echo] * n
 
     def chunk(index: int, text: str, logprobs: Any, reason: str | None) -> str:
-        payload = {**base, "choices": [{"index": index, "text": text, "logprobs": logprobs,
-                                        "finish_reason": reason}]}
+        payload = {
+            **base,
+            "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}],
+        }
         if include_usage:
             payload["usage"] = None
         return sse(payload)

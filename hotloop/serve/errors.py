@@ -7,6 +7,7 @@ validation errors (422 -> 400, naming the field), Starlette's 404/405 and ``Requ
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,8 +21,15 @@ from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 503: "server_error", 500: "server_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "server_error",
+    500: "server_error",
+}
 
 
 class APIError(Exception):
@@ -35,13 +43,26 @@ class APIError(Exception):
         self.code = code
 
 
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
-                      "param": param, "code": code}}
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "invalid_request_error"),
+            "param": param,
+            "code": code,
+        }
+    }
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
@@ -50,8 +71,13 @@ def error_bytes(status: int, message: str, param: str | None = None, code: str |
 
 
 # GenerationConfig's (LMDeploy) names -> the OpenAI request fields users wrote.
-_OPENAI_PARAM = {"max_new_tokens": "max_tokens", "random_seed": "seed", "stop_words": "stop",
-                 "min_new_tokens": "min_tokens", "stop_token_ids": "stop_token_ids"}
+_OPENAI_PARAM = {
+    "max_new_tokens": "max_tokens",
+    "random_seed": "seed",
+    "stop_words": "stop",
+    "min_new_tokens": "min_tokens",
+    "stop_token_ids": "stop_token_ids",
+}
 
 
 def from_request_error(e: RequestError, native: bool = False) -> APIError:
@@ -64,7 +90,9 @@ _BASIC_TYPES = frozenset({"str", "int", "float", "bool", "list", "dict", "none",
 
 def _is_type_tag(part: Any) -> bool:
     """pydantic puts union members' type names in an error's location ('str', 'list[int]', ...)."""
-    return isinstance(part, str) and ("[" in part or "-" in part or part in _BASIC_TYPES or part[:1].isupper())
+    return isinstance(part, str) and (
+        "[" in part or "-" in part or part in _BASIC_TYPES or part[:1].isupper()
+    )
 
 
 def _loc_to_param(loc: tuple[Any, ...] | list[Any]) -> str | None:
@@ -84,7 +112,7 @@ def _loc_to_param(loc: tuple[Any, ...] | list[Any]) -> str | None:
     return out or None
 
 
-def _pick_error(errors: list[Any]) -> tuple[Any, list[str]]:
+def _pick_error(errors: Sequence[Any]) -> tuple[Any, list[str]]:
     """The most useful error; for a value that matches no member of a union, also the members."""
     for e in errors:
         if e.get("type") in ("union_tag_invalid", "union_tag_not_found"):
@@ -122,8 +150,11 @@ def _validation_message(request: Request, exc: RequestValidationError) -> tuple[
             return (f"Content-Type must be application/json (got {ctype!r})", None, "invalid_content_type")
         if etype == "missing":
             return "the request body is missing: send a JSON object", None, "invalid_request"
-        return (f"the request body must be a JSON object, not {_short(first.get('input'))}", None,
-                "invalid_request")
+        return (
+            f"the request body must be a JSON object, not {_short(first.get('input'))}",
+            None,
+            "invalid_request",
+        )
     chosen, forms = _pick_error(errors)
     etype = chosen.get("type", "")
     param = _loc_to_param(chosen.get("loc", ()))
@@ -161,4 +192,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error in a request")
-        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}", None, "internal_error")
+        return error_response(
+            500, f"internal server error: {type(exc).__name__}: {exc}", None, "internal_error"
+        )

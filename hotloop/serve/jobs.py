@@ -80,13 +80,13 @@ class GenerationJob:
         try:
             remaining = len(tasks)
             while remaining:
-                i, o, err = await queue.get()
+                i, item, err = await queue.get()
                 if err is not None:
                     raise err
-                if o is None:
+                if item is None:
                     remaining -= 1
                 else:
-                    yield i, o
+                    yield i, item
         finally:
             for t in tasks:
                 t.cancel()
@@ -138,8 +138,11 @@ class EventStreamResponse(StreamingResponse):
     """A ``text/event-stream`` response that runs ``on_close`` however the response ends."""
 
     def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -28,15 +28,21 @@ def chat_logprobs(state: ServerState, lps: list[TokenLogprob], top_k: int) -> li
     out = []
     for lp in lps:
         text = state.token_text(lp.token_id)
-        out.append({
-            "token": text,
-            "logprob": _finite(lp.logprob),
-            "bytes": list(text.encode("utf-8")),
-            "top_logprobs": [
-                {"token": (t := state.token_text(tid)), "logprob": _finite(v), "bytes": list(t.encode("utf-8"))}
-                for tid, v in _top(lp, top_k)
-            ],
-        })
+        out.append(
+            {
+                "token": text,
+                "logprob": _finite(lp.logprob),
+                "bytes": list(text.encode("utf-8")),
+                "top_logprobs": [
+                    {
+                        "token": (t := state.token_text(tid)),
+                        "logprob": _finite(v),
+                        "bytes": list(t.encode("utf-8")),
+                    }
+                    for tid, v in _top(lp, top_k)
+                ],
+            }
+        )
     return out
 
 
@@ -57,7 +63,9 @@ class CompletionLogprobAccumulator:
             inc["tokens"].append(text)
             inc["token_logprobs"].append(_finite(lp.logprob))
             inc["top_logprobs"].append(
-                {self.state.token_text(tid): _finite(v) for tid, v in _top(lp, self.top_k)} if self.top_k else None
+                {self.state.token_text(tid): _finite(v) for tid, v in _top(lp, self.top_k)}
+                if self.top_k
+                else None
             )
             inc["text_offset"].append(self.offset)
             self.offset += len(text)

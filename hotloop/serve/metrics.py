@@ -8,16 +8,50 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: N811
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from hotloop.engine.async_engine import RequestStream
 
 __all__ = ["CONTENT_TYPE", "ServerMetrics"]
 
-_TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
-_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0,
-                2.5)
+_TTFT_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+)
+_ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
 _E2E_BUCKETS = (0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0, 240.0, 480.0)
 
 
@@ -42,31 +76,45 @@ class ServerMetrics:
             "HTTP requests waiting for a --max-concurrent-requests slot.",
             registry=reg,
         ).set_function(lambda: self.pending)
-        Gauge("hotloop:kv_cache_usage_perc", "Fraction of KV blocks in use, 0 to 1.", registry=reg).set_function(
-            self._kv_usage
-        )
+        Gauge(
+            "hotloop:kv_cache_usage_perc", "Fraction of KV blocks in use, 0 to 1.", registry=reg
+        ).set_function(self._kv_usage)
         Gauge("hotloop:kv_cache_free_blocks", "Free KV blocks.", registry=reg).set_function(
             lambda: engine.num_free_blocks
         )
         Gauge("hotloop:kv_cache_total_blocks", "KV blocks in the pool.", registry=reg).set_function(
             lambda: engine.num_total_blocks
         )
-        self.prompt_tokens = Counter("hotloop:prompt_tokens", "Prompt tokens of finished requests.", registry=reg)
+        self.prompt_tokens = Counter(
+            "hotloop:prompt_tokens", "Prompt tokens of finished requests.", registry=reg
+        )
         self.generation_tokens = Counter("hotloop:generation_tokens", "Generated tokens.", registry=reg)
         self.request_success = Counter(
-            "hotloop:request_success", "Requests that ended, by finish reason.", ["finished_reason"], registry=reg
+            "hotloop:request_success",
+            "Requests that ended, by finish reason.",
+            ["finished_reason"],
+            registry=reg,
         )
         self.ttft = Histogram(
             "hotloop:time_to_first_token_seconds", "Time to first token.", buckets=_TTFT_BUCKETS, registry=reg
         )
         self.itl = Histogram(
-            "hotloop:inter_token_latency_seconds", "Time between output tokens.", buckets=_ITL_BUCKETS, registry=reg
+            "hotloop:inter_token_latency_seconds",
+            "Time between output tokens.",
+            buckets=_ITL_BUCKETS,
+            registry=reg,
         )
         self.e2e = Histogram(
-            "hotloop:e2e_request_latency_seconds", "Arrival to last output.", buckets=_E2E_BUCKETS, registry=reg
+            "hotloop:e2e_request_latency_seconds",
+            "Arrival to last output.",
+            buckets=_E2E_BUCKETS,
+            registry=reg,
         )
         self.queue_time = Histogram(
-            "hotloop:request_queue_time_seconds", "Arrival to first scheduled.", buckets=_E2E_BUCKETS, registry=reg
+            "hotloop:request_queue_time_seconds",
+            "Arrival to first scheduled.",
+            buckets=_E2E_BUCKETS,
+            registry=reg,
         )
 
     def _kv_usage(self) -> float:

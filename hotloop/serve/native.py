@@ -34,9 +34,24 @@ from hotloop.serve.state import ServerState
 
 router = APIRouter()
 
-_GEN_FIELDS = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-               "frequency_penalty", "random_seed", "stop_words", "stop_token_ids", "ignore_eos", "min_new_tokens",
-               "skip_special_tokens", "logprobs", "include_stop_str_in_output")
+_GEN_FIELDS = (
+    "do_sample",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "random_seed",
+    "stop_words",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_new_tokens",
+    "skip_special_tokens",
+    "logprobs",
+    "include_stop_str_in_output",
+)
 
 
 def _prompt_ids(state: ServerState, body: GenerateRequest) -> list[int]:
@@ -48,7 +63,9 @@ def _prompt_ids(state: ServerState, body: GenerateRequest) -> list[int]:
     assert body.prompt is not None
     if body.do_preprocess:
         try:
-            return encode_messages(state.tokenizer, [{"role": "user", "content": body.prompt}], state.chat_template)
+            return encode_messages(
+                state.tokenizer, [{"role": "user", "content": body.prompt}], state.chat_template
+            )
         except ChatTemplateError as e:
             raise APIError(400, str(e), "do_preprocess", "invalid_value") from e
     return list(state.tokenizer.encode(body.prompt, add_special_tokens=True))
@@ -119,7 +136,9 @@ async def _stream(job: GenerationJob) -> AsyncIterator[str]:
     try:
         async for _, o in job.outputs():
             if o.new_token_ids or o.new_text or o.finished:
-                yield sse(_piece(o, o.new_text, list(o.new_token_ids), _lps(o.logprobs) if o.logprobs else None))
+                yield sse(
+                    _piece(o, o.new_text, list(o.new_token_ids), _lps(o.logprobs) if o.logprobs else None)
+                )
         yield SSE_DONE
     except EngineDeadError as e:
         yield sse(error_body(503, str(e), None, "engine_unavailable"))

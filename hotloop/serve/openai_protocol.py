@@ -10,7 +10,7 @@ prompt (ask for JSON in the messages); ``json_schema`` is refused with 400 until
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -75,7 +75,7 @@ class AudioPart(_Body):
     input_audio: dict[str, Any]
 
 
-ContentPart = Annotated[Union[TextPart, ImagePart, AudioPart], Field(discriminator="type")]
+ContentPart = Annotated[TextPart | ImagePart | AudioPart, Field(discriminator="type")]
 
 
 class ChatMessage(_Body):
@@ -146,7 +146,7 @@ class ChatCompletionResponse(BaseModel):
 
 # -- completions ---------------------------------------------------------------------------------
 class CompletionRequest(_SamplingFields):
-    prompt: Union[str, list[int], list[list[int]], list[str]]
+    prompt: str | list[int] | list[list[int]] | list[str]
     suffix: str | None = None
     max_tokens: int | None = Field(16, ge=1)
     echo: bool = False

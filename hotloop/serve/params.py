@@ -19,8 +19,10 @@ def resolve_max_tokens(state: ServerState, prompt_len: int, max_tokens: int | No
     """The output budget: ``max_tokens`` if it fits the context, else a 400 naming the numbers;
     when absent, whatever room the context leaves after the prompt."""
     limit = state.context_limit
-    where = f"session_len={state.session_len}" if limit == state.session_len else (
-        f"the KV cache's {limit} tokens (session_len={state.session_len})"
+    where = (
+        f"session_len={state.session_len}"
+        if limit == state.session_len
+        else (f"the KV cache's {limit} tokens (session_len={state.session_len})")
     )
     if max_tokens is None:
         room = limit - prompt_len
@@ -50,8 +52,9 @@ def _stop_words(stop: str | list[str] | None) -> list[str] | None:
         return None
     words = [stop] if isinstance(stop, str) else list(stop)
     if len(words) > _MAX_STOP:
-        raise APIError(400, f"stop has {len(words)} strings; at most {_MAX_STOP} are allowed", "stop",
-                       "invalid_value")
+        raise APIError(
+            400, f"stop has {len(words)} strings; at most {_MAX_STOP} are allowed", "stop", "invalid_value"
+        )
     return words
 
 
@@ -64,13 +67,20 @@ def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> dict[int, 
         try:
             token = int(key)
         except ValueError:
-            raise APIError(400, f"logit_bias key {key!r} is not a token id", "logit_bias", "invalid_value") from None
+            raise APIError(
+                400, f"logit_bias key {key!r} is not a token id", "logit_bias", "invalid_value"
+            ) from None
         if not 0 <= token < vocab:
-            raise APIError(400, f"logit_bias token id {token} is outside the vocabulary [0, {vocab})",
-                           "logit_bias", "invalid_value")
+            raise APIError(
+                400,
+                f"logit_bias token id {token} is outside the vocabulary [0, {vocab})",
+                "logit_bias",
+                "invalid_value",
+            )
         if not -100.0 <= value <= 100.0:
-            raise APIError(400, f"logit_bias[{key}]={value} must lie in [-100, 100]", "logit_bias",
-                           "invalid_value")
+            raise APIError(
+                400, f"logit_bias[{key}]={value} must lie in [-100, 100]", "logit_bias", "invalid_value"
+            )
         out[token] = float(value)
     return out
 

@@ -95,7 +95,9 @@ class ServerState:
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
             raise APIError(
-                404, f"the model {name!r} does not exist; this server serves {self.model_name!r}", "model",
+                404,
+                f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                "model",
                 "model_not_found",
             )
 
@@ -113,5 +115,9 @@ class ServerState:
         vocab = self.vocab_size
         for t in ids:
             if not 0 <= t < vocab:
-                raise APIError(400, f"{param}: token id {t} is outside the vocabulary [0, {vocab})", param,
-                               "invalid_value")
+                raise APIError(
+                    400,
+                    f"{param}: token id {t} is outside the vocabulary [0, {vocab})",
+                    param,
+                    "invalid_value",
+                )

@@ -41,8 +41,13 @@ class ByteTokenizer:
                 out += {EOS: b"<eos>", BOS: b"<bos>"}.get(t, b"<unk>")
         return out.decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            tokenize: bool = False, chat_template: str | None = None) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+        chat_template: str | None = None,
+    ) -> str:
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
@@ -71,7 +76,11 @@ class ToyExecutor:
             pos = len(req.output_token_ids)
             params = req.params
             seed = params.random_seed if not params.greedy else None
-            if b"EOS" in bytes(t for t in req.prompt_token_ids if t < 256) and pos == 3 and not params.ignore_eos:
+            if (
+                b"EOS" in bytes(t for t in req.prompt_token_ids if t < 256)
+                and pos == 3
+                and not params.ignore_eos
+            ):
                 tok = EOS
             else:
                 tok = next_token(ids[-1], pos, seed)
@@ -94,13 +103,31 @@ class FakeBuilt:
     tokenizer: Any
 
 
-def make_built(session_len: int = 256, num_blocks: int = 64, block_size: int = 16, max_batch_size: int = 32,
-               step_delay: float = 0.0) -> FakeBuilt:
-    mc = ModelConfig(path="/models/toy-model", architecture="ToyForCausalLM", hf_config=None, num_layers=1,
-                     num_kv_heads=1, head_dim=8, vocab_size=VOCAB, max_position_embeddings=session_len,
-                     dtype="float32", eos_token_ids=(EOS,))
+def make_built(
+    session_len: int = 256,
+    num_blocks: int = 64,
+    block_size: int = 16,
+    max_batch_size: int = 32,
+    step_delay: float = 0.0,
+) -> FakeBuilt:
+    mc = ModelConfig(
+        path="/models/toy-model",
+        architecture="ToyForCausalLM",
+        hf_config=None,
+        num_layers=1,
+        num_kv_heads=1,
+        head_dim=8,
+        vocab_size=VOCAB,
+        max_position_embeddings=session_len,
+        dtype="float32",
+        eos_token_ids=(EOS,),
+    )
     tok = ByteTokenizer()
-    engine = Engine(ToyExecutor(step_delay), tok, mc, CacheConfig(block_size=block_size, num_blocks=num_blocks),
-                    SchedulerConfig(max_batch_size=max_batch_size, max_prefill_token_num=4096,
-                                    session_len=session_len))
+    engine = Engine(
+        ToyExecutor(step_delay),
+        tok,
+        mc,
+        CacheConfig(block_size=block_size, num_blocks=num_blocks),
+        SchedulerConfig(max_batch_size=max_batch_size, max_prefill_token_num=4096, session_len=session_len),
+    )
     return FakeBuilt(engine, Path("/models/toy-model"), mc, "toy", "cpu", tok)

@@ -18,8 +18,18 @@ REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-2"
 
 # Small enough for 2 shared CPU cores: a 512-token session and a 640 x 16-token KV pool (~450 MiB).
-SMALL_ENGINE = ["--device", "cpu", "--session-len", "512", "--cache-block-seq-len", "16",
-                "--cache-max-entry-count", "640", "--max-batch-size", "128"]
+SMALL_ENGINE = [
+    "--device",
+    "cpu",
+    "--session-len",
+    "512",
+    "--cache-block-seq-len",
+    "16",
+    "--cache-max-entry-count",
+    "640",
+    "--max-batch-size",
+    "128",
+]
 
 
 def free_port() -> int:
@@ -56,8 +66,19 @@ class ServerProcess:
 def start_server(extra: list[str] | None = None, timeout: float = 180.0) -> ServerProcess:
     port = free_port()
     log = Path(tempfile.mkstemp(prefix="hotloop-serve-", suffix=".log")[1])
-    cmd = [sys.executable, "-m", "hotloop", "serve", "api_server", "--server-name", "127.0.0.1",
-           "--server-port", str(port), *SMALL_ENGINE, *(extra or [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hotloop",
+        "serve",
+        "api_server",
+        "--server-name",
+        "127.0.0.1",
+        "--server-port",
+        str(port),
+        *SMALL_ENGINE,
+        *(extra or []),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env)

@@ -1,0 +1,128 @@
+"""KV cache quantization (``--quant-policy 8|4``): the storage format and its torch reference.
+
+Each token's K (and V) row of one head, ``head_dim`` values, is stored as unsigned integers with
+an asymmetric per-token, per-head scale and zero point: ``x ~= q * scale + zero`` with
+``q in [0, 255]`` (int8) or ``[0, 15]`` (int4, two per byte: even index in the low nibble).
+The scale and zero are kept in the model's dtype (the unquantized cache dtype) and sit right after
+the packed values of the same row, so a quantized cache is one ``uint8`` tensor per K and V,
+``[num_blocks, block_size, num_kv_heads, row_bytes]``, with the same paging as the float cache:
+
+    row = [ packed values: head_dim (int8) or head_dim / 2 (int4) bytes | scale | zero ]
+
+The format is read off the tensor: a ``uint8`` cache is quantized, and its row width says which
+policy (``head_dim + 2 * itemsize`` for int8, ``head_dim / 2 + 2 * itemsize`` for int4).
+Values are quantized as they are written and dequantized only where attention reads a sequence's
+context, never in a pass over the whole cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+KV_POLICIES = (0, 4, 8)
+_QMAX = {8: 255, 4: 15}
+
+
+def packed_bytes(head_dim: int, policy: int) -> int:
+    """Bytes of one head's packed values."""
+    if policy == 8:
+        return head_dim
+    if policy == 4:
+        return head_dim // 2
+    raise ValueError(f"quant_policy={policy!r} is not 4 or 8")
+
+
+def row_bytes(head_dim: int, policy: int, itemsize: int) -> int:
+    """Bytes one token takes per head in K (or V): the values, or packed values plus scale and zero
+    (each ``itemsize`` bytes, the model dtype's). Policy 0 is the unquantized ``head_dim * itemsize``."""
+    if policy == 0:
+        return head_dim * itemsize
+    return packed_bytes(head_dim, policy) + 2 * itemsize
+
+
+def check_head_dim(head_dim: int, policy: int) -> None:
+    """The packed row must keep the scale aligned for every dtype: head_dim a multiple of 8."""
+    if policy and head_dim % 8:
+        raise ValueError(f"quant_policy={policy} needs head_dim to be a multiple of 8, got {head_dim}")
+
+
+def is_quantized(cache: torch.Tensor) -> bool:
+    return cache.dtype == torch.uint8
+
+
+def cache_policy(cache: torch.Tensor, head_dim: int, dtype: torch.dtype) -> int:
+    """0, 8 or 4: the format of ``cache`` for a model of ``head_dim`` and dtype ``dtype``."""
+    if not is_quantized(cache):
+        return 0
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    row = cache.shape[-1]
+    for policy in (8, 4):
+        if row == row_bytes(head_dim, policy, itemsize):
+            return policy
+    raise ValueError(f"a uint8 KV cache row of {row} bytes fits neither int8 nor int4 for head_dim={head_dim}")
+
+
+def _round_toward(x: torch.Tensor, target: torch.Tensor, direction: float) -> torch.Tensor:
+    """``target`` (float32) in ``x``'s dtype, rounded down (direction -inf) or up (+inf)."""
+    r = target.to(x.dtype)
+    bad = r.float() > target if direction < 0 else r.float() < target
+    return torch.where(bad, torch.nextafter(r, torch.full_like(r, direction)), r)
+
+
+def quantize(x: torch.Tensor, policy: int, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` ``[..., head_dim]`` -> ``uint8`` rows ``[..., row_bytes]``; scale and zero in ``dtype``.
+
+    The stored zero is rounded down to at most the row minimum and the stored scale up, so every
+    value lands in range and the round-trip error is at most half a (stored) step.
+    """
+    qmax = _QMAX[policy]
+    xf = x.float()
+    lo = xf.amin(-1, keepdim=True)
+    hi = xf.amax(-1, keepdim=True)
+    proto = torch.empty((), dtype=dtype, device=x.device)
+    zero = _round_toward(proto.expand_as(lo), lo, float("-inf"))
+    scale = _round_toward(proto.expand_as(lo), (hi - zero.float()) / qmax, float("inf"))
+    sf = scale.float()
+    inv = torch.where(sf > 0, 1.0 / sf.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(sf))
+    q = ((xf - zero.float()) * inv).round_().clamp_(0, qmax).to(torch.uint8)
+    if policy == 4:
+        q = q[..., 0::2] | (q[..., 1::2] << 4)
+    params = torch.cat([scale, zero], dim=-1).contiguous().view(torch.uint8)
+    return torch.cat([q, params], dim=-1)
+
+
+def dequantize(rows: torch.Tensor, policy: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """``uint8`` rows ``[..., row_bytes]`` -> float32 ``[..., head_dim]``."""
+    n = packed_bytes(head_dim, policy)
+    q = rows[..., :n]
+    params = rows[..., n:].contiguous().view(dtype).float()  # [..., 2]: scale, zero
+    if policy == 4:
+        q = torch.stack([q & 0xF, q >> 4], dim=-1).flatten(-2)
+    return q.float() * params[..., :1] + params[..., 1:]
+
+
+def write_kv_cache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Quantize ``k``, ``v`` ``[T, num_kv_heads, head_dim]`` (scale dtype: theirs) into the uint8
+    caches at flat slots ``slot_mapping`` ``[T]``."""
+    head_dim = k.shape[-1]
+    policy = cache_policy(k_cache, head_dim, k.dtype)
+    nb, bs, h, row = k_cache.shape
+    k_cache.view(nb * bs, h, row).index_copy_(0, slot_mapping, quantize(k, policy, k.dtype))
+    v_cache.view(nb * bs, h, row).index_copy_(0, slot_mapping, quantize(v, policy, v.dtype))
+
+
+def dequantize_cache(cache: torch.Tensor, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """A whole cache back to float32 (tests only: attention never does this)."""
+    return dequantize(cache, cache_policy(cache, head_dim, dtype), head_dim, dtype)
+
+
+def kv_loader(cache: torch.Tensor, head_dim: int, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The function attention applies to gathered context rows to get float32 K or V."""
+    policy = cache_policy(cache, head_dim, dtype)
+    if policy == 0:
+        return lambda x: x.float()
+    return lambda x: dequantize(x, policy, head_dim, dtype)

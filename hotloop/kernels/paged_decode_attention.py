@@ -1,0 +1,251 @@
+"""Decode attention over the paged KV cache (one query token per sequence), Triton.
+
+One program per (sequence, KV head, split): the ``G = num_heads / num_kv_heads`` query heads of a
+GQA group are the rows of one tile, so each K/V row is read from memory once for the whole group.
+Long contexts are cut into ``num_splits`` ranges that run in parallel (flash-decoding); a second
+kernel merges the partial results by their log-sum-exp. The split count depends only on the batch
+size, never on the context lengths, so a captured CUDA graph stays valid as sequences grow.
+Sequences with ``seq_len == 0`` (padding rows of a graph) produce zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
+
+_LOG2E = 1.4426950408889634
+_MAX_SPLITS = 16
+_TARGET_PROGRAMS = 264  # about two waves of an H200's 132 SMs
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,  # [B, H, D]
+    k_cache_ptr,  # [NB, BS, KV, D]
+    v_cache_ptr,
+    block_tables_ptr,  # [B, W] int32
+    seq_lens_ptr,  # [B] int32
+    out_ptr,  # [B, H, D] (one split) or partial [B, H, S, D] fp32
+    lse_ptr,  # [B, H, S] fp32 (unused with one split)
+    scale_log2,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_bt,
+    stride_ob,
+    stride_oh,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    lo = 0
+    if WINDOW > 0:
+        lo = tl.maximum(seq_len - WINDOW, 0)
+    ctx = seq_len - lo
+    chunk = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g = offs_g < G
+    mask_d = offs_d < D
+    heads = kvh * G + offs_g
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_g[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [BLOCK_G, BLOCK_D]
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    table = block_tables_ptr + b * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        page = tl.load(table + offs_n // BS, mask=mask_n, other=0).to(tl.int64)
+        tok = offs_n % BS
+        kmask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(
+            k_cache_ptr + page[:, None] * stride_kb + tok[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
+            mask=kmask,
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_G, BLOCK_N], log2 units
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_cache_ptr + page[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+            mask=kmask,
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    safe_l = tl.where(l_i > 0.0, l_i, 1.0)
+    o = acc / safe_l[:, None]
+    omask = mask_g[:, None] & mask_d[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(
+            out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=omask,
+        )
+    else:
+        # partial output [B, H, S, D] and its log2-sum-exp [B, H, S], both contiguous
+        row = (b * (G * tl.num_programs(1)) + heads) * NUM_SPLITS + split  # [BLOCK_G]
+        tl.store(out_ptr + row[:, None] * D + offs_d[None, :], o, mask=omask)
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(safe_l), float("-inf"))
+        tl.store(lse_ptr + row, lse, mask=mask_g)
+
+
+@triton.jit
+def _merge_kernel(
+    part_ptr,  # [B, H, S, D] fp32
+    lse_ptr,  # [B, H, S] fp32
+    out_ptr,  # [B, H, D]
+    stride_ob,
+    stride_oh,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < NUM_SPLITS
+    mask_d = offs_d < D
+    base = (b * H + h) * NUM_SPLITS
+    lse = tl.load(lse_ptr + base + offs_s, mask=mask_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)  # [BLOCK_S]
+    part = tl.load(
+        part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    denom = tl.sum(w, 0)
+    o = tl.sum(part * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+def num_decode_splits(batch: int, num_kv_heads: int) -> int:
+    """How many context splits per (sequence, KV head): enough programs to fill the GPU."""
+    return max(1, min(_MAX_SPLITS, triton.cdiv(_TARGET_PROGRAMS, batch * num_kv_heads)))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One new query per sequence attends over its paged context.
+
+    q ``[B, H, D]``; k_cache / v_cache ``[num_blocks, block_size, KV, D]``; block_tables
+    ``[B, W]`` int32; seq_lens ``[B]`` int32 (tokens in the cache, the new one included).
+    Returns ``[B, H, D]`` in q's dtype (into ``out`` when given).
+    """
+    check(q.dim() == 3 and k_cache.dim() == 4, "q must be [B, H, D] and the caches [NB, BS, KV, D]")
+    B, H, D = q.shape
+    _nb, bs, kv, dk = k_cache.shape
+    check(v_cache.shape == k_cache.shape, f"v_cache {tuple(v_cache.shape)} != k_cache {tuple(k_cache.shape)}")
+    check(dk == D, f"head_dim: q has {D}, the cache {dk}")
+    check(H % kv == 0, f"num_heads={H} is not a multiple of num_kv_heads={kv}")
+    check(block_tables.dim() == 2 and block_tables.shape[0] >= B, f"block_tables {tuple(block_tables.shape)}")
+    check(seq_lens.shape[0] >= B, f"seq_lens has {seq_lens.shape[0]} rows for a batch of {B}")
+    check(block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32, "block_tables/seq_lens: int32")
+    check_dtype("q", q, FLOAT_DTYPES)
+    check(k_cache.dtype == q.dtype == v_cache.dtype, f"dtypes differ: q {q.dtype}, cache {k_cache.dtype}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
+        check_last_contiguous(name, t)
+    if out is None:
+        out = torch.empty_like(q)
+    check(out.shape == q.shape and out.stride(-1) == 1, f"out {tuple(out.shape)} must match q")
+    G = H // kv
+    splits = num_splits or num_decode_splits(B, kv)
+    block_g = max(16, triton.next_power_of_2(G))
+    block_d = max(16, triton.next_power_of_2(D))
+    block_n = 32 if block_d > 128 else 64
+    if splits > 1:
+        part = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
+        lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
+        dst, dst_b, dst_h = part, 0, 0
+    else:
+        part = lse = out
+        dst, dst_b, dst_h = out, out.stride(0), out.stride(1)
+    _decode_kernel[(B, kv, splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        dst,
+        lse,
+        scale * _LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        dst_b,
+        dst_h,
+        G=G,
+        D=D,
+        BS=bs,
+        NUM_SPLITS=splits,
+        WINDOW=sliding_window or 0,
+        BLOCK_G=block_g,
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+        num_warps=4,
+    )
+    if splits > 1:
+        _merge_kernel[(B, H)](
+            part,
+            lse,
+            out,
+            out.stride(0),
+            out.stride(1),
+            H=H,
+            D=D,
+            NUM_SPLITS=splits,
+            BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            BLOCK_D=block_d,
+            num_warps=4,
+        )
+    return out

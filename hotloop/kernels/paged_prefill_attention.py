@@ -1,0 +1,194 @@
+"""Prefill attention over the paged KV cache (variable lengths, causal), Triton, flash-attention style.
+
+Each sequence contributes ``query_len`` new tokens whose K/V are already in the cache, after a cached
+prefix of ``seq_len - query_len`` tokens (a chunk of a chunked prefill, or a prompt after a prefix
+cache hit). One program handles ``BLOCK_M`` queries of one head and streams the keys it may see
+from the cache with an online softmax. Decode rows (``query_len == 1``) are just short sequences, so
+a mixed batch is one launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,  # [T, H, D]
+    k_cache_ptr,  # [NB, BS, KV, D]
+    v_cache_ptr,
+    block_tables_ptr,  # [B, W] int32
+    seq_lens_ptr,  # [B] int32
+    query_start_ptr,  # [B + 1] int32
+    out_ptr,  # [T, H, D]
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    m_blk = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    kvh = h // G
+    q_start = tl.load(query_start_ptr + b)
+    q_len = tl.load(query_start_ptr + b + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + b)
+    ctx = seq_len - q_len  # cached prefix
+
+    offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < q_len
+    mask_d = offs_d < D
+    q = tl.load(
+        q_ptr + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+        mask=mask_m[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [BLOCK_M, BLOCK_D]
+    q_pos = ctx + offs_m
+
+    # Keys this tile may see: [lo, hi). Empty when the tile lies past the sequence's queries.
+    hi = tl.minimum(seq_len, ctx + (m_blk + 1) * BLOCK_M)
+    hi = tl.where(m_blk * BLOCK_M < q_len, hi, 0)
+    lo = 0
+    if WINDOW > 0:
+        lo = tl.maximum(ctx + m_blk * BLOCK_M - WINDOW + 1, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    table = block_tables_ptr + b * stride_bt
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        page = tl.load(table + offs_n // BS, mask=mask_n, other=0).to(tl.int64)
+        tok = offs_n % BS
+        kmask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(
+            k_cache_ptr + page[:, None] * stride_kb + tok[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
+            mask=kmask,
+            other=0.0,
+        )
+        s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, BLOCK_N]
+        visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
+        if WINDOW > 0:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - WINDOW)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_cache_ptr + page[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+            mask=kmask,
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(
+        out_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=mask_m[:, None] & mask_d[None, :],
+    )
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of every sequence's new queries over its paged context.
+
+    q ``[T, H, D]`` (sequences back to back); block_tables ``[B, W]``, seq_lens ``[B]`` and
+    query_start ``[B + 1]`` (cumulative query lengths, ``query_start[B] == T``) are int32 on q's
+    device; ``max_query_len`` is the longest ``query_len`` (a host int: it sizes the grid).
+    Returns ``[T, H, D]`` in q's dtype.
+    """
+    check(q.dim() == 3 and k_cache.dim() == 4, "q must be [T, H, D] and the caches [NB, BS, KV, D]")
+    T, H, D = q.shape
+    _nb, bs, kv, dk = k_cache.shape
+    check(v_cache.shape == k_cache.shape, f"v_cache {tuple(v_cache.shape)} != k_cache {tuple(k_cache.shape)}")
+    check(dk == D, f"head_dim: q has {D}, the cache {dk}")
+    check(H % kv == 0, f"num_heads={H} is not a multiple of num_kv_heads={kv}")
+    B = seq_lens.shape[0]
+    check(query_start.shape == (B + 1,), f"query_start must be [B + 1] = [{B + 1}], got {tuple(query_start.shape)}")
+    check(block_tables.dim() == 2 and block_tables.shape[0] >= B, f"block_tables {tuple(block_tables.shape)}")
+    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens), ("query_start", query_start)):
+        check(t.dtype == torch.int32, f"{name} must be int32, got {t.dtype}")
+    check_dtype("q", q, FLOAT_DTYPES)
+    check(k_cache.dtype == q.dtype == v_cache.dtype, f"dtypes differ: q {q.dtype}, cache {k_cache.dtype}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
+        check_last_contiguous(name, t)
+    if out is None:
+        out = torch.empty_like(q)
+    check(out.shape == q.shape and out.stride(-1) == 1, f"out {tuple(out.shape)} must match q")
+    if T == 0 or B == 0:
+        return out
+    block_d = max(16, triton.next_power_of_2(D))
+    block_m = 64 if block_d <= 128 else 32
+    block_n = 64 if block_d <= 128 else 32
+    if max_query_len <= 16:
+        block_m = 16
+    grid = (triton.cdiv(max_query_len, block_m), B, H)
+    _prefill_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start,
+        out,
+        scale * _LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        G=H // kv,
+        D=D,
+        BS=bs,
+        WINDOW=sliding_window or 0,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        num_warps=4 if block_d <= 64 else 8,
+        num_stages=2,
+    )
+    return out

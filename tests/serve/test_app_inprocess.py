@@ -1,0 +1,162 @@
+"""The app in-process over a real ``Engine`` with a toy executor (no model): behaviour that is slow or
+awkward to provoke in the live server: concurrency limits, shutdown, engine failure, CORS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx2 as httpx
+from fake_engine import make_built
+
+from hotloop.serve.api_server import ServerArgs, create_app
+from hotloop.serve.gate import key_is_valid
+from hotloop.serve.state import ServerState
+
+
+@asynccontextmanager
+async def app_client(
+    args: ServerArgs | None = None, **built_kw
+) -> AsyncIterator[tuple[httpx.AsyncClient, ServerState]]:  # type: ignore[no-untyped-def]
+    app = create_app(make_built(**built_kw), args or ServerArgs())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as c:
+            yield c, app.state.hotloop
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def test_requests_beyond_max_concurrent_wait_and_all_complete() -> None:
+    async def main() -> None:
+        async with app_client(ServerArgs(max_concurrent_requests=2), step_delay=0.005) as (c, state):
+            peak = {"open": 0, "pending": 0}
+            done = asyncio.Event()
+
+            async def watch() -> None:
+                while not done.is_set():
+                    peak["open"] = max(peak["open"], state.async_engine.num_open_streams)
+                    peak["pending"] = max(peak["pending"], state.metrics.pending)
+                    await asyncio.sleep(0.001)
+
+            watcher = asyncio.ensure_future(watch())
+            body = {"prompt": "abc", "max_tokens": 10, "temperature": 0}
+            rs = await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(7)))
+            done.set()
+            await watcher
+            assert [r.status_code for r in rs] == [200] * 7
+            assert all(r.json()["usage"]["completion_tokens"] == 10 for r in rs)
+            assert peak["open"] <= 2 and peak["pending"] >= 1, peak
+            assert (
+                state.metrics.pending == 0 and state.engine.num_free_blocks == state.engine.num_total_blocks
+            )
+
+    run(main())
+
+
+def test_503_while_shutting_down() -> None:
+    async def main() -> None:
+        async with app_client() as (c, state):
+            state.draining = True
+            r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+            assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+            assert (await c.get("/health")).status_code == 503
+            assert (await c.get("/v1/models")).status_code == 503
+
+    run(main())
+
+
+def test_engine_failure_fails_requests_and_health() -> None:
+    async def main() -> None:
+        async with app_client() as (c, state):
+            assert (await c.get("/health")).status_code == 200
+            state.engine.executor.fail_next = True
+            r = await c.post("/v1/completions", json={"prompt": "abc", "max_tokens": 5})
+            assert r.status_code == 503 and "injected executor failure" in r.json()["error"]["message"]
+            h = await c.get("/health")
+            assert h.status_code == 503 and h.json()["error"]["code"] == "engine_unavailable"
+            r = await c.post("/v1/completions", json={"prompt": "abc", "max_tokens": 5})
+            assert r.status_code == 503
+
+    run(main())
+
+
+def test_engine_failure_mid_stream_sends_an_error_event() -> None:
+    async def main() -> None:
+        async with app_client(step_delay=0.002) as (c, state):
+            executor = state.engine.executor
+
+            async def fail_soon() -> None:
+                await asyncio.sleep(0.05)
+                executor.fail_next = True
+
+            body = {
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 200,
+                "stream": True,
+                "ignore_eos": True,
+            }
+            _, r = await asyncio.gather(fail_soon(), c.post("/v1/chat/completions", json=body))
+            events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+            assert events[-1] == "[DONE]"
+            assert (
+                "error" in json.loads(events[-2])
+                and json.loads(events[-2])["error"]["code"] == "engine_unavailable"
+            )
+
+    run(main())
+
+
+def test_cors_preflight_needs_no_key_and_keys_are_checked() -> None:
+    async def main() -> None:
+        async with app_client(ServerArgs(api_keys=("k1", "k2"), allow_origins=("http://ui.example",))) as (
+            c,
+            _,
+        ):
+            r = await c.options(
+                "/v1/chat/completions",
+                headers={"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"},
+            )
+            assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ui.example"
+            assert (await c.get("/v1/models")).status_code == 401
+            assert (await c.get("/v1/models", headers={"Authorization": "Bearer k2"})).status_code == 200
+            assert (await c.get("/v1/models", headers={"Authorization": "Basic k2"})).status_code == 401
+            assert (await c.get("/health")).status_code == 200
+
+    run(main())
+    assert key_is_valid("k2", ("k1", "k2")) and not key_is_valid("k", ("k1", "k2"))
+    assert not key_is_valid("", ("k1",)) and not key_is_valid("k1", ())
+
+
+def test_toy_engine_choices_stop_and_index_order() -> None:
+    async def main() -> None:
+        async with app_client() as (c, _):
+            base = {"prompt": ["ab", "cd"], "n": 2, "max_tokens": 6, "temperature": 0}
+            r = (await c.post("/v1/completions", json=base)).json()
+            assert [ch["index"] for ch in r["choices"]] == [0, 1, 2, 3]
+            texts = [ch["text"] for ch in r["choices"]]
+            assert texts[0] == texts[1] and texts[2] == texts[3] and texts[0] != texts[2]
+            assert r["usage"] == {
+                "prompt_tokens": 4,
+                "completion_tokens": 24,
+                "total_tokens": 28,
+                "prompt_tokens_details": {"cached_tokens": 0},
+            }
+            stop = texts[0][2:4]
+            r2 = (await c.post("/v1/completions", json={**base, "prompt": "ab", "stop": [stop]})).json()
+            assert r2["choices"][0]["text"] == texts[0][: texts[0].index(stop)]
+            assert r2["choices"][0]["finish_reason"] == "stop"
+            eos = (
+                await c.post("/v1/completions", json={"prompt": "EOS", "max_tokens": 9, "temperature": 0})
+            ).json()
+            assert eos["choices"][0]["finish_reason"] == "stop" and eos["usage"]["completion_tokens"] == 4
+            chat = (
+                await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "EOS"}]})
+            ).json()
+            assert chat["usage"]["completion_tokens"] == 4  # no max_tokens: up to session_len, EOS ends it
+
+    run(main())

@@ -1,0 +1,379 @@
+"""The live server (default model, CPU) through the official ``openai`` client: chat and completions,
+streaming or not, n, stop strings, logprobs, seeds, exact usage, the native routes, and every error
+case of the issue with its status and OpenAI error shape."""
+
+from __future__ import annotations
+
+import httpx2 as httpx
+import openai
+import pytest
+from server_proc import API_KEY
+
+MSG = [{"role": "user", "content": "What is the capital of France?"}]
+GREEDY = {"temperature": 0}
+
+
+def _chat(client, model_name, **kw):  # type: ignore[no-untyped-def]
+    return client.chat.completions.create(model=model_name, messages=kw.pop("messages", MSG), **kw)
+
+
+def _post(server, path: str, key: str | None = API_KEY, **kw) -> httpx.Response:  # type: ignore[no-untyped-def]
+    headers = kw.pop("headers", {})
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return httpx.post(f"{server.base_url}{path}", headers=headers, timeout=60, **kw)
+
+
+def _assert_error(resp: httpx.Response, status: int, param: str | None = None, *words: str) -> dict:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    err = body["error"]
+    assert isinstance(err["message"], str) and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    for w in words:
+        assert w in err["message"], err
+    return err
+
+
+# -- happy paths ---------------------------------------------------------------------------------
+def test_models(client, model_name) -> None:  # type: ignore[no-untyped-def]
+    models = client.models.list().data
+    assert [m.id for m in models] == ["SmolLM2-135M-Instruct"] == [model_name]
+    assert models[0].model_extra["max_model_len"] == 512
+
+
+def test_chat_greedy_usage_exact_and_stream_matches(client, model_name, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    r = _chat(client, model_name, max_tokens=12, logprobs=True, **GREEDY)
+    choice = r.choices[0]
+    assert "Paris" in choice.message.content
+    text = tokenizer.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False)
+    prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+    assert r.usage.prompt_tokens == len(prompt_ids)
+    assert r.usage.completion_tokens == len(choice.logprobs.content) <= 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    assert choice.finish_reason in ("stop", "length")
+
+    chunks = list(
+        _chat(
+            client, model_name, max_tokens=12, stream=True, stream_options={"include_usage": True}, **GREEDY
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == [choice.finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
+
+
+def test_completions_forms_and_exact_usage(client, model_name, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    prompt = "The capital of France is"
+    ids = tokenizer.encode(prompt)
+    r = client.completions.create(
+        model=model_name, prompt=prompt, max_tokens=6, extra_body={"ignore_eos": True}, **GREEDY
+    )
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 6
+    assert r.choices[0].finish_reason == "length" and "Paris" in r.choices[0].text
+    # The same prompt as token ids, in a list with a string: one choice each, in order.
+    r2 = client.completions.create(
+        model=model_name, prompt=[ids, ids], max_tokens=6, extra_body={"ignore_eos": True}, **GREEDY
+    )
+    assert [c.index for c in r2.choices] == [0, 1]
+    assert [c.text for c in r2.choices] == [r.choices[0].text] * 2
+    assert r2.usage.prompt_tokens == 2 * len(ids) and r2.usage.completion_tokens == 12
+    echo = client.completions.create(model=model_name, prompt=prompt, max_tokens=6, echo=True, **GREEDY)
+    assert echo.choices[0].text == prompt + r.choices[0].text
+    stream = client.completions.create(
+        model=model_name, prompt=prompt, max_tokens=6, stream=True, extra_body={"ignore_eos": True}, **GREEDY
+    )
+    assert "".join(c.choices[0].text for c in stream if c.choices) == r.choices[0].text
+
+
+def test_n3_streaming_and_not(client, model_name) -> None:  # type: ignore[no-untyped-def]
+    kw = {"n": 3, "max_tokens": 8, "seed": 11, "temperature": 0.9, "extra_body": {"ignore_eos": True}}
+    r = _chat(client, model_name, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.usage.completion_tokens == 24
+    texts = {c.message.content for c in r.choices}
+    assert len(texts) >= 2, "choices of a seeded n=3 request must use different seeds"
+    stream = _chat(client, model_name, stream=True, **kw)
+    got = ["", "", ""]
+    for c in stream:
+        for ch in c.choices:
+            got[ch.index] += ch.delta.content or ""
+    assert got == [c.message.content for c in r.choices]
+    comp = client.completions.create(
+        model=model_name,
+        prompt="Once upon a time",
+        n=3,
+        max_tokens=5,
+        extra_body={"ignore_eos": True},
+        **GREEDY,
+    )
+    assert len(comp.choices) == 3 and len({c.text for c in comp.choices}) == 1
+    assert comp.usage.completion_tokens == 15
+
+
+def test_seeded_sampling_reproduces(client, model_name) -> None:  # type: ignore[no-untyped-def]
+    kw = {"max_tokens": 12, "temperature": 1.0, "top_p": 0.95}
+    a = _chat(client, model_name, seed=1234, **kw).choices[0].message.content
+    b = _chat(client, model_name, seed=1234, **kw).choices[0].message.content
+    others = {_chat(client, model_name, seed=s, **kw).choices[0].message.content for s in (1, 2, 3)}
+    assert a == b
+    assert len(others | {a}) >= 2
+
+
+def test_stop_strings(client, model_name) -> None:  # type: ignore[no-untyped-def]
+    full = (
+        client.completions.create(
+            model=model_name,
+            prompt="The capital of France is",
+            max_tokens=10,
+            extra_body={"ignore_eos": True},
+            **GREEDY,
+        )
+        .choices[0]
+        .text
+    )
+    assert "answer" in full, full
+    r = client.completions.create(
+        model=model_name, prompt="The capital of France is", max_tokens=10, stop=["answer", "zzz"], **GREEDY
+    )
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == full[: full.index("answer")]
+    chat = _chat(client, model_name, max_tokens=12, stop="Paris", **GREEDY).choices[0]
+    assert chat.finish_reason == "stop" and "Paris" not in chat.message.content
+
+
+def test_logprobs(client, model_name, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    r = _chat(client, model_name, max_tokens=5, logprobs=True, top_logprobs=3, **GREEDY).choices[0]
+    content = r.logprobs.content
+    assert "".join(t.token for t in content) == r.message.content
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == pytest.approx(t.logprob)
+        assert [x.logprob for x in t.top_logprobs] == sorted(
+            (x.logprob for x in t.top_logprobs), reverse=True
+        )
+        assert t.bytes == list(t.token.encode())
+    c = client.completions.create(
+        model=model_name, prompt="The capital of France is", max_tokens=4, logprobs=2, **GREEDY
+    ).choices[0]
+    lp = c.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4
+    assert "".join(lp.tokens) == c.text and lp.text_offset[0] == 0
+    assert all(
+        len(t) <= 2 and max(t.values()) == pytest.approx(v)
+        for t, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True)
+    )
+
+
+def test_json_object_accepted_and_penalties(client, model_name) -> None:  # type: ignore[no-untyped-def]
+    r = _chat(
+        client,
+        model_name,
+        max_tokens=4,
+        response_format={"type": "json_object"},
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        extra_body={"repetition_penalty": 1.1, "top_k": 20, "min_p": 0.05, "min_tokens": 2},
+        **GREEDY,
+    )
+    assert r.usage.completion_tokens >= 2
+
+
+def test_logit_bias_forces_a_token(client, model_name, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    tok = tokenizer.encode(" banana")[0]
+    r = client.completions.create(
+        model=model_name, prompt="Hello", max_tokens=3, logit_bias={str(tok): 100}, **GREEDY
+    )
+    assert r.choices[0].text.startswith(tokenizer.decode([tok]))
+
+
+def test_native_generate_tokenize_detokenize(server, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    prompt = "The capital of France is"
+    t = _post(server, "/tokenize", json={"prompt": prompt}).json()
+    assert (
+        t["tokens"] == tokenizer.encode(prompt)
+        and t["count"] == len(t["tokens"])
+        and t["max_model_len"] == 512
+    )
+    assert _post(server, "/detokenize", json={"tokens": t["tokens"]}).json()["prompt"] == prompt
+    g = _post(
+        server, "/generate", json={"input_ids": t["tokens"], "max_new_tokens": 5, "ignore_eos": True}
+    ).json()
+    assert len(g["token_ids"]) == g["generate_token_len"] == 5 and g["input_token_len"] == len(t["tokens"])
+    assert g["text"] == tokenizer.decode(g["token_ids"], skip_special_tokens=True)
+    g2 = _post(server, "/generate", json={"prompt": prompt, "max_new_tokens": 5, "ignore_eos": True}).json()
+    assert g2["token_ids"] == g["token_ids"]
+    with httpx.stream(
+        "POST",
+        f"{server.base_url}/generate",
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        json={"prompt": prompt, "max_new_tokens": 5, "ignore_eos": True, "stream": True},
+    ) as resp:
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    import json
+
+    pieces = [json.loads(e) for e in events[:-1]]
+    assert sum((p["token_ids"] for p in pieces), []) == g["token_ids"]
+    assert pieces[-1]["finish_reason"] == "length"
+
+
+def test_health_and_metrics(server) -> None:  # type: ignore[no-untyped-def]
+    assert httpx.get(f"{server.base_url}/health").status_code == 200  # open without a key
+    text = httpx.get(f"{server.base_url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
+    for name in (
+        "hotloop:num_requests_running",
+        "hotloop:num_requests_waiting",
+        "hotloop:kv_cache_usage_perc",
+        "hotloop:kv_cache_free_blocks",
+        "hotloop:kv_cache_total_blocks 640.0",
+        "hotloop:prompt_tokens_total",
+        "hotloop:generation_tokens_total",
+        'hotloop:request_success_total{finished_reason="length"}',
+        "hotloop:time_to_first_token_seconds_bucket",
+        "hotloop:inter_token_latency_seconds_bucket",
+        "hotloop:e2e_request_latency_seconds_bucket",
+        "hotloop:request_queue_time_seconds_bucket",
+    ):
+        assert name in text, name
+
+
+# -- errors --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "field, value, param",
+    [
+        ("temperature", -0.5, "temperature"),
+        ("top_p", 0.0, "top_p"),
+        ("top_p", 1.5, "top_p"),
+        ("n", 0, "n"),
+        ("max_tokens", 0, "max_tokens"),
+        ("presence_penalty", 3, "presence_penalty"),
+        ("top_logprobs", 50, "top_logprobs"),
+    ],
+)
+def test_invalid_values_400(server, model_name, field, value, param) -> None:  # type: ignore[no-untyped-def]
+    body = {"model": model_name, "messages": MSG, field: value}
+    _assert_error(_post(server, "/v1/chat/completions", json=body), 400, param, param)
+
+
+def test_invalid_values_through_openai_client(client, model_name) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(openai.BadRequestError) as e:
+        _chat(client, model_name, temperature=-1)
+    assert e.value.status_code == 400 and e.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model_name, prompt="hi", n=0)
+    assert e.value.body["param"] == "n"
+
+
+def test_context_length_400_names_the_numbers(server, model_name, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    prompt = "The capital of France is"
+    p = len(tokenizer.encode(prompt))
+    err = _assert_error(
+        _post(server, "/v1/completions", json={"model": model_name, "prompt": prompt, "max_tokens": 600}),
+        400,
+        "max_tokens",
+    )
+    for number in (str(p), "600", str(p + 600), "512", str(512 - p)):
+        assert number in err["message"], err
+    long_prompt = list(range(100, 100 + 600))
+    err = _assert_error(_post(server, "/v1/completions", json={"prompt": long_prompt, "max_tokens": 1}), 400)
+    assert "600" in err["message"] and "512" in err["message"]
+    _assert_error(
+        _post(server, "/v1/chat/completions", json={"messages": MSG, "max_completion_tokens": 10_000}),
+        400,
+        "max_tokens",
+        "512",
+    )
+
+
+def test_malformed_json_and_content_type(server) -> None:  # type: ignore[no-untyped-def]
+    err = _assert_error(
+        _post(
+            server,
+            "/v1/chat/completions",
+            content=b'{"messages": [',
+            headers={"Content-Type": "application/json"},
+        ),
+        400,
+    )
+    assert "JSON" in err["message"]
+    err = _assert_error(
+        _post(
+            server,
+            "/v1/chat/completions",
+            content=b'{"messages": []}',
+            headers={"Content-Type": "text/plain"},
+        ),
+        400,
+    )
+    assert "Content-Type" in err["message"]
+    _assert_error(_post(server, "/v1/completions", json=["not", "an", "object"]), 400)
+    _assert_error(_post(server, "/v1/chat/completions", json={}), 400, "messages", "required")
+
+
+def test_401_without_a_valid_key(server) -> None:  # type: ignore[no-untyped-def]
+    body = {"messages": MSG, "max_tokens": 1}
+    for key in (None, "wrong", "test-key-22", ""):
+        err = _assert_error(_post(server, "/v1/chat/completions", key=key, json=body), 401)
+        assert err["code"] == "invalid_api_key"
+    for path in ("/v1/models", "/metrics"):
+        assert httpx.get(f"{server.base_url}{path}").status_code == 401
+    assert _post(server, "/v1/chat/completions", key="test-key-1", json=body).status_code == 200
+    bad = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_404_unknown_model(client, server) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=MSG, max_tokens=1)
+    assert e.value.body["code"] == "model_not_found" and "gpt-4o" in e.value.body["message"]
+    _assert_error(_post(server, "/v1/completions", json={"model": "x", "prompt": "hi"}), 404, "model")
+
+
+def test_unsupported_features_400(server, model_name) -> None:  # type: ignore[no-untyped-def]
+    image = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        ],
+    }
+    err = _assert_error(
+        _post(server, "/v1/chat/completions", json={"messages": [image]}), 400, "messages[0].content[1]"
+    )
+    assert "text-only" in err["message"]
+    _assert_error(
+        _post(server, "/v1/completions", json={"prompt": "def f(", "suffix": "return 1"}), 400, "suffix"
+    )
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    _assert_error(
+        _post(server, "/v1/chat/completions", json={"messages": MSG, "response_format": rf}),
+        400,
+        "response_format",
+    )
+    text_parts = {
+        "role": "user",
+        "content": [{"type": "text", "text": "Say"}, {"type": "text", "text": "hi"}],
+    }
+    ok = _post(
+        server, "/v1/chat/completions", json={"messages": [text_parts], "max_tokens": 2, "temperature": 0}
+    )
+    assert ok.status_code == 200, ok.text
+
+
+def test_unknown_route_and_method(server) -> None:  # type: ignore[no-untyped-def]
+    _assert_error(
+        httpx.get(f"{server.base_url}/v1/nothing", headers={"Authorization": f"Bearer {API_KEY}"}), 404
+    )
+    _assert_error(
+        httpx.get(f"{server.base_url}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"}), 405
+    )
