@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from hotloop.config import CacheConfig, ModelConfig, SchedulerConfig
@@ -29,6 +30,19 @@ class Executor(Protocol):
     def score(self, request: Request, start: int, num_tokens: int) -> list[float]:
         """Prefill tokens ``start .. start+num_tokens`` and return log p(next | prefix) for each."""
         ...
+
+
+def validate_image_spans(mm_inputs: Sequence[Any], num_prompt_tokens: int) -> None:
+    """Each image's tokens lie inside the prompt, in order, without overlapping."""
+    prev_end = 0
+    for i, m in enumerate(mm_inputs):
+        if m.length < 1 or m.offset < prev_end or m.offset + m.length > num_prompt_tokens:
+            raise RequestError(
+                f"image {i} fills tokens {m.offset}..{m.offset + m.length} of a {num_prompt_tokens}-token "
+                "prompt: image spans must be non-empty, in order, inside the prompt",
+                param="images",
+            )
+        prev_end = m.offset + m.length
 
 
 class Engine:
@@ -93,9 +107,19 @@ class Engine:
                 param="max_new_tokens" if p < limit else "prompt",
             )
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: GenerationConfig) -> None:
-        """Validate and queue a request; it joins the batch at the next step."""
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: GenerationConfig,
+        mm_inputs: Sequence[Any] = (),
+    ) -> None:
+        """Validate and queue a request; it joins the batch at the next step.
+
+        ``mm_inputs``: the prompt's images (``hotloop.vl.ImageInput``, from the model's processor).
+        """
         self.validate(prompt_token_ids, params)
+        validate_image_spans(mm_inputs, len(prompt_token_ids))
         stop_ids = set(params.stop_token_ids or ())
         if not params.ignore_eos:
             stop_ids.update(self.model_config.eos_token_ids)
@@ -104,6 +128,8 @@ class Engine:
             prompt_token_ids=list(prompt_token_ids),
             params=params,
             stop_token_ids=frozenset(stop_ids),
+            mm_inputs=tuple(mm_inputs),
+            cache_extra_keys=tuple(f"image:{m.content_hash}" for m in mm_inputs),
         )
         req.detokenizer = IncrementalDetokenizer(
             self.tokenizer,

@@ -69,6 +69,10 @@ class Request:
     sampler_state: Any = None
     # Opaque per-request state owned by the output processor (the incremental detokenizer).
     detokenizer: Any = None
+    # Images (``hotloop.vl.ImageInput``: pixels, the prompt tokens they fill, a content hash) and
+    # the embeddings of those the encoder has run for, by index, until their tokens are computed.
+    mm_inputs: tuple[Any, ...] = ()
+    mm_embeds: dict[int, Any] = field(default_factory=dict)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -79,7 +79,22 @@ class LocalExecutor:
         self.kv_caches = allocate_kv_cache(
             model_config, self.num_blocks, bs, dtype, device, engine_config.quant_policy
         )
-        self.runner = ModelRunner(cast(CausalLM, self.model), self.kv_caches, bs, device)
+        self.runner: ModelRunner
+        if device.type == "cuda":
+            from hotloop.executor.gpu_runner import GpuModelRunner
+
+            self.runner = GpuModelRunner(
+                cast(CausalLM, self.model),
+                self.kv_caches,
+                bs,
+                device,
+                max_batch_size=engine_config.max_batch_size,
+                max_num_tokens=engine_config.max_prefill_token_num + engine_config.max_batch_size,
+                session_len=session_len,
+                use_cuda_graph=not engine_config.eager_mode,
+            )
+        else:
+            self.runner = ModelRunner(cast(CausalLM, self.model), self.kv_caches, bs, device)
 
     def execute(self, out: SchedulerOutput) -> list[SampledToken]:
         return self.runner.execute(out)

@@ -6,7 +6,7 @@ decodes alike). Only requests that reach the end of their known tokens produce l
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 
@@ -16,6 +16,7 @@ from hotloop.engine.scheduler import ScheduledRequest, SchedulerOutput
 from hotloop.executor.sampler import Sampler, SamplerOutput, SamplingMetadata
 from hotloop.layers.attention import AttentionMetadata
 from hotloop.messages import TokenLogprob
+from hotloop.vl import merge
 
 
 class CausalLM(Protocol):
@@ -27,6 +28,7 @@ class CausalLM(Protocol):
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
@@ -84,6 +86,14 @@ class ModelRunner:
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         return ids, pos, meta, logits_rows
 
+    def multimodal_kwargs(self, out: SchedulerOutput, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{"inputs_embeds": ...}`` with image embeddings merged when the step covers image
+        tokens (the vision encoder runs here); ``{}`` for text-only steps, which stay unchanged."""
+        if not merge.has_images(out.scheduled):
+            return {}
+        model = cast(merge.VisionLanguageModel, self.model)
+        return {"inputs_embeds": merge.merged_embeddings(model, out.scheduled, ids)}
+
     def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
         gens: list[torch.Generator | None] = []
         suppress: list[list[int]] = []
@@ -104,7 +114,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[SampledToken]:
         ids, pos, meta, rows = self.prepare(out)
-        hidden = self.model(ids, pos, self.kv_caches, meta)
+        hidden = self.model(ids, pos, self.kv_caches, meta, **self.multimodal_kwargs(out, ids))
         reqs = [s.request for s in out.scheduled if s.samples]
         if not reqs:
             return []

@@ -26,7 +26,9 @@ def check_dtype(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> 
 
 def check_same_device(**tensors: torch.Tensor) -> None:
     devices = {t.device for t in tensors.values()}
-    check(len(devices) == 1, f"tensors on different devices: { {k: str(v.device) for k, v in tensors.items()} }")
+    check(
+        len(devices) == 1, f"tensors on different devices: { {k: str(v.device) for k, v in tensors.items()} }"
+    )
 
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -61,7 +61,9 @@ def cache_policy(cache: torch.Tensor, head_dim: int, dtype: torch.dtype) -> int:
     for policy in (8, 4):
         if row == row_bytes(head_dim, policy, itemsize):
             return policy
-    raise ValueError(f"a uint8 KV cache row of {row} bytes fits neither int8 nor int4 for head_dim={head_dim}")
+    raise ValueError(
+        f"a uint8 KV cache row of {row} bytes fits neither int8 nor int4 for head_dim={head_dim}"
+    )
 
 
 def _round_toward(x: torch.Tensor, target: torch.Tensor, direction: float) -> torch.Tensor:
@@ -120,7 +122,9 @@ def dequantize_cache(cache: torch.Tensor, head_dim: int, dtype: torch.dtype) -> 
     return dequantize(cache, cache_policy(cache, head_dim, dtype), head_dim, dtype)
 
 
-def kv_loader(cache: torch.Tensor, head_dim: int, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+def kv_loader(
+    cache: torch.Tensor, head_dim: int, dtype: torch.dtype
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """The function attention applies to gathered context rows to get float32 K or V."""
     policy = cache_policy(cache, head_dim, dtype)
     if policy == 0:

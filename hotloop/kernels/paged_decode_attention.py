@@ -85,7 +85,11 @@ def _decode_kernel(
         tok = offs_n % BS
         kmask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(
-            k_cache_ptr + page[:, None] * stride_kb + tok[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
+            k_cache_ptr
+            + page[:, None] * stride_kb
+            + tok[:, None] * stride_kt
+            + kvh * stride_kh
+            + offs_d[None, :],
             mask=kmask,
             other=0.0,
         )  # [BLOCK_N, BLOCK_D]
@@ -96,7 +100,11 @@ def _decode_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
-            v_cache_ptr + page[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+            v_cache_ptr
+            + page[:, None] * stride_vb
+            + tok[:, None] * stride_vt
+            + kvh * stride_vh
+            + offs_d[None, :],
             mask=kmask,
             other=0.0,
         )

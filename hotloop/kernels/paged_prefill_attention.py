@@ -86,7 +86,11 @@ def _prefill_kernel(
         tok = offs_n % BS
         kmask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(
-            k_cache_ptr + page[:, None] * stride_kb + tok[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
+            k_cache_ptr
+            + page[:, None] * stride_kb
+            + tok[:, None] * stride_kt
+            + kvh * stride_kh
+            + offs_d[None, :],
             mask=kmask,
             other=0.0,
         )
@@ -101,7 +105,11 @@ def _prefill_kernel(
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
-            v_cache_ptr + page[:, None] * stride_vb + tok[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+            v_cache_ptr
+            + page[:, None] * stride_vb
+            + tok[:, None] * stride_vt
+            + kvh * stride_vh
+            + offs_d[None, :],
             mask=kmask,
             other=0.0,
         )
@@ -142,7 +150,10 @@ def paged_prefill_attention(
     check(dk == D, f"head_dim: q has {D}, the cache {dk}")
     check(H % kv == 0, f"num_heads={H} is not a multiple of num_kv_heads={kv}")
     B = seq_lens.shape[0]
-    check(query_start.shape == (B + 1,), f"query_start must be [B + 1] = [{B + 1}], got {tuple(query_start.shape)}")
+    check(
+        query_start.shape == (B + 1,),
+        f"query_start must be [B + 1] = [{B + 1}], got {tuple(query_start.shape)}",
+    )
     check(block_tables.dim() == 2 and block_tables.shape[0] >= B, f"block_tables {tuple(block_tables.shape)}")
     for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens), ("query_start", query_start)):
         check(t.dtype == torch.int32, f"{name} must be int32, got {t.dtype}")

@@ -82,10 +82,14 @@ def _rotary_kv_kernel(
         offs_p = 2 * HALF + tl.arange(0, BLOCK_D)
         mp = mask_kv[:, None] & (offs_p < D)[None, :]
         kp = tl.load(kt + offs_kv[:, None] * stride_kh + offs_p[None, :], mask=mp, other=0.0)
-        tl.store(k_cache_ptr + slot * stride_ks + offs_kv[:, None] * stride_kch + offs_p[None, :], kp, mask=mp)
+        tl.store(
+            k_cache_ptr + slot * stride_ks + offs_kv[:, None] * stride_kch + offs_p[None, :], kp, mask=mp
+        )
         offs_d = tl.arange(0, BLOCK_D)
         mv = mask_kv[:, None] & (offs_d < D)[None, :]
-        v = tl.load(v_ptr + t * stride_vt + offs_kv[:, None] * stride_vh + offs_d[None, :], mask=mv, other=0.0)
+        v = tl.load(
+            v_ptr + t * stride_vt + offs_kv[:, None] * stride_vh + offs_d[None, :], mask=mv, other=0.0
+        )
         tl.store(
             v_cache_ptr + slot * stride_vs + offs_kv[:, None] * stride_vch + offs_d[None, :],
             v.to(v_cache_ptr.dtype.element_ty),

@@ -167,10 +167,12 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[KVCache],
         meta: AttentionMetadata,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``inputs_embeds`` ``[T, hidden]`` replaces the token embeddings (images merged in)."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
-        h = self.embed_tokens(input_ids)  # [T, hidden]
+        h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [T, hidden]
         cos_sin = self.rotary_emb.cos_sin(positions)  # shared by every layer
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

@@ -124,7 +124,9 @@ def load_model(
         finish = getattr(getattr(module, "quant_method", None), "process_weights_after_loading", None)
         if finish is not None:
             finish(module)
-    kind = f"W4A16 AWQ g{awq.group_size}" if awq is not None else str(dtype).removeprefix("torch.")
+    kind = str(dtype).removeprefix("torch.")
+    if awq is not None:
+        kind = f"W4A16 AWQ g{awq.group_size}" + (", dequantized to " + kind if device.type == "cpu" else "")
     logger.info("weights take %s on %s (%s)", format_bytes(weight_bytes(model)), device, kind)
     return model.eval()
 

@@ -13,6 +13,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen2ForCausalLM": ("hotloop.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("hotloop.models.qwen3", "Qwen3ForCausalLM"),
     "InternLM2ForCausalLM": ("hotloop.models.internlm2", "InternLM2ForCausalLM"),
+    "LlavaForConditionalGeneration": ("hotloop.models.llava", "LlavaForConditionalGeneration"),
 }
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_MODELS)

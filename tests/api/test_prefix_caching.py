@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import TINY_VOCAB
@@ -59,7 +60,7 @@ def test_hits_match_cold_run(arch: str, pool: int, make_tiny_model: Callable[[st
     path = make_tiny_model(arch)
     prompts = shared_prefix_prompts(seed=len(arch))
     arrivals = [0, 0, 3, 3, 12, 12, 30]  # together, after the prefix is cached, and much later
-    base = dict(device="cpu", dtype="float32", cache_block_seq_len=4, max_batch_size=4)
+    base: dict[str, Any] = dict(device="cpu", dtype="float32", cache_block_seq_len=4, max_batch_size=4)
     cold, cold_cached = drive(
         build_engine(str(path), EngineConfig(cache_max_entry_count=pool, **base)).engine, prompts, arrivals
     )
@@ -83,7 +84,9 @@ def test_prefix_caching_with_kv_int8(make_tiny_model: Callable[[str], Path]) -> 
     path = make_tiny_model("qwen2_bias")
     prompts = shared_prefix_prompts(seed=7)
     arrivals = [0, 0, 3, 3, 12, 12, 30]
-    base = dict(device="cpu", dtype="float32", cache_block_seq_len=4, quant_policy=8, cache_max_entry_count=256)
+    base: dict[str, Any] = dict(
+        device="cpu", dtype="float32", cache_block_seq_len=4, quant_policy=8, cache_max_entry_count=256
+    )
     cold, _ = drive(build_engine(str(path), EngineConfig(**base)).engine, prompts, arrivals)
     warm, cached = drive(
         build_engine(str(path), EngineConfig(enable_prefix_caching=True, **base)).engine, prompts, arrivals
@@ -93,7 +96,9 @@ def test_prefix_caching_with_kv_int8(make_tiny_model: Callable[[str], Path]) -> 
 
 def test_multi_turn_chat_hits_the_cache(make_tiny_model: Callable[[str], Path]) -> None:
     path = str(make_tiny_model("llama_gqa_llama3rope"))
-    cfg = EngineConfig(device="cpu", cache_max_entry_count=64, cache_block_seq_len=8, enable_prefix_caching=True)
+    cfg = EngineConfig(
+        device="cpu", cache_max_entry_count=64, cache_block_seq_len=8, enable_prefix_caching=True
+    )
     gen = GenerationConfig(max_new_tokens=8, ignore_eos=True)
     with pipeline(path, backend_config=cfg) as pipe:
         s = pipe.chat("Name a fruit.", gen_config=gen)

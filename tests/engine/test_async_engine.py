@@ -76,7 +76,7 @@ def params(n: int) -> GenerationConfig:
 
 
 @pytest.fixture
-def aengine():  # type: ignore[no-untyped-def]
+def aengine():
     ae = AsyncEngine(make_engine())
     yield ae
     ae.shutdown(timeout=5)

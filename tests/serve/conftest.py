@@ -24,7 +24,7 @@ def server() -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="session")
-def client(server: ServerProcess):  # type: ignore[no-untyped-def]
+def client(server: ServerProcess):
     from openai import OpenAI
 
     with OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=120) as c:
@@ -32,12 +32,12 @@ def client(server: ServerProcess):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def model_name(client) -> str:  # type: ignore[no-untyped-def]
+def model_name(client) -> str:
     return str(client.models.list().data[0].id)
 
 
 @pytest.fixture(scope="session")
-def tokenizer(client):  # type: ignore[no-untyped-def]
+def tokenizer(client):
     """The model's tokenizer loaded here, independently of the server."""
     from transformers import AutoTokenizer
 

@@ -19,7 +19,7 @@ from hotloop.serve.state import ServerState
 @asynccontextmanager
 async def app_client(
     args: ServerArgs | None = None, **built_kw
-) -> AsyncIterator[tuple[httpx.AsyncClient, ServerState]]:  # type: ignore[no-untyped-def]
+) -> AsyncIterator[tuple[httpx.AsyncClient, ServerState]]:
     app = create_app(make_built(**built_kw), args or ServerArgs())
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -27,7 +27,7 @@ async def app_client(
             yield c, app.state.hotloop
 
 
-def run(coro):  # type: ignore[no-untyped-def]
+def run(coro):
     return asyncio.run(coro)
 
 

@@ -23,7 +23,7 @@ PROMPTS = [
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
 
-def metrics(server) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def metrics(server) -> dict[str, float]:
     text = httpx.get(f"{server.base_url}/metrics", headers=HEADERS).text
     out = {}
     for line in text.splitlines():
@@ -33,7 +33,7 @@ def metrics(server) -> dict[str, float]:  # type: ignore[no-untyped-def]
     return out
 
 
-def wait_pool_full(server, timeout: float = 30.0) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def wait_pool_full(server, timeout: float = 30.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         m = metrics(server)
@@ -44,7 +44,7 @@ def wait_pool_full(server, timeout: float = 30.0) -> dict[str, float]:  # type: 
         time.sleep(0.1)
 
 
-def test_200_concurrent_streams_equal_solo_runs(client, model_name, server) -> None:  # type: ignore[no-untyped-def]
+def test_200_concurrent_streams_equal_solo_runs(client, model_name, server) -> None:
     """The issue's 200 concurrent streaming greedy requests, scaled for 2 CPU cores: max_tokens=8 and
     8 distinct prompts (each sent 25 times), so the whole run takes seconds, not minutes. Each
     streamed output must equal the same request run alone (non-streaming, nothing else running)."""
@@ -84,7 +84,7 @@ def test_200_concurrent_streams_equal_solo_runs(client, model_name, server) -> N
     assert after["hotloop:generation_tokens_total"] - before["hotloop:generation_tokens_total"] == 1600
 
 
-def test_disconnects_return_blocks(server, model_name) -> None:  # type: ignore[no-untyped-def]
+def test_disconnects_return_blocks(server, model_name) -> None:
     """Streaming clients that vanish mid-stream, and a non-streaming client that times out, get their
     requests aborted: the pool is full again long before their max_tokens could have been generated."""
 

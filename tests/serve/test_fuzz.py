@@ -201,7 +201,7 @@ def _is_json_object(raw: bytes) -> bool:
         return False
 
 
-def test_fuzzed_malformed_requests_then_a_normal_one(server) -> None:  # type: ignore[no-untyped-def]
+def test_fuzzed_malformed_requests_then_a_normal_one(server) -> None:
     statuses: Counter[int] = Counter()
     http = httpx.Client(base_url=server.base_url, timeout=30, headers={"Authorization": f"Bearer {API_KEY}"})
 

@@ -13,11 +13,11 @@ MSG = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY = {"temperature": 0}
 
 
-def _chat(client, model_name, **kw):  # type: ignore[no-untyped-def]
+def _chat(client, model_name, **kw):
     return client.chat.completions.create(model=model_name, messages=kw.pop("messages", MSG), **kw)
 
 
-def _post(server, path: str, key: str | None = API_KEY, **kw) -> httpx.Response:  # type: ignore[no-untyped-def]
+def _post(server, path: str, key: str | None = API_KEY, **kw) -> httpx.Response:
     headers = kw.pop("headers", {})
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -38,13 +38,13 @@ def _assert_error(resp: httpx.Response, status: int, param: str | None = None, *
 
 
 # -- happy paths ---------------------------------------------------------------------------------
-def test_models(client, model_name) -> None:  # type: ignore[no-untyped-def]
+def test_models(client, model_name) -> None:
     models = client.models.list().data
     assert [m.id for m in models] == ["SmolLM2-135M-Instruct"] == [model_name]
     assert models[0].model_extra["max_model_len"] == 512
 
 
-def test_chat_greedy_usage_exact_and_stream_matches(client, model_name, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_chat_greedy_usage_exact_and_stream_matches(client, model_name, tokenizer) -> None:
     r = _chat(client, model_name, max_tokens=12, logprobs=True, **GREEDY)
     choice = r.choices[0]
     assert "Paris" in choice.message.content
@@ -70,7 +70,7 @@ def test_chat_greedy_usage_exact_and_stream_matches(client, model_name, tokenize
     assert chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
 
 
-def test_completions_forms_and_exact_usage(client, model_name, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_completions_forms_and_exact_usage(client, model_name, tokenizer) -> None:
     prompt = "The capital of France is"
     ids = tokenizer.encode(prompt)
     r = client.completions.create(
@@ -93,7 +93,7 @@ def test_completions_forms_and_exact_usage(client, model_name, tokenizer) -> Non
     assert "".join(c.choices[0].text for c in stream if c.choices) == r.choices[0].text
 
 
-def test_n3_streaming_and_not(client, model_name) -> None:  # type: ignore[no-untyped-def]
+def test_n3_streaming_and_not(client, model_name) -> None:
     kw = {"n": 3, "max_tokens": 8, "seed": 11, "temperature": 0.9, "extra_body": {"ignore_eos": True}}
     r = _chat(client, model_name, **kw)
     assert [c.index for c in r.choices] == [0, 1, 2]
@@ -118,16 +118,16 @@ def test_n3_streaming_and_not(client, model_name) -> None:  # type: ignore[no-un
     assert comp.usage.completion_tokens == 15
 
 
-def test_seeded_sampling_reproduces(client, model_name) -> None:  # type: ignore[no-untyped-def]
-    kw = {"max_tokens": 12, "temperature": 1.0, "top_p": 0.95}
+def test_seeded_sampling_reproduces(client, model_name) -> None:
+    kw = {"max_tokens": 8, "temperature": 1.0, "top_p": 0.95}
     a = _chat(client, model_name, seed=1234, **kw).choices[0].message.content
     b = _chat(client, model_name, seed=1234, **kw).choices[0].message.content
-    others = {_chat(client, model_name, seed=s, **kw).choices[0].message.content for s in (1, 2, 3)}
+    others = {_chat(client, model_name, seed=s, **kw).choices[0].message.content for s in (1, 2)}
     assert a == b
     assert len(others | {a}) >= 2
 
 
-def test_stop_strings(client, model_name) -> None:  # type: ignore[no-untyped-def]
+def test_stop_strings(client, model_name) -> None:
     full = (
         client.completions.create(
             model=model_name,
@@ -149,7 +149,7 @@ def test_stop_strings(client, model_name) -> None:  # type: ignore[no-untyped-de
     assert chat.finish_reason == "stop" and "Paris" not in chat.message.content
 
 
-def test_logprobs(client, model_name, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_logprobs(client, model_name, tokenizer) -> None:
     r = _chat(client, model_name, max_tokens=5, logprobs=True, top_logprobs=3, **GREEDY).choices[0]
     content = r.logprobs.content
     assert "".join(t.token for t in content) == r.message.content
@@ -173,7 +173,7 @@ def test_logprobs(client, model_name, tokenizer) -> None:  # type: ignore[no-unt
     )
 
 
-def test_json_object_accepted_and_penalties(client, model_name) -> None:  # type: ignore[no-untyped-def]
+def test_json_object_accepted_and_penalties(client, model_name) -> None:
     r = _chat(
         client,
         model_name,
@@ -187,7 +187,7 @@ def test_json_object_accepted_and_penalties(client, model_name) -> None:  # type
     assert r.usage.completion_tokens >= 2
 
 
-def test_logit_bias_forces_a_token(client, model_name, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_logit_bias_forces_a_token(client, model_name, tokenizer) -> None:
     tok = tokenizer.encode(" banana")[0]
     r = client.completions.create(
         model=model_name, prompt="Hello", max_tokens=3, logit_bias={str(tok): 100}, **GREEDY
@@ -195,7 +195,7 @@ def test_logit_bias_forces_a_token(client, model_name, tokenizer) -> None:  # ty
     assert r.choices[0].text.startswith(tokenizer.decode([tok]))
 
 
-def test_native_generate_tokenize_detokenize(server, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_native_generate_tokenize_detokenize(server, tokenizer) -> None:
     prompt = "The capital of France is"
     t = _post(server, "/tokenize", json={"prompt": prompt}).json()
     assert (
@@ -226,7 +226,7 @@ def test_native_generate_tokenize_detokenize(server, tokenizer) -> None:  # type
     assert pieces[-1]["finish_reason"] == "length"
 
 
-def test_health_and_metrics(server) -> None:  # type: ignore[no-untyped-def]
+def test_health_and_metrics(server) -> None:
     assert httpx.get(f"{server.base_url}/health").status_code == 200  # open without a key
     text = httpx.get(f"{server.base_url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
     for name in (
@@ -259,12 +259,12 @@ def test_health_and_metrics(server) -> None:  # type: ignore[no-untyped-def]
         ("top_logprobs", 50, "top_logprobs"),
     ],
 )
-def test_invalid_values_400(server, model_name, field, value, param) -> None:  # type: ignore[no-untyped-def]
+def test_invalid_values_400(server, model_name, field, value, param) -> None:
     body = {"model": model_name, "messages": MSG, field: value}
     _assert_error(_post(server, "/v1/chat/completions", json=body), 400, param, param)
 
 
-def test_invalid_values_through_openai_client(client, model_name) -> None:  # type: ignore[no-untyped-def]
+def test_invalid_values_through_openai_client(client, model_name) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         _chat(client, model_name, temperature=-1)
     assert e.value.status_code == 400 and e.value.body["param"] == "temperature"
@@ -273,7 +273,7 @@ def test_invalid_values_through_openai_client(client, model_name) -> None:  # ty
     assert e.value.body["param"] == "n"
 
 
-def test_context_length_400_names_the_numbers(server, model_name, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_context_length_400_names_the_numbers(server, model_name, tokenizer) -> None:
     prompt = "The capital of France is"
     p = len(tokenizer.encode(prompt))
     err = _assert_error(
@@ -294,7 +294,7 @@ def test_context_length_400_names_the_numbers(server, model_name, tokenizer) -> 
     )
 
 
-def test_malformed_json_and_content_type(server) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_json_and_content_type(server) -> None:
     err = _assert_error(
         _post(
             server,
@@ -319,7 +319,7 @@ def test_malformed_json_and_content_type(server) -> None:  # type: ignore[no-unt
     _assert_error(_post(server, "/v1/chat/completions", json={}), 400, "messages", "required")
 
 
-def test_401_without_a_valid_key(server) -> None:  # type: ignore[no-untyped-def]
+def test_401_without_a_valid_key(server) -> None:
     body = {"messages": MSG, "max_tokens": 1}
     for key in (None, "wrong", "test-key-22", ""):
         err = _assert_error(_post(server, "/v1/chat/completions", key=key, json=body), 401)
@@ -332,14 +332,14 @@ def test_401_without_a_valid_key(server) -> None:  # type: ignore[no-untyped-def
         bad.models.list()
 
 
-def test_404_unknown_model(client, server) -> None:  # type: ignore[no-untyped-def]
+def test_404_unknown_model(client, server) -> None:
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4o", messages=MSG, max_tokens=1)
     assert e.value.body["code"] == "model_not_found" and "gpt-4o" in e.value.body["message"]
     _assert_error(_post(server, "/v1/completions", json={"model": "x", "prompt": "hi"}), 404, "model")
 
 
-def test_unsupported_features_400(server, model_name) -> None:  # type: ignore[no-untyped-def]
+def test_unsupported_features_400(server, model_name) -> None:
     image = {
         "role": "user",
         "content": [
@@ -370,7 +370,7 @@ def test_unsupported_features_400(server, model_name) -> None:  # type: ignore[n
     assert ok.status_code == 200, ok.text
 
 
-def test_unknown_route_and_method(server) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_route_and_method(server) -> None:
     _assert_error(
         httpx.get(f"{server.base_url}/v1/nothing", headers={"Authorization": f"Bearer {API_KEY}"}), 404
     )

@@ -1,0 +1,108 @@
+"""``hotloop plan``: predict weight bytes, KV bytes per token, blocks and concurrency before buying a GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from hotloop.plan.capacity import GIB, KV_POLICIES, WEIGHT_FORMATS, Plan, PlanInput, plan, sweep
+from hotloop.plan.presets import PRESETS, load_shape
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="capacity planner: what fits on a GPU (weights, KV bytes, blocks, concurrent sequences)",
+        description="Predict weight bytes, KV bytes per token, KV blocks and the most concurrent "
+        "full-length sequences for a model on a GPU. Memory is in GiB (2**30 bytes).",
+    )
+    p.add_argument(
+        "model", help=f"a folder with config.json, a config.json, or a preset: {', '.join(PRESETS)}"
+    )
+    p.add_argument("--gpu-mem", type=float, default=80.0, help="GPU memory in GiB (default: 80)")
+    p.add_argument("--weight-format", choices=WEIGHT_FORMATS, default="bf16", help="bf16 or awq (W4A16)")
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=KV_POLICIES,
+        default=16,
+        help="KV cache bits: 16 (no quantization), 8 (--quant-policy 8), 4 (--quant-policy 4)",
+    )
+    p.add_argument("--session-len", type=int, default=32768, help="tokens per sequence (default: 32768)")
+    p.add_argument(
+        "--prefix-hit-rate",
+        type=float,
+        default=0.0,
+        help="share of each sequence that is a common cached prefix, stored once (default: 0)",
+    )
+    p.add_argument(
+        "--mem-util", type=float, default=0.9, help="share of GPU memory the engine may use (default: 0.9)"
+    )
+    p.add_argument(
+        "--overhead", type=float, default=0.0, help="GiB kept for activations and CUDA graphs (default: 0)"
+    )
+    p.add_argument("--block-size", type=int, default=64, help="tokens per KV block (default: 64)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per model replica (default: 1)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs in a node (default: 8)")
+    p.add_argument("--target", type=int, default=None, help="concurrent sequences needed per node")
+    p.add_argument("--sweep", action="store_true", help="every weight format x KV policy")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run)
+
+
+def inputs_from_args(args: argparse.Namespace) -> PlanInput:
+    return PlanInput(
+        gpu_mem_gib=args.gpu_mem,
+        weight_format=args.weight_format,
+        kv_bits=args.kv_bits,
+        session_len=args.session_len,
+        prefix_hit_rate=args.prefix_hit_rate,
+        mem_util=args.mem_util,
+        overhead_gib=args.overhead,
+        block_size=args.block_size,
+        tp=args.tp,
+        gpus_per_node=args.gpus_per_node,
+    )
+
+
+def format_table(plans: list[Plan], target: int | None = None) -> str:
+    first = plans[0]
+    i = first.inputs
+    lines = [
+        f"model {first.model}: {first.num_params / 1e9:.2f}B parameters; {i.gpu_mem_gib:g} GiB GPU x "
+        f"{i.mem_util:g} usable, overhead {i.overhead_gib:g} GiB; session {i.session_len} tokens; "
+        f"block {i.block_size}; tp {i.tp}; {i.gpus_per_node} GPUs per node",
+        "",
+        f"{'weights':>7} {'KV':>4} {'prefix':>6} {'weights GiB':>11} {'KV B/token':>10} {'KV GiB':>7} "
+        f"{'blocks':>8} {'GiB/seq':>8} {'seqs/replica':>12} {'seqs/node':>9}" + ("  fits" if target else ""),
+    ]
+    for p in plans:
+        i = p.inputs
+        kv = "fp16" if i.kv_bits == 16 else f"int{i.kv_bits}"
+        row = (
+            f"{i.weight_format:>7} {kv:>4} {i.prefix_hit_rate:>6.0%} {p.weight_bytes / GIB:>11.2f} "
+            f"{p.kv_bytes_per_token:>10} {p.kv_budget_bytes / GIB:>7.2f} {p.num_blocks:>8} "
+            f"{p.effective_bytes_per_sequence / GIB:>8.3f} {p.max_sequences:>12} {p.max_sequences_per_node:>9}"
+        )
+        if target:
+            row += "  " + ("yes" if p.max_sequences_per_node >= target else "no")
+        lines.append(row)
+    lines.append("")
+    lines.append(
+        "GiB/seq: KV of one full-length sequence over its replica's GPUs, after prefix deduplication; "
+        "seqs: full-length sequences held at once"
+    )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    shape = load_shape(args.model)
+    base = inputs_from_args(args)
+    plans = sweep(shape, base) if args.sweep else [plan(shape, base)]
+    if args.json:
+        print(json.dumps([p.as_dict() for p in plans], indent=2))
+    else:
+        print(format_table(plans, args.target))
+    if args.target is not None and not any(p.max_sequences_per_node >= args.target for p in plans):
+        return 3
+    return 0

@@ -1,0 +1,103 @@
+"""The GPU model runner: persistent input buffers, decode steps replayed from CUDA graphs.
+
+A decode-only step whose batch fits a captured bucket replays that graph (model, LM head and greedy
+argmax in one launch); other steps (prefill, chunked prefill, mixed) run eagerly over the same
+buffers with the Triton kernels. When every row is plain greedy the graph's argmax is the answer and
+the sampler is skipped; one device-to-host copy of the chosen ids ends the step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hotloop.engine.outputs import SampledToken
+from hotloop.engine.request import Request
+from hotloop.engine.scheduler import SchedulerOutput
+from hotloop.executor.cuda_graph import DecodeGraphs
+from hotloop.executor.gpu_inputs import InputBuffers
+from hotloop.executor.model_runner import CausalLM, ModelRunner, _to_tokens
+from hotloop.layers.attention import AttentionMetadata
+from hotloop.messages import GenerationConfig
+
+
+def _plain_greedy(p: GenerationConfig) -> bool:
+    return (
+        p.greedy
+        and not p.logit_bias
+        and p.logprobs is None
+        and p.repetition_penalty == 1.0
+        and p.presence_penalty == 0.0
+        and p.frequency_penalty == 0.0
+    )
+
+
+class GpuModelRunner(ModelRunner):
+    """``ModelRunner`` for CUDA: same contract, faster inputs, graphs for decode."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        block_size: int,
+        device: torch.device,
+        max_batch_size: int,
+        max_num_tokens: int,
+        session_len: int,
+        use_cuda_graph: bool = True,
+    ) -> None:
+        super().__init__(model, kv_caches, block_size, device)
+        width = -(-session_len // block_size) + 1
+        self.buffers = InputBuffers(max_num_tokens, max_batch_size, width, block_size, device)
+        self.graphs: DecodeGraphs | None = None
+        if use_cuda_graph and not _kv_quantized(kv_caches):
+            self.graphs = DecodeGraphs(model, kv_caches, self.buffers, max_batch_size)
+        self.num_graph_steps = 0
+        self.num_eager_steps = 0
+
+    def prepare(
+        self, out: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        if not self.buffers.fits(out):
+            return super().prepare(out)
+        step = self.buffers.prepare(out)
+        return step.input_ids, step.positions, step.meta, step.logits_rows
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> list[SampledToken]:
+        reqs = [s.request for s in out.scheduled if s.samples]
+        g = self.graphs
+        b = len(out.scheduled)
+        if (
+            g is not None
+            and b <= g.max_batch
+            and len(reqs) == b
+            and all(s.num_tokens == 1 for s in out.scheduled)
+            and self.buffers.fits(out)
+        ):
+            bucket = g.bucket_for(b)
+            self.buffers.prepare(out, padded_seqs=bucket)
+            logits, greedy = g.run(bucket)
+            self.num_graph_steps += 1
+            return self._sample(logits[:b], greedy[:b], reqs)
+        self.num_eager_steps += 1
+        ids, pos, meta, rows = self.prepare(out)
+        hidden = self.model(ids, pos, self.kv_caches, meta)
+        if not reqs:
+            return []
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        return self._sample(logits, None, reqs)
+
+    def _sample(
+        self, logits: torch.Tensor, greedy: torch.Tensor | None, reqs: list[Request]
+    ) -> list[SampledToken]:
+        if all(
+            _plain_greedy(r.params) and r.num_output_tokens >= (r.params.min_new_tokens or 0) for r in reqs
+        ):
+            ids = greedy if greedy is not None else logits.argmax(dim=-1)
+            return [SampledToken(t) for t in ids.tolist()]
+        result = self.sampler(logits, self._sampling_metadata(reqs))
+        return _to_tokens(result, reqs)
+
+
+def _kv_quantized(kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    return bool(kv_caches) and not kv_caches[0][0].is_floating_point()

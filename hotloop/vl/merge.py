@@ -1,0 +1,85 @@
+"""Image embeddings into a step's flat batch: encode what this step needs, merge at image tokens.
+
+A request's images are encoded when a step first covers any of their tokens (images of all the
+step's requests go through the encoder together) and kept on the request until every token of the
+image has been computed, so a chunked prefill that splits an image's tokens encodes it once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+from hotloop.vl.inputs import ImageInput
+
+
+class VisionLanguageModel(Protocol):
+    """What the runner needs of a model that takes images (see ``hotloop/models/llava.py``)."""
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def encode_images(self, pixel_values: Sequence[torch.Tensor]) -> list[torch.Tensor]: ...
+
+
+class Scheduled(Protocol):
+    """``engine.scheduler.ScheduledRequest`` as far as merging goes."""
+
+    request: Any
+    num_tokens: int
+    start: int
+
+
+def has_images(scheduled: Sequence[Scheduled]) -> bool:
+    return any(s.request.mm_inputs for s in scheduled)
+
+
+def _overlap(img: ImageInput, start: int, end: int) -> tuple[int, int] | None:
+    lo, hi = max(img.offset, start), min(img.end, end)
+    return (lo, hi) if lo < hi else None
+
+
+def encode_missing(model: VisionLanguageModel, scheduled: Sequence[Scheduled], max_batch: int = 16) -> None:
+    """Encode every image this step touches that the request has no embeddings for yet."""
+    todo: list[tuple[Any, int, ImageInput]] = []
+    for s in scheduled:
+        req = s.request
+        for i, img in enumerate(req.mm_inputs):
+            if i not in req.mm_embeds and _overlap(img, s.start, s.start + s.num_tokens):
+                todo.append((req, i, img))
+    for b in range(0, len(todo), max_batch):
+        chunk = todo[b : b + max_batch]
+        embeds = model.encode_images([img.pixel_values for _r, _i, img in chunk])
+        for (req, i, img), emb in zip(chunk, embeds, strict=True):
+            if emb.shape[0] != img.length:
+                raise ValueError(
+                    f"request {req.request_id}: image {i} gives {emb.shape[0]} embeddings for {img.length} tokens"
+                )
+            req.mm_embeds[i] = emb
+
+
+def merged_embeddings(
+    model: VisionLanguageModel,
+    scheduled: Sequence[Scheduled],
+    input_ids: torch.Tensor,
+    max_batch: int = 16,
+) -> torch.Tensor:
+    """``input_ids`` ``[T]`` (the step's tokens back to back) -> ``[T, hidden]`` with each image's
+    embeddings at its tokens. Frees the embeddings of images this step completes."""
+    encode_missing(model, scheduled, max_batch)
+    embeds = model.embed_input_ids(input_ids)
+    row = 0
+    for s in scheduled:
+        req, end = s.request, s.start + s.num_tokens
+        for i, img in enumerate(req.mm_inputs):
+            span = _overlap(img, s.start, end)
+            if span is None:
+                continue
+            lo, hi = span
+            src = req.mm_embeds[i][lo - img.offset : hi - img.offset]
+            embeds[row + lo - s.start : row + hi - s.start] = src.to(embeds.dtype)
+            if img.end <= end:
+                del req.mm_embeds[i]  # a preempted request re-encodes it on recompute
+        row += s.num_tokens
+    return embeds

@@ -1,0 +1,123 @@
+"""Per-model multimodal processors: images -> pixel tensors, and placeholder tokens -> image tokens.
+
+A prompt names where each image goes with the model's placeholder token (``<image>`` for LLaVA).
+``VLProcessor.expand`` swaps each placeholder for the tokens the image's embeddings will fill, as
+the model's transformers processor does, and returns one ``ImageInput`` per image.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hotloop.messages import RequestError
+from hotloop.vl.clip_preprocess import ClipImageConfig, preprocess_clip
+from hotloop.vl.image import DEFAULT_POLICY, ImageFetchPolicy, load_image
+from hotloop.vl.inputs import ImageInput, pixel_hash
+
+
+class VLProcessor:
+    """Base class: subclasses define ``preprocess`` and ``image_token_ids``."""
+
+    name = "vl"
+
+    def __init__(self, image_token_id: int, placeholder: str) -> None:
+        self.image_token_id = image_token_id
+        self.placeholder = placeholder
+
+    def preprocess(self, image: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """A ``PIL.Image`` -> (pixel values, extra facts for the encoder)."""
+        raise NotImplementedError
+
+    def image_token_ids(self, pixel_values: torch.Tensor, extra: dict[str, Any]) -> tuple[list[int], int]:
+        """The tokens that replace one placeholder, and the offset of the embedding span in them
+        (the span runs to the end unless a subclass wraps it in start/end tokens)."""
+        raise NotImplementedError
+
+    def expand(
+        self,
+        token_ids: Sequence[int],
+        images: Sequence[Any],
+        policy: ImageFetchPolicy = DEFAULT_POLICY,
+    ) -> tuple[list[int], list[ImageInput]]:
+        """Replace the i-th placeholder token with image i's tokens; load and preprocess the images."""
+        slots = [i for i, t in enumerate(token_ids) if t == self.image_token_id]
+        if len(slots) != len(images):
+            raise RequestError(
+                f"the prompt has {len(slots)} image placeholder(s) ({self.placeholder!r}) "
+                f"but {len(images)} image(s) were given",
+                param="images",
+            )
+        ids: list[int] = []
+        inputs: list[ImageInput] = []
+        prev = 0
+        for slot, image in zip(slots, images, strict=True):
+            ids.extend(token_ids[prev:slot])
+            pixels, extra = self.preprocess(load_image(image, policy))
+            tokens, span_start = self.image_token_ids(pixels, extra)
+            span_len = sum(1 for t in tokens[span_start:] if t == self.image_token_id)
+            inputs.append(
+                ImageInput(pixels, len(ids) + span_start, span_len, pixel_hash(pixels, self.name), extra)
+            )
+            ids.extend(tokens)
+            prev = slot + 1
+        ids.extend(token_ids[prev:])
+        return ids, inputs
+
+
+class LlavaProcessor(VLProcessor):
+    """LLaVA 1.5 (llava-hf): CLIP preprocessing, one token per kept vision feature."""
+
+    name = "llava"
+
+    def __init__(self, hf_config: Any, image_config: ClipImageConfig, placeholder: str) -> None:
+        super().__init__(int(hf_config.image_token_id), placeholder)
+        vc = hf_config.vision_config
+        self.image_config = image_config
+        side = int(vc.image_size) // int(vc.patch_size)
+        keep_cls = getattr(hf_config, "vision_feature_select_strategy", "default") == "full"
+        self.num_tokens = side * side + int(keep_cls)
+        height, width = image_config.output_size
+        if (height, width) != (int(vc.image_size), int(vc.image_size)):
+            raise ValueError(
+                f"the image processor makes {height}x{width} images but the vision tower takes "
+                f"{vc.image_size}x{vc.image_size}"
+            )
+
+    def preprocess(self, image: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        return preprocess_clip(image, self.image_config), {}
+
+    def image_token_ids(self, pixel_values: torch.Tensor, extra: dict[str, Any]) -> tuple[list[int], int]:
+        return [self.image_token_id] * self.num_tokens, 0
+
+
+def read_image_processor_config(model_path: str | Path) -> dict[str, Any]:
+    """The image processor's settings: ``preprocessor_config.json``, else the ``image_processor``
+    entry of ``processor_config.json`` (transformers 5 saves it there)."""
+    path = Path(model_path)
+    pre = path / "preprocessor_config.json"
+    if pre.is_file():
+        data: dict[str, Any] = json.loads(pre.read_text())
+        return data
+    proc = path / "processor_config.json"
+    if proc.is_file():
+        inner = json.loads(proc.read_text()).get("image_processor")
+        if isinstance(inner, dict):
+            return inner
+    raise FileNotFoundError(f"{path} has no preprocessor_config.json (the image processor's settings)")
+
+
+def build_vl_processor(model_path: str | Path, hf_config: Any, tokenizer: Any) -> VLProcessor | None:
+    """The processor for a vision-language model, or None for a text-only architecture."""
+    archs = getattr(hf_config, "architectures", None) or []
+    arch = archs[0] if archs else ""
+    if arch == "LlavaForConditionalGeneration":
+        token_id = int(hf_config.image_token_id)
+        placeholder = tokenizer.convert_ids_to_tokens(token_id)
+        image_config = ClipImageConfig.from_dict(read_image_processor_config(model_path))
+        return LlavaProcessor(hf_config, image_config, placeholder)
+    return None

@@ -1,0 +1,27 @@
+"""Helpers shared by the kernel tests: the interpreter marker, the error measure, the tolerances."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+# CPU tests under the interpreter: skipped where a GPU runs the real kernels instead.
+interpret = pytest.mark.skipif(
+    HAS_CUDA or not HAS_TRITON, reason="interpreter tests run on CPU-only machines"
+)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64; NaN anywhere fails."""
+    o, r = out.double(), ref.double()
+    assert not torch.isnan(o).any(), "NaN in the kernel output"
+    return float((o - r).norm() / r.norm().clamp_min(1e-12))
+
+
+# bf16 operands land between 1e-3 and 1e-2; float32 through tf32 dots near 3e-4.
+TOL = {torch.float32: 2e-3, torch.float16: 4e-3, torch.bfloat16: 1.6e-2}

@@ -1,0 +1,90 @@
+"""Capacity planner: the brief's worked example, KV bytes from the architecture, and agreement with
+the engine's own block sizing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hotloop.cli import plan as plan_cli
+from hotloop.config import ModelConfig
+from hotloop.executor.kv_cache import block_bytes
+from hotloop.plan.capacity import GIB, PlanInput, kv_bytes_per_token, plan, sweep, weight_bytes
+from hotloop.plan.presets import PRESETS, load_shape
+
+
+def test_brief_worked_example_table() -> None:
+    """The brief: ~16 / ~30 / ~60 / ~120 concurrent 32k requests on an 80 GB GPU."""
+    shape = PRESETS["brief-20b"]
+    assert kv_bytes_per_token(shape, 16) == 64 * 1024
+    assert 19.5e9 < shape.num_params < 20.5e9
+    base = PlanInput(gpu_mem_gib=80, session_len=32768)
+    rows = {(p.inputs.weight_format, p.inputs.kv_bits): p for p in sweep(shape, base)}
+    assert 36 < rows["bf16", 16].weight_bytes / GIB < 40
+    assert 10 < rows["awq", 16].weight_bytes / GIB < 12
+    assert rows["bf16", 16].max_sequences in range(15, 19)
+    assert rows["awq", 16].max_sequences in range(28, 32)
+    assert rows["awq", 8].max_sequences in range(56, 62)
+    cached = plan(shape, PlanInput(weight_format="awq", kv_bits=8, prefix_hit_rate=0.5))
+    assert cached.max_sequences in range(110, 125)
+
+
+def test_kv_bytes_per_token_formula() -> None:
+    s = PRESETS["llama-3-8b"]
+    assert kv_bytes_per_token(s, 16) == 32 * 8 * 128 * 2 * 2
+    assert kv_bytes_per_token(s, 8) == 2 * 32 * 8 * (128 + 4)
+    assert kv_bytes_per_token(s, 4) == 2 * 32 * 8 * (64 + 4)
+    assert kv_bytes_per_token(s, 16, tp=2) * 2 == kv_bytes_per_token(s, 16)
+    one_kv = PRESETS["smollm2-135m"]  # 3 KV heads: tp 4 keeps a copy on each rank
+    assert kv_bytes_per_token(one_kv, 16, tp=4) == 2 * 30 * 1 * 64 * 2
+    assert weight_bytes(s, "awq") < weight_bytes(s, "bf16") / 2.5
+
+
+def test_prefix_sharing_and_limits() -> None:
+    s = PRESETS["llama-3-8b"]
+    cold = plan(s, PlanInput(session_len=4096))
+    warm = plan(s, PlanInput(session_len=4096, prefix_hit_rate=0.75))
+    assert warm.shared_blocks == 48 and warm.blocks_per_sequence == 16
+    assert warm.max_sequences == (warm.num_blocks - 48) // 16 > 3 * cold.max_sequences
+    tiny = plan(s, PlanInput(gpu_mem_gib=16, session_len=4096))
+    assert tiny.max_sequences == 0  # the weights do not leave room for one sequence
+    with pytest.raises(ValueError, match="kv_bits"):
+        PlanInput(kv_bits=2)
+
+
+def test_planner_blocks_use_the_engines_block_bytes(tmp_path: Path) -> None:
+    cfg = dict(
+        architectures=["Qwen3ForCausalLM"],
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_hidden_layers=3,
+        intermediate_size=128,
+        vocab_size=384,
+    )
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    shape = load_shape(str(tmp_path))
+    mc = ModelConfig(str(tmp_path), "Qwen3ForCausalLM", None, 3, 2, 32, 384, 256, "bfloat16")
+    for bits, policy in ((16, 0), (8, 8), (4, 4)):
+        assert kv_bytes_per_token(shape, bits) * 64 == block_bytes(mc, 64, torch.bfloat16, policy)
+
+
+def test_cli_sweep_json_and_target(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    plan_cli.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        ["plan", "internlm2.5-20b", "--sweep", "--session-len", "16384", "--target", "200", "--json"]
+    )
+    assert args.func(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 6 and rows[0]["kv_bytes_per_token"] == 196608
+    args = parser.parse_args(["plan", "llama-3-70b", "--session-len", "16384", "--target", "200"])
+    assert args.func(args) == 3  # bf16 weights and fp16 KV: 200 do not fit on one node
+    assert "no" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="neither a preset"):
+        load_shape("no-such-model")

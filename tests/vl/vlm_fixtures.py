@@ -1,0 +1,159 @@
+"""Fixtures for vision-language tests (imported by tests/vl/conftest.py and tests/models/test_vlm_*.py):
+real images (drawn with PIL, and PyPI llama-models' JPEG) and tiny random LLaVA checkpoints saved by
+transformers with a processor alongside."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+IMAGE_TOKEN = "<image>"
+PASTA = "resources/pasta.jpeg"
+
+
+def drawn_image(width: int, height: int, seed: int, mode: str = "RGB") -> Any:
+    """A PIL image with shapes and a gradient, so resizing and cropping matter."""
+    from PIL import Image, ImageDraw
+
+    g = torch.Generator().manual_seed(seed)
+    img = Image.new("RGB", (width, height))
+    px = img.load()
+    assert px is not None
+    for y in range(height):
+        for x in range(width):
+            px[x, y] = (x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), (x * y + seed * 37) % 256)
+    draw = ImageDraw.Draw(img)
+    for _ in range(6):
+        x0, y0 = int(torch.randint(0, width, (1,), generator=g)), int(torch.randint(0, height, (1,), generator=g))
+        x1, y1 = x0 + width // 3, y0 + height // 4
+        color = tuple(int(c) for c in torch.randint(0, 256, (3,), generator=g))
+        draw.ellipse((x0, y0, x1, y1), fill=color)
+    if mode == "RGBA":
+        img = img.convert("RGBA")
+        img.putalpha(Image.linear_gradient("L").resize((width, height)))
+    elif mode != "RGB":
+        img = img.convert(mode)
+    return img
+
+
+def _pasta_bytes() -> bytes | None:
+    spec = importlib.util.find_spec("llama_models")  # installed with --no-deps: only its files are read
+    if spec is not None and spec.submodule_search_locations:
+        f = Path(list(spec.submodule_search_locations)[0]) / PASTA
+        if f.is_file():
+            return f.read_bytes()
+    dirs = [os.environ.get("HOTLOOP_TEST_WHEELS", ""), str(Path.home() / ".cache" / "hotloop-wheels"), "/tmp"]
+    for d in filter(None, dirs):
+        for wheel in sorted(Path(d).rglob("llama_models-*.whl")) if Path(d).is_dir() else []:
+            with zipfile.ZipFile(wheel) as z:
+                for name in z.namelist():
+                    if name.endswith(PASTA):
+                        return z.read(name)
+    return None
+
+
+@pytest.fixture(scope="session")
+def pasta_image() -> Any:
+    """``resources/pasta.jpeg`` from PyPI llama-models (``pip install --no-deps llama-models`` or
+    ``pip download --no-deps llama-models -d $HOTLOOP_TEST_WHEELS``); skips when absent."""
+    data = _pasta_bytes()
+    if data is None:
+        pytest.skip("llama-models (resources/pasta.jpeg) is not available")
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data))
+
+
+@pytest.fixture(scope="session")
+def images(pasta_image: Any) -> list[Any]:
+    """Real and drawn images of several sizes, aspect ratios and modes."""
+    return [
+        pasta_image,
+        drawn_image(48, 36, 1),
+        drawn_image(30, 80, 2),
+        drawn_image(97, 41, 3, "RGBA"),
+        drawn_image(20, 25, 4, "L"),  # smaller than the crop after resize? no: resized up first
+    ]
+
+
+LLAVA_VARIANTS: dict[str, dict[str, Any]] = {
+    "default": dict(vision_feature_layer=-2, vision_feature_select_strategy="default"),
+    "full_multilayer": dict(vision_feature_layer=[-3, -1], vision_feature_select_strategy="full"),
+}
+
+
+@pytest.fixture(scope="session")
+def make_tiny_llava(
+    tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path
+) -> Callable[[str], Path]:
+    made: dict[str, Path] = {}
+
+    def make(variant: str) -> Path:
+        if variant in made:
+            return made[variant]
+        from transformers import (
+            AutoTokenizer,
+            CLIPImageProcessor,
+            CLIPVisionConfig,
+            LlamaConfig,
+            LlavaConfig,
+            LlavaForConditionalGeneration,
+            LlavaProcessor,
+        )
+
+        spec = LLAVA_VARIANTS[variant]
+        vision = CLIPVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            image_size=30,
+            patch_size=6,
+            projection_dim=32,
+        )
+        tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+        tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+        image_token_id = tok.convert_tokens_to_ids(IMAGE_TOKEN)
+        text = LlamaConfig(
+            vocab_size=len(tok) + 15,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            rms_norm_eps=1e-6,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+        cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_token_id, **spec)
+        torch.manual_seed(4321)
+        model = LlavaForConditionalGeneration(cfg).to(torch.float32)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() > 1:
+                    p.normal_(0, 0.08)
+        out = tmp_path_factory.mktemp(f"llava-{variant}")
+        model.save_pretrained(str(out))
+        image_processor = CLIPImageProcessor(size={"shortest_edge": 34}, crop_size={"height": 30, "width": 30})
+        processor = LlavaProcessor(
+            image_processor=image_processor,
+            tokenizer=tok,
+            patch_size=6,
+            vision_feature_select_strategy=spec["vision_feature_select_strategy"],
+            num_additional_image_tokens=1,
+        )
+        processor.save_pretrained(str(out))
+        made[variant] = out
+        return out
+
+    return make
