@@ -16,11 +16,15 @@ from hotloop.config import EngineConfig
 from hotloop.engine.outputs import RequestOutput
 from hotloop.messages import GenerationConfig, RequestError, Response
 from hotloop.utils.logging import get_logger
+from hotloop.vl.image import DEFAULT_POLICY, ImageFetchPolicy
+from hotloop.vl.inputs import ImageInput
+from hotloop.vl.processor import build_vl_processor
+from hotloop.vl.prompt import VLPrompt, attach_images, is_vl_prompt, messages_have_images, to_vl_prompt
 
 logger = get_logger(__name__)
 
 Message = dict[str, Any]
-Prompt = str | list[Message]
+Prompt = str | list[Message] | VLPrompt
 
 
 @dataclass
@@ -45,6 +49,7 @@ class Pipeline:
         backend_config: EngineConfig | None = None,
         chat_template: str | None = None,
         log_level: str | None = None,
+        image_fetch_policy: ImageFetchPolicy | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -56,6 +61,11 @@ class Pipeline:
         self._built: BuiltEngine | None = build_engine(model_path, backend_config)
         self.tokenizer = self._built.tokenizer
         self.chat_template = chat_template
+        # Vision-language models: the processor that turns images into pixels and image tokens.
+        self.vl = build_vl_processor(
+            self._built.model_path, self._built.model_config.hf_config, self.tokenizer
+        )
+        self.image_fetch_policy = image_fetch_policy or DEFAULT_POLICY
         self._ids = itertools.count()
         self._session_ids = itertools.count(1)
 
@@ -94,15 +104,36 @@ class Pipeline:
         )
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def encode_with_images(
+        self, prompt: Prompt, do_preprocess: bool = True
+    ) -> tuple[list[int], list[ImageInput]]:
+        """Token ids and the images they hold (loaded, preprocessed, placeholders expanded)."""
+        if isinstance(prompt, list) and messages_have_images(prompt):
+            prompt = VLPrompt(prompt, [])
+        if isinstance(prompt, VLPrompt) and not prompt.images and isinstance(prompt.prompt, str):
+            prompt = prompt.prompt
+        if not isinstance(prompt, VLPrompt):
+            ids = self.encode(prompt, do_preprocess)
+            return self.vl.expand(ids, [], self.image_fetch_policy) if self.vl else (ids, [])
+        if self.vl is None:
+            raise RequestError(
+                f"this model ({self.built.model_config.architecture}) does not take images", "images"
+            )
+        text, images = attach_images(prompt, self.vl.placeholder)
+        return self.vl.expand(self.encode(text, do_preprocess), images, self.image_fetch_policy)
+
     @property
     def has_chat_template(self) -> bool:
         return bool(self.chat_template or getattr(self.tokenizer, "chat_template", None))
 
     @staticmethod
-    def _normalize(prompts: Any) -> tuple[list[Prompt], bool]:
-        """-> (list of prompts, whether the input was a single prompt)."""
+    def _normalize(prompts: Any, vl: bool = False) -> tuple[list[Prompt], bool]:
+        """-> (list of prompts, whether the input was a single prompt). With ``vl`` (a model that
+        takes images) ``("text", "path-or-url")`` is a prompt with an image, not two prompts."""
         if isinstance(prompts, str):
             return [prompts], True
+        if is_vl_prompt(prompts, vl):
+            return [to_vl_prompt(prompts)], True
         if isinstance(prompts, list) and prompts and all(isinstance(m, dict) for m in prompts):
             return [prompts], True
         if isinstance(prompts, (list, tuple)):
@@ -110,6 +141,9 @@ class Pipeline:
             for p in prompts:
                 if isinstance(p, (list, tuple)) and len(p) == 1 and isinstance(p[0], str):
                     p = p[0]  # LMDeploy accepts [["text"], ...]
+                if is_vl_prompt(p, vl):
+                    out.append(to_vl_prompt(p))
+                    continue
                 if not isinstance(p, (str, list)):
                     raise RequestError(f"unsupported prompt type {type(p).__name__}", "prompts")
                 out.append(p if isinstance(p, str) else list(p))
@@ -121,17 +155,20 @@ class Pipeline:
         self, prompts: Sequence[Prompt], gen_config: GenerationConfig, do_preprocess: bool
     ) -> list[tuple[int, int, str, list[int]]]:
         """Encode and validate everything first, then submit: a bad prompt submits nothing."""
-        encoded = [self.encode(p, do_preprocess) for p in prompts]
-        for ids in encoded:
+        encoded = [self.encode_with_images(p, do_preprocess) for p in prompts]
+        for ids, _mm in encoded:
             self.engine.validate(ids, gen_config)
         subs = []
-        for i, ids in enumerate(encoded):
+        for i, (ids, mm) in enumerate(encoded):
             for j in range(gen_config.n):
                 params = gen_config
                 if gen_config.random_seed is not None and j > 0:
                     params = gen_config.replace(random_seed=gen_config.random_seed + j)
                 rid = f"pipe-{next(self._ids)}"
-                self.engine.add_request(rid, ids, params)
+                if mm:
+                    self.engine.add_request(rid, ids, params, mm_inputs=mm)
+                else:
+                    self.engine.add_request(rid, ids, params)
                 subs.append((i, j, rid, ids))
         return subs
 
@@ -164,7 +201,7 @@ class Pipeline:
         With ``gen_config.n > 1`` each prompt gives a list of ``n`` responses.
         """
         gen_config = gen_config or config or GenerationConfig()
-        items, single = self._normalize(prompts)
+        items, single = self._normalize(prompts, self.vl is not None)
         subs = self._submit(items, gen_config, do_preprocess)
         by_id = {rid: (i, j, ids) for i, j, rid, ids in subs}
         acc: dict[str, Response] = {
@@ -183,7 +220,7 @@ class Pipeline:
     ) -> Iterator[Response]:
         """Yield incremental responses (new text and token ids); ``index`` says which prompt."""
         gen_config = gen_config or GenerationConfig()
-        items, _single = self._normalize(prompts)
+        items, _single = self._normalize(prompts, self.vl is not None)
         subs = self._submit(items, gen_config, do_preprocess)
         by_id = {rid: (i, ids) for i, _j, rid, ids in subs}
         for o in self._run(set(by_id)):

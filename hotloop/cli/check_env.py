@@ -9,7 +9,7 @@ import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check_env", help="print versions, devices and the default model's cache")
+    p = sub.add_parser("check_env", help="versions, devices, default model cache")
     p.set_defaults(func=run)
 
 

@@ -3,25 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from hotloop import __version__
 
+# Each module has add_parser(subparsers); imports stay light until a command runs.
+_SUBCOMMANDS = ["serve", "chat", "lite", "bench", "plan", "check_env"]
+
 
 def build_parser() -> argparse.ArgumentParser:
-    from hotloop.cli import chat, check_env
-
     parser = argparse.ArgumentParser(prog="hotloop", description="hotloop: serve and run LLMs.")
     parser.add_argument("--version", action="version", version=f"hotloop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    chat.add_parser(sub)
-    check_env.add_parser(sub)
-    try:
-        from hotloop.cli import serve
-    except ImportError:  # the server's optional pieces are missing
-        pass
-    else:
-        serve.add_parser(sub)
+    for name in _SUBCOMMANDS:
+        module = importlib.import_module(f"hotloop.cli.{name}")
+        module.add_parser(sub)
     return parser
 
 

@@ -8,6 +8,8 @@ the sampler is skipped; one device-to-host copy of the chosen ids ends the step.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from hotloop.engine.outputs import SampledToken
@@ -53,6 +55,7 @@ class GpuModelRunner(ModelRunner):
             self.graphs = DecodeGraphs(model, kv_caches, self.buffers, max_batch_size)
         self.num_graph_steps = 0
         self.num_eager_steps = 0
+        self.wait_s = 0.0  # host time spent waiting for the sampled ids (the GPU's share of a step)
 
     def prepare(
         self, out: SchedulerOutput
@@ -81,7 +84,7 @@ class GpuModelRunner(ModelRunner):
             return self._sample(logits[:b], greedy[:b], reqs)
         self.num_eager_steps += 1
         ids, pos, meta, rows = self.prepare(out)
-        hidden = self.model(ids, pos, self.kv_caches, meta)
+        hidden = self.model(ids, pos, self.kv_caches, meta, **self.multimodal_kwargs(out, ids))
         if not reqs:
             return []
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
@@ -94,8 +97,14 @@ class GpuModelRunner(ModelRunner):
             _plain_greedy(r.params) and r.num_output_tokens >= (r.params.min_new_tokens or 0) for r in reqs
         ):
             ids = greedy if greedy is not None else logits.argmax(dim=-1)
-            return [SampledToken(t) for t in ids.tolist()]
+            t0 = time.perf_counter()
+            token_ids = ids.tolist()
+            self.wait_s += time.perf_counter() - t0
+            return [SampledToken(t) for t in token_ids]
         result = self.sampler(logits, self._sampling_metadata(reqs))
+        t0 = time.perf_counter()
+        result.token_ids.cpu()
+        self.wait_s += time.perf_counter() - t0
         return _to_tokens(result, reqs)
 
 

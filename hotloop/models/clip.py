@@ -51,7 +51,9 @@ class ClipEmbeddings(nn.Module):
         x = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))
         x = x.flatten(2).transpose(1, 2)  # [B, patches, dim]
         if x.shape[1] != self.num_patches:
-            raise ValueError(f"the image gives {x.shape[1]} patches; the vision tower takes {self.num_patches}")
+            raise ValueError(
+                f"the image gives {x.shape[1]} patches; the vision tower takes {self.num_patches}"
+            )
         cls = self.class_embedding.expand(x.shape[0], 1, -1)
         return torch.cat([cls, x], dim=1) + self.position_embedding.weight[None]
 
@@ -73,7 +75,9 @@ class ClipAttention(nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:  # [B, N, dim] -> [B, heads, N, head_dim]
             return t.view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
 
-        o = F.scaled_dot_product_attention(heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)))
+        o = F.scaled_dot_product_attention(
+            heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        )
         return self.out_proj(o.transpose(1, 2).reshape(B, N, -1))
 
 

@@ -128,7 +128,9 @@ class LlavaForConditionalGeneration(nn.Module):
             if name.startswith("language_model."):
                 text.append((name[len("language_model.") :], tensor))
                 continue
-            if name.startswith("vision_tower.") and self.vision_tower.skips_weight(name[len("vision_tower.") :]):
+            if name.startswith("vision_tower.") and self.vision_tower.skips_weight(
+                name[len("vision_tower.") :]
+            ):
                 continue
             if name.endswith("position_ids"):
                 continue

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hotloop.models.gguf_convert import FORMAT_VERSION, convert_gguf, read_marker, source_fingerprint
+from hotloop.models.presets import is_preset, preset_dir
 from hotloop.utils.env import cache_dir
 from hotloop.utils.logging import get_logger
 
@@ -150,12 +151,16 @@ def resolve_model_path(model: str | None, progress: bool = True) -> Path:
     - a ``.gguf`` file: converted once into ``<cache>/converted/<stem>-<hash>`` and reused.
     - a folder with ``config.json``: the folder itself.
     - a folder with exactly one ``.gguf`` file: that file, as above.
+    - a preset name (``llama3-8b``, ``qwen2.5-7b``, ``smollm2-135m``): config and tokenizer only,
+      for ``load_format='dummy'`` (see :mod:`hotloop.models.presets`).
 
     Anything else raises :class:`ModelNotFoundError` saying what was expected.
     """
     if model is None or model == "":
         return _default_model(progress)
     path = Path(model).expanduser().absolute()
+    if is_preset(model) and not path.exists():
+        return preset_dir(model)
     if path.is_dir():
         return _from_folder(path, progress)
     if path.is_file():

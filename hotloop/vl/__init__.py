@@ -11,4 +11,11 @@ from hotloop.vl.image import ImageFetchPolicy, ImageLoadError, load_image
 from hotloop.vl.inputs import ImageInput
 from hotloop.vl.processor import VLProcessor, build_vl_processor
 
-__all__ = ["ImageFetchPolicy", "ImageInput", "ImageLoadError", "VLProcessor", "build_vl_processor", "load_image"]
+__all__ = [
+    "ImageFetchPolicy",
+    "ImageInput",
+    "ImageLoadError",
+    "VLProcessor",
+    "build_vl_processor",
+    "load_image",
+]

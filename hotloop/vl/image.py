@@ -78,7 +78,9 @@ def load_image(source: Any, policy: ImageFetchPolicy = DEFAULT_POLICY) -> Any:
     if scheme == "file":
         source = urllib.request.url2pathname(urllib.parse.urlsplit(source).path)
     elif scheme and len(scheme) > 1:  # "c:" is a Windows drive, not a scheme
-        raise ImageLoadError(f"image URL scheme {scheme!r} is not supported (use http, https, data or a path)")
+        raise ImageLoadError(
+            f"image URL scheme {scheme!r} is not supported (use http, https, data or a path)"
+        )
     if not policy.allow_local_files:
         raise ImageLoadError("local image paths are not accepted here; send the image as a URL or base64")
     try:

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from vlm_fixtures import images, make_tiny_llava, pasta_image
+from vlm_fixtures import hf_llava_greedy, images, make_tiny_llava, pasta_image
 
-__all__ = ["images", "make_tiny_llava", "pasta_image"]
+__all__ = ["hf_llava_greedy", "images", "make_tiny_llava", "pasta_image"]

@@ -29,10 +29,17 @@ def drawn_image(width: int, height: int, seed: int, mode: str = "RGB") -> Any:
     assert px is not None
     for y in range(height):
         for x in range(width):
-            px[x, y] = (x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), (x * y + seed * 37) % 256)
+            px[x, y] = (
+                x * 255 // max(width - 1, 1),
+                y * 255 // max(height - 1, 1),
+                (x * y + seed * 37) % 256,
+            )
     draw = ImageDraw.Draw(img)
     for _ in range(6):
-        x0, y0 = int(torch.randint(0, width, (1,), generator=g)), int(torch.randint(0, height, (1,), generator=g))
+        x0, y0 = (
+            int(torch.randint(0, width, (1,), generator=g)),
+            int(torch.randint(0, height, (1,), generator=g)),
+        )
         x1, y1 = x0 + width // 3, y0 + height // 4
         color = tuple(int(c) for c in torch.randint(0, 256, (3,), generator=g))
         draw.ellipse((x0, y0, x1, y1), fill=color)
@@ -144,7 +151,9 @@ def make_tiny_llava(
                     p.normal_(0, 0.08)
         out = tmp_path_factory.mktemp(f"llava-{variant}")
         model.save_pretrained(str(out))
-        image_processor = CLIPImageProcessor(size={"shortest_edge": 34}, crop_size={"height": 30, "width": 30})
+        image_processor = CLIPImageProcessor(
+            size={"shortest_edge": 34}, crop_size={"height": 30, "width": 30}
+        )
         processor = LlavaProcessor(
             image_processor=image_processor,
             tokenizer=tok,
@@ -157,3 +166,22 @@ def make_tiny_llava(
         return out
 
     return make
+
+
+def hf_llava_greedy(
+    path: Path, prompts: list[tuple[str, list[Any]]], max_new: int
+) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, greedy tokens) from transformers for each (text, images), one at a time."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(str(path))
+    model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    outs = []
+    with torch.no_grad():
+        for text, imgs in prompts:
+            inputs = processor(text=text, images=imgs or None, return_tensors="pt")
+            g = model.generate(**inputs, max_new_tokens=max_new, do_sample=False, pad_token_id=0)
+            ids = inputs["input_ids"][0].tolist()
+            outs.append((ids, g[0, len(ids) :].tolist()))
+    return outs

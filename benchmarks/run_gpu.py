@@ -1,0 +1,174 @@
+"""The issue-4 table on one GPU, in one call: hotloop's offline benchmarks, the transformers baseline on
+the same workloads, the ceilings measured now and the floors they imply.
+
+    PYTHONPATH=$PWD python3 benchmarks/run_gpu.py --out $OUT            # the whole table
+    PYTHONPATH=$PWD python3 benchmarks/run_gpu.py --out $OUT --quick    # small sizes (smoke test)
+
+Each run is its own process (the engine takes most of the GPU's memory for KV blocks). Prints a table
+last and writes ``gpu_table.json`` (plus each run's JSON and log) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# Llama-3-8B bf16: weights read per decode step (all but the embedding table), KV bytes per token.
+LLAMA3_8B_WEIGHT_BYTES = 15.0e9
+LLAMA3_8B_KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+LLAMA3_8B_FLOP_PER_TOKEN = 16e9
+SMOLLM2_WEIGHT_BYTES = 0.27e9
+ENV = {**os.environ, "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}
+
+
+def measure_ceilings() -> dict[str, float]:
+    import torch
+
+    x = torch.randn(2**30 // 2, dtype=torch.bfloat16, device="cuda")  # 1 GiB
+    y = torch.empty_like(x)
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+
+    def timed(fn: Any, n: int) -> float:
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(n):
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return sorted(times)[len(times) // 2]
+
+    t_copy = timed(lambda: y.copy_(x), 20)
+    t_mm = timed(lambda: a @ b, 20)
+    out = {"copy_GBps": 2 * x.numel() * 2 / t_copy / 1e9, "bf16_matmul_TFLOPs": 2 * 8192**3 / t_mm / 1e12}
+    return out
+
+
+def run(name: str, cmd: list[str], out: Path, timeout: int) -> dict[str, Any] | None:
+    js = out / f"{name}.json"
+    log = out / f"{name}.log"
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=ENV, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = -9
+    took = time.perf_counter() - t0
+    print(f"[{name}] rc={rc} in {took:.0f} s", flush=True)
+    if rc != 0 or not js.exists():
+        print(log.read_text()[-3000:], flush=True)
+        return None
+    return json.loads(js.read_text())
+
+
+def hotloop_cmd(kind: str, model: str, out: Path, name: str, *args: str) -> list[str]:
+    return [
+        sys.executable, "-m", "hotloop.bench.offline", kind, "--model", model, "--load-format", "dummy",
+        "--dtype", "bfloat16", "--output-json", str(out / f"{name}.json"), *args,
+    ]  # fmt: skip
+
+
+def hf_cmd(model: str, out: Path, name: str, batch: int, inp: int, outp: int) -> list[str]:
+    return [
+        sys.executable, str(Path(__file__).with_name("hf_baseline.py")), "--model", model,
+        "--batch-size", str(batch), "--input-len", str(inp), "--output-len", str(outp),
+        "--output-json", str(out / f"{name}.json"),
+    ]  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    ap.add_argument("--quick", action="store_true", help="small sizes: a smoke test of the whole script")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--only", default=None, help="comma-separated row names")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    q = args.quick
+    import torch
+
+    ceil = measure_ceilings()
+    torch.cuda.empty_cache()
+    bw = ceil["copy_GBps"] * 1e9
+    fl = ceil["bf16_matmul_TFLOPs"] * 1e12
+    print(
+        f"ceilings now: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s"
+    )
+    gp = ["--session-len", "2048", "--max-batch-size", "8"]
+    n_req = 64 if q else 1000
+    b256_ctx = 1024
+    rows: dict[str, Any] = {}
+    plan = {
+        "llama3_bs1": (hotloop_cmd("latency", "llama3-8b", out, "llama3_bs1", "--batch-size", "1", "--input-len", "128",
+                                   "--output-len", "128" if q else "512", "--num-iters", "2" if q else "3", *gp), 300),
+        "smollm2_bs1": (hotloop_cmd("latency", "smollm2-135m", out, "smollm2_bs1", "--batch-size", "1", "--input-len",
+                                    "128", "--output-len", "512", "--num-iters", "3", *gp), 200),
+        "llama3_b256_1k": (hotloop_cmd("latency", "llama3-8b", out, "llama3_b256_1k", "--batch-size", "256",
+                                       "--input-len", str(b256_ctx), "--output-len", "32", "--num-iters", "1",
+                                       "--session-len", "2048", "--max-batch-size", "256",
+                                       "--max-prefill-token-num", "16384"), 300),
+        "llama3_offline": (hotloop_cmd("throughput", "llama3-8b", out, "llama3_offline", "--num-prompts", str(n_req),
+                                       "--input-len", "1024", "--output-len", "256" if q else "1024",
+                                       "--session-len", "2048", "--max-batch-size", "256",
+                                       "--max-prefill-token-num", "16384"), 500),
+    }  # fmt: skip
+    if not args.skip_hf:
+        plan["hf_llama3_bs1"] = (hf_cmd("llama3-8b", out, "hf_llama3_bs1", 1, 128, 64 if q else 256), 300)
+        plan["hf_smollm2_bs1"] = (hf_cmd("smollm2-135m", out, "hf_smollm2_bs1", 1, 128, 512), 200)
+        plan["hf_llama3_b64"] = (hf_cmd("llama3-8b", out, "hf_llama3_b64", 64, 512, 64 if q else 256), 300)
+    only = set(args.only.split(",")) if args.only else None
+    for name, (cmd, timeout) in plan.items():
+        if only is None or name in only:
+            rows[name] = run(name, cmd, out, timeout)
+
+    def get(name: str, key: str) -> float | None:
+        r = rows.get(name)
+        return None if r is None else r.get(key)
+
+    floor_bs1 = LLAMA3_8B_WEIGHT_BYTES / bw  # s per step
+    kv256 = 256 * (b256_ctx + 16) * LLAMA3_8B_KV_BYTES_PER_TOKEN
+    floor_b256 = max((LLAMA3_8B_WEIGHT_BYTES + kv256) / bw, 256 * LLAMA3_8B_FLOP_PER_TOKEN / fl)
+    table = [
+        ("Llama-3-8B bs1 128/512 tok/s", get("llama3_bs1", "decode_tokens_per_s"), 1 / floor_bs1, ">= 254",
+         get("hf_llama3_bs1", "output_tokens_per_s"), 200),
+        ("SmolLM2-135M bs1 128/512 tok/s", get("smollm2_bs1", "decode_tokens_per_s"), 1 / (SMOLLM2_WEIGHT_BYTES / bw),
+         ">= 2500", get("hf_smollm2_bs1", "output_tokens_per_s"), 586),
+        (f"Llama-3-8B offline {n_req}x1024/{256 if q else 1024} out tok/s", get("llama3_offline", "output_tokens_per_s"),
+         None, ">= 10000", get("hf_llama3_b64", "output_tokens_per_s"), 8235),
+        ("Llama-3-8B decode step b256 1k ctx ms", get("llama3_b256_1k", "decode_ms_p50"), floor_b256 * 1e3,
+         f"<= {1.3 * floor_b256 * 1e3:.1f}", None, None),
+        ("host ms per decode step b256", get("llama3_b256_1k", "host_ms_per_step_p50"), None, "<= 1", None, None),
+    ]  # fmt: skip
+    result = {"ceilings": ceil, "runs": rows, "table": [dict(zip(
+        ("row", "hotloop", "floor", "target", "transformers", "vllm"), t, strict=True)) for t in table]}  # fmt: skip
+    (out / "gpu_table.json").write_text(json.dumps(result, indent=2))
+
+    def fmt(x: float | None, nd: int = 1) -> str:
+        return "-" if x is None else f"{x:,.{nd}f}"
+
+    print(
+        f"\n{'workload':46} {'hotloop':>10} {'floor':>10} {'of floor':>9} {'target':>10} {'HF':>8} {'vLLM':>7}"
+    )
+    for label, val, floor, target, hf, vllm in table:
+        frac = "-"
+        if val is not None and floor:
+            frac = f"{(val / floor if 'tok/s' in label else floor / val):.0%}"
+        print(
+            f"{label:46} {fmt(val):>10} {fmt(floor):>10} {frac:>9} {target:>10} {fmt(hf):>8} {fmt(vllm, 0):>7}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,234 @@
+"""``hotloop bench throughput`` and ``hotloop bench latency``: offline benchmarks of the engine itself.
+
+throughput: N requests of random token ids (fixed or random lengths), all queued at once, EOS ignored;
+reports output tokens/s and requests/s. latency: one batch of B requests of I prompt tokens and O
+output tokens, repeated; reports the prefill time, ms per decode step (p50/p99) and tokens/s. Both
+print a summary and write JSON with ``--output-json``. Timings read a host clock after each engine
+step, which ends with the sampled ids copied to the host, so they include all GPU work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from typing import Any
+
+from hotloop.cli.engine_args import add_engine_args, engine_config_from_args
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", default=None, help="model folder, .gguf, or a preset (llama3-8b, qwen2.5-7b, smollm2-135m)"
+    )
+    p.add_argument("--prompt-seed", type=int, default=0, dest="bench_seed", help="seed of the random prompts")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sampled")
+    p.add_argument("--output-json", default=None, help="write the results here")
+    add_engine_args(p)
+
+
+def add_throughput_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "throughput",
+        help="offline throughput: N requests at once, output tokens/s",
+        description="Queue N requests of random token ids at once (EOS ignored) and time until all finish.",
+    )
+    p.add_argument("--num-prompts", type=int, default=1000)
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=1024)
+    p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [L*(1-r), L*(1+r)]")
+    _common(p)
+    p.set_defaults(func=run_throughput)
+    return p
+
+
+def add_latency_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "latency",
+        help="batch latency: ms per decode step and tokens/s",
+        description="Run one batch of B requests (I prompt tokens, O output tokens) several times.",
+    )
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=512)
+    p.add_argument("--num-iters", type=int, default=3)
+    p.add_argument("--num-iters-warmup", type=int, default=1)
+    _common(p)
+    p.set_defaults(func=run_latency)
+    return p
+
+
+def _engine(args: argparse.Namespace) -> Any:
+    from hotloop.api.build import build_engine
+
+    t0 = time.perf_counter()
+    built = build_engine(args.model, engine_config_from_args(args))
+    return built, time.perf_counter() - t0
+
+
+def _params(args: argparse.Namespace, out_len: int) -> Any:
+    from hotloop.messages import GenerationConfig
+
+    return GenerationConfig(max_new_tokens=out_len, ignore_eos=True, temperature=args.temperature)
+
+
+def _prompt(rng: random.Random, vocab: int, n: int) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(n)]
+
+
+def _lengths(rng: random.Random, base: int, ratio: float, n: int) -> list[int]:
+    if ratio <= 0:
+        return [base] * n
+    lo, hi = max(1, int(base * (1 - ratio))), max(1, int(base * (1 + ratio)))
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+def _runner_stats(engine: Any) -> dict[str, Any]:
+    runner = getattr(engine.executor, "runner", None)
+    return {
+        "graph_steps": getattr(runner, "num_graph_steps", None),
+        "eager_steps": getattr(runner, "num_eager_steps", None),
+        "wait_s": getattr(runner, "wait_s", None),
+    }
+
+
+def _emit(result: dict[str, Any], path: str | None) -> None:
+    print(json.dumps(result, indent=2))
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+def run_throughput(args: argparse.Namespace) -> int:
+    built, load_s = _engine(args)
+    engine = built.engine
+    rng = random.Random(args.bench_seed)
+    vocab = built.model_config.vocab_size
+    ins = _lengths(rng, args.input_len, args.range_ratio, args.num_prompts)
+    outs = _lengths(rng, args.output_len, args.range_ratio, args.num_prompts)
+    prompts = [_prompt(rng, vocab, n) for n in ins]
+    # warm-up: one short request, so kernel compilation stays out of the timing
+    engine.add_request("warmup", prompts[0][:16], _params(args, 4))
+    while engine.has_unfinished():
+        engine.step()
+    t0 = time.perf_counter()
+    for i, (p, o) in enumerate(zip(prompts, outs, strict=True)):
+        engine.add_request(str(i), p, _params(args, o))
+    steps = 0
+    generated = 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            generated += len(out.new_token_ids)
+        steps += 1
+    elapsed = time.perf_counter() - t0
+    result = {
+        "benchmark": "throughput",
+        "model": str(args.model),
+        "num_prompts": args.num_prompts,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "range_ratio": args.range_ratio,
+        "elapsed_s": elapsed,
+        "output_tokens": generated,
+        "output_tokens_per_s": generated / elapsed,
+        "requests_per_s": args.num_prompts / elapsed,
+        "total_tokens_per_s": (generated + sum(ins)) / elapsed,
+        "steps": steps,
+        "load_s": load_s,
+        "max_batch_size": args.max_batch_size,
+        "eager_mode": args.eager_mode,
+        **_runner_stats(engine),
+    }
+    _emit(result, args.output_json)
+    return 0
+
+
+def run_latency(args: argparse.Namespace) -> int:
+    built, load_s = _engine(args)
+    engine = built.engine
+    rng = random.Random(args.bench_seed)
+    vocab = built.model_config.vocab_size
+    iters: list[dict[str, Any]] = []
+    decode_ms: list[float] = []
+    host_ms: list[float] = []
+    for it in range(args.num_iters_warmup + args.num_iters):
+        prompts = [_prompt(rng, vocab, args.input_len) for _ in range(args.batch_size)]
+        for i, p in enumerate(prompts):
+            engine.add_request(f"{it}-{i}", p, _params(args, args.output_len))
+        step_s: list[float] = []
+        t0 = time.perf_counter()
+        first_token_s = None
+        wait_s: list[float] = []
+        runner = getattr(engine.executor, "runner", None)
+        while engine.has_unfinished():
+            w0 = getattr(runner, "wait_s", 0.0)
+            ts = time.perf_counter()
+            outs = engine.step()
+            step_s.append(time.perf_counter() - ts)
+            wait_s.append(getattr(runner, "wait_s", 0.0) - w0)
+            if first_token_s is None and any(o.new_token_ids for o in outs):
+                first_token_s = time.perf_counter() - t0
+        total = time.perf_counter() - t0
+        if it < args.num_iters_warmup:
+            continue
+        # steps after the first token are the decode steps (the last batch of prefills may share one)
+        n_prefill = next(
+            i for i, s in enumerate(step_s) if sum(step_s[: i + 1]) >= (first_token_s or 0) - 1e-9
+        )
+        dec = [s * 1e3 for s in step_s[n_prefill + 1 :]]
+        decode_ms += dec
+        # host time of a decode step: its wall time less the wait for the GPU's sampled ids
+        host_ms += [
+            (s - w) * 1e3 for s, w in zip(step_s[n_prefill + 1 :], wait_s[n_prefill + 1 :], strict=True)
+        ]
+        iters.append(
+            {
+                "total_s": total,
+                "prefill_s": first_token_s,
+                "decode_steps": len(dec),
+                "output_tokens_per_s": args.batch_size * args.output_len / total,
+            }
+        )
+    med = statistics.median(decode_ms) if decode_ms else float("nan")
+    result = {
+        "benchmark": "latency",
+        "model": str(args.model),
+        "batch_size": args.batch_size,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "decode_ms_p50": med,
+        "decode_ms_p99": _percentile(decode_ms, 99) if decode_ms else None,
+        "decode_ms_mean": statistics.fmean(decode_ms) if decode_ms else None,
+        "decode_tokens_per_s": args.batch_size * 1e3 / med if decode_ms else None,
+        "host_ms_per_step_p50": statistics.median(host_ms) if host_ms else None,
+        "output_tokens_per_s": statistics.median(i["output_tokens_per_s"] for i in iters),
+        "total_s_p50": statistics.median(i["total_s"] for i in iters),
+        "prefill_s_p50": statistics.median(i["prefill_s"] or 0.0 for i in iters),
+        "iterations": iters,
+        "load_s": load_s,
+        "eager_mode": args.eager_mode,
+        **_runner_stats(engine),
+    }
+    _emit(result, args.output_json)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hotloop.bench.offline {throughput,latency} ...`` (also reachable as ``hotloop bench``)."""
+    parser = argparse.ArgumentParser(prog="hotloop-bench-offline")
+    sub = parser.add_subparsers(dest="bench_command", required=True)
+    add_throughput_parser(sub)
+    add_latency_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
