@@ -36,6 +36,9 @@ def block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype, 
     return 2 * model_config.num_layers * block_size * model_config.num_kv_heads * row
 
 
+CPU_KV_CAP_BYTES = 2 * 2**30
+
+
 def num_kv_blocks(
     model_config: ModelConfig,
     cache_max_entry_count: float | int,
@@ -48,17 +51,19 @@ def num_kv_blocks(
     """Resolve ``cache_max_entry_count`` into a block count.
 
     A float in (0, 1] takes that fraction of the memory free now (after the weights are loaded);
-    an int is an exact block count. On the CPU, a fractional count is capped at
-    ``max_useful_tokens`` (every sequence of a full batch at session length), since RAM beyond that
-    is never used and the CPU has no dedicated pool to fill.
+    an int is an exact block count. On the CPU, which has no dedicated pool to fill, a fractional
+    count is also capped at ``max_useful_tokens`` (every sequence of a full batch at session
+    length) and at ``CPU_KV_CAP_BYTES``, so a laptop keeps its RAM; pass an int for a bigger pool.
     """
     if isinstance(cache_max_entry_count, int):
         return cache_max_entry_count
     per_block = block_bytes(model_config, block_size, dtype, quant_policy)
     free = available_memory(device)
     n = int(free * cache_max_entry_count) // per_block
-    if device.type == "cpu" and max_useful_tokens is not None:
-        n = min(n, -(-max_useful_tokens // block_size))
+    if device.type == "cpu":
+        n = min(n, CPU_KV_CAP_BYTES // per_block)
+        if max_useful_tokens is not None:
+            n = min(n, -(-max_useful_tokens // block_size))
     if n < 1:
         raise RuntimeError(
             f"no room for KV blocks: {free / 2**30:.2f} GiB free x cache_max_entry_count="

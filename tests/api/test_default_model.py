@@ -23,7 +23,7 @@ PARAGRAPH = (
 
 @pytest.fixture(scope="module")
 def pipe():
-    p = pipeline(backend_config=EngineConfig(device="cpu", max_batch_size=16, cache_max_entry_count=4096))
+    p = pipeline(backend_config=EngineConfig(device="cpu", max_batch_size=16, cache_max_entry_count=256))
     yield p
     p.close()
 
