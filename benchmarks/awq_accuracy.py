@@ -59,6 +59,26 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> dict[str, float]:
     return {"token_match": sum(same) / len(same), "mean_identical_prefix": sum(prefix) / len(prefix)}
 
 
+def report_header(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "benchmark": "awq_accuracy",
+        "model": args.model or "SmolLM2-135M-Instruct (embedded default)",
+        "host": platform.platform(),
+        "cpu_threads": torch.get_num_threads(),
+        "heldout": f"pydoc last 10%: {args.ppl_windows} x {args.ppl_seqlen} tokens (ppl), "
+        f"{args.prompts} prompts x 32 tokens -> {args.new_tokens} greedy tokens",
+        "dtype": "float32 everywhere (quantized weights dequantized at load on the CPU)",
+    }
+
+
+def _write(out: str, header: dict[str, Any], results: dict[str, Any]) -> None:
+    base = results["unquantized"]["ppl"]
+    for row in results.values():
+        row["ppl_increase"] = row["ppl"] - base
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({**header, "results": results}, indent=2) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="HF folder or .gguf (default: embedded SmolLM2-135M)")
@@ -118,22 +138,9 @@ def main() -> None:
             row.update(agreement(ref_tokens, tokens))
         results[name] = row
         print(name, json.dumps(row), flush=True)
+        _write(args.out, report_header(args), results)  # partial results survive an interruption
 
-    base = results["unquantized"]["ppl"]
-    for row in results.values():
-        row["ppl_increase"] = row["ppl"] - base
-    report = {
-        "benchmark": "awq_accuracy",
-        "model": args.model or "SmolLM2-135M-Instruct (embedded default)",
-        "host": platform.platform(),
-        "cpu_threads": torch.get_num_threads(),
-        "heldout": f"pydoc last 10%: {args.ppl_windows} x {args.ppl_seqlen} tokens (ppl), "
-        f"{args.prompts} prompts x 32 tokens -> {args.new_tokens} greedy tokens",
-        "dtype": "float32 everywhere (quantized weights dequantized at load on the CPU)",
-        "results": results,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    _write(args.out, report_header(args), results)
     print(f"\n{'variant':<22}{'ppl':>9}{'+ppl':>8}{'match':>8}{'prefix':>8}")
     for name, row in results.items():
         print(

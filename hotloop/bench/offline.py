@@ -166,6 +166,7 @@ def run_latency(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         first_token_s = None
         wait_s: list[float] = []
+        full: list[bool] = []  # a pure decode step: every request of the batch got a token
         runner = getattr(engine.executor, "runner", None)
         while engine.has_unfinished():
             w0 = getattr(runner, "wait_s", 0.0)
@@ -173,21 +174,19 @@ def run_latency(args: argparse.Namespace) -> int:
             outs = engine.step()
             step_s.append(time.perf_counter() - ts)
             wait_s.append(getattr(runner, "wait_s", 0.0) - w0)
+            full.append(sum(1 for o in outs if o.new_token_ids) == args.batch_size)
             if first_token_s is None and any(o.new_token_ids for o in outs):
                 first_token_s = time.perf_counter() - t0
         total = time.perf_counter() - t0
         if it < args.num_iters_warmup:
             continue
-        # steps after the first token are the decode steps (the last batch of prefills may share one)
-        n_prefill = next(
-            i for i, s in enumerate(step_s) if sum(step_s[: i + 1]) >= (first_token_s or 0) - 1e-9
-        )
-        dec = [s * 1e3 for s in step_s[n_prefill + 1 :]]
+        # decode steps: every sequence got a token, after the step that finished the last prefill
+        first_full = full.index(True) if True in full else len(full)
+        idx = [k for k in range(first_full + 1, len(step_s)) if full[k]]
+        dec = [step_s[k] * 1e3 for k in idx]
         decode_ms += dec
         # host time of a decode step: its wall time less the wait for the GPU's sampled ids
-        host_ms += [
-            (s - w) * 1e3 for s, w in zip(step_s[n_prefill + 1 :], wait_s[n_prefill + 1 :], strict=True)
-        ]
+        host_ms += [(step_s[k] - wait_s[k]) * 1e3 for k in idx]
         iters.append(
             {
                 "total_s": total,

@@ -58,6 +58,12 @@ class IncrementalDetokenizer:
         self._stop_words = tuple(s for s in stop_words if s)
         self._include_stop = include_stop_str_in_output
         self._ids: list[int] = []
+        # A fast tokenizer without space clean-up decodes exactly as its Rust backend does; calling
+        # the backend directly skips transformers' per-call argument conversion (most of the host
+        # time of a large decode batch).
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        cleanup = getattr(tokenizer, "clean_up_tokenization_spaces", True)
+        self._backend_decode = backend.decode if backend is not None and cleanup is False else None
         self._prefix_offset = 0
         self._read_offset = 0
         self._prefix_text = ""  # decode(ids[prefix_offset:read_offset])
@@ -109,6 +115,8 @@ class IncrementalDetokenizer:
         return self._check_and_emit(checked, final=True)
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend_decode is not None:
+            return self._backend_decode(ids, skip_special_tokens=self._skip_special_tokens)
         text = self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
         assert isinstance(text, str)
         return text
@@ -116,7 +124,10 @@ class IncrementalDetokenizer:
     def _advance(self, final: bool) -> None:
         """Move decoded text of ``ids[read_offset:]`` into ``_decoded`` if it ends on a whole character."""
         window = self._decode(self._ids[self._prefix_offset :])
-        if not final and (len(window) <= len(self._prefix_text) or window.endswith(_REPLACEMENT)):
+        # A character is at most 4 bytes, so a window still ending in U+FFFD 4 tokens on holds invalid
+        # bytes (random ids do this), not a character in progress: emit it rather than let it grow.
+        incomplete = window.endswith(_REPLACEMENT) and len(self._ids) - self._read_offset < 4
+        if not final and (len(window) <= len(self._prefix_text) or incomplete):
             return  # nothing visible yet, or an incomplete character: wait for more tokens
         self._decoded += window[len(self._prefix_text) :]
         self._prefix_offset = self._read_offset

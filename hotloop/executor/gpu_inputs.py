@@ -50,6 +50,7 @@ class InputBuffers:
         self.seq_lens, self._lens_h, self.lens_np = pair((max_seqs,), torch.int32)
         self.query_start, self._qs_h, self.qs_np = pair((max_seqs + 1,), torch.int32)
         self.block_tables, self._bt_h, self.bt_np = pair((max_seqs, max_blocks_per_seq), torch.int32)
+        self._rows: list[tuple[int, int]] = []  # per row: (id of the request last written there, blocks)
 
     def fits(self, out: SchedulerOutput) -> bool:
         return (
@@ -82,7 +83,19 @@ class InputBuffers:
             end = start + n
             blocks = req.block_ids
             nb = len(blocks)
-            bt[i, :nb] = blocks
+            # Block-table rows persist across steps: write only what changed since this row's last step.
+            rid = id(req)
+            if i < len(self._rows) and self._rows[i][0] == rid and self._rows[i][1] <= nb:
+                done = self._rows[i][1]
+                if done < nb:
+                    bt[i, done:nb] = blocks[done:]
+                self._rows[i] = (rid, nb)
+            else:
+                bt[i, :nb] = blocks
+                if i < len(self._rows):
+                    self._rows[i] = (rid, nb)
+                else:
+                    self._rows.append((rid, nb))
             if n == 1:
                 p0 = req.num_prompt_tokens
                 ids[t] = req.output_token_ids[start - p0] if start >= p0 else req.prompt_token_ids[start]

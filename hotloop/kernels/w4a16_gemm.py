@@ -46,6 +46,7 @@ def _w4a16_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    EXPAND_WORDS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -74,7 +75,18 @@ def _w4a16_gemm_kernel(
             mask=mask_m[:, None],
             other=0.0,
         )
-        qw = tl.load(qw_ptr + rows[:, None] * words_per_row + word_n[None, :], mask=mask_n[None, :], other=0)
+        if EXPAND_WORDS:  # load each word once, then repeat it for its eight columns in registers
+            words = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+            qw8 = tl.load(
+                qw_ptr + rows[:, None] * words_per_row + words[None, :],
+                mask=words[None, :] < words_per_row,
+                other=0,
+            )
+            qw = tl.reshape(tl.broadcast_to(qw8[:, :, None], (BLOCK_K, BLOCK_N // 8, 8)), (BLOCK_K, BLOCK_N))
+        else:  # the eight columns of a word load the same address (served by L1)
+            qw = tl.load(
+                qw_ptr + rows[:, None] * words_per_row + word_n[None, :], mask=mask_n[None, :], other=0
+            )
         group = k0 // GROUP_SIZE
         qz = tl.load(qz_ptr + group * words_per_row + word_n, mask=mask_n, other=0)
         sc = tl.load(s_ptr + group * N + offs_n, mask=mask_n, other=0.0)
@@ -101,6 +113,7 @@ class GemmConfig:
     split_k: int
     num_warps: int
     num_stages: int
+    expand_words: bool = False
 
 
 @lru_cache(maxsize=8)
@@ -191,6 +204,7 @@ def w4a16_gemm(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         SPLIT_K=cfg.split_k,
+        EXPAND_WORDS=cfg.expand_words,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -14,6 +14,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("hotloop.models.qwen3", "Qwen3ForCausalLM"),
     "InternLM2ForCausalLM": ("hotloop.models.internlm2", "InternLM2ForCausalLM"),
     "LlavaForConditionalGeneration": ("hotloop.models.llava", "LlavaForConditionalGeneration"),
+    "InternVLForConditionalGeneration": ("hotloop.models.internvl", "InternVLForConditionalGeneration"),
 }
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_MODELS)

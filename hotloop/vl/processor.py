@@ -18,6 +18,7 @@ from hotloop.messages import RequestError
 from hotloop.vl.clip_preprocess import ClipImageConfig, preprocess_clip
 from hotloop.vl.image import DEFAULT_POLICY, ImageFetchPolicy, load_image
 from hotloop.vl.inputs import ImageInput, pixel_hash
+from hotloop.vl.internvl_preprocess import TileConfig, preprocess_tiles
 
 
 class VLProcessor:
@@ -95,6 +96,45 @@ class LlavaProcessor(VLProcessor):
         return [self.image_token_id] * self.num_tokens, 0
 
 
+class InternVLProcessor(VLProcessor):
+    """InternVL: dynamic tiling; each image becomes ``<img>`` + context tokens for every tile + ``</img>``."""
+
+    name = "internvl"
+
+    def __init__(
+        self, hf_config: Any, tile_config: TileConfig, placeholder: str, start_id: int, end_id: int
+    ) -> None:
+        super().__init__(int(hf_config.image_token_id), placeholder)
+        vc = hf_config.vision_config
+        size = vc.image_size if isinstance(vc.image_size, (list, tuple)) else [vc.image_size] * 2
+        patch = vc.patch_size if isinstance(vc.patch_size, (list, tuple)) else [vc.patch_size] * 2
+        if (tile_config.tile_height, tile_config.tile_width) != (int(size[0]), int(size[1])):
+            raise ValueError(
+                f"the image processor makes {tile_config.tile_height}x{tile_config.tile_width} tiles "
+                f"but the vision tower takes {size[0]}x{size[1]}"
+            )
+        patches = (int(size[0]) // int(patch[0])) * (int(size[1]) // int(patch[1]))
+        self.tokens_per_tile = round(patches * float(hf_config.downsample_ratio) ** 2)
+        self.tile_config = tile_config
+        self.start_id, self.end_id = start_id, end_id
+
+    def preprocess(self, image: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        tiles = preprocess_tiles(image, self.tile_config)
+        return tiles, {"num_tiles": int(tiles.shape[0])}
+
+    def image_token_ids(self, pixel_values: torch.Tensor, extra: dict[str, Any]) -> tuple[list[int], int]:
+        n = self.tokens_per_tile * int(pixel_values.shape[0])
+        return [self.start_id] + [self.image_token_id] * n + [self.end_id], 1
+
+
+def _token_id(tokenizer: Any, attr: str, default: str) -> int:
+    token = getattr(tokenizer, attr, None) or default
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id is None or token_id == getattr(tokenizer, "unk_token_id", None):
+        raise ValueError(f"the tokenizer has no {token!r} token ({attr})")
+    return int(token_id)
+
+
 def read_image_processor_config(model_path: str | Path) -> dict[str, Any]:
     """The image processor's settings: ``preprocessor_config.json``, else the ``image_processor``
     entry of ``processor_config.json`` (transformers 5 saves it there)."""
@@ -120,4 +160,10 @@ def build_vl_processor(model_path: str | Path, hf_config: Any, tokenizer: Any) -
         placeholder = tokenizer.convert_ids_to_tokens(token_id)
         image_config = ClipImageConfig.from_dict(read_image_processor_config(model_path))
         return LlavaProcessor(hf_config, image_config, placeholder)
+    if arch == "InternVLForConditionalGeneration":
+        placeholder = tokenizer.convert_ids_to_tokens(int(hf_config.image_token_id))
+        tiles = TileConfig.from_dict(read_image_processor_config(model_path))
+        start = _token_id(tokenizer, "start_image_token", "<img>")
+        end = _token_id(tokenizer, "end_image_token", "</img>")
+        return InternVLProcessor(hf_config, tiles, placeholder, start, end)
     return None

@@ -95,3 +95,32 @@ def test_gpu_kernel_matches_reference(shape: tuple[int, int], m: int, dtype: tor
         # 16-bit inputs and dequantized weights, float32 accumulation
         err = (got - want).abs().max() / want.abs().max()
         assert err < 2e-2, (path, float(err))
+
+
+@pytest.mark.parametrize("m", [1, 20])
+def test_interpreted_kernel_expanded_word_loads(interpreted: ModuleType, m: int) -> None:
+    k, n, group = 128, 80, 32
+    qweight, qzeros, scales = _random_awq(k, n, group, torch.float32, "cpu", seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    for split in (1, 2):
+        cfg = interpreted.GemmConfig(16, 32, 32, split, 4, 2, expand_words=True)
+        got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, group, config=cfg)
+        torch.testing.assert_close(
+            got, reference.w4a16_matmul(x, qweight, qzeros, scales, group), rtol=1e-4, atol=1e-4
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 64, 2048])
+def test_gpu_kernel_expanded_word_loads(m: int) -> None:
+    import dataclasses
+
+    from hotloop.kernels.w4a16_gemm import choose_config, w4a16_gemm
+
+    k, n = 4096, 6144
+    qweight, qzeros, scales = _random_awq(k, n, 128, torch.bfloat16, "cuda", seed=m)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    cfg = dataclasses.replace(choose_config(m, n, k, 128, x.device), expand_words=True)
+    got = w4a16_gemm(x, qweight, qzeros, scales, 128, config=cfg).float()
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
+    assert (got - want).abs().max() / want.abs().max() < 2e-2

@@ -15,12 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vl.vlm_fixtures import hf_llava_greedy, images, make_tiny_llava, pasta_image  # noqa: F401 (fixtures)
+from vl.vlm_fixtures import hf_llava_greedy, images, make_tiny_llava, pasta_image, run_vl_engine  # noqa: F401
 
-from hotloop.api.build import build_engine
 from hotloop.config import EngineConfig
-from hotloop.messages import GenerationConfig
-from hotloop.vl import build_vl_processor
 
 MAX_NEW = 8
 PROMPTS = [
@@ -30,30 +27,6 @@ PROMPTS = [
     ("<image><image><image> three at once", [3, 4, 0]),
     ("Describe the colours of <image>", [2]),
 ]
-
-
-def run_engine(
-    path: Path, cfg: EngineConfig, prompts: list[tuple[str, list[Any]]]
-) -> list[tuple[list[int], list[int]]]:
-    built = build_engine(str(path), cfg)
-    vl = build_vl_processor(path, built.model_config.hf_config, built.tokenizer)
-    assert vl is not None
-    engine = built.engine
-    params = GenerationConfig(max_new_tokens=MAX_NEW, ignore_eos=True)
-    prompt_ids: dict[str, list[int]] = {}
-    outputs = []
-    for i, (text, imgs) in enumerate(prompts):  # arrive one step apart: mixed prefill/decode batches
-        ids, mm = vl.expand(built.tokenizer.encode(text), imgs)
-        prompt_ids[str(i)] = ids
-        engine.add_request(str(i), ids, params, mm_inputs=mm)
-        outputs += engine.step()
-    results: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        outputs += engine.step()
-    assert engine.num_free_blocks == engine.num_total_blocks
-    for o in outputs:
-        results.setdefault(o.request_id, []).extend(o.new_token_ids)
-    return [(prompt_ids[str(i)], results.get(str(i), [])) for i in range(len(prompts))]
 
 
 def _with_images(images: list[Any]) -> list[tuple[str, list[Any]]]:
@@ -75,7 +48,7 @@ def test_llava_greedy_parity(
             cache_max_entry_count=256,
             max_prefill_token_num=chunk,
         )
-        got = run_engine(path, cfg, prompts)
+        got = run_vl_engine(path, cfg, prompts, MAX_NEW)
         for i, ((g_ids, g_out), (e_ids, e_out)) in enumerate(zip(got, expected, strict=True)):
             assert g_ids == e_ids, f"prompt {i}: expanded prompt ids differ from LlavaProcessor's"
             assert g_out == e_out, f"chunk {chunk}, prompt {i}: hotloop {g_out} != transformers {e_out}"

@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
-from vlm_fixtures import hf_llava_greedy, images, make_tiny_llava, pasta_image
+from vlm_fixtures import (
+    hf_internvl_greedy,
+    hf_llava_greedy,
+    images,
+    make_tiny_internvl,
+    make_tiny_llava,
+    pasta_image,
+)
 
-__all__ = ["hf_llava_greedy", "images", "make_tiny_llava", "pasta_image"]
+__all__ = [
+    "hf_internvl_greedy",
+    "hf_llava_greedy",
+    "images",
+    "make_tiny_internvl",
+    "make_tiny_llava",
+    "pasta_image",
+]

@@ -15,6 +15,11 @@ from typing import Any
 import pytest
 import torch
 
+from hotloop.api.build import build_engine
+from hotloop.config import EngineConfig
+from hotloop.messages import GenerationConfig
+from hotloop.vl import build_vl_processor
+
 IMAGE_TOKEN = "<image>"
 PASTA = "resources/pasta.jpeg"
 
@@ -185,3 +190,144 @@ def hf_llava_greedy(
             ids = inputs["input_ids"][0].tolist()
             outs.append((ids, g[0, len(ids) :].tolist()))
     return outs
+
+
+INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>", "<video>"]
+INTERNVL_VARIANTS: dict[str, dict[str, Any]] = {
+    "layernorm": dict(),
+    "rmsnorm_qknorm": dict(
+        norm_type="rms_norm", use_qk_norm=True, use_mean_pooling=False, attention_bias=True
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def make_tiny_internvl(
+    tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path
+) -> Callable[[str], Path]:
+    """A tiny random InternVL (InternViT 28x28 tiles of 7x7 patches -> 4 tokens a tile, Qwen2 decoder),
+    with a GotOcr2 image processor (up to 6 tiles) and a tokenizer with InternVL's image tokens."""
+    made: dict[str, Path] = {}
+
+    def make(variant: str) -> Path:
+        if variant in made:
+            return made[variant]
+        from transformers import (
+            AutoTokenizer,
+            GotOcr2ImageProcessor,
+            InternVLConfig,
+            InternVLForConditionalGeneration,
+            InternVLVisionConfig,
+            Qwen2Config,
+        )
+
+        tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+        tok.add_special_tokens({"additional_special_tokens": INTERNVL_TOKENS})
+        vision = InternVLVisionConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=[28, 28],
+            patch_size=[7, 7],
+            **INTERNVL_VARIANTS[variant],
+        )
+        text = Qwen2Config(
+            vocab_size=len(tok) + 12,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+        cfg = InternVLConfig(
+            vision_config=vision,
+            text_config=text,
+            image_token_id=tok.convert_tokens_to_ids("<IMG_CONTEXT>"),
+            image_seq_length=4,
+        )
+        torch.manual_seed(2468)
+        model = InternVLForConditionalGeneration(cfg).to(torch.float32)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() > 1:
+                    p.normal_(0, 0.08)
+                elif "lambda" in name:
+                    p.uniform_(0.5, 1.5)
+        out = tmp_path_factory.mktemp(f"internvl-{variant}")
+        model.save_pretrained(str(out))
+        tok.save_pretrained(str(out))
+        GotOcr2ImageProcessor(size={"height": 28, "width": 28}, max_patches=6).save_pretrained(str(out))
+        made[variant] = out
+        return out
+
+    return make
+
+
+def hf_internvl_greedy(
+    path: Path, prompts: list[tuple[str, list[Any]]], max_new: int
+) -> list[tuple[list[int], torch.Tensor | None, list[int]]]:
+    """(prompt ids, pixel values, greedy tokens) from transformers for each (text, images). The
+    ``<IMG_CONTEXT>`` placeholders are expanded as transformers' InternVLProcessor does (that class
+    needs torchvision, so the expansion is spelled out here)."""
+    from transformers import AutoTokenizer, GotOcr2ImageProcessor, InternVLForConditionalGeneration
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    image_processor = GotOcr2ImageProcessor.from_pretrained(str(path))
+    model = InternVLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    per_tile = model.config.image_seq_length
+    outs = []
+    with torch.no_grad():
+        for text, imgs in prompts:
+            pixel_values = None
+            if imgs:
+                feats = image_processor(images=imgs, crop_to_patches=True, return_tensors="pt")
+                pixel_values = feats["pixel_values"]
+                parts = text.split("<IMG_CONTEXT>")
+                assert len(parts) == len(imgs) + 1
+                text = parts[0]
+                for n, part in zip(feats["num_patches"], parts[1:], strict=True):
+                    text += "<img>" + "<IMG_CONTEXT>" * (per_tile * int(n)) + "</img>" + part
+            ids = torch.tensor([tok.encode(text)])
+            extra = {} if pixel_values is None else {"pixel_values": pixel_values}
+            g = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                **extra,
+                max_new_tokens=max_new,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            outs.append((ids[0].tolist(), pixel_values, g[0, ids.shape[1] :].tolist()))
+    return outs
+
+
+def run_vl_engine(
+    path: Path, cfg: EngineConfig, prompts: list[tuple[str, list[Any]]], max_new: int
+) -> list[tuple[list[int], list[int]]]:
+    """Serve (text, images) prompts in one continuous batch (one arrives per step); -> (prompt ids,
+    greedy tokens) per prompt. Checks that every KV block is free afterwards."""
+    built = build_engine(str(path), cfg)
+    vl = build_vl_processor(path, built.model_config.hf_config, built.tokenizer)
+    assert vl is not None
+    engine = built.engine
+    params = GenerationConfig(max_new_tokens=max_new, ignore_eos=True)
+    prompt_ids: dict[str, list[int]] = {}
+    outputs = []
+    for i, (text, imgs) in enumerate(prompts):  # arrive one step apart: mixed prefill/decode batches
+        ids, mm = vl.expand(built.tokenizer.encode(text), imgs)
+        prompt_ids[str(i)] = ids
+        engine.add_request(str(i), ids, params, mm_inputs=mm)
+        outputs += engine.step()
+    results: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        outputs += engine.step()
+    assert engine.num_free_blocks == engine.num_total_blocks
+    for o in outputs:
+        results.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return [(prompt_ids[str(i)], results.get(str(i), [])) for i in range(len(prompts))]
