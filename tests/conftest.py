@@ -13,6 +13,11 @@ import torch
 
 TINY_VOCAB = 384
 
+# Without a GPU, Triton kernels run through Triton's interpreter (tests/kernels). ``triton.jit``
+# reads this when it decorates, so it is set before any test imports a kernel module.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():

@@ -72,6 +72,20 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         default=10.0,
         help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 10)",
     )
+    g.add_argument(
+        "--allow-private-image-urls",
+        action="store_true",
+        help="let image_url parts fetch from loopback, private and link-local addresses (default: refused)",
+    )
+    g.add_argument(
+        "--image-fetch-timeout", type=float, default=10.0, help="seconds to fetch one image URL (default: 10)"
+    )
+    g.add_argument(
+        "--image-max-bytes",
+        type=int,
+        default=20 * 2**20,
+        help="largest image accepted, in bytes (default: 20 MiB)",
+    )
 
 
 def split_positionals(values: list[str]) -> tuple[str, str | None]:
@@ -116,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
         max_concurrent_requests=args.max_concurrent_requests,
         chat_template=args.chat_template,
         shutdown_timeout=args.shutdown_timeout,
+        allow_private_image_urls=args.allow_private_image_urls,
+        image_fetch_timeout=args.image_fetch_timeout,
+        image_max_bytes=args.image_max_bytes,
     )
     set_log_level(args.log_level)
     load_chat_template(args.chat_template)  # fail on a bad path before loading the model

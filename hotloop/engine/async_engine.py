@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 from hotloop.engine.outputs import RequestOutput
@@ -31,7 +31,13 @@ class EngineDeadError(RuntimeError):
 class EngineCore(Protocol):
     """What AsyncEngine needs of ``hotloop.engine.engine.Engine``."""
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: GenerationConfig) -> None: ...
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: GenerationConfig,
+        mm_inputs: Sequence[Any] = (),
+    ) -> None: ...
 
     def abort_request(self, request_id: str) -> None: ...
 
@@ -149,10 +155,15 @@ class AsyncEngine:
 
     # -- requests (event loop thread) ------------------------------------------------------------------
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: GenerationConfig
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: GenerationConfig,
+        mm_inputs: Sequence[Any] = (),
     ) -> RequestStream:
         """Submit a request; returns its stream at once. Raises ``RequestError`` for a bad request
-        and ``EngineDeadError`` when the loop is not running. Call from a running event loop."""
+        and ``EngineDeadError`` when the loop is not running. Call from a running event loop.
+        ``mm_inputs``: the prompt's images (``hotloop.vl.ImageInput``)."""
         if not self.is_alive:
             raise self._dead_error()
         stream = RequestStream(self, request_id, asyncio.get_running_loop())
@@ -161,7 +172,10 @@ class AsyncEngine:
                 raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
             self._streams[request_id] = stream
         try:
-            self.engine.add_request(request_id, prompt_token_ids, params)
+            if mm_inputs:
+                self.engine.add_request(request_id, prompt_token_ids, params, mm_inputs=mm_inputs)
+            else:
+                self.engine.add_request(request_id, prompt_token_ids, params)
         except BaseException:
             self._forget(request_id)
             raise

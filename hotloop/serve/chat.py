@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,14 +23,24 @@ from hotloop.serve.state import ServerState
 router = APIRouter()
 
 
-def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template wants them: text content only (parts joined by newlines)."""
+def message_dicts(
+    messages: list[ChatMessage], placeholder: str | None = None, images: list[Any] | None = None
+) -> list[dict[str, Any]]:
+    """Messages as the chat template wants them: text content only (parts joined by newlines).
+
+    With ``placeholder`` (a vision-language model) an image part becomes the placeholder where it
+    stands and its ``image_url`` is appended to ``images``."""
     out = []
     for i, m in enumerate(messages):
         content = m.content
         if isinstance(content, list):
             texts = []
             for j, part in enumerate(content):
+                if part.type == "image_url" and placeholder is not None and images is not None:
+                    url = part.image_url  # type: ignore[union-attr]
+                    images.append(url if isinstance(url, str) else url.url)
+                    texts.append(placeholder)
+                    continue
                 if part.type != "text":
                     raise APIError(
                         400,
@@ -52,14 +63,30 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def encode_chat(
-    state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool = True
+    state: ServerState,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool = True,
+    images: list[Any] | None = None,
 ) -> list[int]:
+    """Token ids of the chat; image URLs found in ``messages`` go to ``images`` (VL models only)."""
+    placeholder = state.vl.placeholder if state.vl is not None else None
     try:
         return encode_messages(
-            state.tokenizer, message_dicts(messages), state.chat_template, add_generation_prompt
+            state.tokenizer,
+            message_dicts(messages, placeholder, images),
+            state.chat_template,
+            add_generation_prompt,
         )
     except ChatTemplateError as e:
         raise APIError(400, str(e), "messages", "invalid_value") from e
+
+
+async def expand_images(state: ServerState, ids: list[int], images: list[Any]) -> tuple[list[int], list[Any]]:
+    """Fetch, decode and preprocess the images (off the event loop) and expand their placeholders.
+    An image that cannot be read raises ``ImageLoadError``, a 400 naming the problem."""
+    if state.vl is None:
+        return ids, []
+    return await asyncio.to_thread(state.vl.expand, ids, images, state.image_fetch_policy)
 
 
 def _check_unsupported(body: ChatCompletionRequest) -> None:
@@ -85,7 +112,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state: ServerState = request.app.state.hotloop
     state.check_model(body.model)
     _check_unsupported(body)
-    ids = encode_chat(state, body.messages, body.add_generation_prompt)
+    images: list[Any] = []
+    ids = encode_chat(state, body.messages, body.add_generation_prompt, images)
+    ids, mm_inputs = await expand_images(state, ids, images)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     max_new = resolve_max_tokens(state, len(ids), requested, "messages")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -94,15 +123,19 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     subs = [(ids, choice_seed(params, j)) for j in range(body.n)]
     if body.stream:
-        job = await GenerationJob.start(state, request_id, subs)
+        job = await GenerationJob.start(state, request_id, subs, mm_inputs=mm_inputs)
         return EventStreamResponse(_stream(state, body, job, request_id, len(ids)), job.close)
-    return await run_until_disconnect(request, _complete(state, body, subs, request_id))
+    return await run_until_disconnect(request, _complete(state, body, subs, request_id, mm_inputs))
 
 
 async def _complete(
-    state: ServerState, body: ChatCompletionRequest, subs: list[tuple[list[int], Any]], request_id: str
+    state: ServerState,
+    body: ChatCompletionRequest,
+    subs: list[tuple[list[int], Any]],
+    request_id: str,
+    mm_inputs: list[Any] | None = None,
 ) -> Response | dict[str, Any]:
-    job = await GenerationJob.start(state, request_id, subs)
+    job = await GenerationJob.start(state, request_id, subs, mm_inputs=mm_inputs or ())
     n = len(subs)
     texts = [""] * n
     lps: list[list[Any]] = [[] for _ in range(n)]

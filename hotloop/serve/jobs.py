@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -43,13 +43,19 @@ class GenerationJob:
         request_id: str,
         submissions: list[tuple[list[int], GenerationConfig]],
         native: bool = False,
+        mm_inputs: Sequence[Any] = (),
     ) -> GenerationJob:
-        """Wait for a concurrency slot, then submit every ``(prompt_ids, params)`` at once."""
+        """Wait for a concurrency slot, then submit every ``(prompt_ids, params)`` at once
+        (``mm_inputs``: the prompt's images, shared by every submission)."""
         release = await _acquire_slot(state)
         streams: list[RequestStream] = []
         try:
             for i, (ids, params) in enumerate(submissions):
-                streams.append(state.async_engine.add_request(f"{request_id}-{i}", ids, params))
+                rid = f"{request_id}-{i}"
+                if mm_inputs:
+                    streams.append(state.async_engine.add_request(rid, ids, params, mm_inputs=mm_inputs))
+                else:
+                    streams.append(state.async_engine.add_request(rid, ids, params))
         except BaseException as e:
             for s in streams:
                 s.close()

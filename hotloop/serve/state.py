@@ -12,6 +12,8 @@ from hotloop.engine.async_engine import AsyncEngine
 from hotloop.serve.chat_template import load_chat_template
 from hotloop.serve.errors import APIError
 from hotloop.serve.metrics import ServerMetrics
+from hotloop.vl.image import ImageFetchPolicy
+from hotloop.vl.processor import VLProcessor, build_vl_processor
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,10 @@ class ServerArgs:
     max_concurrent_requests: int | None = None
     chat_template: str | None = None
     shutdown_timeout: float = 10.0
+    # image_url parts: fetch limits; private/loopback/link-local hosts are refused unless allowed
+    allow_private_image_urls: bool = False
+    image_fetch_timeout: float = 10.0
+    image_max_bytes: int = 20 * 2**20
 
     def __post_init__(self) -> None:
         if self.max_concurrent_requests is not None and self.max_concurrent_requests < 1:
@@ -71,6 +77,16 @@ class ServerState:
         self._max_concurrent = args.max_concurrent_requests
         self._semaphore: asyncio.Semaphore | None = None
         self._token_text: dict[int, str] = {}
+        # Vision-language models: the processor for image_url parts (None: a text-only model).
+        self.vl: VLProcessor | None = None
+        if hasattr(built, "model_path") and hasattr(built, "model_config"):
+            self.vl = build_vl_processor(built.model_path, built.model_config.hf_config, built.tokenizer)
+        self.image_fetch_policy = ImageFetchPolicy(
+            timeout_s=args.image_fetch_timeout,
+            max_bytes=args.image_max_bytes,
+            allow_private=args.allow_private_image_urls,
+            allow_local_files=False,
+        )
 
     # -- limits -------------------------------------------------------------------------------
     @property

@@ -25,17 +25,21 @@ def _logits(model: Any, ids: list[int]) -> torch.Tensor:
     """Full-prompt logits ``[T, vocab]`` through hotloop's own model on a scratch paged cache."""
     args = model.args
     T = len(ids)
+    p = next(model.parameters())
+    shape = (1, T, args.num_kv_heads, args.head_dim)
     caches = [
         (
-            torch.zeros(1, T, args.num_kv_heads, args.head_dim),
-            torch.zeros(1, T, args.num_kv_heads, args.head_dim),
+            torch.zeros(shape, dtype=p.dtype, device=p.device),
+            torch.zeros(shape, dtype=p.dtype, device=p.device),
         )
         for _ in range(args.num_layers)
     ]
-    meta = AttentionMetadata(torch.arange(T), torch.zeros(1, 1, dtype=torch.int32), [T], [T])
+    meta = AttentionMetadata(
+        torch.arange(T, device=p.device), torch.zeros(1, 1, dtype=torch.int32, device=p.device), [T], [T]
+    )
     with torch.no_grad():
-        h = model(torch.tensor(ids), torch.arange(T), caches, meta)
-        return model.compute_logits(h)
+        h = model(torch.tensor(ids, device=p.device), torch.arange(T, device=p.device), caches, meta)
+        return model.compute_logits(h).float().cpu()
 
 
 IDS = [5, 17, 42, 99, 3, 250, 7, 64, 128, 31, 77, 300]
@@ -218,3 +222,17 @@ def test_awq_format_errors(make_tiny_model: Callable[[str], Path], tmp_path: Pat
     (out / "config.json").write_text(json.dumps(config))
     dummy = load_model(out, torch.float32, "cpu", load_format="dummy", model_format="awq")
     assert _logits(dummy, IDS[:4]).isfinite().all()
+
+
+@pytest.mark.gpu
+def test_quantize_and_serve_on_gpu(make_tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+    """Calibration on CUDA, then the checkpoint served by the Triton W4A16 kernels matches the CPU
+    (dequantized) path."""
+    src = make_tiny_model("llama_gqa_llama3rope")
+    opts = AWQOptions(w_group_size=32, search_scale=True, **{**TINY_CALIB, "device": "cuda"})
+    out = auto_awq(str(src), tmp_path / "awq", opts)
+    cpu = _logits(load_model(out, torch.float32, "cpu"), IDS)
+    gpu_model = load_model(out, torch.float16, "cuda")
+    assert gpu_model.model.layers[0].mlp.down_proj.qweight.is_cuda  # packed, not dequantized
+    gpu = _logits(gpu_model, IDS)
+    torch.testing.assert_close(gpu, cpu, rtol=2e-2, atol=2e-2)
