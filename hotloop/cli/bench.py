@@ -10,6 +10,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bench_sub = p.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     p.set_defaults(func=lambda _args: p.print_help() or 2)
     add_serve_parser(bench_sub)
+    from hotloop.bench.offline import add_latency_parser, add_throughput_parser
+
+    add_throughput_parser(bench_sub)
+    add_latency_parser(bench_sub)
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

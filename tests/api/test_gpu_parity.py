@@ -1,0 +1,70 @@
+"""Greedy parity with transformers on the GPU in bf16 (skipped without a GPU).
+
+Tolerance rule: hotloop's tokens must equal transformers' up to the first step where transformers'
+own top-2 logits are within bf16 noise (gap below ``NOISE`` times the top logit's magnitude, with an
+absolute floor); after such a near-tie, either continuation is correct and the sequences may part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_ARCHS
+from test_engine_parity import MAX_NEW, VARIANTS, make_prompts, run_engine
+
+from hotloop.config import EngineConfig
+
+NOISE = 2**-7  # bf16 has 8 significant bits
+
+
+def hf_greedy_with_margins(path: Path, prompts: list[list[int]], max_new: int) -> list[tuple[list[int], int]]:
+    """(tokens, index of the first near-tie step or max_new) per prompt, transformers bf16 on CUDA."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).cuda().eval()
+    model.generation_config.eos_token_id = None
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p], device="cuda")
+            g = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new,
+                do_sample=False,
+                pad_token_id=0,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+            tie = max_new
+            for step, scores in enumerate(g.scores):
+                top2 = scores[0].float().topk(2).values
+                if (top2[0] - top2[1]).item() < max(NOISE * top2[0].abs().item(), 1e-2):
+                    tie = step
+                    break
+            out.append((g.sequences[0, len(p) :].tolist(), tie))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("eager", [False, True])
+def test_greedy_parity_bf16_gpu(
+    arch: str, variant: str, eager: bool, make_tiny_model: Callable[[str], Path]
+) -> None:
+    path = make_tiny_model(arch)
+    prompts = make_prompts(seed=sum(map(ord, arch)))
+    expected = hf_greedy_with_margins(path, prompts, MAX_NEW)
+    cfg = EngineConfig(
+        device="cuda", dtype="bfloat16", max_batch_size=8, eager_mode=eager, **VARIANTS[variant]
+    )
+    got, _stats = run_engine(path, cfg, prompts, MAX_NEW)
+    compared = 0
+    for i, (g, (e, tie)) in enumerate(zip(got, expected, strict=True)):
+        assert g[:tie] == e[:tie], f"prompt {i}: {g} != {e} (first near-tie at {tie})"
+        compared += tie
+    assert compared >= len(prompts) * MAX_NEW // 2, "too many near-ties: the test would check little"
