@@ -10,6 +10,7 @@ held out (``split='heldout'``) for perplexity checks and never used for calibrat
 from __future__ import annotations
 
 import bz2
+import html
 import importlib.util
 import json
 import re
@@ -95,10 +96,11 @@ def _jsonl_text(line: str) -> str:
 def _strip_wiki_markup(xml: str) -> str:
     """Article bodies of a MediaWiki XML dump, with templates, links and tags reduced to words."""
     bodies = re.findall(r"<text[^>]*>(.*?)</text>", xml, flags=re.S)
-    text = "\n\n".join(bodies)
+    text = html.unescape("\n\n".join(b for b in bodies if not b.startswith("#REDIRECT")))
+    text = re.sub(r"<ref[^>]*>.*?</ref>|<[^>]+>", "", text, flags=re.S)
     text = re.sub(r"\{\{[^{}]*\}\}", "", text)
     text = re.sub(r"\[\[(?:[^\]|]*\|)?([^\]]*)\]\]", r"\1", text)
-    text = re.sub(r"&lt;.*?&gt;|'''?|==+", "", text)
+    text = re.sub(r"'''?|==+", "", text)
     return re.sub(r"\n{3,}", "\n\n", text)
 
 

@@ -32,7 +32,15 @@ class Scheduled(Protocol):
 
 
 def has_images(scheduled: Sequence[Scheduled]) -> bool:
-    return any(s.request.mm_inputs for s in scheduled)
+    """Whether this step computes any image token (decode steps never do, so they stay on the text
+    path, CUDA graphs included)."""
+    for s in scheduled:
+        mm = s.request.mm_inputs
+        if mm and s.start < mm[-1].end:
+            end = s.start + s.num_tokens
+            if any(_overlap(img, s.start, end) for img in mm):
+                return True
+    return False
 
 
 def _overlap(img: ImageInput, start: int, end: int) -> tuple[int, int] | None:

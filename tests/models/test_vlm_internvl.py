@@ -52,6 +52,16 @@ def test_internvl_greedy_parity(
         for i, ((g_ids, g_out), (e_ids, _px, e_out)) in enumerate(zip(got, expected, strict=True)):
             assert g_ids == e_ids, f"prompt {i}: expanded prompt ids differ from InternVL's expansion"
             assert g_out == e_out, f"chunk {chunk}, prompt {i}: hotloop {g_out} != transformers {e_out}"
+    if variant == "layernorm":  # the Python API places the image where InternVL's placeholder goes
+        from hotloop import pipeline
+        from hotloop.messages import GenerationConfig
+
+        gen = GenerationConfig(max_new_tokens=MAX_NEW, ignore_eos=True)
+        with pipeline(
+            str(path), EngineConfig(device="cpu", dtype="float32", cache_max_entry_count=64)
+        ) as pipe:
+            r = pipe(("What is shown here?", images[0]), gen, do_preprocess=False)
+        assert r.token_ids == expected[0][2]
 
 
 def test_internvl_tiles_equal_transformers(
