@@ -85,6 +85,7 @@ class ServerMetrics:
         Gauge("hotloop:kv_cache_total_blocks", "KV blocks in the pool.", registry=reg).set_function(
             lambda: engine.num_total_blocks
         )
+        reg.register(_PrefixCacheCollector(engine))
         self.prompt_tokens = Counter(
             "hotloop:prompt_tokens", "Prompt tokens of finished requests.", registry=reg
         )
@@ -138,3 +139,28 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _PrefixCacheCollector:
+    """Prefix-cache queries and hits (in tokens), read from the block manager at scrape time."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        bm = self.engine.block_manager
+        yield CounterMetricFamily(
+            "hotloop:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            value=getattr(bm, "prefix_queries", 0),
+        )
+        yield CounterMetricFamily(
+            "hotloop:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            value=getattr(bm, "prefix_hits", 0),
+        )
