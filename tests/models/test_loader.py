@@ -39,6 +39,8 @@ def test_registry_lists_the_zoo() -> None:
         "Qwen2ForCausalLM",
         "Qwen3ForCausalLM",
         "InternLM2ForCausalLM",
+        "LlavaForConditionalGeneration",
+        "InternVLForConditionalGeneration",
     }
     for arch in SUPPORTED_ARCHITECTURES:
         assert get_model_class(arch).__name__ == arch

@@ -4,6 +4,7 @@ transformers with a processor alongside."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import io
 import os
@@ -173,15 +174,21 @@ def make_tiny_llava(
     return make
 
 
+@functools.lru_cache(maxsize=4)
+def _hf_llava(path: str) -> tuple[Any, Any]:
+    """transformers' processor and model for a tiny LLaVA folder, loaded once per session."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    return AutoProcessor.from_pretrained(path), model
+
+
 def hf_llava_greedy(
     path: Path, prompts: list[tuple[str, list[Any]]], max_new: int
 ) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, greedy tokens) from transformers for each (text, images), one at a time."""
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
-
-    processor = AutoProcessor.from_pretrained(str(path))
-    model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
+    processor, model = _hf_llava(str(path))
     outs = []
     with torch.no_grad():
         for text, imgs in prompts:
