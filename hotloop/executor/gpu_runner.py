@@ -20,6 +20,7 @@ from hotloop.executor.gpu_inputs import InputBuffers
 from hotloop.executor.model_runner import CausalLM, ModelRunner, _to_tokens
 from hotloop.layers.attention import AttentionMetadata
 from hotloop.messages import GenerationConfig
+from hotloop.vl import merge
 
 
 def _plain_greedy(p: GenerationConfig) -> bool:
@@ -76,6 +77,7 @@ class GpuModelRunner(ModelRunner):
             and len(reqs) == b
             and all(s.num_tokens == 1 for s in out.scheduled)
             and self.buffers.fits(out)
+            and not merge.has_images(out.scheduled)
         ):
             bucket = g.bucket_for(b)
             self.buffers.prepare(out, padded_seqs=bucket)
