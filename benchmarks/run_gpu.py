@@ -21,6 +21,7 @@ from typing import Any
 
 # Llama-3-8B bf16: weights read per decode step (all but the embedding table), KV bytes per token.
 LLAMA3_8B_WEIGHT_BYTES = 15.0e9
+LLAMA3_8B_AWQ_WEIGHT_BYTES = 4.65e9  # int4 g128 + fp16 scales/zeros, bf16 lm_head (GPU.md)
 LLAMA3_8B_KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
 LLAMA3_8B_FLOP_PER_TOKEN = 16e9
 SMOLLM2_WEIGHT_BYTES = 0.27e9
@@ -118,6 +119,9 @@ def main() -> int:
                                        "--input-len", str(b256_ctx), "--output-len", "32", "--num-iters", "1",
                                        "--session-len", "2048", "--max-batch-size", "256",
                                        "--max-prefill-token-num", "16384"), 300),
+        "llama3_awq_bs1": (hotloop_cmd("latency", "llama3-8b", out, "llama3_awq_bs1", "--model-format", "awq",
+                                       "--batch-size", "1", "--input-len", "128", "--output-len", "128" if q else "512",
+                                       "--num-iters", "2" if q else "3", *gp), 300),
         "llama3_offline": (hotloop_cmd("throughput", "llama3-8b", out, "llama3_offline", "--num-prompts", str(n_req),
                                        "--input-len", "1024", "--output-len", "256" if q else "1024",
                                        "--session-len", "2048", "--max-batch-size", "256",
@@ -142,6 +146,8 @@ def main() -> int:
     table = [
         ("Llama-3-8B bs1 128/512 tok/s", get("llama3_bs1", "decode_tokens_per_s"), 1 / floor_bs1, ">= 254",
          get("hf_llama3_bs1", "output_tokens_per_s"), 200),
+        ("Llama-3-8B W4A16 bs1 128/512 tok/s", get("llama3_awq_bs1", "decode_tokens_per_s"),
+         1 / (LLAMA3_8B_AWQ_WEIGHT_BYTES / bw), ">= 700", None, 253),
         ("SmolLM2-135M bs1 128/512 tok/s", get("smollm2_bs1", "decode_tokens_per_s"), 1 / (SMOLLM2_WEIGHT_BYTES / bw),
          ">= 2500", get("hf_smollm2_bs1", "output_tokens_per_s"), 586),
         (f"Llama-3-8B offline {n_req}x1024/{256 if q else 1024} out tok/s", get("llama3_offline", "output_tokens_per_s"),
