@@ -57,7 +57,11 @@ class LocalExecutor:
         self.dtype = dtype
         logger.info("loading %s (%s) on %s as %s", model_path, model_config.architecture, device, dtype)
         self.model = load_model(
-            model_path, dtype, device, load_format=engine_config.load_format, model_format=engine_config.model_format
+            model_path,
+            dtype,
+            device,
+            load_format=engine_config.load_format,
+            model_format=engine_config.model_format,
         )
         bs = engine_config.cache_block_seq_len
         self.num_blocks = num_kv_blocks(
