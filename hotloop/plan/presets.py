@@ -98,8 +98,13 @@ def shape_from_config(config: dict[str, Any], name: str = "model") -> ModelShape
     )
 
 
+# The engine's dummy-weight presets (hotloop/models/presets.py) spell these without the dash.
+ALIASES = {"llama3-8b": "llama-3-8b", "llama3-70b": "llama-3-70b"}
+
+
 def load_shape(model: str) -> ModelShape:
     """A preset name, a folder holding config.json, or a config.json path."""
+    model = ALIASES.get(model, model)
     if model in PRESETS:
         return PRESETS[model]
     path = Path(model)
