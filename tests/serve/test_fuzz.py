@@ -72,7 +72,11 @@ BAD: dict[str, st.SearchStrategy[Any]] = {
     "top_k": st.integers(max_value=-2) | not_number,
     "seed": not_number | st.integers(min_value=2**64) | st.lists(st.integers(), min_size=1),
     "stop": st.integers() | st.lists(st.integers(), min_size=1) | st.lists(st.text(max_size=2), min_size=65),
-    "logit_bias": st.just({"abc": 1.0}) | st.just({"99999999": 1.0}) | st.just({"5": 1000.0}) | non_list,
+    "logit_bias": st.just({"abc": 1.0})
+    | st.just({"99999999": 1.0})
+    | st.just({"5": 1000.0})
+    | st.integers()
+    | not_number,  # not null (valid) nor a small dict (may be a valid bias)
     "response_format": st.just({"type": "json_schema"}) | st.just({"type": "xml"}) | not_number,
     "model": st.text(min_size=1, max_size=12).filter(lambda s: s != MODEL),
     "stream": not_number.filter(
