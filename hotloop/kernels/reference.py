@@ -72,18 +72,23 @@ def paged_attention(
         max_len = int(lens.max())
         nblk = (max_len + bs - 1) // bs
         tables = block_tables[idx, :nblk].long()
-        k = k_cache[tables].flatten(1, 2)[:, :max_len]  # [D, L, kv, d]
-        v = v_cache[tables].flatten(1, 2)[:, :max_len]
+        flat = tables.flatten()
+        k = k_cache.index_select(0, flat).view(len(decode_rows), nblk * bs, *k_cache.shape[2:])[:, :max_len]
+        v = v_cache.index_select(0, flat).view(len(decode_rows), nblk * bs, *v_cache.shape[2:])[:, :max_len]
         pos = torch.arange(max_len, device=q.device)
         valid = pos[None, :] < lens[:, None]
         if sliding_window is not None:
             valid &= pos[None, :] >= (lens[:, None] - sliding_window)
         qi = torch.tensor([starts[b] for b in decode_rows], dtype=torch.long, device=q.device)
         qd = q[qi].view(len(decode_rows), num_kv, group, head_dim).float()  # [D, kv, g, d]
-        scores = torch.einsum("nkgd,nlkd->nkgl", qd, load(k)) * scale
-        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-        probs = scores.softmax(dim=-1)
-        o = torch.einsum("nkgl,nlkd->nkgd", probs, load(v))
+        # The g query heads of a KV group act as g queries over that group's keys: no repeat of K/V.
+        o = F.scaled_dot_product_attention(
+            qd,
+            load(k).float().transpose(1, 2),  # [D, kv, L, d]
+            load(v).float().transpose(1, 2),
+            attn_mask=valid[:, None, None, :],
+            scale=scale,
+        )  # [D, kv, g, d]
         out[qi] = o.reshape(len(decode_rows), num_heads, head_dim).to(q.dtype)
         done = set(decode_rows)
     else:
