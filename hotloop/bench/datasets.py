@@ -28,9 +28,10 @@ _WORDS = (
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """One request: its prompt text, the planned prompt length in tokens, and max_tokens."""
+    """One request: its prompt (text, or token ids for /v1/completions), the planned prompt length
+    in tokens, and max_tokens."""
 
-    prompt: str
+    prompt: str | list[int]
     prompt_len: int
     output_len: int
 
@@ -63,17 +64,30 @@ def random_dataset(
     prefix_len: int = 0,
     seed: int = 0,
     tokenizer: Any | None = None,
+    token_id_vocab: int | None = None,
 ) -> list[BenchRequest]:
-    """Lengths uniform in ``[L * (1 - ratio), L * (1 + ratio)]``; an optional shared prefix."""
+    """Lengths uniform in ``[L * (1 - ratio), L * (1 + ratio)]``; an optional shared prefix.
+
+    With ``token_id_vocab``, prompts are lists of random token ids in ``[0, token_id_vocab)``: exact
+    lengths whatever the tokenizer (for ``/v1/completions``, which accepts token ids)."""
     if not 0.0 <= range_ratio < 1.0:
         raise ValueError(f"--random-range-ratio={range_ratio} must lie in [0, 1)")
     if input_len < 1 or output_len < 1 or num_prompts < 1:
         raise ValueError("--random-input-len, --random-output-len and --num-prompts must be >= 1")
     rng = random.Random(seed)
-    prefix = make_text(prefix_len, rng, tokenizer) + " " if prefix_len > 0 else ""
     in_lo, in_hi = _span(input_len, range_ratio)
     out_lo, out_hi = _span(output_len, range_ratio)
     out = []
+    if token_id_vocab is not None:
+        if token_id_vocab < 1:
+            raise ValueError(f"--random-token-ids={token_id_vocab} must be a vocabulary size >= 1")
+        prefix_ids = [rng.randrange(token_id_vocab) for _ in range(prefix_len)]
+        for _ in range(num_prompts):
+            n_in = rng.randint(in_lo, in_hi)
+            ids = prefix_ids + [rng.randrange(token_id_vocab) for _ in range(n_in)]
+            out.append(BenchRequest(ids, len(ids), rng.randint(out_lo, out_hi)))
+        return out
+    prefix = make_text(prefix_len, rng, tokenizer) + " " if prefix_len > 0 else ""
     for _ in range(num_prompts):
         n_in = rng.randint(in_lo, in_hi)
         n_out = rng.randint(out_lo, out_hi)

@@ -321,6 +321,7 @@ def build_requests(args: Any, tokenizer: Any | None = None) -> list[BenchRequest
             args.random_prefix_len,
             args.seed,
             tokenizer,
+            token_id_vocab=getattr(args, "random_token_ids", None),
         )
     return synthetic_chat_dataset(
         args.num_prompts,
@@ -344,6 +345,8 @@ def run(args: Any) -> int:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    if getattr(args, "random_token_ids", None) and args.endpoint.rstrip("/").endswith("chat/completions"):
+        raise ValueError("--random-token-ids sends token-id prompts, which only /v1/completions accepts")
     requests = build_requests(args, tokenizer)
     base_url = args.base_url or f"http://{args.host}:{args.port}"
     rate = math.inf if args.request_rate is None else args.request_rate

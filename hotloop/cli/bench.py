@@ -56,6 +56,14 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     data.add_argument(
         "--random-prefix-len", type=int, default=0, help="tokens of a prefix shared by every prompt"
     )
+    data.add_argument(
+        "--random-token-ids",
+        type=int,
+        default=None,
+        metavar="VOCAB",
+        help="random dataset: send prompts as token ids drawn from [0, VOCAB) for exact lengths "
+        "(/v1/completions only)",
+    )
     data.add_argument("--synthetic-input-median", type=float, default=180.0)
     data.add_argument("--synthetic-input-sigma", type=float, default=1.0)
     data.add_argument("--synthetic-output-median", type=float, default=160.0)
