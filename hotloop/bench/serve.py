@@ -107,7 +107,7 @@ async def send_request(
                 body = (await resp.aread()).decode("utf-8", "replace")
                 res.error = f"HTTP {resp.status_code}: {body[:300]}"
                 return res
-            async for line in resp.aiter_lines():
+            async for line in _sse_lines(resp):
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -309,6 +309,19 @@ def format_table(s: dict[str, Any], percentiles: list[float] | None = None) -> s
             row(f"P{_pct_name(p)} {key} (ms):", s[f"p{_pct_name(p)}_{name}_ms"])
     lines.append("=" * 60)
     return "\n".join(lines)
+
+
+async def _sse_lines(resp: Any) -> Any:
+    """Lines of an SSE body, split on ``\n`` only (SSE's rule). ``str.splitlines``-based readers
+    also split on U+2028 and friends, which JSON leaves unescaped inside strings."""
+    buf = b""
+    async for chunk in resp.aiter_bytes():
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for raw in lines:
+            yield raw.rstrip(b"\r").decode("utf-8", "replace")
+    if buf:
+        yield buf.rstrip(b"\r").decode("utf-8", "replace")
 
 
 def build_requests(args: Any, tokenizer: Any | None = None) -> list[BenchRequest]:

@@ -18,3 +18,20 @@ def test_token_id_prompts_have_exact_lengths_and_shared_prefix() -> None:
     )
     with pytest.raises(ValueError, match="vocabulary size"):
         random_dataset(1, 4, 4, token_id_vocab=0)
+
+
+def test_sse_lines_split_on_newline_only() -> None:
+    import asyncio
+
+    from hotloop.bench.serve import _sse_lines
+
+    class Resp:
+        async def aiter_bytes(self):  # type: ignore[no-untyped-def]
+            body = 'data: {"text": "a\u2028b"}\n\ndata: [DO'.encode() + b"NE]\r\n"
+            for i in range(0, len(body), 5):
+                yield body[i : i + 5]
+
+    async def collect() -> list[str]:
+        return [line async for line in _sse_lines(Resp())]
+
+    assert asyncio.run(collect()) == ['data: {"text": "a\u2028b"}', "", "data: [DONE]"]
