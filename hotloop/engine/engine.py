@@ -93,6 +93,13 @@ class Engine:
             raise RequestError(
                 f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})", param="prompt"
             )
+        bias = params.logit_bias or {}
+        outside = [t for t in bias if not (isinstance(t, int) and 0 <= t < vocab)]
+        if outside:
+            raise RequestError(
+                f"logit_bias token id {outside[0]!r} is outside the vocabulary [0, {vocab})",
+                param="logit_bias",
+            )
         limit = self.max_tokens_per_request
         m = params.max_new_tokens
         if p + m > limit:

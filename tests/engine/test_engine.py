@@ -137,6 +137,8 @@ def test_refusals_name_the_limit_and_leave_the_pool_alone() -> None:
         e.add_request("y", [], GenerationConfig())
     with pytest.raises(RequestError, match=r"outside the vocabulary \[0, 128\)"):
         e.add_request("z", [500], GenerationConfig(max_new_tokens=1))
+    with pytest.raises(RequestError, match=r"logit_bias token id 128 is outside the vocabulary"):
+        e.add_request("b", [65], GenerationConfig(max_new_tokens=1, logit_bias={5: 1.0, 128: 2.0}))
     e.add_request("ok", [65], GenerationConfig(max_new_tokens=1))
     with pytest.raises(RequestError, match="already in use"):
         e.add_request("ok", [65], GenerationConfig(max_new_tokens=1))
