@@ -61,6 +61,7 @@ class EngineConfig:
     eager_mode: bool = False
     load_format: str = "auto"
     seed: int = 0
+    vision_max_batch_size: int = 16
 
     def __post_init__(self) -> None:
         backend = BACKEND_ALIASES.get(self.backend, self.backend)
@@ -105,6 +106,10 @@ class EngineConfig:
         _check(
             self.load_format in LOAD_FORMATS,
             f"load_format={self.load_format!r} must be one of {LOAD_FORMATS}",
+        )
+        _check(
+            isinstance(self.vision_max_batch_size, int) and self.vision_max_batch_size >= 1,
+            f"vision_max_batch_size={self.vision_max_batch_size!r} must be an integer >= 1",
         )
 
     def replace(self, **changes: Any) -> EngineConfig:

@@ -23,6 +23,7 @@ _HELP = {
     "eager_mode": "disable CUDA graphs",
     "load_format": f"weights: {', '.join(LOAD_FORMATS)} (dummy: random weights from the config)",
     "seed": "engine-wide random seed",
+    "vision_max_batch_size": "most images the vision encoder runs at once (vision-language models)",
 }
 
 

@@ -98,9 +98,12 @@ class LocalExecutor:
                 max_num_tokens=engine_config.max_prefill_token_num + engine_config.max_batch_size,
                 session_len=session_len,
                 use_cuda_graph=not engine_config.eager_mode,
+                vision_max_batch_size=engine_config.vision_max_batch_size,
             )
         else:
-            self.runner = ModelRunner(cast(CausalLM, self.model), self.kv_caches, bs, device)
+            self.runner = ModelRunner(
+                cast(CausalLM, self.model), self.kv_caches, bs, device, engine_config.vision_max_batch_size
+            )
 
     def execute(self, out: SchedulerOutput) -> list[SampledToken]:
         return self.runner.execute(out)

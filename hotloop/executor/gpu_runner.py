@@ -47,8 +47,9 @@ class GpuModelRunner(ModelRunner):
         max_num_tokens: int,
         session_len: int,
         use_cuda_graph: bool = True,
+        vision_max_batch_size: int = 16,
     ) -> None:
-        super().__init__(model, kv_caches, block_size, device)
+        super().__init__(model, kv_caches, block_size, device, vision_max_batch_size)
         width = -(-session_len // block_size) + 1
         self.buffers = InputBuffers(max_num_tokens, max_batch_size, width, block_size, device)
         self.graphs: DecodeGraphs | None = None

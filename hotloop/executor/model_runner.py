@@ -43,11 +43,13 @@ class ModelRunner:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         block_size: int,
         device: torch.device,
+        vision_max_batch_size: int = 16,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
+        self.vision_max_batch_size = vision_max_batch_size
         self.sampler = Sampler()
 
     def prepare(
@@ -92,7 +94,9 @@ class ModelRunner:
         if not merge.has_images(out.scheduled):
             return {}
         model = cast(merge.VisionLanguageModel, self.model)
-        return {"inputs_embeds": merge.merged_embeddings(model, out.scheduled, ids)}
+        return {
+            "inputs_embeds": merge.merged_embeddings(model, out.scheduled, ids, self.vision_max_batch_size)
+        }
 
     def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
         gens: list[torch.Generator | None] = []

@@ -96,3 +96,34 @@ def test_bad_image_spans_are_refused(make_tiny_llava: Callable[[str], Path], ima
     with pytest.raises(RequestError, match="image 0 fills tokens"):
         built.engine.add_request("x", ids[:10], PARAMS, mm_inputs=mm)
     assert built.engine.num_free_blocks == built.engine.num_total_blocks
+
+
+def test_vision_max_batch_size_caps_encoder_batches(
+    make_tiny_llava: Callable[[str], Path], images: list[Any]
+) -> None:
+    path = make_tiny_llava("default")
+    prompts = [(f"Image {i}: <image> what now?", [images[i]]) for i in range(3)]
+    expected = [out for _ids, out in hf_llava_greedy(path, prompts, MAX_NEW)]
+    cfg = EngineConfig(device="cpu", dtype="float32", cache_block_seq_len=4, cache_max_entry_count=128)
+    batches: dict[int, list[int]] = {}
+    for cap in (1, 2):
+        built = build_engine(str(path), cfg.replace(vision_max_batch_size=cap))
+        model = built.engine.executor.model  # type: ignore[attr-defined]
+        encode = model.encode_images
+        seen: list[int] = []
+
+        def counting(pixels: Any, encode: Any = encode, seen: list[int] = seen) -> Any:
+            seen.append(len(pixels))
+            return encode(pixels)
+
+        model.encode_images = counting
+        vl = build_vl_processor(path, built.model_config.hf_config, built.tokenizer)
+        assert vl is not None
+        reqs = []
+        for i, (text, imgs) in enumerate(prompts):
+            ids, mm = vl.expand(built.tokenizer.encode(text), imgs)
+            reqs.append((str(i), ids, mm))
+        got = _serve(built.engine, reqs)
+        assert [got[str(i)][0] for i in range(3)] == expected
+        batches[cap] = seen
+    assert batches == {1: [1, 1, 1], 2: [2, 1]}  # all three prefills land in one step
