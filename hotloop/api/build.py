@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 from hotloop.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from hotloop.engine.engine import Engine
 from hotloop.executor.executor import LocalExecutor, resolve_device, resolve_dtype
+from hotloop.messages import GenerationConfig
 from hotloop.models.loader import model_config_from_path
 from hotloop.models.registry import resolve_architecture
 from hotloop.models.resolve import resolve_model_path
@@ -70,4 +71,17 @@ def build_engine(model: str | None, config: EngineConfig | None = None) -> Built
             session_len=session_len,
         ),
     )
+    if device.type == "cuda":
+        warm_up(engine)
     return BuiltEngine(engine, path, model_config, backend, device.type, tokenizer)
+
+
+def warm_up(engine: Engine, prompt_len: int = 64) -> None:
+    """Run one short request to the end before serving, so that the first real request does not pay
+    for compiling the prefill and mixed-step kernels (Triton compiles on first use; several seconds
+    on the GPU). Leaves the pool as it found it; with prefix caching its blocks may stay cached."""
+    n = max(1, min(prompt_len, engine.max_tokens_per_request - 2))
+    engine.add_request("hotloop-warmup", [0] * n, GenerationConfig(max_new_tokens=2, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    logger.info("warm-up request done (%d prompt tokens)", n)
