@@ -8,6 +8,7 @@ canonicalised (``canonical_name``), text tensors go to the decoder's own loader,
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
@@ -50,7 +51,7 @@ def canonical_name(name: str) -> str:
     return name
 
 
-class VisionLanguageModel(nn.Module):
+class VisionLanguageModel(nn.Module, abc.ABC):
     language_model: LlamaForCausalLM
 
     def __init__(self, hf_config: Any, dtype: torch.dtype) -> None:
@@ -76,6 +77,7 @@ class VisionLanguageModel(nn.Module):
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.language_model.model.embed_tokens(input_ids)
 
+    @abc.abstractmethod
     def encode_images(self, pixel_values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Each image's pixels -> its ``[num_image_tokens, hidden]`` embeddings."""
         raise NotImplementedError

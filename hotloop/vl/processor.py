@@ -7,6 +7,7 @@ the model's transformers processor does, and returns one ``ImageInput`` per imag
 
 from __future__ import annotations
 
+import abc
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ from hotloop.vl.inputs import ImageInput, pixel_hash
 from hotloop.vl.internvl_preprocess import TileConfig, preprocess_tiles
 
 
-class VLProcessor:
+class VLProcessor(abc.ABC):
     """Base class: subclasses define ``preprocess`` and ``image_token_ids``."""
 
     name = "vl"
@@ -30,10 +31,12 @@ class VLProcessor:
         self.image_token_id = image_token_id
         self.placeholder = placeholder
 
+    @abc.abstractmethod
     def preprocess(self, image: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         """A ``PIL.Image`` -> (pixel values, extra facts for the encoder)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def image_token_ids(self, pixel_values: torch.Tensor, extra: dict[str, Any]) -> tuple[list[int], int]:
         """The tokens that replace one placeholder, and the offset of the embedding span in them
         (the span runs to the end unless a subclass wraps it in start/end tokens)."""
