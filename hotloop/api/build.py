@@ -70,6 +70,7 @@ def build_engine(model: str | None, config: EngineConfig | None = None) -> Built
             max_prefill_token_num=config.max_prefill_token_num,
             session_len=session_len,
         ),
+        overlap=not config.disable_overlap_schedule,
     )
     if device.type == "cuda":
         warm_up(engine)

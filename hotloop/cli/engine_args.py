@@ -21,6 +21,7 @@ _HELP = {
     "quant_policy": "KV cache quantization: 0 (none), 8 (int8), 4 (int4)",
     "model_format": "weight format: hf, gguf, awq (default: detected)",
     "eager_mode": "disable CUDA graphs",
+    "disable_overlap_schedule": "collect each step before scheduling the next (by default the host prepares step N+1 while the GPU runs step N)",
     "load_format": f"weights: {', '.join(LOAD_FORMATS)} (dummy: random weights from the config)",
     "seed": "engine-wide random seed",
     "vision_max_batch_size": "most images the vision encoder runs at once (vision-language models)",

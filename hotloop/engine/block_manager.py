@@ -114,6 +114,7 @@ class BlockManager:
             for b in reversed(released):
                 pc.release(b)
         request.block_ids.clear()
+        request.num_registered_blocks = 0
 
     # -- prefix caching ------------------------------------------------------------------------
     def lookup_prefix(self, request: Request) -> list[int]:
@@ -145,24 +146,28 @@ class BlockManager:
                 pc.reclaim(b)
             self._ref_counts[b] += 1
         request.block_ids.extend(cached)
+        request.num_registered_blocks = len(cached)
         num_cached = len(cached) * self.block_size
         self.prefix_queries += request.num_tokens
         self.prefix_hits += num_cached
         return num_cached
 
-    def cache_full_blocks(self, request: Request, start: int, num_tokens: int) -> None:
-        """Register the blocks that became full when tokens ``start .. start+num_tokens`` were
-        computed (call after the step ran, so only computed K/V is ever shared)."""
+    def cache_full_blocks(self, request: Request) -> None:
+        """Register the full blocks whose K/V has been handed to the executor and whose token ids
+        the host knows (a block ending in a still-pending sampled token waits for a later call).
+        Readers of a registered block run in later steps, after the writes on the same stream."""
         pc = self.prefix_cache
         if pc is None:
             return
-        first, end = start // self.block_size, (start + num_tokens) // self.block_size
+        first = request.num_registered_blocks
+        end = min(request.num_computed_tokens, request.num_tokens) // self.block_size
         if end <= first:
             return
         hashes = self._hashes(request, end)
         for i in range(first, end):
             # An equal block computed by another request in the same step stays private.
             pc.register(request.block_ids[i], hashes[i])
+        request.num_registered_blocks = end
 
     def _hashes(self, request: Request, num_blocks: int) -> list[int]:
         """The chain hashes of the first ``num_blocks`` full blocks, computed once per request."""

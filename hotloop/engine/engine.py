@@ -3,6 +3,14 @@
 Thread-safe at its edge: ``add_request`` / ``abort_request`` may be called from any thread; they
 validate at once (raising ``RequestError``) and leave the request in an inbox that the next
 ``step()`` drains. Everything else runs on the thread that calls ``step()``.
+
+Overlapped scheduling (``overlap=True``, the default on the GPU): ``step()`` schedules and launches
+step N+1 *before* it collects step N's sampled tokens, so the host's scheduling, input preparation,
+stop checks and detokenization run while the GPU computes. A request's token from step N is then
+"pending": it counts for scheduling and the runner reads its id on the device. The price is at most
+one wasted token per finishing request (computed, then dropped). Requests whose next step needs
+their whole history on the host (repetition/presence/frequency penalties) and steps that must
+preempt are not overlapped: the engine collects first. Outputs are identical either way.
 """
 
 from __future__ import annotations
@@ -23,7 +31,12 @@ from hotloop.messages import GenerationConfig, RequestError
 
 class Executor(Protocol):
     """Runs the scheduled tokens; returns one ``SampledToken`` per scheduled request that samples,
-    in the order of ``out.scheduled``."""
+    in the order of ``out.scheduled``.
+
+    An executor may also offer ``launch(out) -> handle`` (start the step without waiting; token
+    ids a request has pending from the previous launch are read on the device) and
+    ``collect(handle) -> list[SampledToken]``; the engine overlaps steps only with those.
+    """
 
     def execute(self, out: SchedulerOutput) -> list[SampledToken]: ...
 
@@ -55,8 +68,13 @@ class Engine:
         model_config: ModelConfig,
         cache_config: CacheConfig,
         scheduler_config: SchedulerConfig,
+        overlap: bool = False,
     ) -> None:
         self.executor = executor
+        self.overlap = overlap and hasattr(executor, "launch") and hasattr(executor, "collect")
+        self._inflight: tuple[SchedulerOutput, Any] | None = None
+        self._stash: list[RequestOutput] = []  # outputs collected outside step(), returned by the next
+        self.num_overlapped_steps = 0
         self.tokenizer = tokenizer
         self.model_config = model_config
         self.cache_config = cache_config
@@ -158,19 +176,60 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         with self._lock:
-            pending = bool(self._inbox or self._aborts)
-        return pending or self.scheduler.has_unfinished()
+            pending = bool(self._inbox or self._aborts or self._stash)
+        return pending or self._inflight is not None or self.scheduler.has_unfinished()
 
     # -- the loop (one thread) -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        outputs = self._drain_inbox()
+        outputs, self._stash = self._stash, []
+        outputs += self._drain_inbox()
+        if self._inflight is not None and not self._may_overlap():
+            outputs += self._collect()
         out = self.scheduler.schedule()
         if out.is_empty:
+            if self._inflight is not None:
+                outputs += self._collect()
             return outputs
-        sampled = self.executor.execute(out)
+        if not self.overlap:
+            sampled = self.executor.execute(out)
+            self.scheduler.advance(out)
+            self.num_steps += 1
+            return outputs + self._update(out, sampled)
+        handle = self.executor.launch(out)  # type: ignore[attr-defined]
         self.scheduler.advance(out)
         self.num_steps += 1
-        return outputs + self._update(out, sampled)
+        if self._inflight is not None:
+            outputs += self._collect()
+            self.num_overlapped_steps += 1
+        self._inflight = (out, handle)
+        return outputs
+
+    def _collect(self) -> list[RequestOutput]:
+        """Wait for the step in flight and apply its sampled tokens."""
+        assert self._inflight is not None
+        out, handle = self._inflight
+        self._inflight = None
+        return self._update(out, self.executor.collect(handle))  # type: ignore[attr-defined]
+
+    def _may_overlap(self) -> bool:
+        """Whether the next step can be scheduled before the one in flight is collected: no request
+        with a pending token needs its output history on the host, and no request will need a block
+        that is not free (preemption recomputes from known tokens)."""
+        free = self.block_manager.num_free_blocks
+        bs = self.cache_config.block_size
+        for req in self.scheduler.running:
+            if not req.num_pending_tokens:
+                continue
+            p = req.params
+            if p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+                return False
+            if req.num_computed_tokens % bs == 0:
+                free -= 1
+        return free >= 0
+
+    def sync(self) -> list[RequestOutput]:
+        """Collect the step in flight, if any (before work that must see every token)."""
+        return self._collect() if self._inflight is not None else []
 
     def _drain_inbox(self) -> list[RequestOutput]:
         with self._lock:
@@ -193,6 +252,9 @@ class Engine:
         now = time.monotonic()
         outputs = []
         for req, tok in zip(samplers, sampled, strict=True):
+            if req.is_finished:  # finished (or aborted) while this step was in flight: drop it
+                continue
+            req.num_pending_tokens -= 1
             req.output_token_ids.append(tok.token_id)
             if tok.logprob is not None:
                 req.output_logprobs.append(tok.logprob)
@@ -251,6 +313,7 @@ class Engine:
         """
         if len(token_ids) < 2:
             raise RequestError("scoring needs at least two tokens", param="input_ids")
+        self._stash += self.sync()  # the runner's input buffers must be free; outputs wait for step()
         self.validate(token_ids[:-1], GenerationConfig(max_new_tokens=1))
         req = Request(f"score-{id(token_ids)}", list(token_ids), GenerationConfig(max_new_tokens=1))
         if self.block_manager.blocks_for(len(token_ids)) > self.block_manager.num_free_blocks:

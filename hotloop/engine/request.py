@@ -58,6 +58,12 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
+    # Overlapped scheduling: tokens already sampled on the device by a step whose output the host
+    # has not collected yet (0 or 1). They count as known tokens for scheduling; the runner takes
+    # their ids from the device.
+    num_pending_tokens: int = 0
+    # Prefix caching: how many leading full blocks are registered in the cache.
+    num_registered_blocks: int = 0
     num_preemptions: int = 0
     # Prefix caching: chain hashes of the full blocks of the known tokens (they depend on the
     # tokens only, so they survive preemption), and keys that separate equal token spans.
@@ -73,6 +79,10 @@ class Request:
     # the embeddings of those the encoder has run for, by index, until their tokens are computed.
     mm_inputs: tuple[Any, ...] = ()
     mm_embeds: dict[int, Any] = field(default_factory=dict)
+    # M-RoPE models (Qwen2-VL): the prompt's ``[3, P]`` position ids (temporal, height, width), and
+    # the offset of every later token: token ``i >= P`` sits at position ``i + position_delta``.
+    mrope_positions: Any = None
+    position_delta: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -85,6 +95,19 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Known tokens including the pending one: what the scheduler may compute up to."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending_tokens
+
+    @property
+    def generation_done(self) -> bool:
+        """With its pending token counted, the request has reached max_new_tokens: it will finish
+        when that token is collected, so it needs no further step."""
+        return self.num_pending_tokens > 0 and (
+            len(self.output_token_ids) + self.num_pending_tokens >= self.params.max_new_tokens
+        )
 
     @property
     def max_new_tokens(self) -> int:

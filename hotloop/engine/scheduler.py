@@ -34,7 +34,7 @@ class ScheduledRequest:
     @classmethod
     def of(cls, request: Request, num_tokens: int) -> ScheduledRequest:
         start = request.num_computed_tokens
-        return cls(request, num_tokens, start, start + num_tokens == request.num_tokens)
+        return cls(request, num_tokens, start, start + num_tokens == request.num_scheduled_tokens)
 
 
 @dataclass(slots=True)
@@ -73,8 +73,10 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        self.block_manager.cache_full_blocks(request)  # e.g. a finished turn, for the next one
         self.block_manager.free(request)
         request.status = status
+        request.num_pending_tokens = 0
 
     @property
     def num_running(self) -> int:
@@ -97,9 +99,9 @@ class Scheduler:
         idx = 0
         while idx < len(self.running):
             req = self.running[idx]
-            remaining = req.num_tokens - req.num_computed_tokens
+            remaining = req.num_scheduled_tokens - req.num_computed_tokens
             n = remaining if remaining == 1 else min(remaining, budget)
-            if n == 0:
+            if n == 0 or req.generation_done or req.num_scheduled_tokens >= self.config.session_len:
                 idx += 1
                 continue
             while not bm.can_allocate(req, n):
@@ -152,8 +154,11 @@ class Scheduler:
         self.num_preemptions += 1
 
     def advance(self, out: SchedulerOutput) -> None:
-        """Record that the executor computed this step's tokens."""
+        """Record that the executor computed (or, overlapped, was handed) this step's tokens; a
+        request that samples now has a pending token until the engine collects it."""
         bm = self.block_manager
         for s in out.scheduled:
             s.request.num_computed_tokens += s.num_tokens
-            bm.cache_full_blocks(s.request, s.start, s.num_tokens)
+            if s.samples:
+                s.request.num_pending_tokens += 1
+            bm.cache_full_blocks(s.request)

@@ -12,7 +12,7 @@ from hotloop.engine.outputs import SampledToken
 from hotloop.engine.request import Request
 from hotloop.engine.scheduler import SchedulerOutput
 from hotloop.executor.kv_cache import allocate_kv_cache, block_bytes, num_kv_blocks
-from hotloop.executor.model_runner import CausalLM, ModelRunner
+from hotloop.executor.model_runner import CausalLM, ModelRunner, StepHandle
 from hotloop.models.loader import load_model
 from hotloop.utils.logging import get_logger
 
@@ -107,6 +107,13 @@ class LocalExecutor:
 
     def execute(self, out: SchedulerOutput) -> list[SampledToken]:
         return self.runner.execute(out)
+
+    def launch(self, out: SchedulerOutput) -> StepHandle:
+        """Start a step without waiting for it (see ``Engine`` for overlapped scheduling)."""
+        return self.runner.launch(out)
+
+    def collect(self, handle: StepHandle) -> list[SampledToken]:
+        return self.runner.collect(handle)
 
     def score(self, request: Request, start: int, num_tokens: int) -> list[float]:
         return self.runner.score(request, start, num_tokens)

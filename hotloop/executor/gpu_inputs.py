@@ -2,7 +2,9 @@
 
 Every step's flat inputs (token ids, positions, KV slots, block tables, sequence and query lengths)
 live at fixed device addresses, which is what a captured CUDA graph replays against. The host side
-writes numpy views of pinned buffers and issues one asynchronous copy per tensor.
+writes numpy views of pinned buffers and issues one asynchronous copy per tensor. There are two sets
+of pinned buffers, used in turn: with overlapped scheduling the host fills step N+1's while step N's
+copies may still be queued behind the GPU, and by step N+2 the engine has waited for step N.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hotloop.engine.request import Request
 from hotloop.engine.scheduler import SchedulerOutput
+from hotloop.executor.model_runner import known_token_ids, pending_index
 from hotloop.layers.attention import AttentionMetadata
 
 
@@ -25,6 +29,26 @@ class StepInputs:
     meta: AttentionMetadata
     logits_rows: list[int]  # row of the flat batch whose logits are sampled, per sampling request
     num_seqs: int  # real sequences (the graph may run a padded batch)
+    pending_dst: torch.Tensor | None = None  # [P] rows of input_ids that take a pending token
+    pending_reqs: list[Request] | None = None  # whose pending token, per row of pending_dst
+
+
+class _HostSet:
+    """One set of pinned host mirrors (and their numpy views) of the device inputs."""
+
+    def __init__(self, max_tokens: int, max_seqs: int, width: int, pin: bool) -> None:
+        def host(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
+            t = torch.zeros(shape, dtype=dtype, pin_memory=pin)
+            return t, t.numpy()
+
+        self.ids_h, self.ids = host((max_tokens,), torch.int64)
+        self.pos_h, self.pos = host((max_tokens,), torch.int64)
+        self.slots_h, self.slots = host((max_tokens,), torch.int64)
+        self.lens_h, self.lens = host((max_seqs,), torch.int32)
+        self.qs_h, self.qs = host((max_seqs + 1,), torch.int32)
+        self.bt_h, self.bt = host((max_seqs, width), torch.int32)
+        self.fix_h, self.fix = host((max_seqs,), torch.int64)
+        self.rows: list[tuple[int, int]] = []  # per table row: (id of the request written there, blocks)
 
 
 class InputBuffers:
@@ -39,18 +63,19 @@ class InputBuffers:
         self.block_size = block_size
         self.device = device
 
-        def pair(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-            dev = torch.zeros(shape, dtype=dtype, device=device)
-            host = torch.zeros(shape, dtype=dtype, pin_memory=device.type == "cuda")
-            return dev, host, host.numpy()
+        def dev(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
 
-        self.input_ids, self._ids_h, self.ids_np = pair((max_tokens,), torch.int64)
-        self.positions, self._pos_h, self.pos_np = pair((max_tokens,), torch.int64)
-        self.slots, self._slots_h, self.slots_np = pair((max_tokens,), torch.int64)
-        self.seq_lens, self._lens_h, self.lens_np = pair((max_seqs,), torch.int32)
-        self.query_start, self._qs_h, self.qs_np = pair((max_seqs + 1,), torch.int32)
-        self.block_tables, self._bt_h, self.bt_np = pair((max_seqs, max_blocks_per_seq), torch.int32)
-        self._rows: list[tuple[int, int]] = []  # per row: (id of the request last written there, blocks)
+        self.input_ids = dev((max_tokens,), torch.int64)
+        self.positions = dev((max_tokens,), torch.int64)
+        self.slots = dev((max_tokens,), torch.int64)
+        self.seq_lens = dev((max_seqs,), torch.int32)
+        self.query_start = dev((max_seqs + 1,), torch.int32)
+        self.block_tables = dev((max_seqs, max_blocks_per_seq), torch.int32)
+        self.pending_dst = dev((max_seqs,), torch.int64)
+        pin = device.type == "cuda"
+        self._sets = [_HostSet(max_tokens, max_seqs, max_blocks_per_seq, pin) for _ in range(2)]
+        self._turn = 0
 
     def fits(self, out: SchedulerOutput) -> bool:
         return (
@@ -63,14 +88,11 @@ class InputBuffers:
         """Fill the buffers for ``out``; with ``padded_seqs`` (decode only) pad the batch to that size
         with rows that read nothing (seq_len 0) and write nothing (slot -1)."""
         bs = self.block_size
-        ids, pos, slots, lens, qs, bt = (
-            self.ids_np,
-            self.pos_np,
-            self.slots_np,
-            self.lens_np,
-            self.qs_np,
-            self.bt_np,
-        )
+        h = self._sets[self._turn]
+        self._turn ^= 1
+        ids, pos, slots, lens, qs, bt = h.ids, h.pos, h.slots, h.lens, h.qs, h.bt
+        fix: list[int] = []
+        fix_reqs: list[Request] = []
         query_lens: list[int] = []
         seq_lens: list[int] = []
         rows: list[int] = []
@@ -85,27 +107,36 @@ class InputBuffers:
             nb = len(blocks)
             # Block-table rows persist across steps: write only what changed since this row's last step.
             rid = id(req)
-            if i < len(self._rows) and self._rows[i][0] == rid and self._rows[i][1] <= nb:
-                done = self._rows[i][1]
+            rows_seen = h.rows
+            if i < len(rows_seen) and rows_seen[i][0] == rid and rows_seen[i][1] <= nb:
+                done = rows_seen[i][1]
                 if done < nb:
                     bt[i, done:nb] = blocks[done:]
-                self._rows[i] = (rid, nb)
+                rows_seen[i] = (rid, nb)
             else:
                 bt[i, :nb] = blocks
-                if i < len(self._rows):
-                    self._rows[i] = (rid, nb)
+                if i < len(rows_seen):
+                    rows_seen[i] = (rid, nb)
                 else:
-                    self._rows.append((rid, nb))
+                    rows_seen.append((rid, nb))
+            pi = pending_index(req, start, n)
+            if pi is not None:
+                fix.append(t + pi)
+                fix_reqs.append(req)
+            delta = req.position_delta
             if n == 1:
                 p0 = req.num_prompt_tokens
-                ids[t] = req.output_token_ids[start - p0] if start >= p0 else req.prompt_token_ids[start]
-                pos[t] = start
+                if pi is not None:
+                    ids[t] = 0
+                else:
+                    ids[t] = req.output_token_ids[start - p0] if start >= p0 else req.prompt_token_ids[start]
+                pos[t] = start + delta
                 slots[t] = blocks[start // bs] * bs + start % bs
             else:
                 decode_only = False
-                ids[t : t + n] = req.token_ids(start, end)
+                ids[t : t + n] = known_token_ids(req, start, end)
                 p = np.arange(start, end, dtype=np.int64)
-                pos[t : t + n] = p
+                pos[t : t + n] = p + delta
                 slots[t : t + n] = np.asarray(blocks, dtype=np.int64)[p // bs] * bs + p % bs
             qs[i] = t
             lens[i] = end
@@ -125,15 +156,20 @@ class InputBuffers:
             slots[t : t + pad] = -1
             lens[b:padded_seqs] = 0
             nseq = ntok = padded_seqs
-        self.input_ids[:ntok].copy_(self._ids_h[:ntok], non_blocking=True)
-        self.positions[:ntok].copy_(self._pos_h[:ntok], non_blocking=True)
-        self.slots[:ntok].copy_(self._slots_h[:ntok], non_blocking=True)
-        self.seq_lens[:nseq].copy_(self._lens_h[:nseq], non_blocking=True)
-        self.query_start[: b + 1].copy_(self._qs_h[: b + 1], non_blocking=True)
+        self.input_ids[:ntok].copy_(h.ids_h[:ntok], non_blocking=True)
+        self.positions[:ntok].copy_(h.pos_h[:ntok], non_blocking=True)
+        self.slots[:ntok].copy_(h.slots_h[:ntok], non_blocking=True)
+        self.seq_lens[:nseq].copy_(h.lens_h[:nseq], non_blocking=True)
+        self.query_start[: b + 1].copy_(h.qs_h[: b + 1], non_blocking=True)
         width = max(len(s.request.block_ids) for s in out.scheduled) if b else 1
         if padded_seqs is not None:
             width = self.width  # a graph was captured over the full table
-        self.block_tables[:b, :width].copy_(self._bt_h[:b, :width], non_blocking=True)
+        self.block_tables[:b, :width].copy_(h.bt_h[:b, :width], non_blocking=True)
+        pending_dst = None
+        if fix:
+            h.fix[: len(fix)] = fix
+            pending_dst = self.pending_dst[: len(fix)]
+            pending_dst.copy_(h.fix_h[: len(fix)], non_blocking=True)
         meta = AttentionMetadata(
             slot_mapping=self.slots[:ntok],
             block_tables=self.block_tables[:nseq, :width],
@@ -144,7 +180,9 @@ class InputBuffers:
             max_query_len=max(query_lens, default=0),
             decode_only=decode_only,
         )
-        return StepInputs(self.input_ids[:ntok], self.positions[:ntok], meta, rows, b)
+        return StepInputs(
+            self.input_ids[:ntok], self.positions[:ntok], meta, rows, b, pending_dst, fix_reqs or None
+        )
 
     def graph_meta(self, batch: int) -> AttentionMetadata:
         """The metadata a decode graph of ``batch`` rows is captured with (views of the buffers)."""

@@ -3,7 +3,9 @@
 A decode-only step whose batch fits a captured bucket replays that graph (model, LM head and greedy
 argmax in one launch); other steps (prefill, chunked prefill, mixed) run eagerly over the same
 buffers with the Triton kernels. When every row is plain greedy the graph's argmax is the answer and
-the sampler is skipped; one device-to-host copy of the chosen ids ends the step.
+the sampler is skipped. ``launch`` ends with an asynchronous copy of the sampled ids into pinned
+memory and an event; ``collect`` waits on that event only, so the host can prepare and launch the
+next step while this one runs (overlapped scheduling, see ``engine.engine``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from hotloop.engine.outputs import SampledToken
 from hotloop.engine.request import Request
 from hotloop.engine.scheduler import SchedulerOutput
 from hotloop.executor.cuda_graph import DecodeGraphs
-from hotloop.executor.gpu_inputs import InputBuffers
-from hotloop.executor.model_runner import CausalLM, ModelRunner, _to_tokens
+from hotloop.executor.gpu_inputs import InputBuffers, StepInputs
+from hotloop.executor.model_runner import CausalLM, ModelRunner, StepHandle
+from hotloop.executor.sampler import SamplerOutput
 from hotloop.layers.attention import AttentionMetadata
 from hotloop.messages import GenerationConfig
-from hotloop.vl import merge
+from hotloop.vl import merge, mrope
 
 
 def _plain_greedy(p: GenerationConfig) -> bool:
@@ -65,10 +68,16 @@ class GpuModelRunner(ModelRunner):
         if not self.buffers.fits(out):
             return super().prepare(out)
         step = self.buffers.prepare(out)
+        self._patch(step)
         return step.input_ids, step.positions, step.meta, step.logits_rows
 
+    def _patch(self, step: StepInputs) -> None:
+        if step.pending_dst is not None and step.pending_reqs:
+            self.patch_pending(step.input_ids, step.pending_dst, step.pending_reqs)
+
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> list[SampledToken]:
+    def launch(self, out: SchedulerOutput) -> StepHandle:
+        mrope.ensure_positions(out.scheduled)
         reqs = [s.request for s in out.scheduled if s.samples]
         g = self.graphs
         b = len(out.scheduled)
@@ -79,36 +88,62 @@ class GpuModelRunner(ModelRunner):
             and all(s.num_tokens == 1 for s in out.scheduled)
             and self.buffers.fits(out)
             and not merge.has_images(out.scheduled)
+            and not mrope.needs_3d(out.scheduled)
         ):
             bucket = g.bucket_for(b)
-            self.buffers.prepare(out, padded_seqs=bucket)
+            self._patch(self.buffers.prepare(out, padded_seqs=bucket))
             logits, greedy = g.run(bucket)
             self.num_graph_steps += 1
             return self._sample(logits[:b], greedy[:b], reqs)
         self.num_eager_steps += 1
         ids, pos, meta, rows = self.prepare(out)
+        pos = mrope.step_positions(out.scheduled, pos)
         hidden = self.model(ids, pos, self.kv_caches, meta, **self.multimodal_kwargs(out, ids))
         if not reqs:
-            return []
+            return self._launched([], None)
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
         return self._sample(logits, None, reqs)
 
-    def _sample(
-        self, logits: torch.Tensor, greedy: torch.Tensor | None, reqs: list[Request]
-    ) -> list[SampledToken]:
+    def _sample(self, logits: torch.Tensor, greedy: torch.Tensor | None, reqs: list[Request]) -> StepHandle:
+        """Sample on the device and start copying the result to pinned host memory."""
         if all(
-            _plain_greedy(r.params) and r.num_output_tokens >= (r.params.min_new_tokens or 0) for r in reqs
+            _plain_greedy(r.params)
+            and r.num_output_tokens + r.num_pending_tokens >= (r.params.min_new_tokens or 0)
+            for r in reqs
         ):
             ids = greedy if greedy is not None else logits.argmax(dim=-1)
+            result = SamplerOutput(ids, None, None, None)
+        else:
+            result = self.sampler(logits, self._sampling_metadata(reqs))
+        handle = self._launched(reqs, result)
+        if result.token_ids.is_cuda:  # (the runner also runs on the CPU under TRITON_INTERPRET)
+            host_ids = _to_pinned(result.token_ids)
+            assert host_ids is not None
+            handle.host = SamplerOutput(
+                host_ids,
+                _to_pinned(result.logprobs),
+                _to_pinned(result.top_ids),
+                _to_pinned(result.top_logprobs),
+            )
+            handle.event = torch.cuda.Event()
+            handle.event.record()
+        return handle
+
+    def collect(self, handle: StepHandle) -> list[SampledToken]:
+        if handle.event is not None:
             t0 = time.perf_counter()
-            token_ids = ids.tolist()
+            handle.event.synchronize()
             self.wait_s += time.perf_counter() - t0
-            return [SampledToken(t) for t in token_ids]
-        result = self.sampler(logits, self._sampling_metadata(reqs))
-        t0 = time.perf_counter()
-        result.token_ids.cpu()
-        self.wait_s += time.perf_counter() - t0
-        return _to_tokens(result, reqs)
+        return super().collect(handle)
+
+
+def _to_pinned(t: torch.Tensor | None) -> torch.Tensor | None:
+    """An asynchronous copy of ``t`` into (cached) pinned host memory, valid after the step's event."""
+    if t is None:
+        return None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
 
 
 def _kv_quantized(kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:

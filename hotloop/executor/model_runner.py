@@ -2,11 +2,16 @@
 
 One step's batch is the new tokens of every scheduled request back to back (prefill chunks and
 decodes alike). Only requests that reach the end of their known tokens produce logits.
+
+``launch(out)`` starts a step and ``collect(handle)`` returns its tokens; ``execute`` is both. A
+request may have one *pending* token (sampled by the previous launch, not yet collected by the
+engine): its id is copied on the device from that launch's sampled ids into this step's inputs.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, cast
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -16,7 +21,7 @@ from hotloop.engine.scheduler import ScheduledRequest, SchedulerOutput
 from hotloop.executor.sampler import Sampler, SamplerOutput, SamplingMetadata
 from hotloop.layers.attention import AttentionMetadata
 from hotloop.messages import TokenLogprob
-from hotloop.vl import merge
+from hotloop.vl import merge, mrope
 
 
 class CausalLM(Protocol):
@@ -32,6 +37,32 @@ class CausalLM(Protocol):
     ) -> torch.Tensor: ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass
+class StepHandle:
+    """A launched step: who sampled, the sampler's output (device), and where each request's
+    sampled id sits (for the next launch's pending tokens)."""
+
+    reqs: list[Request]
+    result: SamplerOutput | None
+    rows: dict[int, int] = field(default_factory=dict)  # id(request) -> row of result.token_ids
+    host: SamplerOutput | None = None  # pinned host copies, when the step ran on a GPU
+    event: Any = None  # CUDA event recorded after the copies
+
+
+def pending_index(req: Request, start: int, num_tokens: int) -> int | None:
+    """Offset within ``start .. start+num_tokens`` of ``req``'s pending token, if it falls there."""
+    if not req.num_pending_tokens:
+        return None
+    i = req.num_tokens - start  # the pending token is the one after the host-known tokens
+    return i if 0 <= i < num_tokens else None
+
+
+def known_token_ids(req: Request, start: int, end: int) -> list[int]:
+    """``all_token_ids[start:end]`` with 0 in place of a pending token (patched on the device)."""
+    ids = req.token_ids(start, min(end, req.num_tokens))
+    return ids + [0] * (end - start - len(ids))
 
 
 class ModelRunner:
@@ -51,6 +82,7 @@ class ModelRunner:
         self.device = device
         self.vision_max_batch_size = vision_max_batch_size
         self.sampler = Sampler()
+        self._last: StepHandle | None = None  # the previous launch (source of pending token ids)
 
     def prepare(
         self, out: SchedulerOutput
@@ -63,13 +95,18 @@ class ModelRunner:
         query_lens: list[int] = []
         seq_lens: list[int] = []
         logits_rows: list[int] = []
+        fix: list[tuple[int, Request]] = []
         for s in out.scheduled:
             req = s.request
             end = s.start + s.num_tokens
-            input_ids.extend(req.token_ids(s.start, end))
+            pi = pending_index(req, s.start, s.num_tokens)
+            if pi is not None:
+                fix.append((len(input_ids) + pi, req))
+            input_ids.extend(known_token_ids(req, s.start, end))
             blocks = req.block_ids
+            delta = req.position_delta
             for p in range(s.start, end):
-                positions.append(p)
+                positions.append(p + delta)
                 slots.append(blocks[p // bs] * bs + p % bs)
             query_lens.append(s.num_tokens)
             seq_lens.append(end)
@@ -86,7 +123,18 @@ class ModelRunner:
         )
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        if fix:
+            dst = torch.tensor([i for i, _ in fix], dtype=torch.long, device=dev)
+            self.patch_pending(ids, dst, [r for _, r in fix])
         return ids, pos, meta, logits_rows
+
+    def patch_pending(self, ids: torch.Tensor, dst: torch.Tensor, reqs: list[Request]) -> None:
+        """``ids[dst[i]] = `` the id ``reqs[i]`` sampled in the previous launch (on the device)."""
+        last = self._last
+        if last is None or last.result is None:
+            raise RuntimeError("a request has a pending token but no step was launched before")
+        src = torch.tensor([last.rows[id(r)] for r in reqs], dtype=torch.long, device=ids.device)
+        ids.index_copy_(0, dst, last.result.token_ids.index_select(0, src).to(ids.dtype))
 
     def multimodal_kwargs(self, out: SchedulerOutput, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{"inputs_embeds": ...}`` with image embeddings merged when the step covers image
@@ -106,7 +154,8 @@ class ModelRunner:
                 r.sampler_state = torch.Generator(device=self.device).manual_seed(r.params.random_seed)
             gens.append(r.sampler_state)
             min_new = r.params.min_new_tokens or 0
-            suppress.append(sorted(r.stop_token_ids) if r.num_output_tokens < min_new else [])
+            n_out = r.num_output_tokens + r.num_pending_tokens  # index of the token sampled now
+            suppress.append(sorted(r.stop_token_ids) if n_out < min_new else [])
         return SamplingMetadata(
             params=[r.params for r in reqs],
             prompt_token_ids=[r.prompt_token_ids for r in reqs],
@@ -115,24 +164,42 @@ class ModelRunner:
             suppress_token_ids=suppress,
         )
 
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[SampledToken]:
+        return self.collect(self.launch(out))
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput) -> StepHandle:
+        mrope.ensure_positions(out.scheduled)
         ids, pos, meta, rows = self.prepare(out)
+        pos = mrope.step_positions(out.scheduled, pos)
         hidden = self.model(ids, pos, self.kv_caches, meta, **self.multimodal_kwargs(out, ids))
         reqs = [s.request for s in out.scheduled if s.samples]
-        if not reqs:
+        result = None
+        if reqs:
+            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+            result = self.sampler(logits, self._sampling_metadata(reqs))
+        return self._launched(reqs, result)
+
+    def _launched(self, reqs: list[Request], result: SamplerOutput | None) -> StepHandle:
+        handle = StepHandle(reqs, result, {id(r): i for i, r in enumerate(reqs)})
+        self._last = handle
+        return handle
+
+    def collect(self, handle: StepHandle) -> list[SampledToken]:
+        """The step's sampled tokens, in the order of its sampling requests."""
+        if handle.result is None:
             return []
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
-        result = self.sampler(logits, self._sampling_metadata(reqs))
-        return _to_tokens(result, reqs)
+        return _to_tokens(handle.host or handle.result, handle.reqs)
 
     @torch.inference_mode()
     def score(self, request: Request, start: int, num_tokens: int) -> list[float]:
         """Prefill ``num_tokens`` tokens of ``request`` from ``start`` and return, for each of
         them whose successor is known, ``log p(successor | prefix)`` (for perplexity)."""
         out = SchedulerOutput([ScheduledRequest(request, num_tokens, start)])
+        mrope.ensure_positions(out.scheduled)
         ids, pos, meta, _rows = self.prepare(out)
-        hidden = self.model(ids, pos, self.kv_caches, meta)
+        pos = mrope.step_positions(out.scheduled, pos)
+        hidden = self.model(ids, pos, self.kv_caches, meta, **self.multimodal_kwargs(out, ids))
         end = min(start + num_tokens, request.num_tokens - 1)
         if end <= start:
             return []

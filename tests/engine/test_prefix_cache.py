@@ -24,6 +24,7 @@ def run_step(s: Scheduler, token: int = 7) -> SchedulerOutput:
     s.advance(out)
     for x in out.scheduled:
         if x.samples:
+            x.request.num_pending_tokens -= 1  # the engine collects the sampled token
             x.request.output_token_ids.append(token)
     return out
 
