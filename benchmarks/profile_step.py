@@ -1,0 +1,160 @@
+"""Where one engine step's GPU time goes: prefill, mixed and decode steps of the Llama-3-8B shape.
+
+    PYTHONPATH=$PWD python3 benchmarks/profile_step.py --out $OUT/profile.json
+
+Builds the model with dummy weights, hands the runner hand-made steps (no scheduler), times each
+with CUDA events (median of repeats, after warm-up) and profiles one repeat with torch.profiler,
+grouping GPU kernel time by kernel name. Prints, per step kind: ms, the floor (max of FLOPs over
+the matmul rate and bytes over the bandwidth from GPU.md) and the top kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from hotloop.api.build import build_engine
+from hotloop.config import EngineConfig
+from hotloop.engine.request import Request
+from hotloop.engine.scheduler import ScheduledRequest, SchedulerOutput
+from hotloop.messages import GenerationConfig
+
+BW = 4229e9
+FLOPS = 783e12
+WEIGHT_BYTES = 15.0e9
+FLOP_PER_TOKEN = 16e9
+KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+
+
+def make_step(engine: Any, prefills: list[int], decodes: int, ctx: int, rid: list[int]) -> SchedulerOutput:
+    """``prefills``: prompt lengths computed from scratch; ``decodes``: requests at ``ctx`` tokens
+    decoding one more (their earlier K/V is whatever the pool holds: timing does not depend on it)."""
+    bm = engine.block_manager
+    out = SchedulerOutput()
+    params = GenerationConfig(max_new_tokens=4, ignore_eos=True)
+    g = torch.Generator().manual_seed(len(rid))
+    for n in prefills:
+        rid[0] += 1
+        r = Request(f"p{rid[0]}", torch.randint(0, 128000, (n,), generator=g).tolist(), params)
+        bm.allocate(r, n)
+        out.scheduled.append(ScheduledRequest.of(r, n))
+    for _ in range(decodes):
+        rid[0] += 1
+        r = Request(f"d{rid[0]}", torch.randint(0, 128000, (ctx + 1,), generator=g).tolist(), params)
+        bm.allocate(r, ctx + 1)
+        r.num_computed_tokens = ctx
+        out.scheduled.append(ScheduledRequest.of(r, 1))
+    return out
+
+
+def release(engine: Any, out: SchedulerOutput) -> None:
+    for s in out.scheduled:
+        engine.block_manager.free(s.request)
+
+
+def time_step(runner: Any, out: SchedulerOutput, iters: int) -> list[float]:
+    for _ in range(2):
+        runner.execute(out)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        runner.execute(out)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return times
+
+
+def kernel_table(runner: Any, out: SchedulerOutput, top: int = 12) -> list[dict[str, Any]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        runner.execute(out)
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in prof.key_averages():
+        t = e.self_device_time_total
+        if t and not e.self_cpu_time_total:  # device-side rows: kernels and copies
+            per[e.key][0] += t
+            per[e.key][1] += e.count
+    total = sum(v[0] for v in per.values()) or 1.0
+    rows = sorted(per.items(), key=lambda kv: -kv[1][0])[:top]
+    return [
+        {"kernel": k[:90], "ms": v[0] / 1e3, "calls": int(v[1]), "share": v[0] / total} for k, v in rows
+    ] + [
+        {
+            "kernel": "TOTAL (profiled)",
+            "ms": total / 1e3,
+            "calls": sum(int(v[1]) for v in per.values()),
+            "share": 1.0,
+        }
+    ]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="profile.json")
+    ap.add_argument("--iters", type=int, default=10)
+    args = ap.parse_args()
+    built = build_engine(
+        "llama3-8b",
+        EngineConfig(
+            load_format="dummy",
+            max_batch_size=256,
+            session_len=4096,
+            max_prefill_token_num=8192,
+            disable_overlap_schedule=True,
+        ),
+    )
+    engine = built.engine
+    runner = engine.executor.runner
+    rid = [0]
+    cases = {
+        "prefill 1x1024": ([1024], 0, 0),
+        "prefill 1x128": ([128], 0, 0),
+        "prefill 4x1024": ([1024] * 4, 0, 0),
+        "prefill 8x1024": ([1024] * 8, 0, 0),
+        "mixed 32 decodes@1k + 1x1024": ([1024], 32, 1024),
+        "mixed 32 decodes@1k + 1x256": ([256], 32, 1024),
+        "decode 32@1k (graph)": ([], 32, 1024),
+        "decode 256@1k (graph)": ([], 256, 1024),
+        "decode 1@128 (graph)": ([], 1, 128),
+    }
+    results = {}
+    for name, (pf, dec, ctx) in cases.items():
+        out = make_step(engine, pf, dec, ctx, rid)
+        ms = time_step(runner, out, args.iters)
+        tokens = sum(pf) + dec
+        attn_flop = sum(4 * 32 * 4096 * n * n / 2 for n in pf) + 4 * 32 * 4096 * dec * ctx
+        floor_ms = 1e3 * max(
+            (FLOP_PER_TOKEN * tokens + attn_flop) / FLOPS,
+            (WEIGHT_BYTES + KV_BYTES_PER_TOKEN * dec * ctx) / BW,
+        )
+        med = statistics.median(ms)
+        results[name] = {
+            "ms_p50": med,
+            "ms_min": min(ms),
+            "tokens": tokens,
+            "floor_ms": floor_ms,
+            "of_floor": floor_ms / med,
+            "graph_steps": runner.num_graph_steps,
+            "kernels": kernel_table(runner, out),
+        }
+        release(engine, out)
+        print(f"{name:34s} {med:8.2f} ms   floor {floor_ms:6.2f} ms ({floor_ms / med:5.0%})", flush=True)
+        for k in results[name]["kernels"][:8]:
+            print(f"      {k['ms']:7.3f} ms {k['calls']:5d}x {k['share']:5.0%}  {k['kernel']}")
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
