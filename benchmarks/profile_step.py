@@ -29,6 +29,7 @@ FLOPS = 783e12
 WEIGHT_BYTES = 15.0e9
 FLOP_PER_TOKEN = 16e9
 KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+PROFILE_HOST = ("prefill 1x128", "mixed 32 decodes@1k + 1x256", "decode 256@1k (graph)")
 
 
 def make_step(engine: Any, prefills: list[int], decodes: int, ctx: int, rid: list[int]) -> SchedulerOutput:
@@ -70,6 +71,32 @@ def time_step(runner: Any, out: SchedulerOutput, iters: int) -> list[float]:
         b.synchronize()
         times.append(a.elapsed_time(b))
     return times
+
+
+def host_profile(runner: Any, out: SchedulerOutput, top: int = 25) -> tuple[float, str]:
+    """Host time of launching the step (``launch`` does not wait for the GPU), median of 5, and a
+    cProfile of one launch, sorted by own time."""
+    import cProfile
+    import io
+    import pstats
+    import time
+
+    times = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        h = runner.launch(out)
+        times.append((time.perf_counter() - t0) * 1e3)
+        runner.collect(h)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    h = runner.launch(out)
+    prof.disable()
+    runner.collect(h)
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return statistics.median(times), buf.getvalue()
 
 
 def kernel_table(runner: Any, out: SchedulerOutput, top: int = 12) -> list[dict[str, Any]]:
@@ -147,6 +174,11 @@ def main() -> int:
             "graph_steps": runner.num_graph_steps,
             "kernels": kernel_table(runner, out),
         }
+        if name in PROFILE_HOST:
+            host_ms, text = host_profile(runner, out)
+            results[name]["host_launch_ms"] = host_ms
+            results[name]["host_profile"] = text
+            print(f"   host launch {host_ms:.2f} ms; cProfile of one launch:\n{text[-6000:]}")
         release(engine, out)
         print(f"{name:34s} {med:8.2f} ms   floor {floor_ms:6.2f} ms ({floor_ms / med:5.0%})", flush=True)
         for k in results[name]["kernels"][:8]:

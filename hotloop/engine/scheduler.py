@@ -142,6 +142,10 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append(ScheduledRequest.of(req, n))
             budget -= n
+        # Single-token rows first (stable): a mixed step's decodes then form one leading run that
+        # the GPU serves with the decode kernel, the rest with the prefill kernel.
+        if any(s.num_tokens != 1 for s in out.scheduled):
+            out.scheduled.sort(key=lambda s: s.num_tokens != 1)
         return out
 
     def _preempt(self, request: Request) -> None:

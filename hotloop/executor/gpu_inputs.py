@@ -46,6 +46,7 @@ class _HostSet:
         self.slots_h, self.slots = host((max_tokens,), torch.int64)
         self.lens_h, self.lens = host((max_seqs,), torch.int32)
         self.qs_h, self.qs = host((max_seqs + 1,), torch.int32)
+        self.qsp_h, self.qsp = host((max_seqs + 1,), torch.int32)
         self.bt_h, self.bt = host((max_seqs, width), torch.int32)
         self.fix_h, self.fix = host((max_seqs,), torch.int64)
         self.rows: list[tuple[int, int]] = []  # per table row: (id of the request written there, blocks)
@@ -71,6 +72,7 @@ class InputBuffers:
         self.slots = dev((max_tokens,), torch.int64)
         self.seq_lens = dev((max_seqs,), torch.int32)
         self.query_start = dev((max_seqs + 1,), torch.int32)
+        self.prefill_query_start = dev((max_seqs + 1,), torch.int32)
         self.block_tables = dev((max_seqs, max_blocks_per_seq), torch.int32)
         self.pending_dst = dev((max_seqs,), torch.int64)
         pin = device.type == "cuda"
@@ -165,6 +167,15 @@ class InputBuffers:
         if padded_seqs is not None:
             width = self.width  # a graph was captured over the full table
         self.block_tables[:b, :width].copy_(h.bt_h[:b, :width], non_blocking=True)
+        # Leading single-token rows go to the decode kernel in a mixed step (see AttentionMetadata).
+        nd = 0
+        while nd < b and query_lens[nd] == 1:
+            nd += 1
+        prefill_qs = None
+        if not decode_only and nd:
+            h.qsp[: b - nd + 1] = qs[nd : b + 1] - nd
+            prefill_qs = self.prefill_query_start[: b - nd + 1]
+            prefill_qs.copy_(h.qsp_h[: b - nd + 1], non_blocking=True)
         pending_dst = None
         if fix:
             h.fix[: len(fix)] = fix
@@ -179,6 +190,8 @@ class InputBuffers:
             query_start_t=self.query_start[: b + 1],
             max_query_len=max(query_lens, default=0),
             decode_only=decode_only,
+            num_decodes=nd if prefill_qs is not None else 0,
+            prefill_query_start_t=prefill_qs,
         )
         return StepInputs(
             self.input_ids[:ntok], self.positions[:ntok], meta, rows, b, pending_dst, fix_reqs or None

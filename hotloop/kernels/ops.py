@@ -51,3 +51,34 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if use_triton(x):
         return _kernel("silu_and_mul").silu_and_mul(x)
     return reference.silu_and_mul(x)
+
+
+def rotary_kv_write(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Rotate q in place, rotate k, and store k and v at ``slot_mapping`` (negative: skipped). A
+    ``uint8`` cache is quantized as it is written: in the fused Triton kernel on CUDA, through
+    ``kv_quant`` elsewhere (the same bytes)."""
+    if use_triton(q):
+        _kernel("rotary_kv_write").rotary_kv_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+    else:
+        reference.rotary_kv_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+
+
+def write_kv_cache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store k, v ``[T, KV, D]`` at ``slot_mapping`` (negative: skipped), quantizing for a ``uint8``
+    cache: one Triton launch on CUDA, the torch reference elsewhere."""
+    if use_triton(k):
+        _kernel("rotary_kv_write").write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+        return
+    keep = slot_mapping >= 0
+    reference.write_kv_cache(k[keep], v[keep], k_cache, v_cache, slot_mapping[keep])

@@ -6,6 +6,12 @@ Long contexts are cut into ``num_splits`` ranges that run in parallel (flash-dec
 kernel merges the partial results by their log-sum-exp. The split count depends only on the batch
 size, never on the context lengths, so a captured CUDA graph stays valid as sequences grow.
 Sequences with ``seq_len == 0`` (padding rows of a graph) produce zeros.
+
+A quantized (``uint8``, int8 or int4, see ``kv_quant.py``) cache runs the same kernel with
+``QUANT`` 8 or 4: each K/V tile is read as codes plus per-row scale and zero and dequantized in
+registers. Scores take the K scale and zero after the dot, ``s = (q . codes) * scale + sum(q) * zero``,
+so the dot runs on the exact integer codes; V is dequantized to q's dtype before its dot. With
+``QUANT == 0`` the float path compiles exactly as before.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from hotloop.kernels import kv_quant
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
+from hotloop.kernels.kv_quant_triton import load_kv_codes, load_kv_params
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 16
@@ -24,7 +32,7 @@ _TARGET_PROGRAMS = 264  # about two waves of an H200's 132 SMs
 @triton.jit
 def _decode_kernel(
     q_ptr,  # [B, H, D]
-    k_cache_ptr,  # [NB, BS, KV, D]
+    k_cache_ptr,  # [NB, BS, KV, D], or uint8 [NB, BS, KV, row_bytes] when QUANT
     v_cache_ptr,
     block_tables_ptr,  # [B, W] int32
     seq_lens_ptr,  # [B] int32
@@ -50,6 +58,8 @@ def _decode_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    QUANT: tl.constexpr,  # 0: float cache; 8 / 4: int8 / int4 codes + scale and zero per row
+    NPACK: tl.constexpr,  # bytes of a quantized row's codes (its scale follows)
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -73,6 +83,7 @@ def _decode_kernel(
         mask=mask_g[:, None] & mask_d[None, :],
         other=0.0,
     )  # [BLOCK_G, BLOCK_D]
+    q_sum = tl.sum(q.to(tl.float32), 1)  # [BLOCK_G]: multiplies the K zero points (QUANT only)
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -84,30 +95,43 @@ def _decode_kernel(
         page = tl.load(table + offs_n // BS, mask=mask_n, other=0).to(tl.int64)
         tok = offs_n % BS
         kmask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(
-            k_cache_ptr
-            + page[:, None] * stride_kb
-            + tok[:, None] * stride_kt
-            + kvh * stride_kh
-            + offs_d[None, :],
-            mask=kmask,
-            other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
-        s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_G, BLOCK_N], log2 units
+        if QUANT == 0:
+            k = tl.load(
+                k_cache_ptr
+                + page[:, None] * stride_kb
+                + tok[:, None] * stride_kt
+                + kvh * stride_kh
+                + offs_d[None, :],
+                mask=kmask,
+                other=0.0,
+            )  # [BLOCK_N, BLOCK_D]
+            s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_G, BLOCK_N], log2 units
+        else:
+            k_rows = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * stride_kh  # [BLOCK_N]
+            k_codes = load_kv_codes(k_rows, offs_d, kmask, QUANT)  # [BLOCK_N, BLOCK_D] float32
+            k_scale, k_zero = load_kv_params(k_rows, mask_n, q_ptr, NPACK)
+            s = tl.dot(q, tl.trans(k_codes.to(q.dtype)))
+            s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr
-            + page[:, None] * stride_vb
-            + tok[:, None] * stride_vt
-            + kvh * stride_vh
-            + offs_d[None, :],
-            mask=kmask,
-            other=0.0,
-        )
+        if QUANT == 0:
+            v = tl.load(
+                v_cache_ptr
+                + page[:, None] * stride_vb
+                + tok[:, None] * stride_vt
+                + kvh * stride_vh
+                + offs_d[None, :],
+                mask=kmask,
+                other=0.0,
+            )
+        else:
+            v_rows = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * stride_vh
+            v_codes = load_kv_codes(v_rows, offs_d, kmask, QUANT)
+            v_scale, v_zero = load_kv_params(v_rows, mask_n, q_ptr, NPACK)
+            v = (v_codes * v_scale[:, None] + v_zero[:, None]).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
@@ -162,6 +186,20 @@ def _merge_kernel(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)
 
 
+def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int]:
+    """The caches' format for queries ``q`` ``[.., H, D]``: ``(policy, packed bytes)``, ``(0, 0)`` for
+    a float cache (which must be in q's dtype). A ``uint8`` row must fit int8 or int4 at head_dim D."""
+    D = q.shape[-1]
+    check(v_cache.dtype == k_cache.dtype, f"k_cache is {k_cache.dtype}, v_cache {v_cache.dtype}")
+    policy = kv_quant.cache_policy(k_cache, D, q.dtype)
+    if policy == 0:
+        check(k_cache.shape[-1] == D, f"head_dim: q has {D}, the cache {k_cache.shape[-1]}")
+        check(k_cache.dtype == q.dtype, f"dtypes differ: q {q.dtype}, cache {k_cache.dtype}")
+        return 0, 0
+    kv_quant.check_head_dim(D, policy)
+    return policy, kv_quant.packed_bytes(D, policy)
+
+
 def num_decode_splits(batch: int, num_kv_heads: int) -> int:
     """How many context splits per (sequence, KV head): enough programs to fill the GPU."""
     return max(1, min(_MAX_SPLITS, triton.cdiv(_TARGET_PROGRAMS, batch * num_kv_heads)))
@@ -180,21 +218,21 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """One new query per sequence attends over its paged context.
 
-    q ``[B, H, D]``; k_cache / v_cache ``[num_blocks, block_size, KV, D]``; block_tables
+    q ``[B, H, D]``; k_cache / v_cache ``[num_blocks, block_size, KV, D]`` in q's dtype, or
+    ``uint8`` ``[num_blocks, block_size, KV, row_bytes]`` (int8 / int4, ``kv_quant.py``); block_tables
     ``[B, W]`` int32; seq_lens ``[B]`` int32 (tokens in the cache, the new one included).
     Returns ``[B, H, D]`` in q's dtype (into ``out`` when given).
     """
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [B, H, D] and the caches [NB, BS, KV, D]")
     B, H, D = q.shape
-    _nb, bs, kv, dk = k_cache.shape
+    _nb, bs, kv, _row = k_cache.shape
     check(v_cache.shape == k_cache.shape, f"v_cache {tuple(v_cache.shape)} != k_cache {tuple(k_cache.shape)}")
-    check(dk == D, f"head_dim: q has {D}, the cache {dk}")
+    check_dtype("q", q, FLOAT_DTYPES)
+    quant, npack = check_cache(q, k_cache, v_cache)
     check(H % kv == 0, f"num_heads={H} is not a multiple of num_kv_heads={kv}")
     check(block_tables.dim() == 2 and block_tables.shape[0] >= B, f"block_tables {tuple(block_tables.shape)}")
     check(seq_lens.shape[0] >= B, f"seq_lens has {seq_lens.shape[0]} rows for a batch of {B}")
     check(block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32, "block_tables/seq_lens: int32")
-    check_dtype("q", q, FLOAT_DTYPES)
-    check(k_cache.dtype == q.dtype == v_cache.dtype, f"dtypes differ: q {q.dtype}, cache {k_cache.dtype}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
         check_last_contiguous(name, t)
     if out is None:
@@ -240,6 +278,8 @@ def paged_decode_attention(
         BLOCK_G=block_g,
         BLOCK_D=block_d,
         BLOCK_N=block_n,
+        QUANT=quant,
+        NPACK=npack,
         num_warps=4,
     )
     if splits > 1:

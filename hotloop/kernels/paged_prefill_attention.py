@@ -5,6 +5,9 @@ prefix of ``seq_len - query_len`` tokens (a chunk of a chunked prefill, or a pro
 cache hit). One program handles ``BLOCK_M`` queries of one head and streams the keys it may see
 from the cache with an online softmax. Decode rows (``query_len == 1``) are just short sequences, so
 a mixed batch is one launch.
+
+A quantized (``uint8``) cache, new tokens and cached prefix alike, is read through the same kernel
+with ``QUANT`` 8 or 4 and dequantized per tile in registers, as in ``paged_decode_attention.py``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
+from hotloop.kernels.kv_quant_triton import load_kv_codes, load_kv_params
+from hotloop.kernels.paged_decode_attention import check_cache
 
 _LOG2E = 1.4426950408889634
 
@@ -21,7 +26,7 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _prefill_kernel(
     q_ptr,  # [T, H, D]
-    k_cache_ptr,  # [NB, BS, KV, D]
+    k_cache_ptr,  # [NB, BS, KV, D], or uint8 [NB, BS, KV, row_bytes] when QUANT
     v_cache_ptr,
     block_tables_ptr,  # [B, W] int32
     seq_lens_ptr,  # [B] int32
@@ -46,6 +51,8 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr,  # 0: float cache; 8 / 4: int8 / int4 codes + scale and zero per row
+    NPACK: tl.constexpr,  # bytes of a quantized row's codes (its scale follows)
 ):
     m_blk = tl.program_id(0)
     b = tl.program_id(1)
@@ -65,6 +72,7 @@ def _prefill_kernel(
         mask=mask_m[:, None] & mask_d[None, :],
         other=0.0,
     )  # [BLOCK_M, BLOCK_D]
+    q_sum = tl.sum(q.to(tl.float32), 1)  # [BLOCK_M]: multiplies the K zero points (QUANT only)
     q_pos = ctx + offs_m
 
     # Keys this tile may see: [lo, hi). Empty when the tile lies past the sequence's queries.
@@ -85,16 +93,23 @@ def _prefill_kernel(
         page = tl.load(table + offs_n // BS, mask=mask_n, other=0).to(tl.int64)
         tok = offs_n % BS
         kmask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(
-            k_cache_ptr
-            + page[:, None] * stride_kb
-            + tok[:, None] * stride_kt
-            + kvh * stride_kh
-            + offs_d[None, :],
-            mask=kmask,
-            other=0.0,
-        )
-        s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, BLOCK_N]
+        if QUANT == 0:
+            k = tl.load(
+                k_cache_ptr
+                + page[:, None] * stride_kb
+                + tok[:, None] * stride_kt
+                + kvh * stride_kh
+                + offs_d[None, :],
+                mask=kmask,
+                other=0.0,
+            )
+            s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, BLOCK_N]
+        else:
+            k_rows = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * stride_kh  # [BLOCK_N]
+            k_codes = load_kv_codes(k_rows, offs_d, kmask, QUANT)  # [BLOCK_N, BLOCK_D] float32
+            k_scale, k_zero = load_kv_params(k_rows, mask_n, q_ptr, NPACK)
+            s = tl.dot(q, tl.trans(k_codes.to(q.dtype)))
+            s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
         visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
         if WINDOW > 0:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - WINDOW)
@@ -104,15 +119,21 @@ def _prefill_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr
-            + page[:, None] * stride_vb
-            + tok[:, None] * stride_vt
-            + kvh * stride_vh
-            + offs_d[None, :],
-            mask=kmask,
-            other=0.0,
-        )
+        if QUANT == 0:
+            v = tl.load(
+                v_cache_ptr
+                + page[:, None] * stride_vb
+                + tok[:, None] * stride_vt
+                + kvh * stride_vh
+                + offs_d[None, :],
+                mask=kmask,
+                other=0.0,
+            )
+        else:
+            v_rows = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * stride_vh
+            v_codes = load_kv_codes(v_rows, offs_d, kmask, QUANT)
+            v_scale, v_zero = load_kv_params(v_rows, mask_n, q_ptr, NPACK)
+            v = (v_codes * v_scale[:, None] + v_zero[:, None]).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
@@ -141,13 +162,15 @@ def paged_prefill_attention(
     q ``[T, H, D]`` (sequences back to back); block_tables ``[B, W]``, seq_lens ``[B]`` and
     query_start ``[B + 1]`` (cumulative query lengths, ``query_start[B] == T``) are int32 on q's
     device; ``max_query_len`` is the longest ``query_len`` (a host int: it sizes the grid).
-    Returns ``[T, H, D]`` in q's dtype.
+    Returns ``[T, H, D]`` in q's dtype. The caches are in q's dtype, or ``uint8`` (int8 / int4,
+    ``kv_quant.py``).
     """
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [T, H, D] and the caches [NB, BS, KV, D]")
     T, H, D = q.shape
-    _nb, bs, kv, dk = k_cache.shape
+    _nb, bs, kv, _row = k_cache.shape
     check(v_cache.shape == k_cache.shape, f"v_cache {tuple(v_cache.shape)} != k_cache {tuple(k_cache.shape)}")
-    check(dk == D, f"head_dim: q has {D}, the cache {dk}")
+    check_dtype("q", q, FLOAT_DTYPES)
+    quant, npack = check_cache(q, k_cache, v_cache)
     check(H % kv == 0, f"num_heads={H} is not a multiple of num_kv_heads={kv}")
     B = seq_lens.shape[0]
     check(
@@ -157,8 +180,6 @@ def paged_prefill_attention(
     check(block_tables.dim() == 2 and block_tables.shape[0] >= B, f"block_tables {tuple(block_tables.shape)}")
     for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens), ("query_start", query_start)):
         check(t.dtype == torch.int32, f"{name} must be int32, got {t.dtype}")
-    check_dtype("q", q, FLOAT_DTYPES)
-    check(k_cache.dtype == q.dtype == v_cache.dtype, f"dtypes differ: q {q.dtype}, cache {k_cache.dtype}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
         check_last_contiguous(name, t)
     if out is None:
@@ -199,6 +220,8 @@ def paged_prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_D=block_d,
+        QUANT=quant,
+        NPACK=npack,
         num_warps=4 if block_d <= 64 else 8,
         num_stages=2,
     )

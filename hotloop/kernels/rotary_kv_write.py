@@ -4,6 +4,11 @@ Per token: q is rotated in place, k is rotated and stored at the token's cache s
 there as is. Rotation is the rotate-half (NeoX) layout on the first ``2 * half`` dims of each head,
 computed in float32. Tokens whose slot is negative (padding rows of a CUDA graph) write nothing to
 the cache.
+
+A quantized (``uint8``) cache is written in the same pass: each head's rotated k row (rounded to
+the model dtype, as the reference does) and v row get their scale and zero computed in registers
+and are stored as int8 or packed int4 codes (``kv_quant.py`` has the format). The bytes equal
+``kv_quant.quantize``'s. ``write_kv_cache`` is the same kernel without q and without rotation.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from hotloop.kernels import kv_quant
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
+from hotloop.kernels.kv_quant_triton import block_packed, quant_codes, quant_params
 
 
 @triton.jit
@@ -26,6 +33,71 @@ def _rotate_rows(x_ptr, cos, sin, offs_h, mask_h, offs_r, mask_r, stride_h, HALF
 
 
 @triton.jit
+def _row_values(src, cos_ptr, sin_ptr, offs, mask_kv, D: tl.constexpr, HALF: tl.constexpr):
+    """Values at head-dim offsets ``offs`` of the rows ``src`` (``[BLOCK_KV]`` pointers), float32,
+    rotated when ``HALF > 0`` and then rounded to the source dtype (what the reference quantizes).
+    Any offsets work: each one loads its rotation partner (``d +- HALF``) itself."""
+    m = mask_kv[:, None] & (offs < D)[None, :]
+    x = tl.load(src[:, None] + offs[None, :], mask=m, other=0.0).to(tl.float32)
+    if HALF > 0:
+        first = offs < HALF
+        rot = offs < 2 * HALF
+        partner = tl.where(first, offs + HALF, offs - HALF)
+        c = tl.load(cos_ptr + offs % HALF, mask=rot, other=1.0)[None, :]
+        s = tl.load(sin_ptr + offs % HALF, mask=rot, other=0.0)[None, :]
+        y = tl.load(src[:, None] + partner[None, :], mask=m & rot[None, :], other=0.0).to(tl.float32)
+        # the reference's x1 * cos - x2 * sin and x2 * cos + x1 * sin; past 2 * HALF: x * 1 + 0 * 0
+        x = tl.where(first[None, :], x * c - y * s, x * c + y * s)
+        x = x.to(src.dtype.element_ty).to(tl.float32)
+    return x, m
+
+
+@triton.jit
+def _quant_write(
+    src,  # [BLOCK_KV] pointers: each head's source row (model dtype)
+    cos_ptr,  # this token's cos / sin row (HALF > 0 only)
+    sin_ptr,
+    dst,  # [BLOCK_KV] uint8 pointers: each head's cache row
+    mask_kv,
+    D: tl.constexpr,
+    HALF: tl.constexpr,
+    QUANT: tl.constexpr,
+    NPACK: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    SCALE_BITS: tl.constexpr,
+):
+    """Quantize the rows (rotated when ``HALF > 0``) and store codes, scale and zero."""
+    offs_p = tl.arange(0, BLOCK_P)  # byte index within the packed values
+    QMAX: tl.constexpr = (1 << QUANT) - 1  # 255 or 15
+    if QUANT == 8:
+        xa, ma = _row_values(src, cos_ptr, sin_ptr, offs_p, mask_kv, D, HALF)
+        lo = tl.min(tl.where(ma, xa, float("inf")), 1)
+        hi = tl.max(tl.where(ma, xa, float("-inf")), 1)
+    else:
+        xa, ma = _row_values(src, cos_ptr, sin_ptr, 2 * offs_p, mask_kv, D, HALF)  # low nibbles
+        xb, mb = _row_values(src, cos_ptr, sin_ptr, 2 * offs_p + 1, mask_kv, D, HALF)  # high
+        lo = tl.minimum(tl.min(tl.where(ma, xa, float("inf")), 1), tl.min(tl.where(mb, xb, float("inf")), 1))
+        hi = tl.maximum(
+            tl.max(tl.where(ma, xa, float("-inf")), 1), tl.max(tl.where(mb, xb, float("-inf")), 1)
+        )
+    # the rows are model-dtype values, so the minimum is the stored zero exactly
+    lo = tl.where(mask_kv, lo, 0.0)
+    hi = tl.where(mask_kv, hi, 0.0)
+    scale, inv = quant_params(lo, hi, src, QMAX, SCALE_BITS)
+    codes = quant_codes(xa, lo, inv, QMAX)
+    if QUANT == 4:
+        codes = codes | (quant_codes(xb, lo, inv, QMAX) << 4)
+    tl.store(
+        dst[:, None] + offs_p[None, :],
+        codes.to(tl.uint8),
+        mask=mask_kv[:, None] & (offs_p < NPACK)[None, :],
+    )
+    params = (dst + NPACK).to(tl.pointer_type(src.dtype.element_ty))
+    tl.store(params, scale, mask=mask_kv)
+    tl.store(params + 1, lo.to(src.dtype.element_ty), mask=mask_kv)
+
+
+@triton.jit
 def _rotary_kv_kernel(
     q_ptr,  # [T, H, D] (row stride free)
     k_ptr,  # [T, KV, D]
@@ -33,7 +105,7 @@ def _rotary_kv_kernel(
     cos_ptr,  # [T, HALF] fp32
     sin_ptr,
     slot_ptr,  # [T] int64
-    k_cache_ptr,  # [NB * BS, KV, D] viewed flat over slots
+    k_cache_ptr,  # [NB * BS, KV, D] (or [.., row_bytes] uint8) viewed flat over slots
     v_cache_ptr,
     stride_qt,
     stride_qh,
@@ -49,90 +121,125 @@ def _rotary_kv_kernel(
     H: tl.constexpr,
     KV: tl.constexpr,
     D: tl.constexpr,
-    HALF: tl.constexpr,
+    HALF: tl.constexpr,  # 0: no q, no rotation (a plain cache write)
     BLOCK_H: tl.constexpr,
     BLOCK_KV: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr,  # 0 (float cache), 8 or 4
+    NPACK: tl.constexpr,  # packed bytes of a quantized row
+    BLOCK_P: tl.constexpr,
+    SCALE_BITS: tl.constexpr,  # width of the model dtype (scale and zero)
 ):
     t = tl.program_id(0)
-    offs_r = tl.arange(0, BLOCK_R)
-    mask_r = offs_r < HALF
-    cos = tl.load(cos_ptr + t * stride_cs + offs_r, mask=mask_r, other=1.0)
-    sin = tl.load(sin_ptr + t * stride_cs + offs_r, mask=mask_r, other=0.0)
+    if HALF > 0:
+        offs_r = tl.arange(0, BLOCK_R)
+        mask_r = offs_r < HALF
+        cos = tl.load(cos_ptr + t * stride_cs + offs_r, mask=mask_r, other=1.0)
+        sin = tl.load(sin_ptr + t * stride_cs + offs_r, mask=mask_r, other=0.0)
 
-    offs_h = tl.arange(0, BLOCK_H)
-    mask_h = offs_h < H
-    qt = q_ptr + t * stride_qt
-    o1, o2, m = _rotate_rows(qt, cos, sin, offs_h, mask_h, offs_r, mask_r, stride_qh, HALF)
-    pq = qt + offs_h[:, None] * stride_qh + offs_r[None, :]
-    tl.store(pq, o1.to(q_ptr.dtype.element_ty), mask=m)
-    tl.store(pq + HALF, o2.to(q_ptr.dtype.element_ty), mask=m)
+        offs_h = tl.arange(0, BLOCK_H)
+        mask_h = offs_h < H
+        qt = q_ptr + t * stride_qt
+        o1, o2, m = _rotate_rows(qt, cos, sin, offs_h, mask_h, offs_r, mask_r, stride_qh, HALF)
+        pq = qt + offs_h[:, None] * stride_qh + offs_r[None, :]
+        tl.store(pq, o1.to(q_ptr.dtype.element_ty), mask=m)
+        tl.store(pq + HALF, o2.to(q_ptr.dtype.element_ty), mask=m)
 
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:
         offs_kv = tl.arange(0, BLOCK_KV)
         mask_kv = offs_kv < KV
         kt = k_ptr + t * stride_kt
-        k1, k2, mk = _rotate_rows(kt, cos, sin, offs_kv, mask_kv, offs_r, mask_r, stride_kh, HALF)
-        pk = k_cache_ptr + slot * stride_ks + offs_kv[:, None] * stride_kch + offs_r[None, :]
-        tl.store(pk, k1.to(k_cache_ptr.dtype.element_ty), mask=mk)
-        tl.store(pk + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mk)
-        # dims past the rotary part (partial rotary) are copied as they are
-        offs_p = 2 * HALF + tl.arange(0, BLOCK_D)
-        mp = mask_kv[:, None] & (offs_p < D)[None, :]
-        kp = tl.load(kt + offs_kv[:, None] * stride_kh + offs_p[None, :], mask=mp, other=0.0)
-        tl.store(
-            k_cache_ptr + slot * stride_ks + offs_kv[:, None] * stride_kch + offs_p[None, :], kp, mask=mp
-        )
-        offs_d = tl.arange(0, BLOCK_D)
-        mv = mask_kv[:, None] & (offs_d < D)[None, :]
-        v = tl.load(
-            v_ptr + t * stride_vt + offs_kv[:, None] * stride_vh + offs_d[None, :], mask=mv, other=0.0
-        )
-        tl.store(
-            v_cache_ptr + slot * stride_vs + offs_kv[:, None] * stride_vch + offs_d[None, :],
-            v.to(v_cache_ptr.dtype.element_ty),
-            mask=mv,
-        )
+        if QUANT == 0:
+            offs_d = tl.arange(0, BLOCK_D)
+            if HALF > 0:
+                k1, k2, mk = _rotate_rows(kt, cos, sin, offs_kv, mask_kv, offs_r, mask_r, stride_kh, HALF)
+                pk = k_cache_ptr + slot * stride_ks + offs_kv[:, None] * stride_kch + offs_r[None, :]
+                tl.store(pk, k1.to(k_cache_ptr.dtype.element_ty), mask=mk)
+                tl.store(pk + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mk)
+                # dims past the rotary part (partial rotary) are copied as they are
+                offs_p = 2 * HALF + offs_d
+            else:
+                offs_p = offs_d
+            mp = mask_kv[:, None] & (offs_p < D)[None, :]
+            kp = tl.load(kt + offs_kv[:, None] * stride_kh + offs_p[None, :], mask=mp, other=0.0)
+            tl.store(
+                k_cache_ptr + slot * stride_ks + offs_kv[:, None] * stride_kch + offs_p[None, :],
+                kp.to(k_cache_ptr.dtype.element_ty),
+                mask=mp,
+            )
+            mv = mask_kv[:, None] & (offs_d < D)[None, :]
+            v = tl.load(
+                v_ptr + t * stride_vt + offs_kv[:, None] * stride_vh + offs_d[None, :], mask=mv, other=0.0
+            )
+            tl.store(
+                v_cache_ptr + slot * stride_vs + offs_kv[:, None] * stride_vch + offs_d[None, :],
+                v.to(v_cache_ptr.dtype.element_ty),
+                mask=mv,
+            )
+        else:
+            cs = t * stride_cs
+            _quant_write(
+                kt + offs_kv * stride_kh,
+                cos_ptr + cs,
+                sin_ptr + cs,
+                k_cache_ptr + slot * stride_ks + offs_kv * stride_kch,
+                mask_kv,
+                D,
+                HALF,
+                QUANT,
+                NPACK,
+                BLOCK_P,
+                SCALE_BITS,
+            )
+            _quant_write(
+                v_ptr + t * stride_vt + offs_kv * stride_vh,
+                cos_ptr,
+                sin_ptr,
+                v_cache_ptr + slot * stride_vs + offs_kv * stride_vch,
+                mask_kv,
+                D,
+                0,
+                QUANT,
+                NPACK,
+                BLOCK_P,
+                SCALE_BITS,
+            )
 
 
-def rotary_kv_write(
+def _launch(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    half: int,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Rotate q ``[T, H, D]`` in place; rotate k ``[T, KV, D]`` and store it and v at ``slot_mapping``.
-
-    cos / sin ``[T, half]`` float32 (``2 * half <= D``); caches ``[num_blocks, block_size, KV, D]``;
-    slot_mapping ``[T]`` int64 (negative: skip). q, k and v may be strided views of one fused
-    projection output, as long as each head's ``D`` values are contiguous.
-    """
-    check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "q, k, v must be [T, heads, D]")
-    T, H, D = q.shape
-    KV = k.shape[1]
-    half = cos.shape[-1]
-    check(k.shape == (T, KV, D) and v.shape == (T, KV, D), f"k {tuple(k.shape)} / v {tuple(v.shape)}")
-    check(cos.shape == (T, half) and sin.shape == (T, half), f"cos/sin must be [T={T}, half]")
-    check(0 < 2 * half <= D, f"rotary dims 2*{half} must be in (0, head_dim={D}]")
-    check(cos.dtype == torch.float32 and sin.dtype == torch.float32, "cos/sin must be float32")
-    check(cos.stride() == sin.stride() and cos.stride(-1) == 1, "cos and sin must share a dense layout")
-    nb, bs, kvc, dc = k_cache.shape
-    check((kvc, dc) == (KV, D), f"cache heads/dim {(kvc, dc)} != k's {(KV, D)}")
+    """Shared checks and launch: ``half == 0`` writes k and v only (q, cos and sin unused)."""
+    T, KV, D = k.shape
+    H = q.shape[1]
+    check(v.shape == (T, KV, D), f"v {tuple(v.shape)} != k {tuple(k.shape)}")
+    check(v.dtype == k.dtype, f"k is {k.dtype}, v {v.dtype}")
+    check_dtype("k", k, FLOAT_DTYPES)
+    nb, bs, kvc, row = k_cache.shape
     check(v_cache.shape == k_cache.shape, "v_cache and k_cache differ in shape")
+    check(v_cache.dtype == k_cache.dtype, "v_cache and k_cache differ in dtype")
+    policy = kv_quant.cache_policy(k_cache, D, k.dtype)  # a uint8 row of the wrong width raises
+    check(kvc == KV and (policy > 0 or row == D), f"cache heads/dim {(kvc, row)} != k's {(KV, D)}")
+    if policy:
+        kv_quant.check_head_dim(D, policy)
     check(slot_mapping.shape == (T,) and slot_mapping.dtype == torch.int64, "slot_mapping must be [T] int64")
-    check_dtype("q", q, FLOAT_DTYPES)
     for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_last_contiguous(name, t)
     check(k_cache.stride(0) == bs * k_cache.stride(1), "k_cache blocks must be dense over tokens")
     check(v_cache.stride(0) == bs * v_cache.stride(1), "v_cache blocks must be dense over tokens")
     if T == 0:
         return
+    npack = kv_quant.packed_bytes(D, policy) if policy else 0
     _rotary_kv_kernel[(T,)](
         q,
         k,
@@ -159,7 +266,53 @@ def rotary_kv_write(
         HALF=half,
         BLOCK_H=triton.next_power_of_2(H),
         BLOCK_KV=triton.next_power_of_2(KV),
-        BLOCK_R=triton.next_power_of_2(half),
+        BLOCK_R=triton.next_power_of_2(max(half, 1)),
         BLOCK_D=triton.next_power_of_2(D),
+        QUANT=policy,
+        NPACK=npack,
+        BLOCK_P=block_packed(npack),
+        SCALE_BITS=8 * k.element_size(),
         num_warps=4,
+        # a quantized write must see the reference's rounding of the rotated k: no fma contraction
+        enable_fp_fusion=policy == 0,
     )
+
+
+def rotary_kv_write(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Rotate q ``[T, H, D]`` in place; rotate k ``[T, KV, D]`` and store it and v at ``slot_mapping``.
+
+    cos / sin ``[T, half]`` float32 (``2 * half <= D``); caches ``[num_blocks, block_size, KV, D]``
+    in q's dtype, or ``uint8`` ``[num_blocks, block_size, KV, row_bytes]`` (quantized as written);
+    slot_mapping ``[T]`` int64 (negative: skip). q, k and v may be strided views of one fused
+    projection output, as long as each head's ``D`` values are contiguous.
+    """
+    check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "q, k, v must be [T, heads, D]")
+    T, H, D = q.shape
+    KV = k.shape[1]
+    half = cos.shape[-1]
+    check(k.shape == (T, KV, D) and v.shape == (T, KV, D), f"k {tuple(k.shape)} / v {tuple(v.shape)}")
+    check(cos.shape == (T, half) and sin.shape == (T, half), f"cos/sin must be [T={T}, half]")
+    check(0 < 2 * half <= D, f"rotary dims 2*{half} must be in (0, head_dim={D}]")
+    check(cos.dtype == torch.float32 and sin.dtype == torch.float32, "cos/sin must be float32")
+    check(cos.stride() == sin.stride() and cos.stride(-1) == 1, "cos and sin must share a dense layout")
+    check_dtype("q", q, FLOAT_DTYPES)
+    check(k.dtype == q.dtype, f"q is {q.dtype}, k {k.dtype}")
+    _launch(q, k, v, cos, sin, half, k_cache, v_cache, slot_mapping)
+
+
+def write_kv_cache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store k, v ``[T, KV, D]`` at ``slot_mapping`` ``[T]`` int64 (negative: skip), quantizing them
+    when the cache is ``uint8``: ``reference.write_kv_cache`` in one launch, without rotation."""
+    check(k.dim() == 3 and v.dim() == 3, "k, v must be [T, KV, D]")
+    _launch(k, k, v, k, k, 0, k_cache, v_cache, slot_mapping)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hotloop.kernels import kv_quant, ops, reference
+from hotloop.kernels import ops, reference
 from hotloop.layers.rotary import apply_rotary
 
 
@@ -30,6 +30,10 @@ class AttentionMetadata:
     lengths), ``max_query_len`` (sizes the prefill grid) and ``decode_only`` (every query_len is 1).
     Padding rows of a graph have ``seq_len`` 0 and slot -1. Without the tensors the torch
     reference runs.
+
+    A mixed step (the scheduler puts single-token rows first) has ``num_decodes`` leading rows that
+    the decode kernel serves (one KV read per GQA group, split-KV), and the rest go to the prefill
+    kernel with ``prefill_query_start_t`` (``query_start_t[num_decodes:] - num_decodes``).
     """
 
     slot_mapping: torch.Tensor
@@ -40,6 +44,8 @@ class AttentionMetadata:
     query_start_t: torch.Tensor | None = None
     max_query_len: int = 0
     decode_only: bool = False
+    num_decodes: int = 0
+    prefill_query_start_t: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -81,8 +87,8 @@ class PagedAttention(nn.Module):
         the cache write on the GPU); without it they arrive rotated.
         """
         T = q.shape[0]
-        # A quantized (uint8) KV cache runs the reference path until its GPU kernels exist.
-        if ops.use_triton(q) and meta.seq_lens_t is not None and not kv_quant.is_quantized(kv_cache[0]):
+        # CUDA with device metadata: the Triton kernels, for a float or a quantized (uint8) cache alike.
+        if ops.use_triton(q) and meta.seq_lens_t is not None:
             return self._forward_triton(q, k, v, kv_cache, meta, cos_sin)
         if cos_sin is not None:
             q = apply_rotary(q, cos_sin[0], cos_sin[1], self.head_dim)
@@ -126,11 +132,37 @@ class PagedAttention(nn.Module):
             half = self.head_dim // 2
             cos_sin = (q.new_ones(T, half, dtype=torch.float32), q.new_zeros(T, half, dtype=torch.float32))
         # q is rotated in place: it is a view of this layer's projection output, read by nobody else.
+        # A uint8 cache is quantized in the same pass; the attention kernels dequantize as they read.
         rotary_kv_write(q, k, v, cos_sin[0], cos_sin[1], k_cache, v_cache, meta.slot_mapping)
         assert meta.seq_lens_t is not None
         if meta.decode_only:
             o = paged_decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens_t, self.scale, self.sliding_window
+            )
+        elif meta.num_decodes and meta.prefill_query_start_t is not None:
+            nd = meta.num_decodes
+            o = torch.empty_like(q)
+            paged_decode_attention(
+                q[:nd],
+                k_cache,
+                v_cache,
+                meta.block_tables[:nd],
+                meta.seq_lens_t[:nd],
+                self.scale,
+                self.sliding_window,
+                out=o[:nd],
+            )
+            paged_prefill_attention(
+                q[nd:],
+                k_cache,
+                v_cache,
+                meta.block_tables[nd:],
+                meta.seq_lens_t[nd:],
+                meta.prefill_query_start_t,
+                meta.max_query_len,
+                self.scale,
+                self.sliding_window,
+                out=o[nd:],
             )
         else:
             assert meta.query_start_t is not None

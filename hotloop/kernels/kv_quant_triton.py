@@ -1,0 +1,88 @@
+"""Triton building blocks for the int8 / int4 KV cache (the format is defined in ``kv_quant.py``).
+
+Reading (attention): ``load_kv_codes`` turns a tile of cache rows into float32 codes
+``[N, BLOCK_D]`` in natural head-dim order (int4: byte ``d // 2``, low nibble for even ``d``);
+``load_kv_params`` reads each row's scale and zero (stored in the model dtype right after the
+packed values). The attention kernels fold them in as ``x = code * scale + zero``.
+
+Writing: ``quant_params`` and ``quant_codes`` reproduce ``kv_quant.quantize`` bit for bit on values
+that are already in the model dtype: the zero is the row minimum (exact in that dtype), the scale
+``(max - min) / qmax`` is divided with IEEE rounding and rounded up into the model dtype, codes are
+``round_half_even(clamp((x - zero) / scale))`` computed as ``(x - zero) * (1 / scale)`` like the
+reference.
+
+Every pointer here is a plain ``uint8`` pointer into the cache: row offsets are in bytes, and the
+scale / zero are reached by casting the row pointer to the model dtype's pointer type.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# float32 min normal (torch.finfo(torch.float32).tiny): the reference's clamp before 1 / scale
+_F32_TINY = tl.constexpr(1.1754943508222875e-38)
+# Adding then subtracting 1.5 * 2**23 rounds a float32 in [0, 2**22) to the nearest integer, ties to
+# even (what torch.round does), with ordinary round-to-nearest adds: no libdevice, so the same code
+# runs under the interpreter.
+_ROUND_MAGIC = tl.constexpr(12582912.0)
+
+
+@triton.jit
+def load_kv_codes(rows, offs_d, mask, QUANT: tl.constexpr):
+    """Codes of cache rows ``rows`` (``[N]`` uint8 pointers to each row's first byte) at head-dim
+    offsets ``offs_d`` ``[BLOCK_D]``, as float32 ``[N, BLOCK_D]`` (0 where ``mask`` is off)."""
+    if QUANT == 8:
+        b = tl.load(rows[:, None] + offs_d[None, :], mask=mask, other=0)
+        c = b.to(tl.int32)
+    else:
+        # int4: values 2i and 2i + 1 share byte i, the even one in the low nibble
+        b = tl.load(rows[:, None] + (offs_d // 2)[None, :], mask=mask, other=0)
+        c = (b.to(tl.int32) >> ((offs_d % 2) * 4)[None, :]) & 15
+    return c.to(tl.float32)
+
+
+@triton.jit
+def load_kv_params(rows, mask_n, dtype_ptr, NPACK: tl.constexpr):
+    """Each row's ``(scale, zero)`` as float32 ``[N]``: stored in ``dtype_ptr``'s element type (the
+    model dtype) at byte ``NPACK`` of the row. Rows off ``mask_n`` read 0, 0."""
+    p = (rows + NPACK).to(tl.pointer_type(dtype_ptr.dtype.element_ty))
+    scale = tl.load(p, mask=mask_n, other=0.0).to(tl.float32)
+    zero = tl.load(p + 1, mask=mask_n, other=0.0).to(tl.float32)
+    return scale, zero
+
+
+@triton.jit
+def quant_params(lo, hi, dtype_ptr, QMAX: tl.constexpr, SCALE_BITS: tl.constexpr):
+    """Scale of rows with minimum ``lo`` and maximum ``hi`` (float32 ``[N]``, both values of the
+    model dtype): ``(hi - lo) / QMAX`` rounded up into the model dtype (``dtype_ptr``'s element
+    type, ``SCALE_BITS`` wide). Returns the scale in the model dtype and ``1 / scale`` in float32
+    (0 for a constant row)."""
+    t = tl.math.div_rn(hi - lo, QMAX * 1.0)
+    if SCALE_BITS == 32:
+        scale = t
+    else:
+        # round up: the nearest (or, in the interpreter, truncated) value, one step up if below t
+        r = t.to(dtype_ptr.dtype.element_ty)
+        bits = r.to(tl.int16, bitcast=True)
+        up = (bits + 1).to(tl.int16).to(dtype_ptr.dtype.element_ty, bitcast=True)
+        scale = tl.where(r.to(tl.float32) < t, up, r)
+    sf = scale.to(tl.float32)
+    inv = tl.where(sf > 0.0, tl.math.div_rn(tl.zeros_like(sf) + 1.0, tl.maximum(sf, _F32_TINY)), 0.0)
+    return scale, inv
+
+
+@triton.jit
+def quant_codes(x, zero, inv, QMAX: tl.constexpr):
+    """``round_half_even(clamp((x - zero) * inv, 0, QMAX))`` as int32; ``x`` ``[N, M]``, ``zero`` and
+    ``inv`` ``[N]`` float32. The clamp sits between the multiply and the rounding add, so the two can
+    never fuse into an fma (which would round once instead of twice, unlike the reference)."""
+    y = (x - zero[:, None]) * inv[:, None]
+    y = tl.minimum(tl.maximum(y, 0.0), QMAX * 1.0)
+    y = (y + _ROUND_MAGIC) - _ROUND_MAGIC
+    return y.to(tl.int32)
+
+
+def block_packed(packed: int) -> int:
+    """The power-of-two tile width covering ``packed`` bytes."""
+    return max(2, triton.next_power_of_2(packed))
