@@ -6,7 +6,7 @@ import argparse
 import json
 
 from hotloop.plan.capacity import GIB, KV_POLICIES, WEIGHT_FORMATS, Plan, PlanInput, plan, sweep
-from hotloop.plan.presets import PRESETS, load_shape
+from hotloop.plan.presets import PRESETS, ModelShape, load_shape
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +47,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=int, default=None, help="concurrent sequences needed per node")
     p.add_argument("--sweep", action="store_true", help="every weight format x KV policy")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="also start the engine (dummy weights, on the GPU) for each row and print the predicted "
+        "block count beside the allocated one; MODEL must then be an engine preset or a model folder",
+    )
+    p.add_argument(
+        "--cache-max-entry-count",
+        type=float,
+        default=0.8,
+        help="with --measure: the engine's KV share of the memory free after the weights (default: 0.8)",
+    )
     p.set_defaults(func=run)
 
 
@@ -99,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     shape = load_shape(args.model)
     base = inputs_from_args(args)
     plans = sweep(shape, base) if args.sweep else [plan(shape, base)]
+    if args.measure:
+        return run_measure(args, shape, [p.inputs for p in plans])
     if args.json:
         print(json.dumps([p.as_dict() for p in plans], indent=2))
     else:
@@ -106,3 +120,22 @@ def run(args: argparse.Namespace) -> int:
     if args.target is not None and not any(p.max_sequences_per_node >= args.target for p in plans):
         return 3
     return 0
+
+
+def run_measure(args: argparse.Namespace, shape: ModelShape, inputs: list[PlanInput]) -> int:
+    from hotloop.plan.measure import measure
+
+    rows = []
+    for i in inputs:
+        m = measure(args.model, shape, i, args.cache_max_entry_count)
+        rows.append(m.as_dict())
+        kv = "fp16" if i.kv_bits == 16 else f"int{i.kv_bits}"
+        print(
+            f"{i.weight_format:>5} {kv:>4}: predicted {m.predicted.num_blocks} blocks, allocated "
+            f"{m.allocated_blocks} ({m.error:+.2%}); weights predicted {m.predicted.weight_bytes / GIB:.2f} GiB, "
+            f"on the GPU {m.weight_bytes_on_gpu / GIB:.2f} GiB",
+            flush=True,
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    return 0 if all(abs(r["error"]) <= 0.02 for r in rows) else 4

@@ -56,7 +56,7 @@ class GpuModelRunner(ModelRunner):
         width = -(-session_len // block_size) + 1
         self.buffers = InputBuffers(max_num_tokens, max_batch_size, width, block_size, device)
         self.graphs: DecodeGraphs | None = None
-        if use_cuda_graph and not _kv_quantized(kv_caches):
+        if use_cuda_graph:
             self.graphs = DecodeGraphs(model, kv_caches, self.buffers, max_batch_size)
         self.num_graph_steps = 0
         self.num_eager_steps = 0
@@ -144,7 +144,3 @@ def _to_pinned(t: torch.Tensor | None) -> torch.Tensor | None:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     return host
-
-
-def _kv_quantized(kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
-    return bool(kv_caches) and not kv_caches[0][0].is_floating_point()

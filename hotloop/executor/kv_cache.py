@@ -16,6 +16,7 @@ logger = get_logger(__name__)
 def available_memory(device: torch.device) -> int:
     """Free bytes on ``device``: free GPU memory, or available RAM on the CPU."""
     if device.type == "cuda":
+        torch.cuda.empty_cache()  # blocks cached by the allocator (e.g. load-time temporaries) count as free
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
     try:

@@ -30,6 +30,9 @@ class PlanInput:
     prefix_hit_rate: float = 0.0
     mem_util: float = 0.9  # share of GPU memory the engine may use (weights + KV + overhead)
     overhead_gib: float = 0.0  # activations, CUDA graphs, allocator slack
+    # The engine's own rule instead of mem_util: KV gets this fraction of what is free after the
+    # weights (``--cache-max-entry-count``), i.e. (GPU memory - weights - overhead) x fraction.
+    cache_max_entry_count: float | None = None
     block_size: int = 64
     tp: int = 1
     gpus_per_node: int = 8
@@ -43,6 +46,8 @@ class PlanInput:
             raise ValueError(f"prefix_hit_rate={self.prefix_hit_rate!r} must lie in [0, 1)")
         if not 0.0 < self.mem_util <= 1.0:
             raise ValueError(f"mem_util={self.mem_util!r} must lie in (0, 1]")
+        if self.cache_max_entry_count is not None and not 0.0 < self.cache_max_entry_count <= 1.0:
+            raise ValueError(f"cache_max_entry_count={self.cache_max_entry_count!r} must lie in (0, 1]")
         if self.session_len < 1 or self.block_size < 1 or self.tp < 1 or self.gpus_per_node < 1:
             raise ValueError("session_len, block_size, tp and gpus_per_node must be >= 1")
 
@@ -130,8 +135,12 @@ def plan(shape: ModelShape, inputs: PlanInput) -> Plan:
     """How many blocks the pool gets and how many full-length sequences it holds at once."""
     w = weight_bytes(shape, inputs.weight_format) // inputs.tp
     per_token = kv_bytes_per_token(shape, inputs.kv_bits, inputs.tp)
-    usable = inputs.gpu_mem_gib * GIB * inputs.mem_util
-    budget = max(0, int(usable - w - inputs.overhead_gib * GIB))
+    if inputs.cache_max_entry_count is not None:
+        free = inputs.gpu_mem_gib * GIB - w - inputs.overhead_gib * GIB
+        budget = max(0, int(free * inputs.cache_max_entry_count))
+    else:
+        usable = inputs.gpu_mem_gib * GIB * inputs.mem_util
+        budget = max(0, int(usable - w - inputs.overhead_gib * GIB))
     bs = inputs.block_size
     blocks = budget // (per_token * bs)
     seq_blocks = math.ceil(inputs.session_len / bs)

@@ -88,3 +88,23 @@ def test_cli_sweep_json_and_target(capsys: pytest.CaptureFixture[str]) -> None:
     assert "no" in capsys.readouterr().out
     with pytest.raises(ValueError, match="neither a preset"):
         load_shape("no-such-model")
+
+
+def test_engine_rule_takes_the_fraction_of_memory_free_after_weights() -> None:
+    shape = load_shape("llama3-8b")
+    p = plan(shape, PlanInput(gpu_mem_gib=140.0, cache_max_entry_count=0.5, session_len=2048))
+    free = 140.0 * GIB - p.weight_bytes
+    assert p.kv_budget_bytes == int(free * 0.5)
+    assert p.num_blocks == p.kv_budget_bytes // (p.kv_bytes_per_token * 64)
+    with pytest.raises(ValueError, match="cache_max_entry_count"):
+        PlanInput(cache_max_entry_count=1.5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_measure_without_a_gpu_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    from hotloop.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "smollm2-135m", "--measure"])
+    assert e.value.code == 1
+    assert "starts the engine on a GPU" in capsys.readouterr().err
