@@ -39,17 +39,17 @@ def make_step(engine: Any, prefills: list[int], decodes: int, ctx: int, rid: lis
     out = SchedulerOutput()
     params = GenerationConfig(max_new_tokens=4, ignore_eos=True)
     g = torch.Generator().manual_seed(len(rid))
-    for n in prefills:
-        rid[0] += 1
-        r = Request(f"p{rid[0]}", torch.randint(0, 128000, (n,), generator=g).tolist(), params)
-        bm.allocate(r, n)
-        out.scheduled.append(ScheduledRequest.of(r, n))
-    for _ in range(decodes):
+    for _ in range(decodes):  # decodes first, as the scheduler orders a mixed step
         rid[0] += 1
         r = Request(f"d{rid[0]}", torch.randint(0, 128000, (ctx + 1,), generator=g).tolist(), params)
         bm.allocate(r, ctx + 1)
         r.num_computed_tokens = ctx
         out.scheduled.append(ScheduledRequest.of(r, 1))
+    for n in prefills:
+        rid[0] += 1
+        r = Request(f"p{rid[0]}", torch.randint(0, 128000, (n,), generator=g).tolist(), params)
+        bm.allocate(r, n)
+        out.scheduled.append(ScheduledRequest.of(r, n))
     return out
 
 
