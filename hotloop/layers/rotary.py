@@ -3,12 +3,14 @@
 ``RopeConfig.from_hf`` reads a Hugging Face config: transformers 5 keeps everything in
 ``config.rope_parameters`` (``rope_theta`` inside it); older configs and remote-code ones keep
 ``rope_theta`` at the top and the scaling dict in ``rope_scaling`` (with ``type`` or ``rope_type``).
-Supported types: ``default``, ``linear``, ``dynamic`` (NTK) and ``llama3``.
+Supported types: ``default``, ``linear``, ``dynamic`` (NTK) and ``llama3``. ``MRotaryEmbedding`` adds
+M-RoPE (Qwen2-VL): three position rows, each rotating its own section of the frequencies.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +150,42 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, type={self.cfg.rope_type}"
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """M-RoPE (multimodal rotary, Qwen2-VL family): positions are ``[3, T]`` (temporal, height, width)
+    and ``mrope_section`` splits the ``rotary_dim / 2`` frequencies into three runs; run ``i`` takes
+    its angles from row ``i``. A 1-D ``[T]`` means the three rows are equal, which is plain rotary.
+    """
+
+    section_rows: torch.Tensor
+
+    def __init__(self, head_dim: int, cfg: RopeConfig, mrope_section: Sequence[int]) -> None:
+        super().__init__(head_dim, cfg)
+        section = [int(s) for s in mrope_section]
+        if len(section) != 3 or sum(section) != self.rotary_dim // 2 or min(section) < 0:
+            raise ValueError(
+                f"mrope_section={section} must be three sizes that add up to rotary_dim / 2 "
+                f"= {self.rotary_dim // 2}"
+            )
+        if cfg.rope_type == "dynamic":
+            raise ValueError("M-RoPE with dynamic (NTK) rope scaling is not supported")
+        rows = torch.repeat_interleave(torch.arange(3), torch.tensor(section))
+        self.register_buffer("section_rows", rows, persistent=False)  # [rotary_dim / 2]: 0, 1 or 2
+        self.mrope_section = tuple(section)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions ``[T]`` or ``[3, T]`` -> cos, sin ``[T, rotary_dim / 2]`` float32."""
+        if positions.dim() == 1:
+            return super().cos_sin(positions)
+        if positions.dim() != 2 or positions.shape[0] != 3:
+            raise ValueError(f"M-RoPE positions must be [T] or [3, T], got {tuple(positions.shape)}")
+        pos = positions.to(torch.float32).T[:, self.section_rows]  # [T, rotary_dim / 2], dense rows
+        angles = pos * self.inv_freq[None, :]
+        return angles.cos(), angles.sin()
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", mrope_section={list(self.mrope_section)}"
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> torch.Tensor:

@@ -15,6 +15,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     "InternLM2ForCausalLM": ("hotloop.models.internlm2", "InternLM2ForCausalLM"),
     "LlavaForConditionalGeneration": ("hotloop.models.llava", "LlavaForConditionalGeneration"),
     "InternVLForConditionalGeneration": ("hotloop.models.internvl", "InternVLForConditionalGeneration"),
+    "Qwen2VLForConditionalGeneration": ("hotloop.models.qwen2_vl", "Qwen2VLForConditionalGeneration"),
+    "Qwen2_5_VLForConditionalGeneration": ("hotloop.models.qwen2_vl", "Qwen2_5_VLForConditionalGeneration"),
 }
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_MODELS)

@@ -1,9 +1,10 @@
 """What every vision-language model here shares: a vision part plus one of our decoders.
 
-Subclasses build ``vision_tower`` and ``multi_modal_projector`` and define ``encode_images``; this
-base owns ``language_model`` (a Llama-family decoder), the runner's contract (``forward`` with
-``inputs_embeds``, ``compute_logits``, ``embed_input_ids``) and weight loading: checkpoint names are
-canonicalised (``canonical_name``), text tensors go to the decoder's own loader, the rest are copied.
+Subclasses build their vision part (``vision_tower`` and ``multi_modal_projector``; Qwen2-VL's
+``visual``) and define ``encode_images``; this base owns ``language_model`` (a Llama-family decoder),
+the runner's contract (``forward`` with ``inputs_embeds``, ``compute_logits``, ``embed_input_ids``)
+and weight loading: checkpoint names are canonicalised (``canonical_name``), text tensors go to the
+decoder's own loader, the rest are copied.
 """
 
 from __future__ import annotations
@@ -58,7 +59,12 @@ class VisionLanguageModel(nn.Module, abc.ABC):
         super().__init__()
         self.config = hf_config
         self.image_token_id = int(hf_config.image_token_id)
-        self.language_model = text_model_class(hf_config.text_config)(hf_config.text_config, dtype)
+        self.language_model = self.build_language_model(hf_config.text_config, dtype)
+
+    def build_language_model(self, text_config: Any, dtype: torch.dtype) -> LlamaForCausalLM:
+        """The decoder for ``text_config``: the text zoo's class for its ``model_type`` (Qwen2-VL
+        overrides this for its M-RoPE decoder)."""
+        return text_model_class(text_config)(text_config, dtype)
 
     # -- the runner's contract -------------------------------------------------------------------
     def forward(

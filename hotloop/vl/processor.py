@@ -20,6 +20,8 @@ from hotloop.vl.clip_preprocess import ClipImageConfig, preprocess_clip
 from hotloop.vl.image import DEFAULT_POLICY, ImageFetchPolicy, load_image
 from hotloop.vl.inputs import ImageInput, pixel_hash
 from hotloop.vl.internvl_preprocess import TileConfig, preprocess_tiles
+from hotloop.vl.mrope import GRID_KEY
+from hotloop.vl.qwen2_vl_preprocess import ImageShapeError, Qwen2VLImageConfig, preprocess_qwen2_vl
 
 
 class VLProcessor(abc.ABC):
@@ -130,6 +132,43 @@ class InternVLProcessor(VLProcessor):
         return [self.start_id] + [self.image_token_id] * n + [self.end_id], 1
 
 
+class Qwen2VLProcessor(VLProcessor):
+    """Qwen2-VL / Qwen2.5-VL: native-resolution patches; ``<|image_pad|>`` becomes one token per
+    merged block. Prompts hold ``<|vision_start|><|image_pad|><|vision_end|>`` per image. Each image
+    carries its M-RoPE grid (``extra["mrope_grid"]``), from which the runner derives positions."""
+
+    name = "qwen2_vl"
+
+    def __init__(self, hf_config: Any, image_config: Qwen2VLImageConfig, placeholder: str) -> None:
+        super().__init__(int(hf_config.image_token_id), placeholder)
+        vc = hf_config.vision_config
+        tower = (
+            int(vc.patch_size),
+            int(getattr(vc, "temporal_patch_size", 2)),
+            int(getattr(vc, "spatial_merge_size", 2)),
+        )
+        ours = (image_config.patch_size, image_config.temporal_patch_size, image_config.merge_size)
+        if ours != tower:
+            raise ValueError(
+                f"the image processor's (patch_size, temporal_patch_size, merge_size) = {ours} differ "
+                f"from the vision tower's {tower}"
+            )
+        self.image_config = image_config
+
+    def preprocess(self, image: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        try:
+            patches = preprocess_qwen2_vl(image, self.image_config)
+        except ImageShapeError as e:
+            raise RequestError(str(e), param="images") from None
+        t, h, w = (int(n) for n in patches.shape[:3])
+        m = self.image_config.merge_size
+        return patches, {GRID_KEY: (t, h, w), "image_grid_thw": (t, h * m, w * m)}
+
+    def image_token_ids(self, pixel_values: torch.Tensor, extra: dict[str, Any]) -> tuple[list[int], int]:
+        t, h, w = extra[GRID_KEY]
+        return [self.image_token_id] * (t * h * w), 0
+
+
 def _token_id(tokenizer: Any, attr: str, default: str) -> int:
     token = getattr(tokenizer, attr, None) or default
     token_id = tokenizer.convert_tokens_to_ids(token)
@@ -154,6 +193,9 @@ def read_image_processor_config(model_path: str | Path) -> dict[str, Any]:
     raise FileNotFoundError(f"{path} has no preprocessor_config.json (the image processor's settings)")
 
 
+QWEN2_VL_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+
+
 def build_vl_processor(model_path: str | Path, hf_config: Any, tokenizer: Any) -> VLProcessor | None:
     """The processor for a vision-language model, or None for a text-only architecture."""
     archs = getattr(hf_config, "architectures", None) or []
@@ -169,4 +211,9 @@ def build_vl_processor(model_path: str | Path, hf_config: Any, tokenizer: Any) -
         start = _token_id(tokenizer, "start_image_token", "<img>")
         end = _token_id(tokenizer, "end_image_token", "</img>")
         return InternVLProcessor(hf_config, tiles, placeholder, start, end)
+    if arch in QWEN2_VL_ARCHITECTURES:
+        pieces = (hf_config.vision_start_token_id, hf_config.image_token_id, hf_config.vision_end_token_id)
+        placeholder = "".join(tokenizer.convert_ids_to_tokens(int(i)) for i in pieces)
+        qwen_config = Qwen2VLImageConfig.from_dict(read_image_processor_config(model_path))
+        return Qwen2VLProcessor(hf_config, qwen_config, placeholder)
     return None

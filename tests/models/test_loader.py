@@ -41,6 +41,8 @@ def test_registry_lists_the_zoo() -> None:
         "InternLM2ForCausalLM",
         "LlavaForConditionalGeneration",
         "InternVLForConditionalGeneration",
+        "Qwen2VLForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
     }
     for arch in SUPPORTED_ARCHITECTURES:
         assert get_model_class(arch).__name__ == arch

@@ -1,6 +1,6 @@
 """Fixtures for vision-language tests (imported by tests/vl/conftest.py and tests/models/test_vlm_*.py):
-real images (drawn with PIL, and PyPI llama-models' JPEG) and tiny random LLaVA checkpoints saved by
-transformers with a processor alongside."""
+real images (drawn with PIL, and PyPI llama-models' JPEG) and tiny random LLaVA, InternVL and
+Qwen2(.5)-VL checkpoints saved by transformers with a processor alongside."""
 
 from __future__ import annotations
 
@@ -311,6 +311,158 @@ def hf_internvl_greedy(
                 pad_token_id=0,
             )
             outs.append((ids[0].tolist(), pixel_values, g[0, ids.shape[1] :].tolist()))
+    return outs
+
+
+QWEN2_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+QWEN2_VL_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+# 4-pixel patches merged 2x2: 8-pixel blocks, 4 to 30 image tokens
+QWEN2_VL_PROCESSOR = dict(
+    min_pixels=8 * 8 * 4, max_pixels=8 * 8 * 30, patch_size=4, merge_size=2, temporal_patch_size=2
+)
+QWEN2_VL_VISION: dict[str, dict[str, Any]] = {
+    "qwen2_vl": dict(
+        depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, hidden_act="quick_gelu"
+    ),
+    "qwen2_5_vl": dict(  # 2x2-block windows, full attention in block 1 of 3
+        depth=3,
+        hidden_size=32,
+        intermediate_size=48,
+        out_hidden_size=64,
+        num_heads=2,
+        hidden_act="silu",
+        window_size=16,
+        fullatt_block_indexes=[1],
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def make_tiny_qwen2_vl(
+    tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path
+) -> Callable[[str], Path]:
+    """A tiny random Qwen2-VL or Qwen2.5-VL (``QWEN2_VL_VISION`` keys) with a Qwen2 M-RoPE decoder
+    (head_dim 16, ``mrope_section`` [2, 3, 3]), its image processor and a tokenizer with the vision
+    tokens. Small rope thetas (here and in the ViT) make every rotary section matter."""
+    made: dict[str, Path] = {}
+
+    def make(variant: str) -> Path:
+        if variant in made:
+            return made[variant]
+        from transformers import (
+            AutoTokenizer,
+            Qwen2_5_VLConfig,
+            Qwen2_5_VLForConditionalGeneration,
+            Qwen2VLConfig,
+            Qwen2VLForConditionalGeneration,
+        )
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        config_cls, model_cls = {
+            "qwen2_vl": (Qwen2VLConfig, Qwen2VLForConditionalGeneration),
+            "qwen2_5_vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration),
+        }[variant]
+        tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+        tok.add_special_tokens({"additional_special_tokens": QWEN2_VL_TOKENS})
+        ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN2_VL_TOKENS}
+        text = dict(
+            vocab_size=len(tok) + 12,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            rope_parameters={"rope_type": "default", "rope_theta": 50.0, "mrope_section": [2, 3, 3]},
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+        vision = dict(
+            QWEN2_VL_VISION[variant],
+            patch_size=4,
+            temporal_patch_size=2,
+            spatial_merge_size=2,
+            rope_parameters={"rope_type": "axial", "rope_theta": 30.0},
+        )
+        cfg = config_cls(
+            vision_config=vision,
+            text_config=text,
+            image_token_id=ids["<|image_pad|>"],
+            video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+            tie_word_embeddings=variant == "qwen2_5_vl",  # as the 3B release
+        )
+        torch.manual_seed(1357)
+        model = model_cls(cfg).to(torch.float32)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() > 1:
+                    p.normal_(0, 0.08)
+        out = tmp_path_factory.mktemp(variant)
+        model.save_pretrained(str(out))
+        tok.save_pretrained(str(out))
+        Qwen2VLImageProcessorPil(**QWEN2_VL_PROCESSOR).save_pretrained(str(out))
+        made[variant] = out
+        return out
+
+    return make
+
+
+def qwen2_vl_expand(path: Path, text: str, imgs: list[Any]) -> tuple[list[int], dict[str, torch.Tensor]]:
+    """Prompt ids and model inputs as transformers' Qwen2VLProcessor makes them (the class needs
+    torchvision for its video processor, so its image-token expansion is called on a stand-in)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    inputs: dict[str, torch.Tensor] = {}
+    if imgs:
+        image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(path))
+        feats = image_processor(images=imgs, return_tensors="pt")
+        inputs = {"pixel_values": feats["pixel_values"], "image_grid_thw": feats["image_grid_thw"]}
+        stand_in = SimpleNamespace(image_processor=image_processor, image_token="<|image_pad|>")
+        parts = text.split("<|image_pad|>")
+        assert len(parts) == len(imgs) + 1
+        text = parts[0]
+        for i, part in enumerate(parts[1:]):
+            text += Qwen2VLProcessor.replace_image_token(stand_in, dict(feats), i) + part  # type: ignore[arg-type]
+    return tok.encode(text), inputs
+
+
+@functools.lru_cache(maxsize=2)
+def _hf_qwen2_vl(path: str) -> Any:
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def hf_qwen2_vl_greedy(
+    path: Path, prompts: list[tuple[str, list[Any]]], max_new: int
+) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, greedy tokens) from transformers' ``generate`` for each (text, images), one at a time."""
+    model = _hf_qwen2_vl(str(path))
+    image_token_id = model.config.image_token_id
+    outs = []
+    with torch.no_grad():
+        for text, imgs in prompts:
+            ids, extra = qwen2_vl_expand(path, text, imgs)
+            input_ids = torch.tensor([ids])
+            g = model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                mm_token_type_ids=(input_ids == image_token_id).int(),
+                **extra,
+                max_new_tokens=max_new,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            outs.append((ids, g[0, len(ids) :].tolist()))
     return outs
 
 
