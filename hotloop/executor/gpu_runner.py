@@ -1,8 +1,8 @@
 """The GPU model runner: persistent input buffers, decode steps replayed from CUDA graphs.
 
 A decode-only step whose batch fits a captured bucket replays that graph (model, LM head and greedy
-argmax in one launch); other steps (prefill, chunked prefill, mixed) run eagerly over the same
-buffers with the Triton kernels. When every row is plain greedy the graph's argmax is the answer and
+argmax in one launch); other steps (prefill, chunked prefill, mixed) replay piecewise graphs (every
+layer but its attention, ``piecewise_graph.py``) with attention launched eagerly between pieces. When every row is plain greedy the graph's argmax is the answer and
 the sampler is skipped. ``launch`` ends with an asynchronous copy of the sampled ids into pinned
 memory and an event; ``collect`` waits on that event only, so the host can prepare and launch the
 next step while this one runs (overlapped scheduling, see ``engine.engine``).
@@ -17,9 +17,11 @@ import torch
 from hotloop.engine.outputs import SampledToken
 from hotloop.engine.request import Request
 from hotloop.engine.scheduler import SchedulerOutput
+from hotloop.executor import piecewise_graph
 from hotloop.executor.cuda_graph import DecodeGraphs
 from hotloop.executor.gpu_inputs import InputBuffers, StepInputs
 from hotloop.executor.model_runner import CausalLM, ModelRunner, StepHandle
+from hotloop.executor.piecewise_graph import PiecewiseGraphs
 from hotloop.executor.sampler import SamplerOutput
 from hotloop.layers.attention import AttentionMetadata
 from hotloop.messages import GenerationConfig
@@ -56,8 +58,12 @@ class GpuModelRunner(ModelRunner):
         width = -(-session_len // block_size) + 1
         self.buffers = InputBuffers(max_num_tokens, max_batch_size, width, block_size, device)
         self.graphs: DecodeGraphs | None = None
+        self.piecewise: PiecewiseGraphs | None = None
         if use_cuda_graph:
             self.graphs = DecodeGraphs(model, kv_caches, self.buffers, max_batch_size)
+            if piecewise_graph.supports(model):
+                self.piecewise = PiecewiseGraphs(model, kv_caches, self.buffers.input_ids, max_num_tokens)
+        self.num_piecewise_steps = 0
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self.wait_s = 0.0  # host time spent waiting for the sampled ids (the GPU's share of a step)
@@ -98,7 +104,18 @@ class GpuModelRunner(ModelRunner):
         self.num_eager_steps += 1
         ids, pos, meta, rows = self.prepare(out)
         pos = mrope.step_positions(out.scheduled, pos)
-        hidden = self.model(ids, pos, self.kv_caches, meta, **self.multimodal_kwargs(out, ids))
+        pw = self.piecewise
+        if (
+            pw is not None
+            and pos.dim() == 1
+            and ids.data_ptr() == self.buffers.input_ids.data_ptr()  # inputs are in the static buffers
+            and pw.bucket_for(ids.shape[0]) is not None
+            and not merge.has_images(out.scheduled)
+        ):
+            hidden = pw.run(ids.shape[0], pos, meta)
+            self.num_piecewise_steps += 1
+        else:
+            hidden = self.model(ids, pos, self.kv_caches, meta, **self.multimodal_kwargs(out, ids))
         if not reqs:
             return self._launched([], None)
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])

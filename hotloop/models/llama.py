@@ -105,13 +105,17 @@ class LlamaAttention(nn.Module):
     def forward(
         self, h: torch.Tensor, cos_sin: CosSin, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
+        q, k, v = self.project(h)
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta, cos_sin))
+
+    def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``h [T, hidden]`` -> q ``[T, H*D]``, k and v ``[T, KV*D]`` (q/k normed when the model has it)."""
         T = h.shape[0]
         q, k, v = self.qkv_proj.split(self.qkv_proj(h))  # [T, H*D], [T, KV*D], [T, KV*D]
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q.view(T, self.num_heads, self.head_dim))
             k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
-        q, k = q.reshape(T, -1), k.reshape(T, -1)
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta, cos_sin))
+        return q.reshape(T, -1), k.reshape(T, -1), v
 
 
 class LlamaMLP(nn.Module):
@@ -143,12 +147,27 @@ class LlamaDecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's MLP output, the residual stream before it); the next norm adds them."""
+        q, k, v, residual = self.pre_attention(h, residual)
+        o = self.self_attn.attn(q, k, v, kv_cache, meta, cos_sin)
+        return self.post_attention(o, residual)
+
+    # The layer in three parts, so that the parts around attention can be captured in CUDA graphs
+    # (``executor/piecewise_graph.py``) while attention, whose launch depends on the batch, runs eagerly.
+    def pre_attention(
+        self, h: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input norm, adding the residual) and q/k/v projection -> ``(q, k, v, residual)``."""
         if residual is None:
             residual = h
             h = self.input_layernorm(h)
         else:
             h, residual = self.input_layernorm(h, residual)
-        h = self.self_attn(h, cos_sin, kv_cache, meta)
+        q, k, v = self.self_attn.project(h)
+        return q, k, v, residual
+
+    def post_attention(self, o: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention output ``o [T, H*D]`` -> (MLP output, residual stream before it)."""
+        h = self.self_attn.o_proj(o)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 

@@ -1,0 +1,184 @@
+"""Piecewise CUDA graphs for prefill and mixed steps: everything but attention, replayed per layer.
+
+An eager step of a Llama-family model costs tens of milliseconds of host time (about 10 launches a
+layer, each through Python), more than the GPU needs for a few hundred tokens. Attention cannot be
+captured once for all steps (its launch depends on how the tokens split into sequences), but the
+rest of a layer is row-wise: the same kernels whatever the batch, for a given token count. So for
+padded token counts ``T`` (buckets) the runner captures ``L + 1`` pieces per bucket:
+
+- piece 0: embedding, then layer 0's input norm and q/k/v projection;
+- piece i: layer i-1's o_proj, norm and MLP, then layer i's input norm and q/k/v projection;
+- piece L: layer L-1's o_proj, norm and MLP, then the final norm.
+
+Pieces communicate through static buffers (token ids, q/k/v, residual, attention output, hidden).
+Between two pieces the eager part runs attention (rotary + KV write + the paged kernels) on the
+step's real tokens only; the padding rows of the buffers hold stale values that no real row reads
+(every captured op is row-wise). All graphs share one memory pool and are replayed in the order
+they were captured (largest bucket first), which lets a piece reuse the previous one's scratch.
+
+``capture=False`` runs the same pieces over the same buffers without graphs (for the CPU tests).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from hotloop.layers.attention import AttentionMetadata
+from hotloop.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+def token_buckets(max_tokens: int, smallest: int = 16) -> list[int]:
+    """Padded token counts: 16, 32, 48, ... with four steps per power of two (at most 25% padding),
+    ending at ``max_tokens``."""
+    sizes = []
+    b = smallest
+    while b < max_tokens:
+        sizes.append(b)
+        step = max(smallest, (1 << (b.bit_length() - 1)) // 4)
+        b += step
+    sizes.append(max_tokens)
+    return sizes
+
+
+def supports(model: Any) -> bool:
+    """Whether ``model`` is a text model of the Llama decoder family, which the pieces are cut from
+    (vision-language models run their prefill eagerly)."""
+    from hotloop.models.llama import LlamaForCausalLM
+
+    return isinstance(model, LlamaForCausalLM) and len(model.model.layers) > 0
+
+
+class PiecewiseGraphs:
+    """Captured pieces per token bucket; ``run(num_tokens, positions, meta)`` runs one step."""
+
+    def __init__(
+        self,
+        model: Any,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        input_ids: torch.Tensor,
+        max_tokens: int,
+        capture: bool = True,
+        progress: bool = True,
+    ) -> None:
+        self.model = model
+        self.inner = model.model
+        self.layers = list(self.inner.layers)
+        self.kv_caches = kv_caches
+        self.input_ids = input_ids  # the runner's static token-id buffer
+        self.capture = capture
+        attn = self.layers[0].self_attn
+        qkv = attn.qkv_proj
+        self.q_size = qkv.num_heads * qkv.head_dim
+        self.kv_size = qkv.num_kv_heads * qkv.head_dim
+        self.max_tokens = min(max_tokens, input_ids.shape[0])
+        self.buckets = token_buckets(self.max_tokens)
+        ref = self.inner.embed_tokens.weight
+        hidden = ref.shape[1]
+        dev, dtype = input_ids.device, ref.dtype
+        n = self.max_tokens
+        self.qkv = torch.zeros(n, self.q_size + 2 * self.kv_size, dtype=dtype, device=dev)
+        self.residual = torch.zeros(n, hidden, dtype=dtype, device=dev)
+        self.attn_out = torch.zeros(n, self.q_size, dtype=dtype, device=dev)
+        self.hidden = torch.zeros(n, hidden, dtype=dtype, device=dev)
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self.pool: Any = None
+        if capture:
+            self._capture(progress)
+
+    # -- the pieces ---------------------------------------------------------------------------
+    def _store(self, tp: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, res: torch.Tensor) -> None:
+        qs, ks = self.q_size, self.kv_size
+        buf = self.qkv[:tp]
+        buf[:, :qs].copy_(q)
+        buf[:, qs : qs + ks].copy_(k)
+        buf[:, qs + ks :].copy_(v)
+        self.residual[:tp].copy_(res)
+
+    def _piece(self, i: int, tp: int) -> None:
+        if i == 0:
+            h = self.inner.embed_tokens(self.input_ids[:tp])
+            q, k, v, res = self.layers[0].pre_attention(h, None)
+            self._store(tp, q, k, v, res)
+            return
+        h, res = self.layers[i - 1].post_attention(self.attn_out[:tp], self.residual[:tp])
+        if i < len(self.layers):
+            q, k, v, res = self.layers[i].pre_attention(h, res)
+            self._store(tp, q, k, v, res)
+        else:
+            self.hidden[:tp].copy_(self.inner.norm(h, res)[0])
+
+    @property
+    def num_pieces(self) -> int:
+        return len(self.layers) + 1
+
+    @torch.inference_mode()
+    def _capture(self, progress: bool) -> None:
+        t0 = time.perf_counter()
+        sizes = sorted(self.buckets, reverse=True)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(sizes), desc="capturing prefill graphs", unit="bucket", leave=False)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for tp in sizes:
+                graphs = []
+                for i in range(self.num_pieces):
+                    self._piece(i, tp)  # warm-up: compiles / autotunes kernels outside the capture
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=self.pool, stream=stream):
+                        self._piece(i, tp)
+                    if self.pool is None:
+                        self.pool = g.pool()
+                    graphs.append(g)
+                self.graphs[tp] = graphs
+                if bar is not None:
+                    bar.update(1)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        if bar is not None:
+            bar.close()
+        logger.info(
+            "captured %d prefill graph pieces (%d token buckets up to %d) in %.1f s",
+            len(sizes) * self.num_pieces,
+            len(sizes),
+            self.max_tokens,
+            time.perf_counter() - t0,
+        )
+
+    # -- a step -------------------------------------------------------------------------------
+    def bucket_for(self, num_tokens: int) -> int | None:
+        for b in self.buckets:
+            if b >= num_tokens:
+                return b
+        return None
+
+    def run(self, num_tokens: int, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The final-normed hidden states ``[num_tokens, hidden]`` of a step whose token ids are in
+        the runner's buffer (a view of a static buffer, valid until the next step)."""
+        tp = self.bucket_for(num_tokens)
+        assert tp is not None, f"{num_tokens} tokens exceed the largest bucket {self.max_tokens}"
+        t = num_tokens
+        graphs = self.graphs.get(tp) if self.capture else None
+        cos_sin = self.inner.rotary_emb.cos_sin(positions[:t])
+        qs, ks = self.q_size, self.kv_size
+        for i in range(self.num_pieces):
+            if graphs is not None:
+                graphs[i].replay()
+            else:
+                self._piece(i, tp)
+            if i == len(self.layers):
+                break
+            qkv = self.qkv[:t]
+            o = self.layers[i].self_attn.attn(
+                qkv[:, :qs], qkv[:, qs : qs + ks], qkv[:, qs + ks :], self.kv_caches[i], meta, cos_sin
+            )
+            self.attn_out[:t].copy_(o)
+        return self.hidden[:t]
