@@ -71,6 +71,9 @@ def main() -> int:
             wait_healthy(args.port, proc, 600)
             print(f"server healthy after {time.monotonic() - t0:.0f} s", flush=True)
             rc = subprocess.call(client, env=ENV)
+            # the server's own view: TTFT, queue time and step histograms, for comparison with the client
+            with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/metrics", timeout=10) as r:
+                (out / "metrics.txt").write_bytes(r.read())
         finally:
             proc.send_signal(signal.SIGINT)
             try:

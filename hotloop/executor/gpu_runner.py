@@ -58,6 +58,8 @@ class GpuModelRunner(ModelRunner):
         width = -(-session_len // block_size) + 1
         self.buffers = InputBuffers(max_num_tokens, max_batch_size, width, block_size, device)
         self.graphs: DecodeGraphs | None = None
+        if device.type == "cuda":
+            precompile_attention(model, kv_caches, device)
         self.piecewise: PiecewiseGraphs | None = None
         if use_cuda_graph:
             self.graphs = DecodeGraphs(model, kv_caches, self.buffers, max_batch_size)
@@ -152,6 +154,39 @@ class GpuModelRunner(ModelRunner):
             handle.event.synchronize()
             self.wait_s += time.perf_counter() - t0
         return super().collect(handle)
+
+
+def precompile_attention(
+    model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device
+) -> None:
+    """Compile now every attention-kernel variant a step can pick (the split counts of the decode
+    kernel, the two prefill tile shapes), for each distinct layer configuration. Triton compiles on
+    first use, about a second per variant: during serving that would stall every request in flight."""
+    from hotloop.kernels.paged_decode_attention import SPLIT_CHOICES, paged_decode_attention
+    from hotloop.kernels.paged_prefill_attention import paged_prefill_attention
+    from hotloop.layers.attention import PagedAttention
+
+    layers = [m for m in model.modules() if isinstance(m, PagedAttention)]  # type: ignore[attr-defined]
+    if len(layers) != len(kv_caches):
+        return
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())  # type: ignore[attr-defined]
+    seen = set()
+    for m, (k_cache, v_cache) in zip(layers, kv_caches, strict=True):
+        key = (m.sliding_window, m.num_heads, m.num_kv_heads, m.head_dim)
+        if key in seen:
+            continue
+        seen.add(key)
+        q = torch.zeros(1, m.num_heads, m.head_dim, dtype=dtype, device=device)
+        tables = torch.zeros(1, 1, dtype=torch.int32, device=device)
+        empty = torch.zeros(1, dtype=torch.int32, device=device)  # seq_len 0: nothing is read
+        for splits in SPLIT_CHOICES:
+            paged_decode_attention(q, k_cache, v_cache, tables, empty, m.scale, m.sliding_window, splits)
+        starts = torch.zeros(2, dtype=torch.int32, device=device)  # no queries
+        for max_query_len in (1, 64):
+            paged_prefill_attention(
+                q, k_cache, v_cache, tables, empty, starts, max_query_len, m.scale, m.sliding_window
+            )
+    torch.cuda.synchronize(device)
 
 
 def _to_pinned(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -33,13 +33,13 @@ logger = get_logger(__name__)
 
 
 def token_buckets(max_tokens: int, smallest: int = 16) -> list[int]:
-    """Padded token counts: 16, 32, 48, ... with four steps per power of two (at most 25% padding),
-    ending at ``max_tokens``."""
+    """Padded token counts: 16, 32, 48, ... with eight steps per power of two (at most 12.5%
+    padding past 128 tokens), ending at ``max_tokens``."""
     sizes = []
     b = smallest
     while b < max_tokens:
         sizes.append(b)
-        step = max(smallest, (1 << (b.bit_length() - 1)) // 4)
+        step = max(smallest, (1 << (b.bit_length() - 1)) // 8)
         b += step
     sizes.append(max_tokens)
     return sizes
@@ -177,8 +177,13 @@ class PiecewiseGraphs:
             if i == len(self.layers):
                 break
             qkv = self.qkv[:t]
-            o = self.layers[i].self_attn.attn(
-                qkv[:, :qs], qkv[:, qs : qs + ks], qkv[:, qs + ks :], self.kv_caches[i], meta, cos_sin
+            self.layers[i].self_attn.attn(
+                qkv[:, :qs],
+                qkv[:, qs : qs + ks],
+                qkv[:, qs + ks :],
+                self.kv_caches[i],
+                meta,
+                cos_sin,
+                out=self.attn_out[:t],
             )
-            self.attn_out[:t].copy_(o)
         return self.hidden[:t]

@@ -201,8 +201,13 @@ def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
 
 
 def num_decode_splits(batch: int, num_kv_heads: int) -> int:
-    """How many context splits per (sequence, KV head): enough programs to fill the GPU."""
-    return max(1, min(_MAX_SPLITS, triton.cdiv(_TARGET_PROGRAMS, batch * num_kv_heads)))
+    """How many context splits per (sequence, KV head): enough programs to fill the GPU. A power of
+    two, so that only five kernel variants exist (each is compiled once, see ``SPLIT_CHOICES``)."""
+    want = max(1, min(_MAX_SPLITS, triton.cdiv(_TARGET_PROGRAMS, batch * num_kv_heads)))
+    return 1 << (want.bit_length() - 1)
+
+
+SPLIT_CHOICES = tuple(1 << i for i in range(_MAX_SPLITS.bit_length()))  # 1, 2, 4, 8, 16
 
 
 def paged_decode_attention(

@@ -80,8 +80,9 @@ class PagedAttention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q ``[T, H*D]``, k/v ``[T, KV*D]`` -> ``[T, H*D]``.
+        """q ``[T, H*D]``, k/v ``[T, KV*D]`` -> ``[T, H*D]`` (written into ``out`` when given).
 
         With ``cos_sin`` (``[T, rot / 2]`` float32 each) q and k are rotated here first (fused with
         the cache write on the GPU); without it they arrive rotated.
@@ -89,7 +90,10 @@ class PagedAttention(nn.Module):
         T = q.shape[0]
         # CUDA with device metadata: the Triton kernels, for a float or a quantized (uint8) cache alike.
         if ops.use_triton(q) and meta.seq_lens_t is not None:
-            return self._forward_triton(q, k, v, kv_cache, meta, cos_sin)
+            return self._forward_triton(q, k, v, kv_cache, meta, cos_sin, out)
+        if out is not None:
+            out.copy_(self.forward(q, k, v, kv_cache, meta, cos_sin))
+            return out
         if cos_sin is not None:
             q = apply_rotary(q, cos_sin[0], cos_sin[1], self.head_dim)
             k = apply_rotary(k, cos_sin[0], cos_sin[1], self.head_dim)
@@ -118,6 +122,7 @@ class PagedAttention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         cos_sin: tuple[torch.Tensor, torch.Tensor] | None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         from hotloop.kernels.paged_decode_attention import paged_decode_attention
         from hotloop.kernels.paged_prefill_attention import paged_prefill_attention
@@ -135,13 +140,20 @@ class PagedAttention(nn.Module):
         # A uint8 cache is quantized in the same pass; the attention kernels dequantize as they read.
         rotary_kv_write(q, k, v, cos_sin[0], cos_sin[1], k_cache, v_cache, meta.slot_mapping)
         assert meta.seq_lens_t is not None
+        o = torch.empty_like(q) if out is None else out.view(T, self.num_heads, self.head_dim)
         if meta.decode_only:
-            o = paged_decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.seq_lens_t, self.scale, self.sliding_window
+            paged_decode_attention(
+                q,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.seq_lens_t,
+                self.scale,
+                self.sliding_window,
+                out=o,
             )
         elif meta.num_decodes and meta.prefill_query_start_t is not None:
             nd = meta.num_decodes
-            o = torch.empty_like(q)
             paged_decode_attention(
                 q[:nd],
                 k_cache,
@@ -166,7 +178,7 @@ class PagedAttention(nn.Module):
             )
         else:
             assert meta.query_start_t is not None
-            o = paged_prefill_attention(
+            paged_prefill_attention(
                 q,
                 k_cache,
                 v_cache,
@@ -176,5 +188,6 @@ class PagedAttention(nn.Module):
                 meta.max_query_len,
                 self.scale,
                 self.sliding_window,
+                out=o,
             )
         return o.reshape(T, self.num_heads * self.head_dim)
