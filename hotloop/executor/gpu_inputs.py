@@ -49,6 +49,7 @@ class _HostSet:
         self.qsp_h, self.qsp = host((max_seqs + 1,), torch.int32)
         self.bt_h, self.bt = host((max_seqs, width), torch.int32)
         self.fix_h, self.fix = host((max_seqs,), torch.int64)
+        self.idx_h, self.idx = host((2, max_seqs), torch.int64)  # small index lists (see stage_indices)
         self.rows: list[tuple[int, int]] = []  # per table row: (id of the request written there, blocks)
 
 
@@ -75,9 +76,11 @@ class InputBuffers:
         self.prefill_query_start = dev((max_seqs + 1,), torch.int32)
         self.block_tables = dev((max_seqs, max_blocks_per_seq), torch.int32)
         self.pending_dst = dev((max_seqs,), torch.int64)
+        self.indices = dev((2, max_seqs), torch.int64)
         pin = device.type == "cuda"
         self._sets = [_HostSet(max_tokens, max_seqs, max_blocks_per_seq, pin) for _ in range(2)]
         self._turn = 0
+        self._current = self._sets[0]
 
     def fits(self, out: SchedulerOutput) -> bool:
         return (
@@ -91,6 +94,7 @@ class InputBuffers:
         with rows that read nothing (seq_len 0) and write nothing (slot -1)."""
         bs = self.block_size
         h = self._sets[self._turn]
+        self._current = h
         self._turn ^= 1
         ids, pos, slots, lens, qs, bt = h.ids, h.pos, h.slots, h.lens, h.qs, h.bt
         fix: list[int] = []
@@ -196,6 +200,18 @@ class InputBuffers:
         return StepInputs(
             self.input_ids[:ntok], self.positions[:ntok], meta, rows, b, pending_dst, fix_reqs or None
         )
+
+    def stage_indices(self, values: list[int], slot: int) -> torch.Tensor:
+        """``values`` (at most ``max_seqs``) as a device int64 tensor, copied asynchronously from the
+        pinned set of the last ``prepare`` (``torch.tensor(values, device=...)`` would copy from
+        pageable memory, which waits for the GPU and defeats overlapped scheduling). ``slot`` 0 or 1:
+        two lists per step."""
+        h = self._current
+        n = len(values)
+        h.idx[slot, :n] = values
+        dev = self.indices[slot, :n]
+        dev.copy_(h.idx_h[slot, :n], non_blocking=True)
+        return dev
 
     def graph_meta(self, batch: int) -> AttentionMetadata:
         """The metadata a decode graph of ``batch`` rows is captured with (views of the buffers)."""

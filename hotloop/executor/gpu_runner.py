@@ -66,6 +66,7 @@ class GpuModelRunner(ModelRunner):
             if piecewise_graph.supports(model):
                 self.piecewise = PiecewiseGraphs(model, kv_caches, self.buffers.input_ids, max_num_tokens)
         self.num_piecewise_steps = 0
+        self._staged = False  # whether this step's inputs went through self.buffers
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self.wait_s = 0.0  # host time spent waiting for the sampled ids (the GPU's share of a step)
@@ -73,7 +74,8 @@ class GpuModelRunner(ModelRunner):
     def prepare(
         self, out: SchedulerOutput
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        if not self.buffers.fits(out):
+        self._staged = self.buffers.fits(out)
+        if not self._staged:
             return super().prepare(out)
         step = self.buffers.prepare(out)
         self._patch(step)
@@ -99,6 +101,7 @@ class GpuModelRunner(ModelRunner):
             and not mrope.needs_3d(out.scheduled)
         ):
             bucket = g.bucket_for(b)
+            self._staged = True
             self._patch(self.buffers.prepare(out, padded_seqs=bucket))
             logits, greedy = g.run(bucket)
             self.num_graph_steps += 1
@@ -120,8 +123,13 @@ class GpuModelRunner(ModelRunner):
             hidden = self.model(ids, pos, self.kv_caches, meta, **self.multimodal_kwargs(out, ids))
         if not reqs:
             return self._launched([], None)
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        logits = self.model.compute_logits(hidden[self.index_tensor(rows, 1)])
         return self._sample(logits, None, reqs)
+
+    def index_tensor(self, values: list[int], slot: int) -> torch.Tensor:
+        if self._staged:  # inputs of this step went through the pinned buffers
+            return self.buffers.stage_indices(values, slot)
+        return super().index_tensor(values, slot)
 
     def _sample(self, logits: torch.Tensor, greedy: torch.Tensor | None, reqs: list[Request]) -> StepHandle:
         """Sample on the device and start copying the result to pinned host memory."""

@@ -133,8 +133,12 @@ class ModelRunner:
         last = self._last
         if last is None or last.result is None:
             raise RuntimeError("a request has a pending token but no step was launched before")
-        src = torch.tensor([last.rows[id(r)] for r in reqs], dtype=torch.long, device=ids.device)
+        src = self.index_tensor([last.rows[id(r)] for r in reqs], 0)
         ids.index_copy_(0, dst, last.result.token_ids.index_select(0, src).to(ids.dtype))
+
+    def index_tensor(self, values: list[int], slot: int) -> torch.Tensor:
+        """A small list of row indices on the device (the GPU runner stages it through pinned memory)."""
+        return torch.tensor(values, dtype=torch.long, device=self.device)
 
     def multimodal_kwargs(self, out: SchedulerOutput, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{"inputs_embeds": ...}`` with image embeddings merged when the step covers image
@@ -176,7 +180,7 @@ class ModelRunner:
         reqs = [s.request for s in out.scheduled if s.samples]
         result = None
         if reqs:
-            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+            logits = self.model.compute_logits(hidden[self.index_tensor(rows, 1)])
             result = self.sampler(logits, self._sampling_metadata(reqs))
         return self._launched(reqs, result)
 
