@@ -1,21 +1,48 @@
 """W4A16 GEMM in Triton: ``y = x @ W`` with ``W`` in the AutoAWQ int4 layout, dequantized in registers.
 
-One kernel, two launch shapes:
+Three launches:
 
-- ``splitk`` (decode, small M): 16-row tiles, the K loop split across programs so that even M = 1
-  fills the GPU; partial sums in float32 are added by the launcher.
-- ``tiled`` (prefill, large M): classic M x N output tiles, each walking all of K.
+- ``gemv`` (M of 1 to 4, ``kernels/w4a16_gemv.py``): CUDA cores only, float32 arithmetic (the
+  fastest launch at M = 1 on an H200).
+- ``splitk`` (small M): tensor cores on 16- to 64-row tiles, for M <= 32 with the operands
+  swapped (``out^T = W^T x^T``) so that the weight tile is the MMA's 64-row side and M (padded to
+  16) its narrow side; the K loop is split across programs so that even a narrow layer fills the
+  GPU.
+- ``tiled`` (prefill, large M): classic M x N output tiles (grouped for L2 reuse), each walking all
+  of K.
 
-Each K step loads a ``[BLOCK_K, BLOCK_N]`` tile of packed words (the eight columns of a word share
-one load), takes column ``n``'s nibble, subtracts the group's zero point, multiplies by its scale
-and feeds ``tl.dot``. ``BLOCK_K`` divides the group size, so a K step lies in one group. The torch
-reference is ``kernels.reference.w4a16_matmul``; the layout is in ``kernels.w4a16_layout``.
+``splitk`` and ``tiled`` share one kernel. A K step loads a ``[BLOCK_K, BLOCK_N / 8]`` tile of
+packed words once and unpacks it in registers (:func:`_unpack_awq`): ORing a nibble into the
+mantissa of a 16-bit constant (``0x4300`` is bf16 128.0, ``0x6400`` fp16 1024.0) gives
+``magic + q`` exactly with no integer-to-float conversion, and AWQ's nibble order
+``[0, 2, 4, 6, 1, 3, 5, 7]`` puts columns ``2j`` and ``2j + 1`` 16 bits apart, so one shift and one
+``lop3`` make two of them. ``(magic + q) - (magic + z)`` is then exact, one multiply by the
+group's scale rounds it like the reference, and the tile feeds ``tl.dot`` (float32 accumulation).
+Every load of the K loop (activations, packed words, zero points, scales) feeds that dot, so
+Triton's software pipeliner keeps ``num_stages - 1`` steps of all of them in flight: no load's
+latency is waited for inside the loop. ``BLOCK_K`` divides the group size, so a step lies in one
+group.
+
+Split-K partial sums (float32) go to a workspace; the last program of a tile to finish (an atomic
+counter per tile, reset by that program) adds them in a fixed order and writes the output, so a
+split launch is still a single kernel and its result does not depend on timing.
+
+Which launch: :func:`choose_config` gives a static choice per path and M (``TUNED``). ``auto``
+on a GPU instead times a few candidates once per (device, dtype, M bucket, N, K, group) -- each
+in a CUDA graph with the L2 cache flushed before every launch, so that what is measured is the
+kernel streaming its weights from memory, as in a decode step -- and keeps the fastest
+(``tuning_log`` holds the timings). Set ``HOTLOOP_W4A16_TUNE=0`` to use the static choice; during
+a CUDA-graph capture an untuned shape also gets the static choice.
+
+The torch reference is ``kernels.reference.w4a16_matmul``; the layout is in ``kernels.w4a16_layout``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import lru_cache, partial
 
 import torch
 import triton
@@ -23,97 +50,264 @@ import triton.language as tl
 
 from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
 
-PATHS = ("auto", "splitk", "tiled")
-SPLITK_MAX_M = 32  # at or below this many rows the split-K launch is used
+PATHS = ("auto", "gemv", "splitk", "tiled")
+KINDS = ("gemv", "dot")
+UNPACK_MODES = ("nibble", "pair", "lop3")
+GEMV_MAX_M = 4  # the CUDA-core GEMV takes at most this many rows
+SPLITK_MAX_M = 64  # at or below this many rows the static ``auto`` choice is the split-K launch
+COUNTER_SLOTS = 16384  # split-K tile counters kept per device
+TUNE_ENV = "HOTLOOP_W4A16_TUNE"
+
+# A 16-bit pattern whose mantissa takes a nibble: 128.0 in bf16 (ulp 1), 1024.0 in fp16 (ulp 1);
+# 2^23 in float32.
+_MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400, torch.float32: 0x4B000000}
+_TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 @triton.jit
-def _w4a16_gemm_kernel(
+def _as_float(v, DTYPE: tl.constexpr):
+    """int32 holding a float's bits (in its low 16 bits for 16-bit ``DTYPE``) -> that float."""
+    if DTYPE == tl.float32:
+        return v.to(tl.float32, bitcast=True)
+    else:
+        return v.to(tl.int16).to(DTYPE, bitcast=True)
+
+
+@triton.jit
+def _interleave_columns(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Eight ``[ROWS, BLOCK_N / 8]`` tensors, column ``2j`` of each word in ``loj`` and ``2j + 1`` in
+    ``hij``, -> ``[ROWS, BLOCK_N]`` with word ``c``'s columns at ``8c .. 8c + 7``."""
+    # join adds a minor axis: join(join(a0, a2), join(a1, a3))[.., i, j] = a_{2i + j}
+    lo = tl.reshape(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)), (ROWS, BLOCK_N // 8, 4))
+    hi = tl.reshape(tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3)), (ROWS, BLOCK_N // 8, 4))
+    return tl.reshape(tl.join(lo, hi), (ROWS, BLOCK_N))
+
+
+@triton.jit
+def _lop3_nibbles(v, magic):
+    """``(v & 0x000F000F) | magic`` in one PTX ``lop3`` (the compiler emits an AND and an OR).
+
+    GPU only: inline PTX does not run in the interpreter."""
+    return tl.inline_asm_elementwise(
+        "lop3.b32 $0, $1, 0x000F000F, $2, 0xEA;", "=r,r,r", [v, magic], dtype=tl.int32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _unpack_awq(
+    words,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DTYPE: tl.constexpr,
+    MAGIC: tl.constexpr,
+    UNPACK: tl.constexpr,
+):
+    """int32 ``[ROWS, BLOCK_N / 8]`` AWQ words -> ``[ROWS, BLOCK_N]`` of ``DTYPE`` holding ``magic + q``.
+
+    UNPACK 0 (nibble): eight shifts by constants, one column each; 1 (pair, 16-bit dtypes only):
+    four shifts, two columns per 32-bit word; 2 (lop3): pair with the mask and the OR in one
+    inline-PTX instruction (GPU only).
+    """
+    if UNPACK == 0:
+        lo0 = _as_float((words & 0xF) | MAGIC, DTYPE)
+        lo1 = _as_float(((words >> 4) & 0xF) | MAGIC, DTYPE)
+        lo2 = _as_float(((words >> 8) & 0xF) | MAGIC, DTYPE)
+        lo3 = _as_float(((words >> 12) & 0xF) | MAGIC, DTYPE)
+        hi0 = _as_float(((words >> 16) & 0xF) | MAGIC, DTYPE)
+        hi1 = _as_float(((words >> 20) & 0xF) | MAGIC, DTYPE)
+        hi2 = _as_float(((words >> 24) & 0xF) | MAGIC, DTYPE)
+        hi3 = _as_float(((words >> 28) & 0xF) | MAGIC, DTYPE)
+        return _interleave_columns(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, ROWS, BLOCK_N)
+    else:
+        magic2: tl.constexpr = MAGIC * 65537  # the pattern in both 16-bit halves
+        if UNPACK == 1:
+            v0 = (words & 0x000F000F) | magic2
+            v1 = ((words >> 4) & 0x000F000F) | magic2
+            v2 = ((words >> 8) & 0x000F000F) | magic2
+            v3 = ((words >> 12) & 0x000F000F) | magic2
+        else:
+            m2 = tl.full(words.shape, magic2, tl.int32)
+            v0 = _lop3_nibbles(words, m2)
+            v1 = _lop3_nibbles(words >> 4, m2)
+            v2 = _lop3_nibbles(words >> 8, m2)
+            v3 = _lop3_nibbles(words >> 12, m2)
+        return _interleave_columns(
+            _as_float(v0, DTYPE),
+            _as_float(v1, DTYPE),
+            _as_float(v2, DTYPE),
+            _as_float(v3, DTYPE),
+            _as_float(v0 >> 16, DTYPE),
+            _as_float(v1 >> 16, DTYPE),
+            _as_float(v2 >> 16, DTYPE),
+            _as_float(v3 >> 16, DTYPE),
+            ROWS,
+            BLOCK_N,
+        )
+
+
+@triton.jit
+def _load_scales(s_ptr, group, N, pid_n, BLOCK_N: tl.constexpr, DTYPE: tl.constexpr):
+    """Row ``group`` of the scales, columns of tile ``pid_n``, as ``[1, BLOCK_N]``.
+
+    16-bit scales are read as 32-bit words (two columns each) and split in registers: a load of
+    16-bit elements is not pipelined by Triton, one of words is."""
+    if DTYPE == tl.float32:
+        offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        return tl.load(s_ptr + group * N + offs[None, :], mask=offs[None, :] < N, other=0.0)
+    else:
+        offs = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        words = tl.load(
+            s_ptr.to(tl.pointer_type(tl.int32)) + group * (N // 2) + offs[None, :],
+            mask=offs[None, :] < N // 2,
+            other=0,
+        )
+        lo = _as_float(words, DTYPE)
+        hi = _as_float(words >> 16, DTYPE)
+        return tl.reshape(tl.join(lo, hi), (1, BLOCK_N))
+
+
+@triton.jit
+def _store_tile(
+    acc,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    tile_id,
+    pid_k,
+    split_k,
+    offs_m,
+    offs_n,
+    M,
+    N,
+    SPLIT: tl.constexpr,
+    FIXUP: tl.constexpr,
+):
+    """Write a float32 ``[BLOCK_M, BLOCK_N]`` tile: directly, or as split ``pid_k``'s partial sum.
+
+    With ``FIXUP`` the last split to arrive at the tile's counter adds the partials (in split order,
+    so the sum does not depend on arrival order), writes the output and resets the counter.
+    """
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    if not SPLIT:
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(ws_ptr + pid_k * M * N + offs, acc, mask=mask)
+        if FIXUP:
+            tl.debug_barrier()  # every thread's partial is stored before the release below
+            arrived = tl.atomic_add(cnt_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
+            if arrived == split_k - 1:
+                total = tl.zeros_like(acc)
+                for s in range(split_k):
+                    total += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(cnt_ptr + tile_id, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _w4a16_dot_kernel(
     x_ptr,
     qw_ptr,
     qz_ptr,
     s_ptr,
     out_ptr,
+    ws_ptr,
+    cnt_ptr,
     M,
     N,
     K,
+    n8,
     stride_xm,
     stride_xk,
-    stride_om,
-    stride_on,
+    split_k,
     GROUP_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    EXPAND_WORDS: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    DTYPE: tl.constexpr,
+    MAGIC: tl.constexpr,
+    UNPACK: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    SPLIT: tl.constexpr,
+    FIXUP: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
+    BLOCK_N8: tl.constexpr = BLOCK_N // 8
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m = pid // num_pid_n
-    pid_n = pid % num_pid_n
+    # GROUP_M row tiles share their column tiles in L2
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    rows_here = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % rows_here
+    pid_n = (pid % per_group) // rows_here
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_w = pid_n * BLOCK_N8 + tl.arange(0, BLOCK_N8)
     offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
-    mask_n = offs_n < N
-    words_per_row = N // 8
-    word_n = offs_n // 8
-    # Column j of a word sits in nibble (j % 2) * 4 + j // 2 (AWQ's interleaved order).
-    shift = ((offs_n % 2) * 4 + (offs_n % 8) // 2) * 4
+    mask_w = offs_w < n8
 
-    k_per_split = K // SPLIT_K
-    k_begin = pid_k * k_per_split
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kk in range(0, k_per_split, BLOCK_K):
-        k0 = k_begin + kk
-        rows = k0 + offs_k
-        a = tl.load(
-            x_ptr + offs_m[:, None] * stride_xm + rows[None, :] * stride_xk,
-            mask=mask_m[:, None],
-            other=0.0,
-        )
-        if EXPAND_WORDS:  # load each word once, then repeat it for its eight columns in registers
-            words = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
-            qw8 = tl.load(
-                qw_ptr + rows[:, None] * words_per_row + words[None, :],
-                mask=words[None, :] < words_per_row,
-                other=0,
-            )
-            qw = tl.reshape(tl.broadcast_to(qw8[:, :, None], (BLOCK_K, BLOCK_N // 8, 8)), (BLOCK_K, BLOCK_N))
-        else:  # the eight columns of a word load the same address (served by L1)
-            qw = tl.load(
-                qw_ptr + rows[:, None] * words_per_row + word_n[None, :], mask=mask_n[None, :], other=0
-            )
-        group = k0 // GROUP_SIZE
-        qz = tl.load(qz_ptr + group * words_per_row + word_n, mask=mask_n, other=0)
-        sc = tl.load(s_ptr + group * N + offs_n, mask=mask_n, other=0.0)
-        q = (qw >> shift[None, :]) & 0xF  # [BLOCK_K, BLOCK_N]
-        z = (qz >> shift) & 0xF  # [BLOCK_N]
-        b = (q - z[None, :]).to(sc.dtype) * sc[None, :]
-        acc += tl.dot(a, b.to(a.dtype))
-
-    out_offs = offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
-    out_mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    # the launcher makes every split a whole number of BLOCK_K steps; saying so lets the x loads be
+    # vectorised (and so pipelined)
+    k_per_split = tl.multiple_of(K // split_k, BLOCK_K)
+    k_begin = tl.multiple_of(pid_k * k_per_split, BLOCK_K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_begin + offs_k)[None, :] * stride_xk
+    w_ptrs = qw_ptr + (k_begin + offs_k)[:, None] * n8 + offs_w[None, :]
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
-        tl.store(out_ptr + pid_k * M * N + out_offs, acc, mask=out_mask)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, k_per_split, BLOCK_K):
+        a = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+        w = tl.load(w_ptrs, mask=mask_w[None, :], other=0)
+        group = (k_begin + kk) // GROUP_SIZE
+        zw = tl.load(qz_ptr + group * n8 + offs_w, mask=mask_w, other=0)
+        sc = _load_scales(s_ptr, group, N, pid_n, BLOCK_N, DTYPE)  # [1, BLOCK_N]
+        t = _unpack_awq(w, BLOCK_K, BLOCK_N, DTYPE, MAGIC, UNPACK)  # magic + q, exact
+        zt = _unpack_awq(zw[None, :], 1, BLOCK_N, DTYPE, MAGIC, UNPACK)  # magic + z, exact
+        b = (t - zt) * sc  # (q - z) exact, then one rounding by the scale
+        if SWAP_AB:  # acc^T += W^T x^T: the weight tile is the MMA's (64-row) M side
+            acc = tl.dot(tl.trans(b), tl.trans(a), acc, input_precision=PRECISION)
+        else:
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * n8
+
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    _store_tile(acc, out_ptr, ws_ptr, cnt_ptr, pid, pid_k, split_k, offs_m, offs_n, M, N, SPLIT, FIXUP)
 
 
 @dataclass(frozen=True, slots=True)
 class GemmConfig:
-    """One launch shape of the kernel."""
+    """One launch shape. ``kind`` "gemv" (CUDA cores; ``block_m`` is the row count, at most 4) or
+    "dot" (tensor cores: the ``splitk`` and ``tiled`` paths). ``unpack``, ``swap_ab`` and
+    ``group_m`` apply to "dot" only; ``fixup`` (in-kernel split-K reduction) to both."""
 
+    kind: str
     block_m: int
     block_n: int
     block_k: int
-    split_k: int
-    num_warps: int
-    num_stages: int
-    expand_words: bool = False
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    unpack: str = "lop3"
+    swap_ab: bool = False
+    group_m: int = 8
+    fixup: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind={self.kind!r} must be one of {KINDS}")
+        if self.unpack not in UNPACK_MODES:
+            raise ValueError(f"unpack={self.unpack!r} must be one of {UNPACK_MODES}")
+        if self.block_n % 8 or (self.kind == "dot" and self.block_n < 16):
+            raise ValueError(f"block_n={self.block_n} must be a multiple of 8 (and >= 16 for dot)")
 
 
 @lru_cache(maxsize=8)
@@ -121,27 +315,12 @@ def _num_sms(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
-def choose_config(
-    m: int, n: int, k: int, group_size: int, device: torch.device, path: str = "auto"
-) -> GemmConfig:
-    """The launch shape for an ``[m, k] @ [k, n]`` product (``path``: auto, splitk or tiled)."""
-    if path not in PATHS:
-        raise ValueError(f"path={path!r} must be one of {PATHS}")
-    if path == "auto":
-        path = "splitk" if m <= SPLITK_MAX_M else "tiled"
-    if path == "tiled":
-        block_m = 64 if m <= 64 else 128
-        block_k = _block_k(group_size, 64)
-        return GemmConfig(block_m, 128, block_k, 1, 4 if block_m == 64 else 8, 3)
-    block_m = 16 if m <= 16 else 32
-    block_n = 128 if n >= 2048 else 64
-    block_k = _block_k(group_size, 128)
-    sms = _num_sms(device.index or 0) if device.type == "cuda" else 4
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    split = 1
-    while tiles * split < 2 * sms and k % (split * 2 * block_k) == 0 and k // (split * 2) >= 2 * block_k:
-        split *= 2
-    return GemmConfig(block_m, block_n, block_k, split, 4, 3)
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _sm_count(device: torch.device) -> int:
+    return _num_sms(_device_index(device)) if device.type == "cuda" else 4
 
 
 def _block_k(group_size: int, preferred: int) -> int:
@@ -151,6 +330,352 @@ def _block_k(group_size: int, preferred: int) -> int:
     while group_size % block:
         block //= 2
     return block
+
+
+def _split_for(tiles: int, k: int, block_k: int, target: int, max_split: int = 32) -> int:
+    """The power-of-two split of K that brings ``tiles`` programs up to ``target`` (keeping whole
+    ``block_k`` steps, at least two per split)."""
+    split = 1
+    while (
+        tiles * split < target
+        and split * 2 <= max_split
+        and k % (split * 2 * block_k) == 0
+        and k // (split * 2) >= 2 * block_k
+    ):
+        split *= 2
+    return split
+
+
+def fit_config(
+    template: GemmConfig, m: int, n: int, k: int, group_size: int, device: torch.device, waves: float
+) -> GemmConfig:
+    """``template`` with ``block_k`` made to divide the group and K split until the launch has about
+    ``waves`` programs per multiprocessor (``waves`` 0: no split)."""
+    block_k = _block_k(group_size, template.block_k)
+    if template.kind == "gemv":
+        block_m, tiles = m, triton.cdiv(n, template.block_n)
+    else:
+        block_m, tiles = template.block_m, triton.cdiv(m, template.block_m) * triton.cdiv(n, template.block_n)
+    split = _split_for(tiles, k, block_k, int(waves * _sm_count(device))) if waves > 0 else 1
+    return replace(template, block_m=block_m, block_k=block_k, split_k=split)
+
+
+def _dot(block_m: int, block_n: int, block_k: int, warps: int, stages: int, swap: bool) -> GemmConfig:
+    return GemmConfig("dot", block_m, block_n, block_k, num_warps=warps, num_stages=stages, swap_ab=swap)
+
+
+# (launch template, programs per multiprocessor that the K split aims at; 0: no split). The lists
+# hold the launches that were fastest somewhere on an H200 at the Llama-3-8B layer shapes
+# (benchmarks/results/gpu_2026-11-30/awq_gemm.json, "tuning") and the runner-up where it was close.
+Template = tuple[GemmConfig, float]
+GEMV_TEMPLATES: tuple[Template, ...] = (
+    (GemmConfig("gemv", 1, 256, 64, num_warps=4, num_stages=4), 2.0),
+    (GemmConfig("gemv", 1, 128, 128, num_warps=4, num_stages=4), 2.0),
+)
+SMALL_TEMPLATES: tuple[Template, ...] = (  # M <= 16
+    (_dot(16, 64, 128, 4, 4, True), 4.0),
+    (_dot(16, 128, 128, 4, 4, True), 2.0),
+    (_dot(16, 128, 128, 4, 4, True), 4.0),
+)
+MID_TEMPLATES: tuple[Template, ...] = (  # 16 < M <= 64, and split tiles up to 256
+    (_dot(64, 128, 64, 4, 4, False), 2.0),
+    (_dot(32, 128, 128, 4, 4, True), 2.0),
+    (_dot(64, 128, 64, 4, 4, True), 2.0),
+)
+LARGE_TEMPLATES: tuple[Template, ...] = (  # M > 64
+    (_dot(128, 128, 64, 4, 4, False), 0.0),
+    (_dot(128, 128, 64, 8, 4, False), 0.0),
+)
+
+# The static choice per path: (largest M, template), from the same run.
+TUNED: dict[str, tuple[tuple[int, Template], ...]] = {
+    "gemv": ((GEMV_MAX_M, GEMV_TEMPLATES[0]),),
+    "splitk": ((16, SMALL_TEMPLATES[0]), (32, MID_TEMPLATES[1]), (1 << 62, MID_TEMPLATES[0])),
+    "tiled": ((1 << 62, LARGE_TEMPLATES[0]),),
+}
+AUTO_GEMV_MAX_M = 1  # the static ``auto`` choice: the CUDA-core GEMV at or below this many rows
+AUTO_SPLITK_MAX_M = SPLITK_MAX_M
+
+
+def choose_config(
+    m: int, n: int, k: int, group_size: int, device: torch.device, path: str = "auto"
+) -> GemmConfig:
+    """The static launch for an ``[m, k] @ [k, n]`` product; ``path`` is auto, gemv, splitk or tiled."""
+    if path not in PATHS:
+        raise ValueError(f"path={path!r} must be one of {PATHS}")
+    if path == "auto":
+        path = "gemv" if m <= AUTO_GEMV_MAX_M else "splitk" if m <= AUTO_SPLITK_MAX_M else "tiled"
+    if path == "gemv" and m > GEMV_MAX_M:
+        raise ValueError(f"the gemv path takes at most {GEMV_MAX_M} rows; got {m}")
+    entries = TUNED[path]
+    _, (template, waves) = next((e for e in entries if m <= e[0]), entries[-1])
+    return fit_config(template, m, n, k, group_size, device, waves)
+
+
+def candidates(m: int) -> tuple[Template, ...]:
+    """The launch templates ``auto`` times for ``m`` rows."""
+    if m <= GEMV_MAX_M:
+        return GEMV_TEMPLATES + SMALL_TEMPLATES
+    if m <= 16:
+        return SMALL_TEMPLATES
+    if m <= 64:
+        return MID_TEMPLATES
+    if m <= 256:
+        return MID_TEMPLATES[:1] + LARGE_TEMPLATES
+    return LARGE_TEMPLATES
+
+
+def m_bucket(m: int) -> int:
+    """The tuning bucket of ``m`` rows: 1, 2, 4, 8, ... up to 512, then 1024, then one for all."""
+    if m > 1024:
+        return 1 << 62
+    return 1 << (m - 1).bit_length()
+
+
+_counters: dict[int, torch.Tensor] = {}
+
+
+def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """Zeroed int32 counters for the split-K fixup (one per output tile; each launch leaves them at
+    zero), one buffer per device. ``None`` (use the two-kernel reduction) where there are too many
+    tiles, or where the buffer would first be made inside a CUDA-graph capture (its zeroing would
+    only run at replay). Split-K launches on one device must therefore not overlap in time (two
+    streams running W4A16 GEMMs at once)."""
+    if tiles > COUNTER_SLOTS:
+        return None
+    if device.type != "cuda":
+        return torch.zeros(tiles, dtype=torch.int32, device=device)
+    index = _device_index(device)
+    buf = _counters.get(index)
+    if buf is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        buf = _counters[index] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return buf
+
+
+def _launch(
+    cfg: GemmConfig,
+    x2: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+) -> torch.Tensor:
+    """Run one launch shape on ``x2 [m, k]``; returns ``[m, n]``."""
+    m, k = x2.shape
+    n = qweight.shape[1] * PACK_FACTOR
+    if k % (cfg.split_k * cfg.block_k) or group_size % cfg.block_k:
+        raise ValueError(f"{cfg} does not tile K={k} with group_size={group_size}")
+    if cfg.kind == "gemv":
+        if m > GEMV_MAX_M:
+            raise ValueError(f"the gemv kernel takes at most {GEMV_MAX_M} rows; got {m}")
+        tiles = triton.cdiv(n, cfg.block_n)
+    else:
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+    counters = _tile_counters(x2.device, tiles) if cfg.split_k > 1 and cfg.fixup else None
+    fixup = counters is not None
+    ws = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x2.device) if cfg.split_k > 1 else out
+    cnt = counters if counters is not None else out
+    grid = (tiles, cfg.split_k)
+    on_gpu = x2.device.type == "cuda"
+    if cfg.kind == "gemv":
+        from hotloop.kernels.w4a16_gemv import _w4a16_gemv_kernel
+
+        _w4a16_gemv_kernel[grid](
+            x2,
+            qweight,
+            qzeros,
+            scales,
+            out,
+            ws,
+            cnt,
+            m,
+            n,
+            k,
+            n // PACK_FACTOR,
+            x2.stride(0),
+            x2.stride(1),
+            cfg.split_k,
+            GROUP_SIZE=group_size,
+            BLOCK_M=m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            SPLIT=cfg.split_k > 1,
+            FIXUP=fixup,
+            LOP3=cfg.unpack == "lop3" and on_gpu,
+            NUM_STAGES=cfg.num_stages,
+            num_warps=cfg.num_warps,
+        )
+    else:
+        sixteen = x2.dtype != torch.float32
+        unpack = UNPACK_MODES.index(cfg.unpack)
+        if not sixteen:
+            unpack = 0  # two columns per word need 16-bit values
+        elif unpack == 2 and not on_gpu:
+            unpack = 1  # inline PTX does not run in the interpreter
+        _w4a16_dot_kernel[grid](
+            x2,
+            qweight,
+            qzeros,
+            scales,
+            out,
+            ws,
+            cnt,
+            m,
+            n,
+            k,
+            n // PACK_FACTOR,
+            x2.stride(0),
+            x2.stride(1),
+            cfg.split_k,
+            GROUP_SIZE=group_size,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            DTYPE=_TL_DTYPE[x2.dtype],
+            MAGIC=_MAGIC[x2.dtype],
+            UNPACK=unpack,
+            SWAP_AB=cfg.swap_ab,
+            SPLIT=cfg.split_k > 1,
+            FIXUP=fixup,
+            PRECISION="tf32" if sixteen else "ieee",
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+    if cfg.split_k > 1 and not fixup:
+        out = ws.sum(dim=0).to(x2.dtype)
+    return out
+
+
+_flush_buffers: dict[int, torch.Tensor] = {}
+
+
+def graph_time_us(fn: Callable[[], object], device: torch.device, reps: int = 8, trials: int = 3) -> float:
+    """GPU time of ``fn()`` in microseconds with a cold L2: ``reps`` calls, each after a write of
+    twice the L2 size, captured in one CUDA graph, less the same graph without the calls (best of
+    ``trials`` replays each). Host launch overhead is not counted."""
+    index = _device_index(device)
+    flush = _flush_buffers.get(index)
+    if flush is None:
+        l2 = int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 64 << 20))
+        flush = _flush_buffers[index] = torch.empty(max(2 * l2, 64 << 20), dtype=torch.int8, device=device)
+    fn()
+    torch.cuda.synchronize(device)
+    graphs = []
+    for with_fn in (False, True):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                flush.zero_()
+                if with_fn:
+                    fn()
+        graphs.append(graph)
+    best = []
+    for graph in graphs:
+        graph.replay()  # warm
+        times = []
+        for _ in range(trials):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000.0)
+        best.append(min(times))
+    return max(best[1] - best[0], 0.0) / reps
+
+
+# (device index, dtype, M bucket, N, K, group) -> the fastest launch, and every candidate's time
+_tuned: dict[tuple, GemmConfig] = {}
+tuning_log: dict[tuple, list[tuple[GemmConfig, float]]] = {}
+
+
+def _tuning_enabled() -> bool:
+    return os.environ.get(TUNE_ENV, "1") not in ("0", "", "false", "False")
+
+
+def _tune(
+    x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> GemmConfig:
+    m, k = x2.shape
+    n = qweight.shape[1] * PACK_FACTOR
+    timed: list[tuple[GemmConfig, float]] = []
+    for template, waves in candidates(m):
+        cfg = fit_config(template, m, n, k, group_size, x2.device, waves)
+        if any(c == cfg for c, _ in timed):
+            continue
+        try:
+            us = graph_time_us(partial(_launch, cfg, x2, qweight, qzeros, scales, group_size), x2.device)
+        except Exception:  # a candidate this GPU or compiler cannot run: skip it
+            torch.cuda.synchronize(x2.device)
+            continue
+        timed.append((cfg, us))
+    key = (_device_index(x2.device), x2.dtype, m_bucket(m), n, k, group_size)
+    tuning_log[key] = timed
+    if not timed:
+        return choose_config(m, n, k, group_size, x2.device)
+    return min(timed, key=lambda t: t[1])[0]
+
+
+_plans: dict[tuple, GemmConfig] = {}
+
+
+def _plan(
+    x2: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    path: str,
+) -> GemmConfig:
+    """The launch for this call, memoised per (shape, dtype, device, path)."""
+    m, k = x2.shape
+    n = qweight.shape[1] * PACK_FACTOR
+    dev = x2.device
+    tune = path == "auto" and dev.type == "cuda" and _tuning_enabled()
+    key = (m, n, k, group_size, x2.dtype, dev.type, dev.index, path, tune)
+    cfg = _plans.get(key)
+    if cfg is not None:
+        return cfg
+    if tune:
+        tkey = (_device_index(dev), x2.dtype, m_bucket(m), n, k, group_size)
+        best = _tuned.get(tkey)
+        if best is None:
+            if torch.cuda.is_current_stream_capturing():
+                return choose_config(m, n, k, group_size, dev)  # not remembered: tune outside the capture
+            best = _tuned[tkey] = _tune(x2, qweight, qzeros, scales, group_size)
+        # a dot launch's tiles cover any m of the bucket; the gemv takes its rows as a constant
+        cfg = replace(best, block_m=m) if best.kind == "gemv" else best
+    else:
+        cfg = choose_config(m, n, k, group_size, dev, path)
+    if len(_plans) > 4096:
+        _plans.clear()
+    _plans[key] = cfg
+    return cfg
+
+
+def plan(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    path: str = "auto",
+) -> GemmConfig:
+    """The launch :func:`w4a16_gemm` uses for these arguments (``auto`` on a GPU: tuned, see above)."""
+    if path not in PATHS:
+        raise ValueError(f"path={path!r} must be one of {PATHS}")
+    x2, qweight, qzeros, scales = (_aligned(t) for t in (x.reshape(-1, x.shape[-1]), qweight, qzeros, scales))
+    return _plan(x2, qweight, qzeros, scales, group_size, path)
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous with a 16-byte aligned start (a copy where it is not)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def w4a16_gemm(
@@ -165,7 +690,8 @@ def w4a16_gemm(
     """``x [..., in] @ W [in, out]`` -> ``[..., out]`` in x's dtype (scales must share x's dtype).
 
     ``qweight`` int32 ``[in, out // 8]``, ``qzeros`` int32 ``[in // group_size, out // 8]``,
-    ``scales`` ``[in // group_size, out]`` (AutoAWQ GEMM layout).
+    ``scales`` ``[in // group_size, out]`` (AutoAWQ GEMM layout). ``path`` forces a launch
+    (auto, gemv, splitk, tiled); ``config`` overrides the whole launch shape.
     """
     check_awq_shapes(qweight, qzeros, scales, group_size)
     k, n = qweight.shape[0], qweight.shape[1] * PACK_FACTOR
@@ -173,41 +699,20 @@ def w4a16_gemm(
         raise ValueError(f"x has {x.shape[-1]} input features; the weight has {k}")
     if scales.dtype != x.dtype:
         raise ValueError(f"scales dtype {scales.dtype} must equal x dtype {x.dtype}")
+    if x.dtype not in _MAGIC:
+        raise ValueError(f"x dtype {x.dtype} must be float16, bfloat16 or float32")
+    if path not in PATHS:
+        raise ValueError(f"path={path!r} must be one of {PATHS}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(*lead, n)
-    cfg = config or choose_config(m, n, k, group_size, x.device, path)
-    if k % (cfg.split_k * cfg.block_k) or group_size % cfg.block_k:
-        raise ValueError(f"{cfg} does not tile K={k} with group_size={group_size}")
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
-    if cfg.split_k == 1:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    # the kernels read 16-bit scales and activations as 32-bit words, and the activations with K
+    # stride 1
+    x2, qweight, qzeros, scales = (_aligned(t) for t in (x2, qweight, qzeros, scales))
+    if config is not None:
+        cfg = replace(config, block_m=m) if config.kind == "gemv" else config
     else:
-        out = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
-    _w4a16_gemm_kernel[grid](
-        x2,
-        qweight,
-        qzeros,
-        scales,
-        out,
-        m,
-        n,
-        k,
-        x2.stride(0),
-        x2.stride(1),
-        n,
-        1,
-        GROUP_SIZE=group_size,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k,
-        EXPAND_WORDS=cfg.expand_words,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    if cfg.split_k > 1:
-        out = out.sum(dim=0).to(x.dtype)
-    return out.view(*lead, n)
+        cfg = _plan(x2, qweight, qzeros, scales, group_size, path)
+    return _launch(cfg, x2, qweight, qzeros, scales, group_size).view(*lead, n)

@@ -1,14 +1,20 @@
-"""The Triton W4A16 GEMM against dequantize-then-matmul in float32 (``kernels/reference.py``).
+"""The Triton W4A16 GEMM/GEMV against dequantize-then-matmul in float32 (``kernels/reference.py``).
 
-Without a GPU the kernel runs under ``TRITON_INTERPRET=1`` at tiny sizes; on a GPU at real layer
-shapes over M in {1, 7, 16, 64, 256, 2048}.
+Without a GPU the kernels run under ``TRITON_INTERPRET=1`` at tiny sizes (every path and every
+launch variant: unpack modes, swapped operands, split-K with the in-kernel fixup or the two-kernel
+reduction, unaligned views); on a GPU at the real Llama-3-8B layer shapes over M in
+{1, 7, 16, 64, 256, 2048}, both 16-bit dtypes, every launch the tuner may pick, the tuner itself,
+determinism of split-K and launches inside CUDA graphs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import itertools
 import os
 import sys
+from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
@@ -22,6 +28,7 @@ pytest.importorskip("triton")
 M_VALUES = (1, 7, 16, 64, 256, 2048)
 # (in, out) of Llama-3-8B's qkv, o, gate_up and down projections
 LAYER_SHAPES = ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096))
+MODULES = ("hotloop.kernels.w4a16_gemm", "hotloop.kernels.w4a16_gemv")  # reload order
 
 
 def _random_awq(k: int, n: int, group: int, dtype: torch.dtype, device: str, seed: int = 0):  # type: ignore[no-untyped-def]
@@ -32,29 +39,39 @@ def _random_awq(k: int, n: int, group: int, dtype: torch.dtype, device: str, see
     return qweight, qzeros, scales
 
 
+def _rel_max_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert not torch.isnan(got).any(), "NaN in the kernel output"
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max())
+
+
 @pytest.fixture(scope="module")
-def interpreted() -> ModuleType:
-    """The kernel module compiled for Triton's CPU interpreter (the env var is read at decoration)."""
+def interpreted() -> Iterator[ModuleType]:
+    """The kernel modules compiled for Triton's CPU interpreter (the env var is read at decoration)."""
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
-        name = "hotloop.kernels.w4a16_gemm"
-        module = importlib.reload(sys.modules[name]) if name in sys.modules else importlib.import_module(name)
+        modules = [
+            importlib.reload(sys.modules[name]) if name in sys.modules else importlib.import_module(name)
+            for name in MODULES
+        ]
     finally:
         if old is None:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = old
-    yield module
+    yield modules[0]
     if torch.cuda.is_available():
-        importlib.reload(module)  # leave a compiled kernel for later GPU tests
+        for module in modules:
+            importlib.reload(module)  # leave compiled kernels for later GPU tests
 
 
-@pytest.mark.parametrize("path", ["splitk", "tiled"])
-@pytest.mark.parametrize("m", [1, 7, 16, 33])
+@pytest.mark.parametrize("path", ["auto", "gemv", "splitk", "tiled"])
+@pytest.mark.parametrize("m", [1, 3, 7, 16, 33])
 @pytest.mark.parametrize("group", [32, 64])
-def test_interpreted_kernel_matches_reference(interpreted: ModuleType, path: str, m: int, group: int) -> None:
-    k, n = 256, 80  # n not a multiple of the tile: masked columns
+def test_interpreted_paths_match_reference(interpreted: ModuleType, path: str, m: int, group: int) -> None:
+    if path == "gemv" and m > interpreted.GEMV_MAX_M:
+        pytest.skip("the gemv path takes at most GEMV_MAX_M rows")
+    k, n = 256, 80  # n not a multiple of any tile: masked columns
     qweight, qzeros, scales = _random_awq(k, n, group, torch.float32, "cpu", seed=m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + 1))
     got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, group, path=path)
@@ -62,13 +79,61 @@ def test_interpreted_kernel_matches_reference(interpreted: ModuleType, path: str
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+# (unpack, swap_ab): every way the dot kernel can treat a tile
+DOT_VARIANTS = list(itertools.product(("nibble", "pair", "lop3"), (False, True)))
+
+
+@pytest.mark.parametrize("variant", DOT_VARIANTS, ids=lambda v: "-".join(map(str, v)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_interpreted_dot_variants(interpreted: ModuleType, variant: tuple, dtype: torch.dtype) -> None:
+    unpack, swap = variant
+    k, n, group = 256, 80, 64
+    qweight, qzeros, scales = _random_awq(k, n, group, dtype, "cpu", seed=3)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(4)).to(dtype)
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), group)
+    for block_m, block_n, split, fixup in ((16, 64, 1, True), (16, 32, 2, True), (32, 64, 4, False)):
+        cfg = interpreted.GemmConfig(
+            "dot", block_m, block_n, 32, split, unpack=unpack, swap_ab=swap, fixup=fixup
+        )
+        got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, group, config=cfg)
+        assert got.dtype == dtype
+        assert _rel_max_err(got, want) < (1e-5 if dtype == torch.float32 else 2e-3), cfg
+
+
+def test_interpreted_unaligned_inputs(interpreted: ModuleType) -> None:
+    """Views that start at an odd element (the kernels read 16-bit values as 32-bit words)."""
+    k, n, group = 128, 64, 32
+    qweight, qzeros, scales = _random_awq(k, n, group, torch.float16, "cpu", seed=5)
+    big_scales = torch.cat([torch.zeros(1, dtype=torch.float16), scales.flatten()])
+    scales_view = big_scales[1:].view_as(scales)
+    x = torch.randn(3, k + 1).half()[:, 1:]
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), group)
+    for path in ("gemv", "splitk", "tiled"):
+        got = interpreted.w4a16_gemm(x, qweight, qzeros, scales_view, group, path=path)
+        assert _rel_max_err(got, want) < 2e-3, path
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_interpreted_gemv_splits(interpreted: ModuleType, m: int) -> None:
+    k, n, group = 256, 72, 32
+    qweight, qzeros, scales = _random_awq(k, n, group, torch.float32, "cpu", seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    want = reference.w4a16_matmul(x, qweight, qzeros, scales, group)
+    for block_n, block_k, split, fixup in ((64, 32, 1, True), (32, 32, 4, True), (64, 16, 2, False)):
+        cfg = interpreted.GemmConfig("gemv", m, block_n, block_k, split, fixup=fixup)
+        got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, group, config=cfg)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_interpreted_kernel_float16_and_batch_dims(interpreted: ModuleType) -> None:
     qweight, qzeros, scales = _random_awq(128, 64, 64, torch.float16, "cpu")
     x = torch.randn(2, 3, 128).half()
-    got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, 64)
-    assert got.shape == (2, 3, 64) and got.dtype == torch.float16
-    want = reference.w4a16_matmul(x.reshape(6, 128), qweight, qzeros, scales, 64).reshape(2, 3, 64)
-    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=2e-2)
+    for path in ("auto", "gemv", "splitk", "tiled"):
+        xp = x[:1, :2] if path == "gemv" else x
+        got = interpreted.w4a16_gemm(xp, qweight, qzeros, scales, 64, path=path)
+        assert got.shape == (*xp.shape[:-1], 64) and got.dtype == torch.float16
+        want = reference.w4a16_matmul(xp.reshape(-1, 128), qweight, qzeros, scales, 64).reshape(got.shape)
+        torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=2e-2)
 
 
 def test_launcher_rejects_bad_shapes(interpreted: ModuleType) -> None:
@@ -77,50 +142,156 @@ def test_launcher_rejects_bad_shapes(interpreted: ModuleType) -> None:
         interpreted.w4a16_gemm(torch.randn(2, 64), qweight, qzeros, scales, 64)
     with pytest.raises(ValueError, match="dtype"):
         interpreted.w4a16_gemm(torch.randn(2, 128).half(), qweight, qzeros, scales, 64)
+    with pytest.raises(ValueError, match="gemv"):
+        interpreted.w4a16_gemm(torch.randn(9, 128), qweight, qzeros, scales, 64, path="gemv")
+    with pytest.raises(ValueError, match="path"):
+        interpreted.w4a16_gemm(torch.randn(2, 128), qweight, qzeros, scales, 64, path="fast")
+    assert interpreted.w4a16_gemm(torch.randn(0, 128), qweight, qzeros, scales, 64).shape == (0, 64)
+
+
+def test_choose_config_per_m() -> None:
+    from hotloop.kernels import w4a16_gemm as g
+
+    cpu = torch.device("cpu")
+    for m in (1, 2, 4, 7, 16, 32, 33, 64, 65, 256, 2048):
+        for k, n in LAYER_SHAPES:
+            cfg = g.choose_config(m, n, k, 128, cpu)
+            want = "gemv" if m <= g.AUTO_GEMV_MAX_M else "splitk" if m <= g.AUTO_SPLITK_MAX_M else "tiled"
+            assert cfg.kind == ("gemv" if want == "gemv" else "dot")
+            assert 128 % cfg.block_k == 0 and k % (cfg.split_k * cfg.block_k) == 0
+            if want == "tiled":
+                assert cfg.split_k == 1
+            for template, waves in g.candidates(m):  # every tuning candidate fits the layer
+                c = g.fit_config(template, m, n, k, 128, cpu, waves)
+                assert k % (c.split_k * c.block_k) == 0 and (c.kind == "dot" or m <= g.GEMV_MAX_M)
+    assert g.choose_config(3, 4096, 4096, 32, cpu, path="gemv").block_k == 32  # block_k fits the group
+    assert [g.m_bucket(m) for m in (1, 2, 3, 5, 16, 17, 1024, 1025)] == [1, 2, 4, 8, 16, 32, 1024, 1 << 62]
+    with pytest.raises(ValueError, match="path"):
+        g.choose_config(1, 64, 64, 64, cpu, path="nope")
+    with pytest.raises(ValueError, match="kind"):
+        g.GemmConfig("wgmma", 16, 64, 64)
+
+
+def test_plan_on_cpu_is_static() -> None:
+    from hotloop.kernels import w4a16_gemm as g
+
+    qweight, qzeros, scales = _random_awq(256, 64, 64, torch.float32, "cpu")
+    x = torch.randn(3, 256)
+    assert g.plan(x, qweight, qzeros, scales, 64) == g.choose_config(3, 64, 256, 64, x.device)
+    assert g.plan(x, qweight, qzeros, scales, 64, path="tiled") == g.choose_config(
+        3, 64, 256, 64, x.device, "tiled"
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", LAYER_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("m", M_VALUES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_kernel_matches_reference(shape: tuple[int, int], m: int, dtype: torch.dtype) -> None:
-    from hotloop.kernels.w4a16_gemm import w4a16_gemm
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_kernel_matches_reference(
+    shape: tuple[int, int], m: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every path's static launch (``auto`` untuned here; the tuned one is tested below)."""
+    from hotloop.kernels.w4a16_gemm import GEMV_MAX_M, TUNE_ENV, w4a16_gemm
+
+    monkeypatch.setenv(TUNE_ENV, "0")
 
     k, n = shape
     qweight, qzeros, scales = _random_awq(k, n, 128, dtype, "cuda", seed=m)
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).to(dtype)
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
-    for path in ("auto", "splitk", "tiled"):
-        got = w4a16_gemm(x, qweight, qzeros, scales, 128, path=path).float()
+    paths = ("auto", "splitk", "tiled") + (("gemv",) if m <= GEMV_MAX_M else ())
+    for path in paths:
+        got = w4a16_gemm(x, qweight, qzeros, scales, 128, path=path)
+        assert got.dtype == dtype and got.shape == (m, n)
         # 16-bit inputs and dequantized weights, float32 accumulation
-        err = (got - want).abs().max() / want.abs().max()
-        assert err < 2e-2, (path, float(err))
-
-
-@pytest.mark.parametrize("m", [1, 20])
-def test_interpreted_kernel_expanded_word_loads(interpreted: ModuleType, m: int) -> None:
-    k, n, group = 128, 80, 32
-    qweight, qzeros, scales = _random_awq(k, n, group, torch.float32, "cpu", seed=m)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
-    for split in (1, 2):
-        cfg = interpreted.GemmConfig(16, 32, 32, split, 4, 2, expand_words=True)
-        got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, group, config=cfg)
-        torch.testing.assert_close(
-            got, reference.w4a16_matmul(x, qweight, qzeros, scales, group), rtol=1e-4, atol=1e-4
-        )
+        err = _rel_max_err(got, want)
+        assert err < 2e-2, (path, err)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 64, 2048])
-def test_gpu_kernel_expanded_word_loads(m: int) -> None:
-    import dataclasses
+@pytest.mark.parametrize("m", [1, 3, 16, 64, 256])
+def test_gpu_every_candidate_and_variant(m: int) -> None:
+    """Every launch the tuner may pick, and the unpack/operand variants, at one shape (odd N:
+    masked column tiles)."""
+    from hotloop.kernels import w4a16_gemm as g
 
-    from hotloop.kernels.w4a16_gemm import choose_config, w4a16_gemm
-
-    k, n = 4096, 6144
+    k, n = 4096, 6144 + 64
+    dev = torch.device("cuda")
     qweight, qzeros, scales = _random_awq(k, n, 128, torch.bfloat16, "cuda", seed=m)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    cfg = dataclasses.replace(choose_config(m, n, k, 128, x.device), expand_words=True)
-    got = w4a16_gemm(x, qweight, qzeros, scales, 128, config=cfg).float()
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
-    assert (got - want).abs().max() / want.abs().max() < 2e-2
+    templates = list(g.candidates(m)) + [(t, w) for entries in g.TUNED.values() for _, (t, w) in entries]
+    templates += [
+        (g.GemmConfig("dot", 16, 128, 128, unpack=u, swap_ab=s, fixup=f), 2.0)
+        for u, s, f in [("pair", True, True), ("nibble", False, True), ("lop3", True, False)]
+    ]
+    for tpl, waves in templates:
+        if tpl.kind == "gemv" and m > g.GEMV_MAX_M:
+            continue
+        cfg = g.fit_config(tpl, m, n, k, 128, dev, max(waves, 1.0))
+        got = g.w4a16_gemm(x, qweight, qzeros, scales, 128, config=cfg)
+        assert _rel_max_err(got, want) < 2e-2, cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4096, 6144), (14336, 4096)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("m", [1, 7, 64, 300])
+def test_gpu_auto_tuning(shape: tuple[int, int], m: int) -> None:
+    """``auto`` times its candidates once per bucket, keeps the fastest, and stays correct."""
+    from hotloop.kernels import w4a16_gemm as g
+
+    k, n = shape
+    qweight, qzeros, scales = _random_awq(k, n, 128, torch.bfloat16, "cuda", seed=m)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    got = g.w4a16_gemm(x, qweight, qzeros, scales, 128)
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
+    assert _rel_max_err(got, want) < 2e-2
+    key = (torch.cuda.current_device(), torch.bfloat16, g.m_bucket(m), n, k, 128)
+    timed = g.tuning_log[key]
+    assert timed and all(t >= 0 for _, t in timed)
+    assert g.plan(x, qweight, qzeros, scales, 128) in {c for c, _ in timed} | {
+        dataclasses.replace(c, block_m=m) for c, _ in timed if c.kind == "gemv"
+    }
+    assert min(timed, key=lambda ct: ct[1])[0].kind == g.plan(x, qweight, qzeros, scales, 128).kind
+    # the same bucket, another M: no new tuning, still correct
+    x2 = torch.randn(g.m_bucket(m) if m < 300 else 257, k, device="cuda").to(torch.bfloat16)
+    got2 = g.w4a16_gemm(x2, qweight, qzeros, scales, 128)
+    assert _rel_max_err(got2, reference.w4a16_matmul(x2.float(), qweight, qzeros, scales.float(), 128)) < 2e-2
+    assert g.tuning_log[key] is timed
+
+
+@pytest.mark.gpu
+def test_gpu_splitk_is_deterministic_and_leaves_counters_at_zero() -> None:
+    from hotloop.kernels import w4a16_gemm as g
+
+    k, n = 14336, 4096
+    qweight, qzeros, scales = _random_awq(k, n, 128, torch.bfloat16, "cuda")
+    x = torch.randn(4, k, device="cuda").to(torch.bfloat16)
+    for path in ("splitk", "gemv"):
+        cfg = g.choose_config(4, n, k, 128, x.device, path=path)
+        assert cfg.split_k > 1, cfg
+        first = g.w4a16_gemm(x, qweight, qzeros, scales, 128, path=path)
+        for _ in range(5):
+            assert torch.equal(g.w4a16_gemm(x, qweight, qzeros, scales, 128, path=path), first), path
+    torch.cuda.synchronize()
+    assert int(g._counters[torch.cuda.current_device()].abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["splitk", "gemv", "auto"])
+def test_gpu_launch_inside_cuda_graph(path: str) -> None:
+    from hotloop.kernels.w4a16_gemm import w4a16_gemm
+
+    k, n = 4096, 4096
+    qweight, qzeros, scales = _random_awq(k, n, 128, torch.bfloat16, "cuda")
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    w4a16_gemm(x, qweight, qzeros, scales, 128, path=path)  # warm-up: tunes, compiles, makes the counters
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = w4a16_gemm(x, qweight, qzeros, scales, 128, path=path)
+    for seed in range(3):
+        x.copy_(torch.randn(1, k, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        graph.replay()
+        want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
+        assert _rel_max_err(out, want) < 2e-2
