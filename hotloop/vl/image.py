@@ -64,8 +64,10 @@ def load_image(source: Any, policy: ImageFetchPolicy = DEFAULT_POLICY) -> Any:
     if is_image(source):
         return source
     if isinstance(source, dict):
-        inner = source.get("image_url", source)
+        inner = source.get("image_url", source.get("image", source))
         source = inner.get("url") if isinstance(inner, dict) else inner
+        if is_image(source):  # a PIL.Image in an OpenAI-style part (Python callers)
+            return source
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
     if not isinstance(source, str) or not source:

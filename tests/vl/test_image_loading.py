@@ -66,6 +66,9 @@ def test_pil_path_file_url_and_data_url(tmp_path: Path, images: list[Any]) -> No
     data_url = "data:image/png;base64," + base64.b64encode(_png(img)).decode()
     loaded = load_image({"type": "image_url", "image_url": {"url": data_url, "detail": "low"}})
     assert loaded.size == img.size and loaded.convert("RGB").tobytes() == img.convert("RGB").tobytes()
+    # a PIL.Image inside an OpenAI-style part, as Python callers write it
+    assert load_image({"type": "image_url", "image_url": {"url": img}}) is img
+    assert load_image({"type": "image", "image": img}) is img
 
 
 def test_http_url_with_private_addresses_allowed(server: str, images: list[Any]) -> None:
