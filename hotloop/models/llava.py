@@ -55,14 +55,19 @@ class LlavaForConditionalGeneration(VisionLanguageModel):
             by_shape.setdefault(tuple(p.shape), []).append(i)
         device = self.multi_modal_projector.linear_1.weight.device
         for idx in by_shape.values():
-            batch = torch.stack([pixel_values[i] for i in idx]).to(device)
-            states = self.vision_tower(batch)
-            if self.select_strategy == "default":
-                states = [s[:, 1:] for s in states]
-            feats = self.multi_modal_projector(torch.cat(states, dim=-1))  # [B, tokens, hidden]
+            feats = self.project_patches(torch.stack([pixel_values[i] for i in idx]).to(device))
             for j, i in enumerate(idx):
                 out[i] = feats[j]
         return [cast(torch.Tensor, o) for o in out]
+
+    def project_patches(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """``[B, 3, H, W]`` -> ``[B, tokens, hidden]``: the feature layer(s) (CLS dropped for the
+        ``default`` strategy), concatenated, through the projector."""
+        states = self.vision_tower(pixel_values)
+        if self.select_strategy == "default":
+            states = [s[:, 1:] for s in states]
+        out: torch.Tensor = self.multi_modal_projector(torch.cat(states, dim=-1))
+        return out
 
     def canonical_name(self, name: str) -> str:
         name = super().canonical_name(name)

@@ -14,6 +14,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("hotloop.models.qwen3", "Qwen3ForCausalLM"),
     "InternLM2ForCausalLM": ("hotloop.models.internlm2", "InternLM2ForCausalLM"),
     "LlavaForConditionalGeneration": ("hotloop.models.llava", "LlavaForConditionalGeneration"),
+    "LlavaNextForConditionalGeneration": ("hotloop.models.llava_next", "LlavaNextForConditionalGeneration"),
     "InternVLForConditionalGeneration": ("hotloop.models.internvl", "InternVLForConditionalGeneration"),
     "Qwen2VLForConditionalGeneration": ("hotloop.models.qwen2_vl", "Qwen2VLForConditionalGeneration"),
     "Qwen2_5_VLForConditionalGeneration": ("hotloop.models.qwen2_vl", "Qwen2_5_VLForConditionalGeneration"),

@@ -23,6 +23,18 @@ class VisionLanguageModel(Protocol):
     def encode_images(self, pixel_values: Sequence[torch.Tensor]) -> list[torch.Tensor]: ...
 
 
+def encode(model: Any, images: Sequence[ImageInput]) -> list[torch.Tensor]:
+    """``model.encode_images`` on the images' pixels; a model whose ``encode_images_takes_extra`` is
+    true (LLaVA-NeXT: it needs the original image sizes) also gets each image's ``extra``."""
+    pixels = [img.pixel_values for img in images]
+    out: list[torch.Tensor]
+    if getattr(model, "encode_images_takes_extra", False):
+        out = model.encode_images(pixels, [img.extra for img in images])
+    else:
+        out = model.encode_images(pixels)
+    return out
+
+
 class Scheduled(Protocol):
     """``engine.scheduler.ScheduledRequest`` as far as merging goes."""
 
@@ -58,7 +70,7 @@ def encode_missing(model: VisionLanguageModel, scheduled: Sequence[Scheduled], m
                 todo.append((req, i, img))
     for b in range(0, len(todo), max_batch):
         chunk = todo[b : b + max_batch]
-        embeds = model.encode_images([img.pixel_values for _r, _i, img in chunk])
+        embeds = encode(model, [img for _r, _i, img in chunk])
         for (req, i, img), emb in zip(chunk, embeds, strict=True):
             if emb.shape[0] != img.length:
                 raise ValueError(

@@ -20,6 +20,12 @@ from hotloop.vl.clip_preprocess import ClipImageConfig, preprocess_clip
 from hotloop.vl.image import DEFAULT_POLICY, ImageFetchPolicy, load_image
 from hotloop.vl.inputs import ImageInput, pixel_hash
 from hotloop.vl.internvl_preprocess import TileConfig, preprocess_tiles
+from hotloop.vl.llava_next_preprocess import (
+    IMAGE_SIZE_KEY,
+    LlavaNextImageConfig,
+    num_image_tokens,
+    preprocess_llava_next,
+)
 from hotloop.vl.mrope import GRID_KEY
 from hotloop.vl.qwen2_vl_preprocess import ImageShapeError, Qwen2VLImageConfig, preprocess_qwen2_vl
 
@@ -44,6 +50,11 @@ class VLProcessor(abc.ABC):
         (the span runs to the end unless a subclass wraps it in start/end tokens)."""
         raise NotImplementedError
 
+    def hash_salt(self, extra: dict[str, Any]) -> str:
+        """What joins the pixels in an image's content hash: the processor's name, plus any fact
+        outside the pixels that changes the embeddings (LLaVA-NeXT: the original image size)."""
+        return self.name
+
     def expand(
         self,
         token_ids: Sequence[int],
@@ -67,7 +78,9 @@ class VLProcessor(abc.ABC):
             tokens, span_start = self.image_token_ids(pixels, extra)
             span_len = sum(1 for t in tokens[span_start:] if t == self.image_token_id)
             inputs.append(
-                ImageInput(pixels, len(ids) + span_start, span_len, pixel_hash(pixels, self.name), extra)
+                ImageInput(
+                    pixels, len(ids) + span_start, span_len, pixel_hash(pixels, self.hash_salt(extra)), extra
+                )
             )
             ids.extend(tokens)
             prev = slot + 1
@@ -99,6 +112,47 @@ class LlavaProcessor(VLProcessor):
 
     def image_token_ids(self, pixel_values: torch.Tensor, extra: dict[str, Any]) -> tuple[list[int], int]:
         return [self.image_token_id] * self.num_tokens, 0
+
+
+class LlavaNextProcessor(VLProcessor):
+    """LLaVA-NeXT / LLaVA-1.6 (llava-hf): "anyres" tiles (``hotloop/vl/llava_next_preprocess.py``);
+    the token count depends on the image size (``extra["image_size"]``, which the encoder needs too)."""
+
+    name = "llava_next"
+
+    def __init__(self, hf_config: Any, image_config: LlavaNextImageConfig, placeholder: str) -> None:
+        super().__init__(int(hf_config.image_token_id), placeholder)
+        vc = hf_config.vision_config
+        if getattr(hf_config, "vision_feature_select_strategy", "default") != "default":
+            raise ValueError("LLaVA-NeXT supports only vision_feature_select_strategy='default'")
+        tower = int(vc.image_size)
+        if image_config.tile_size != tower or image_config.clip.output_size != (tower, tower):
+            raise ValueError(
+                f"the image processor makes {image_config.tile_size}-pixel tiles cropped to "
+                f"{image_config.clip.output_size} but the vision tower takes {tower}x{tower}"
+            )
+        pinpoints = tuple((int(h), int(w)) for h, w in getattr(hf_config, "image_grid_pinpoints", None) or ())
+        if pinpoints and pinpoints != image_config.grid_pinpoints:
+            raise ValueError(
+                f"the image processor's image_grid_pinpoints {[list(p) for p in image_config.grid_pinpoints]} "
+                f"differ from the model's {[list(p) for p in pinpoints]}"
+            )
+        self.image_config = image_config
+        self.side = tower // int(vc.patch_size)
+
+    def preprocess(self, image: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        tiles, size = preprocess_llava_next(image, self.image_config)
+        return tiles, {IMAGE_SIZE_KEY: size}
+
+    def image_token_ids(self, pixel_values: torch.Tensor, extra: dict[str, Any]) -> tuple[list[int], int]:
+        height, width = extra[IMAGE_SIZE_KEY]
+        cfg = self.image_config
+        n = num_image_tokens(height, width, cfg.grid_pinpoints, cfg.tile_size, self.side, self.side**2)
+        return [self.image_token_id] * n, 0
+
+    def hash_salt(self, extra: dict[str, Any]) -> str:
+        height, width = extra[IMAGE_SIZE_KEY]
+        return f"{self.name}:{height}x{width}"
 
 
 class InternVLProcessor(VLProcessor):
@@ -205,6 +259,10 @@ def build_vl_processor(model_path: str | Path, hf_config: Any, tokenizer: Any) -
         placeholder = tokenizer.convert_ids_to_tokens(token_id)
         image_config = ClipImageConfig.from_dict(read_image_processor_config(model_path))
         return LlavaProcessor(hf_config, image_config, placeholder)
+    if arch == "LlavaNextForConditionalGeneration":
+        placeholder = tokenizer.convert_ids_to_tokens(int(hf_config.image_token_id))
+        next_config = LlavaNextImageConfig.from_dict(read_image_processor_config(model_path))
+        return LlavaNextProcessor(hf_config, next_config, placeholder)
     if arch == "InternVLForConditionalGeneration":
         placeholder = tokenizer.convert_ids_to_tokens(int(hf_config.image_token_id))
         tiles = TileConfig.from_dict(read_image_processor_config(model_path))

@@ -40,6 +40,7 @@ def test_registry_lists_the_zoo() -> None:
         "Qwen3ForCausalLM",
         "InternLM2ForCausalLM",
         "LlavaForConditionalGeneration",
+        "LlavaNextForConditionalGeneration",
         "InternVLForConditionalGeneration",
         "Qwen2VLForConditionalGeneration",
         "Qwen2_5_VLForConditionalGeneration",

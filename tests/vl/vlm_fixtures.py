@@ -1,6 +1,6 @@
 """Fixtures for vision-language tests (imported by tests/vl/conftest.py and tests/models/test_vlm_*.py):
-real images (drawn with PIL, and PyPI llama-models' JPEG) and tiny random LLaVA, InternVL and
-Qwen2(.5)-VL checkpoints saved by transformers with a processor alongside."""
+real images (drawn with PIL, and PyPI llama-models' JPEG) and tiny random LLaVA, LLaVA-NeXT, InternVL
+and Qwen2(.5)-VL checkpoints saved by transformers with a processor alongside."""
 
 from __future__ import annotations
 
@@ -189,6 +189,129 @@ def hf_llava_greedy(
 ) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, greedy tokens) from transformers for each (text, images), one at a time."""
     processor, model = _hf_llava(str(path))
+    outs = []
+    with torch.no_grad():
+        for text, imgs in prompts:
+            inputs = processor(text=text, images=imgs or None, return_tensors="pt")
+            g = model.generate(**inputs, max_new_tokens=max_new, do_sample=False, pad_token_id=0)
+            ids = inputs["input_ids"][0].tolist()
+            outs.append((ids, g[0, len(ids) :].tolist()))
+    return outs
+
+
+LLAVA_NEXT_VARIANTS: dict[str, dict[str, Any]] = {
+    # 16-pixel tiles of 4x4 patches (16 features a tile); grids of 2x2, 2x4 or 4x2 tiles
+    "default": dict(
+        vision_feature_layer=-2,
+        image_grid_pinpoints=[[32, 32], [32, 64], [64, 32]],
+        shortest_edge=16,
+    ),
+    # two feature layers; tiles resized to 18 pixels and centre-cropped back; a 3x1 grid too
+    "multilayer": dict(
+        vision_feature_layer=[-3, -1],
+        image_grid_pinpoints=[[32, 32], [32, 64], [64, 32], [48, 16]],
+        shortest_edge=18,
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def make_tiny_llava_next(
+    tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer_dir: Path
+) -> Callable[[str], Path]:
+    """A tiny random LLaVA-NeXT (``LLAVA_NEXT_VARIANTS`` keys): CLIP tower on 16-pixel tiles, Llama
+    decoder, a ``LlavaNextProcessor`` with the PIL image processor saved alongside."""
+    made: dict[str, Path] = {}
+
+    def make(variant: str) -> Path:
+        if variant in made:
+            return made[variant]
+        from transformers import (
+            AutoTokenizer,
+            CLIPVisionConfig,
+            LlamaConfig,
+            LlavaNextConfig,
+            LlavaNextForConditionalGeneration,
+            LlavaNextProcessor,
+        )
+        from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+        spec = dict(LLAVA_NEXT_VARIANTS[variant])
+        shortest_edge = spec.pop("shortest_edge")
+        vision = CLIPVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            image_size=16,
+            patch_size=4,
+            projection_dim=32,
+        )
+        tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+        tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+        text = LlamaConfig(
+            vocab_size=len(tok) + 15,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            rms_norm_eps=1e-6,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+        cfg = LlavaNextConfig(
+            vision_config=vision,
+            text_config=text,
+            image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+            vision_feature_select_strategy="default",
+            **spec,
+        )
+        torch.manual_seed(8642)
+        model = LlavaNextForConditionalGeneration(cfg).to(torch.float32)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() > 1:
+                    p.normal_(0, 0.08)
+            model.model.image_newline.normal_(0, 0.3)
+        out = tmp_path_factory.mktemp(f"llava-next-{variant}")
+        model.save_pretrained(str(out))
+        image_processor = LlavaNextImageProcessorPil(
+            size={"shortest_edge": shortest_edge},
+            crop_size={"height": 16, "width": 16},
+            image_grid_pinpoints=spec["image_grid_pinpoints"],
+        )
+        processor = LlavaNextProcessor(
+            image_processor=image_processor,
+            tokenizer=tok,
+            patch_size=4,
+            vision_feature_select_strategy="default",
+            num_additional_image_tokens=1,
+        )
+        processor.save_pretrained(str(out))
+        made[variant] = out
+        return out
+
+    return make
+
+
+@functools.lru_cache(maxsize=2)
+def _hf_llava_next(path: str) -> tuple[Any, Any]:
+    """transformers' processor and model for a tiny LLaVA-NeXT folder, loaded once per session."""
+    from transformers import AutoProcessor, LlavaNextForConditionalGeneration
+
+    model = LlavaNextForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    return AutoProcessor.from_pretrained(path), model
+
+
+def hf_llava_next_greedy(
+    path: Path, prompts: list[tuple[str, list[Any]]], max_new: int
+) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, greedy tokens) from transformers for each (text, images), one at a time."""
+    processor, model = _hf_llava_next(str(path))
     outs = []
     with torch.no_grad():
         for text, imgs in prompts:
