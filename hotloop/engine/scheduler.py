@@ -94,6 +94,7 @@ class Scheduler:
         out = SchedulerOutput()
         bm = self.block_manager
         budget = self.config.max_prefill_token_num
+        bs = bm.block_size
         now = time.monotonic()
 
         idx = 0
@@ -102,6 +103,11 @@ class Scheduler:
             remaining = req.num_scheduled_tokens - req.num_computed_tokens
             n = remaining if remaining == 1 else min(remaining, budget)
             if n == 0 or req.generation_done or req.num_scheduled_tokens >= self.config.session_len:
+                idx += 1
+                continue
+            start = req.num_computed_tokens
+            if n == 1 and start < len(req.block_ids) * bs:  # a decode with room in its last block
+                out.scheduled.append(ScheduledRequest(req, 1, start, start + 1 == req.num_scheduled_tokens))
                 idx += 1
                 continue
             while not bm.can_allocate(req, n):
