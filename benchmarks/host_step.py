@@ -57,7 +57,7 @@ class HostOnlyExecutor:
         return self.collect(self.launch(out))
 
     def score(self, request: Any, start: int, num_tokens: int) -> list[float]:
-        raise NotImplementedError
+        raise RuntimeError("the host-only executor runs no model: it cannot score tokens")
 
 
 def main() -> int:

@@ -114,6 +114,7 @@ class BlockManager:
             for b in reversed(released):
                 pc.release(b)
         request.block_ids.clear()
+        request.block_epoch += 1
         request.num_registered_blocks = 0
 
     # -- prefix caching ------------------------------------------------------------------------

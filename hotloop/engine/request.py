@@ -7,6 +7,7 @@ WAITING -> RUNNING -> FINISHED_{STOPPED,LENGTH,ABORTED}; a RUNNING request may b
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,9 @@ _REASONS = {
     RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
     RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
 }
+
+
+_serials = itertools.count()
 
 
 @dataclass(eq=False)
@@ -83,6 +87,11 @@ class Request:
     # the offset of every later token: token ``i >= P`` sits at position ``i + position_delta``.
     mrope_positions: Any = None
     position_delta: int = 0
+    # Identity of this request's current block list, for the executor's caches of it: a serial number
+    # unique for the process (``id()`` is reused once an object is freed) and a count of the times
+    # its blocks were freed (preemption gives it new blocks).
+    serial: int = field(default_factory=lambda: next(_serials))
+    block_epoch: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

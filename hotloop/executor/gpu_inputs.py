@@ -50,7 +50,7 @@ class _HostSet:
         self.bt_h, self.bt = host((max_seqs, width), torch.int32)
         self.fix_h, self.fix = host((max_seqs,), torch.int64)
         self.idx_h, self.idx = host((2, max_seqs), torch.int64)  # small index lists (see stage_indices)
-        self.rows: list[tuple[int, int]] = []  # per table row: (id of the request written there, blocks)
+        self.rows: list[tuple[tuple[int, int], int]] = []  # per table row: ((serial, block epoch), blocks)
 
 
 class InputBuffers:
@@ -112,7 +112,7 @@ class InputBuffers:
             blocks = req.block_ids
             nb = len(blocks)
             # Block-table rows persist across steps: write only what changed since this row's last step.
-            rid = id(req)
+            rid = (req.serial, req.block_epoch)
             rows_seen = h.rows
             if i < len(rows_seen) and rows_seen[i][0] == rid and rows_seen[i][1] <= nb:
                 done = rows_seen[i][1]
