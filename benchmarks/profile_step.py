@@ -129,6 +129,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="profile.json")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--quant-policy", type=int, choices=(0, 4, 8), default=0, help="KV cache policy")
+    ap.add_argument("--cases", default=None, help="comma-separated substrings: run only matching cases")
     args = ap.parse_args()
     built = build_engine(
         "llama3-8b",
@@ -138,6 +140,7 @@ def main() -> int:
             session_len=4096,
             max_prefill_token_num=8192,
             disable_overlap_schedule=True,
+            quant_policy=args.quant_policy,
         ),
     )
     engine = built.engine
@@ -154,6 +157,9 @@ def main() -> int:
         "decode 256@1k (graph)": ([], 256, 1024),
         "decode 1@128 (graph)": ([], 1, 128),
     }
+    if args.cases:
+        want = args.cases.split(",")
+        cases = {k: v for k, v in cases.items() if any(w in k for w in want)}
     results = {}
     for name, (pf, dec, ctx) in cases.items():
         out = make_step(engine, pf, dec, ctx, rid)

@@ -6,6 +6,14 @@
 Server: Llama-3-8B shape with dummy weights on the GPU. Client: ``hotloop bench serve``, 1024 random
 token ids in, 128 out with EOS ignored, Poisson arrivals. Extra server flags go after ``--``.
 Writes ``serve.json`` (the client's result, with the server command) and ``server.log``.
+
+The issue-6 prefix-caching workload (a 2,048-token shared system prompt, 256 requests with distinct
+64-token suffixes, all sent at once), with caching off and on:
+
+    python3 benchmarks/run_serve.py --out $OUT/prefix_off --prefix-len 2048 --input-len 64 \
+        --num-prompts 256 --request-rate inf -- --session-len 4096
+    python3 benchmarks/run_serve.py --out $OUT/prefix_on --prefix-len 2048 --input-len 64 \
+        --num-prompts 256 --request-rate inf -- --session-len 4096 --enable-prefix-caching
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ def main() -> int:
     ap.add_argument("--request-rate", type=float, default=16.0)
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--prefix-len", type=int, default=0, help="tokens of a prefix shared by every prompt")
     ap.add_argument("--vocab", type=int, default=128000, help="random prompt ids are drawn below this")
     ap.add_argument("server_args", nargs="*", help="extra flags for hotloop serve (after --)")
     args = ap.parse_args()
@@ -61,7 +70,7 @@ def main() -> int:
         sys.executable, "-m", "hotloop", "bench", "serve", "--port", str(args.port),
         "--random-token-ids", str(args.vocab), "--random-input-len", str(args.input_len),
         "--random-output-len", str(args.output_len), "--request-rate", str(args.request_rate),
-        "--num-prompts", str(args.num_prompts), "--ignore-eos", "--seed", "0", "--goodput", "ttft:45", "tpot:7",
+        "--num-prompts", str(args.num_prompts), "--random-prefix-len", str(args.prefix_len), "--ignore-eos", "--seed", "0", "--goodput", "ttft:45", "tpot:7",
         "--result-file", str(out / "serve.json"), "--disable-tqdm",
     ]  # fmt: skip
     with open(out / "server.log", "w") as log:

@@ -1,7 +1,8 @@
 """Triton building blocks for the int8 / int4 KV cache (the format is defined in ``kv_quant.py``).
 
 Reading (attention): ``load_kv_codes`` turns a tile of cache rows into float32 codes
-``[N, BLOCK_D]`` in natural head-dim order (int4: byte ``d // 2``, low nibble for even ``d``);
+``[N, BLOCK_D]`` in natural head-dim order (int4: byte ``d // 2``, low nibble for even ``d``),
+reading each row's packed bytes as one contiguous run;
 ``load_kv_params`` reads each row's scale and zero (stored in the model dtype right after the
 packed values). The attention kernels fold them in as ``x = code * scale + zero``.
 
@@ -29,17 +30,25 @@ _ROUND_MAGIC = tl.constexpr(12582912.0)
 
 
 @triton.jit
-def load_kv_codes(rows, offs_d, mask, QUANT: tl.constexpr):
-    """Codes of cache rows ``rows`` (``[N]`` uint8 pointers to each row's first byte) at head-dim
-    offsets ``offs_d`` ``[BLOCK_D]``, as float32 ``[N, BLOCK_D]`` (0 where ``mask`` is off)."""
+def load_kv_codes(rows, mask_n, BLOCK_D: tl.constexpr, NPACK: tl.constexpr, QUANT: tl.constexpr):
+    """Codes of cache rows ``rows`` (``[N]`` uint8 pointers to each row's first byte) as float32
+    ``[N, BLOCK_D]`` in natural head-dim order (0 for rows off ``mask_n`` and past the row).
+
+    The packed bytes are read as one contiguous run per row (so Triton can vectorize the loads when
+    it knows the rows' alignment); int4 nibbles are split and interleaved in registers (value
+    ``2i`` is byte ``i``'s low nibble, ``2i + 1`` its high one)."""
     if QUANT == 8:
-        b = tl.load(rows[:, None] + offs_d[None, :], mask=mask, other=0)
-        c = b.to(tl.int32)
+        offs = tl.arange(0, BLOCK_D)
+        b = tl.load(rows[:, None] + offs[None, :], mask=mask_n[:, None] & (offs < NPACK)[None, :], other=0)
+        return b.to(tl.float32)
     else:
-        # int4: values 2i and 2i + 1 share byte i, the even one in the low nibble
-        b = tl.load(rows[:, None] + (offs_d // 2)[None, :], mask=mask, other=0)
-        c = (b.to(tl.int32) >> ((offs_d % 2) * 4)[None, :]) & 15
-    return c.to(tl.float32)
+        offs_p = tl.arange(0, BLOCK_D // 2)
+        b = tl.load(
+            rows[:, None] + offs_p[None, :], mask=mask_n[:, None] & (offs_p < NPACK)[None, :], other=0
+        )
+        lo = (b & 15).to(tl.float32)
+        hi = (b >> 4).to(tl.float32)
+        return tl.reshape(tl.join(lo, hi), [rows.shape[0], BLOCK_D])
 
 
 @triton.jit

@@ -60,6 +60,7 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     QUANT: tl.constexpr,  # 0: float cache; 8 / 4: int8 / int4 codes + scale and zero per row
     NPACK: tl.constexpr,  # bytes of a quantized row's codes (its scale follows)
+    ROW: tl.constexpr,  # bytes of a quantized row (the caches' head stride): tells Triton its alignment
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -107,8 +108,9 @@ def _decode_kernel(
             )  # [BLOCK_N, BLOCK_D]
             s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_G, BLOCK_N], log2 units
         else:
-            k_rows = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * stride_kh  # [BLOCK_N]
-            k_codes = load_kv_codes(k_rows, offs_d, kmask, QUANT)  # [BLOCK_N, BLOCK_D] float32
+            # kvh * ROW, not kvh * stride_kh: a constexpr row width lets Triton vectorize the loads
+            k_rows = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * ROW  # [BLOCK_N]
+            k_codes = load_kv_codes(k_rows, mask_n, BLOCK_D, NPACK, QUANT)  # [BLOCK_N, BLOCK_D] float32
             k_scale, k_zero = load_kv_params(k_rows, mask_n, q_ptr, NPACK)
             s = tl.dot(q, tl.trans(k_codes.to(q.dtype)))
             s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
@@ -128,8 +130,8 @@ def _decode_kernel(
                 other=0.0,
             )
         else:
-            v_rows = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * stride_vh
-            v_codes = load_kv_codes(v_rows, offs_d, kmask, QUANT)
+            v_rows = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * ROW
+            v_codes = load_kv_codes(v_rows, mask_n, BLOCK_D, NPACK, QUANT)
             v_scale, v_zero = load_kv_params(v_rows, mask_n, q_ptr, NPACK)
             v = (v_codes * v_scale[:, None] + v_zero[:, None]).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -197,6 +199,11 @@ def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
         check(k_cache.dtype == q.dtype, f"dtypes differ: q {q.dtype}, cache {k_cache.dtype}")
         return 0, 0
     kv_quant.check_head_dim(D, policy)
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check(
+            c.stride(2) == c.shape[-1] and c.stride(3) == 1,
+            f"{name}: a quantized cache's rows must be contiguous across heads (strides {c.stride()})",
+        )
     return policy, kv_quant.packed_bytes(D, policy)
 
 
@@ -247,7 +254,7 @@ def paged_decode_attention(
     splits = num_splits or num_decode_splits(B, kv)
     block_g = max(16, triton.next_power_of_2(G))
     block_d = max(16, triton.next_power_of_2(D))
-    block_n = 32 if block_d > 128 else 64
+    block_n = 32 if block_d > 128 or quant == 8 else 64  # int8 at 64 spills registers (ptxas, sm_90)
     if splits > 1:
         part = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
         lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
@@ -285,6 +292,7 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         QUANT=quant,
         NPACK=npack,
+        ROW=k_cache.shape[-1] if quant else 0,
         num_warps=4,
     )
     if splits > 1:

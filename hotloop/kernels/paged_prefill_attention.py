@@ -53,6 +53,7 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     QUANT: tl.constexpr,  # 0: float cache; 8 / 4: int8 / int4 codes + scale and zero per row
     NPACK: tl.constexpr,  # bytes of a quantized row's codes (its scale follows)
+    ROW: tl.constexpr,  # bytes of a quantized row (the caches' head stride): tells Triton its alignment
 ):
     m_blk = tl.program_id(0)
     b = tl.program_id(1)
@@ -105,8 +106,9 @@ def _prefill_kernel(
             )
             s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, BLOCK_N]
         else:
-            k_rows = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * stride_kh  # [BLOCK_N]
-            k_codes = load_kv_codes(k_rows, offs_d, kmask, QUANT)  # [BLOCK_N, BLOCK_D] float32
+            # kvh * ROW, not kvh * stride_kh: a constexpr row width lets Triton vectorize the loads
+            k_rows = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * ROW  # [BLOCK_N]
+            k_codes = load_kv_codes(k_rows, mask_n, BLOCK_D, NPACK, QUANT)  # [BLOCK_N, BLOCK_D] float32
             k_scale, k_zero = load_kv_params(k_rows, mask_n, q_ptr, NPACK)
             s = tl.dot(q, tl.trans(k_codes.to(q.dtype)))
             s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
@@ -130,8 +132,8 @@ def _prefill_kernel(
                 other=0.0,
             )
         else:
-            v_rows = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * stride_vh
-            v_codes = load_kv_codes(v_rows, offs_d, kmask, QUANT)
+            v_rows = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * ROW
+            v_codes = load_kv_codes(v_rows, mask_n, BLOCK_D, NPACK, QUANT)
             v_scale, v_zero = load_kv_params(v_rows, mask_n, q_ptr, NPACK)
             v = (v_codes * v_scale[:, None] + v_zero[:, None]).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -222,6 +224,7 @@ def paged_prefill_attention(
         BLOCK_D=block_d,
         QUANT=quant,
         NPACK=npack,
+        ROW=k_cache.shape[-1] if quant else 0,
         num_warps=4 if block_d <= 64 else 8,
         num_stages=2,
     )

@@ -148,6 +148,20 @@ def hf_internvl_bf16(
 _EXPECTED: dict[str, list[tuple[list[int], list[int], list[bool]]]] = {}
 
 
+def alpha_on_white(img: Any) -> Any:
+    """An image with transparency composited onto white, as transformers >= 5.2x's ``convert_to_rgb``
+    does and hotloop does. transformers 5.17 (on the GPU machine) instead drops the alpha channel,
+    so transformers is handed the composited RGB image: the GPU test then checks the model's numerics
+    whichever transformers is installed (the CPU tests check the preprocessing against the current
+    transformers, RGBA included)."""
+    from PIL import Image
+
+    if "A" not in img.getbands() and img.info.get("transparency") is None:
+        return img
+    rgba = img.convert("RGBA")
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+
+
 def check_model(
     kind: str,
     path: Path,
@@ -160,7 +174,8 @@ def check_model(
     key = f"{kind}:{path}:{device}:{dtype}"
     if key not in _EXPECTED:  # transformers' side does not depend on the engine's settings
         run_hf = hf_llava_bf16 if kind == "llava" else hf_internvl_bf16
-        _EXPECTED[key] = run_hf(path, prompts, MAX_NEW, device)
+        hf_prompts = [(text, [alpha_on_white(im) for im in imgs]) for text, imgs in prompts]
+        _EXPECTED[key] = run_hf(path, hf_prompts, MAX_NEW, device)
     expected = _EXPECTED[key]
     cfg = EngineConfig(
         device=device,
