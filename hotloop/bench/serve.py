@@ -166,9 +166,18 @@ async def run_load(
     temperature: float = 0.0,
     progress: bool = True,
     timeout: float = 600.0,
+    http_client: str = "raw",
 ) -> tuple[list[RequestResult], float, str]:
-    """Send every request; returns (results in request order, wall time in seconds, model)."""
+    """Send every request; returns (results in request order, wall time in seconds, model).
+
+    ``http_client``: ``raw`` streams through ``raw_http.RawClient`` (lean, for ``http://`` URLs;
+    ``https://`` falls back to httpx), ``httpx`` through httpx."""
     from tqdm import tqdm
+
+    from hotloop.bench.raw_http import RawClient
+
+    if http_client not in ("raw", "httpx"):
+        raise ValueError(f"--http-client={http_client!r} must be 'raw' or 'httpx'")
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     chat = endpoint.rstrip("/").endswith("chat/completions")
@@ -176,15 +185,16 @@ async def run_load(
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
         model = model or await fetch_model(client, base_url, headers)
         url = base_url.rstrip("/") + endpoint
+        streamer: Any = RawClient(timeout) if http_client == "raw" and RawClient.supports(url) else client
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         bar = tqdm(total=len(requests), disable=not progress, desc="requests", unit="req")
 
         async def one(req: BenchRequest) -> RequestResult:
             if sem is None:
-                r = await send_request(client, url, chat, model, req, headers, ignore_eos, temperature)
+                r = await send_request(streamer, url, chat, model, req, headers, ignore_eos, temperature)
             else:
                 async with sem:
-                    r = await send_request(client, url, chat, model, req, headers, ignore_eos, temperature)
+                    r = await send_request(streamer, url, chat, model, req, headers, ignore_eos, temperature)
             bar.update(1)
             return r
 
@@ -376,6 +386,7 @@ def run(args: Any) -> int:
             ignore_eos=args.ignore_eos,
             temperature=args.temperature,
             progress=not args.disable_tqdm,
+            http_client=args.http_client,
         )
     )
     summary = summarize(results, duration, slos, percentiles)

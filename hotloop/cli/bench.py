@@ -96,6 +96,13 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     out.add_argument("--metric-percentiles", default="99", help="comma-separated percentiles (default: 99)")
     out.add_argument("--result-file", default=None, help="write the results as JSON here")
     out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    out.add_argument(
+        "--http-client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="raw: a lean HTTP/1.1 streaming client (http:// only; less client time in the latencies); "
+        "httpx: httpx (also used for https://)",
+    )
     s.set_defaults(func=run)
     return s
 

@@ -26,8 +26,8 @@ from hotloop.serve.state import ServerState
 router = APIRouter()
 
 
-def _prompts(state: ServerState, prompt: Any) -> list[tuple[list[int], str]]:
-    """Each prompt as (token ids, text for echo)."""
+def _prompts(state: ServerState, prompt: Any, echo: bool = True) -> list[tuple[list[int], str]]:
+    """Each prompt as (token ids, text for echo; token-id prompts are decoded only with ``echo``)."""
     if isinstance(prompt, str):
         items: list[Any] = [prompt]
     elif prompt and all(isinstance(t, int) for t in prompt):
@@ -47,7 +47,7 @@ def _prompts(state: ServerState, prompt: Any) -> list[tuple[list[int], str]]:
         else:
             ids = list(p)
             state.check_token_ids(ids, param)
-            text = state.tokenizer.decode(ids, skip_special_tokens=False) if ids else ""
+            text = state.tokenizer.decode(ids, skip_special_tokens=False) if ids and echo else ""
         if not ids:
             raise APIError(400, f"{param} is empty: it must hold at least one token", param, "invalid_value")
         out.append((ids, text))
@@ -78,7 +78,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     state: ServerState = request.app.state.hotloop
     state.check_model(body.model)
     _check_unsupported(body)
-    prompts = _prompts(state, body.prompt)
+    prompts = _prompts(state, body.prompt, bool(body.echo))
     subs: list[tuple[list[int], GenerationConfig]] = []
     for k, (ids, _text) in enumerate(prompts):
         param = "prompt" if len(prompts) == 1 else f"prompt[{k}]"

@@ -129,6 +129,8 @@ class ServerState:
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         vocab = self.vocab_size
+        if ids and 0 <= min(ids) and max(ids) < vocab:  # the common case, at C speed
+            return
         for t in ids:
             if not 0 <= t < vocab:
                 raise APIError(
