@@ -1,4 +1,5 @@
-"""Greedy parity of LLaVA and InternVL with transformers on the GPU in bf16 (skipped without CUDA).
+"""Greedy parity of LLaVA, LLaVA-NeXT, InternVL, Qwen2-VL and Qwen2.5-VL with transformers on the GPU
+in bf16 (skipped without CUDA).
 
 The tiny random checkpoints of ``vlm_fixtures.py`` and real images (``pasta.jpeg`` from llama-models,
 and PIL-drawn images of several sizes and modes). hotloop serves all prompts of a model in one
@@ -6,7 +7,8 @@ continuous batch on cuda in bfloat16 (one and two images per prompt, a text-only
 image requests, requests arriving one step apart so prefills and decodes mix), with and without a
 prefill budget small enough to split an image's tokens across steps, with and without decode CUDA
 graphs. transformers runs ``generate`` on each prompt alone, on cuda in bfloat16, with the same
-images through its own processor (the PIL backend, as on the CPU tests).
+images through its own processor (the PIL backend, as on the CPU tests; for Qwen2-VL the image
+processor and Qwen2VLProcessor's token expansion, as ``vlm_fixtures.qwen2_vl_expand``).
 
 Tolerance rule (the one of tests/api/test_gpu_parity.py): hotloop's greedy tokens must equal
 transformers' token by token. At the first step where they differ, the difference is accepted only
@@ -14,17 +16,22 @@ if transformers' own top-2 logits at that step are within bf16 noise, ``top1 - t
 max(NOISE * |top1|, FLOOR)``; after such a near-tie either continuation is correct, so the rest of
 that sequence is not compared. A difference at any other step fails. Enough tokens must be compared
 (at least half of all) for the test to mean something.
+
+The check functions take ``device`` and ``dtype`` (both sides): ``check_model(..., device="cpu",
+dtype="float32")`` runs the same code on the CPU (the CPU parity tests in tests/models check that
+case exactly, so it is not a test here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from vlm_fixtures import run_vl_engine
+from vlm_fixtures import QWEN2_VL_IMAGE, hf_qwen2_vl_model, qwen2_vl_inputs, run_vl_engine
 
 from hotloop.config import EngineConfig
 
@@ -46,9 +53,26 @@ INTERNVL_PROMPTS = [
     ("A plain text request without images", []),
     ("<IMG_CONTEXT><IMG_CONTEXT> two more", [3, 4]),
 ]
+QWEN2_VL_PROMPTS = [
+    (f"{QWEN2_VL_IMAGE}\nWhat is shown here?", [0]),
+    (f"Compare {QWEN2_VL_IMAGE} with {QWEN2_VL_IMAGE} please", [1, 2]),
+    ("A plain text request without images", []),
+    (f"Describe the colours of {QWEN2_VL_IMAGE}", [3]),  # RGBA
+    (f"{QWEN2_VL_IMAGE}{QWEN2_VL_IMAGE} and a grey one first", [4, 0]),  # L mode, then the photo
+]
 # Prefill budgets: everything in one step, or a budget that splits every image's tokens (a LLaVA
-# image is 25 tokens; an InternVL image is 4 tokens per tile, 1 to 7 tiles, between <img> and </img>).
-CHUNKS = {"llava": 7, "internvl": 5}
+# image is 25 tokens; a LLaVA-NeXT image 33 to 150 (tiles and newlines); an InternVL image is 4
+# tokens per tile, 1 to 7 tiles, between <img> and </img>; a Qwen2(.5)-VL image 6 to 30, between
+# <|vision_start|> and <|vision_end|>, so a split also splits its M-RoPE positions).
+CHUNKS = {"llava": 7, "llava_next": 13, "internvl": 5, "qwen2_vl": 5, "qwen2_5_vl": 5}
+# kind -> (fixture that makes the checkpoint, its variant, prompts)
+MODELS: dict[str, tuple[str, str, list[tuple[str, list[int]]]]] = {
+    "llava": ("make_tiny_llava", "default", LLAVA_PROMPTS),
+    "llava_next": ("make_tiny_llava_next", "default", LLAVA_PROMPTS),
+    "internvl": ("make_tiny_internvl", "layernorm", INTERNVL_PROMPTS),
+    "qwen2_vl": ("make_tiny_qwen2_vl", "qwen2_vl", QWEN2_VL_PROMPTS),
+    "qwen2_5_vl": ("make_tiny_qwen2_vl", "qwen2_5_vl", QWEN2_VL_PROMPTS),
+}
 
 
 def near_tie(logits: torch.Tensor) -> bool:
@@ -96,56 +120,98 @@ def _pil_image_processor(name: str, path: Path) -> Any:
     return cls.from_pretrained(str(path))
 
 
-def hf_llava_bf16(
-    path: Path, prompts: list[tuple[str, list[Any]]], max_new: int, device: str = DEVICE
-) -> list[tuple[list[int], list[int], list[bool]]]:
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
+Reference = list[tuple[list[int], list[int], list[bool]]]
+
+
+def _on(inputs: Mapping[str, torch.Tensor], device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Model inputs on ``device``, the floating-point ones (pixel values) in ``dtype``."""
+    return {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in inputs.items()}
+
+
+def _hf_model(cls_name: str, path: Path, device: str, dtype: torch.dtype) -> Any:
+    import transformers
+
+    model = getattr(transformers, cls_name).from_pretrained(str(path), dtype=dtype).to(device).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def hf_llava_family(
+    model_cls: str,
+    image_processor: str,
+    path: Path,
+    prompts: list[tuple[str, list[Any]]],
+    max_new: int,
+    device: str,
+    dtype: torch.dtype,
+) -> Reference:
+    """LLaVA or LLaVA-NeXT: the folder's processor (``AutoProcessor``) with the PIL image processor."""
+    from transformers import AutoProcessor
 
     processor = AutoProcessor.from_pretrained(str(path))
-    processor.image_processor = _pil_image_processor("CLIPImageProcessor", path)
-    model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.bfloat16).to(device).eval()
-    model.generation_config.eos_token_id = None
+    processor.image_processor = _pil_image_processor(image_processor, path)
+    model = _hf_model(model_cls, path, device, dtype)
     outs = []
     for text, imgs in prompts:
-        inputs = processor(text=text, images=imgs or None, return_tensors="pt").to(device)
-        if "pixel_values" in inputs:
-            inputs["pixel_values"] = inputs["pixel_values"].to(torch.bfloat16)
-        outs.append(hf_generate_with_ties(model, dict(inputs), max_new))
+        inputs = processor(text=text, images=imgs or None, return_tensors="pt")
+        outs.append(hf_generate_with_ties(model, _on(inputs, device, dtype), max_new))
     return outs
 
 
-def hf_internvl_bf16(
-    path: Path, prompts: list[tuple[str, list[Any]]], max_new: int, device: str = DEVICE
-) -> list[tuple[list[int], list[int], list[bool]]]:
+def hf_internvl(
+    path: Path, prompts: list[tuple[str, list[Any]]], max_new: int, device: str, dtype: torch.dtype
+) -> Reference:
     """As ``vlm_fixtures.hf_internvl_greedy`` (``<IMG_CONTEXT>`` expanded as InternVLProcessor does),
-    in bf16 on ``device``."""
-    from transformers import AutoTokenizer, InternVLForConditionalGeneration
+    in ``dtype`` on ``device``."""
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
     image_processor = _pil_image_processor("GotOcr2ImageProcessor", path)
-    model = (
-        InternVLForConditionalGeneration.from_pretrained(str(path), dtype=torch.bfloat16).to(device).eval()
-    )
-    model.generation_config.eos_token_id = None
+    model = _hf_model("InternVLForConditionalGeneration", path, device, dtype)
     per_tile = model.config.image_seq_length
     outs = []
     for text, imgs in prompts:
         inputs: dict[str, torch.Tensor] = {}
         if imgs:
             feats = image_processor(images=imgs, crop_to_patches=True, return_tensors="pt")
-            inputs["pixel_values"] = feats["pixel_values"].to(device, torch.bfloat16)
+            inputs["pixel_values"] = feats["pixel_values"]
             parts = text.split("<IMG_CONTEXT>")
             assert len(parts) == len(imgs) + 1
             text = parts[0]
             for n, part in zip(feats["num_patches"], parts[1:], strict=True):
                 text += "<img>" + "<IMG_CONTEXT>" * (per_tile * int(n)) + "</img>" + part
-        ids = torch.tensor([tok.encode(text)], device=device)
+        ids = torch.tensor([tok.encode(text)])
         inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
-        outs.append(hf_generate_with_ties(model, inputs, max_new))
+        outs.append(hf_generate_with_ties(model, _on(inputs, device, dtype), max_new))
     return outs
 
 
-_EXPECTED: dict[str, list[tuple[list[int], list[int], list[bool]]]] = {}
+def hf_qwen2_vl(
+    path: Path, prompts: list[tuple[str, list[Any]]], max_new: int, device: str, dtype: torch.dtype
+) -> Reference:
+    """Qwen2-VL or Qwen2.5-VL (``AutoModelForImageTextToText`` picks the class from the config): the
+    inputs of ``vlm_fixtures.hf_qwen2_vl_greedy`` (PIL image processor, Qwen2VLProcessor's expansion,
+    ``mm_token_type_ids`` for M-RoPE), in ``dtype`` on ``device``."""
+    model = hf_qwen2_vl_model(str(path), device, dtype)
+    outs = []
+    for text, imgs in prompts:
+        inputs = qwen2_vl_inputs(path, text, imgs, model.config.image_token_id)
+        outs.append(hf_generate_with_ties(model, _on(inputs, device, dtype), max_new))
+    return outs
+
+
+HF_REFERENCE: dict[str, Callable[..., Reference]] = {
+    "llava": functools.partial(hf_llava_family, "LlavaForConditionalGeneration", "CLIPImageProcessor"),
+    "llava_next": functools.partial(
+        hf_llava_family, "LlavaNextForConditionalGeneration", "LlavaNextImageProcessor"
+    ),
+    "internvl": hf_internvl,
+    "qwen2_vl": hf_qwen2_vl,
+    "qwen2_5_vl": hf_qwen2_vl,
+}
+
+
+_EXPECTED: dict[str, Reference] = {}
 
 
 def alpha_on_white(img: Any) -> Any:
@@ -171,11 +237,12 @@ def check_model(
     device: str = DEVICE,
     dtype: str = "bfloat16",
 ) -> None:
+    """hotloop serves ``prompts`` in one continuous batch on ``device`` in ``dtype``; each request's
+    tokens against transformers' ``generate`` on that prompt alone, same device and dtype."""
     key = f"{kind}:{path}:{device}:{dtype}"
     if key not in _EXPECTED:  # transformers' side does not depend on the engine's settings
-        run_hf = hf_llava_bf16 if kind == "llava" else hf_internvl_bf16
         hf_prompts = [(text, [alpha_on_white(im) for im in imgs]) for text, imgs in prompts]
-        _EXPECTED[key] = run_hf(path, hf_prompts, MAX_NEW, device)
+        _EXPECTED[key] = HF_REFERENCE[kind](path, hf_prompts, MAX_NEW, device, getattr(torch, dtype))
     expected = _EXPECTED[key]
     cfg = EngineConfig(
         device=device,
@@ -195,21 +262,14 @@ def check_model(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["llava", "internvl"])
+@pytest.mark.parametrize("kind", list(MODELS))
 @pytest.mark.parametrize("split", [False, True], ids=["one-step-prefill", "split-images"])
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
 def test_vl_greedy_parity_bf16_gpu(
-    kind: str,
-    split: bool,
-    eager: bool,
-    make_tiny_llava: Callable[[str], Path],
-    make_tiny_internvl: Callable[[str], Path],
-    images: list[Any],
+    kind: str, split: bool, eager: bool, request: pytest.FixtureRequest, images: list[Any]
 ) -> None:
-    if kind == "llava":
-        path, table = make_tiny_llava("default"), LLAVA_PROMPTS
-    else:
-        path, table = make_tiny_internvl("layernorm"), INTERNVL_PROMPTS
+    fixture, variant, table = MODELS[kind]
+    path = request.getfixturevalue(fixture)(variant)
     prompts = [(text, [images[j] for j in idx]) for text, idx in table]
     check_model(kind, path, prompts, CHUNKS[kind] if split else 8192, eager)
 

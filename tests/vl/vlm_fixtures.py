@@ -556,11 +556,25 @@ def qwen2_vl_expand(path: Path, text: str, imgs: list[Any]) -> tuple[list[int], 
     return tok.encode(text), inputs
 
 
-@functools.lru_cache(maxsize=2)
-def _hf_qwen2_vl(path: str) -> Any:
+def qwen2_vl_inputs(path: Path, text: str, imgs: list[Any], image_token_id: int) -> dict[str, torch.Tensor]:
+    """transformers' model inputs for one prompt (on the CPU, pixel values in float32): ``qwen2_vl_expand``
+    plus the attention mask and the ``mm_token_type_ids`` (1 on image tokens) Qwen2VLProcessor adds."""
+    ids, extra = qwen2_vl_expand(path, text, imgs)
+    input_ids = torch.tensor([ids])
+    return dict(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        mm_token_type_ids=(input_ids == image_token_id).int(),
+        **extra,
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def hf_qwen2_vl_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Any:
+    """transformers' Qwen2(.5)-VL for a tiny folder, on ``device`` in ``dtype``, loaded once per session."""
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).to(device).eval()
     model.generation_config.eos_token_id = None
     return model
 
@@ -569,22 +583,13 @@ def hf_qwen2_vl_greedy(
     path: Path, prompts: list[tuple[str, list[Any]]], max_new: int
 ) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, greedy tokens) from transformers' ``generate`` for each (text, images), one at a time."""
-    model = _hf_qwen2_vl(str(path))
-    image_token_id = model.config.image_token_id
+    model = hf_qwen2_vl_model(str(path))
     outs = []
     with torch.no_grad():
         for text, imgs in prompts:
-            ids, extra = qwen2_vl_expand(path, text, imgs)
-            input_ids = torch.tensor([ids])
-            g = model.generate(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                mm_token_type_ids=(input_ids == image_token_id).int(),
-                **extra,
-                max_new_tokens=max_new,
-                do_sample=False,
-                pad_token_id=0,
-            )
+            inputs = qwen2_vl_inputs(path, text, imgs, model.config.image_token_id)
+            ids = inputs["input_ids"][0].tolist()
+            g = model.generate(**inputs, max_new_tokens=max_new, do_sample=False, pad_token_id=0)
             outs.append((ids, g[0, len(ids) :].tolist()))
     return outs
 
