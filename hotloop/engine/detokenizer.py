@@ -7,14 +7,86 @@ request finishes, exactly ``tokenizer.decode(output_ids)`` (cut at the stop stri
 
 from __future__ import annotations
 
+import codecs
+import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 # What a decoder returns for bytes that are not (yet) a whole UTF-8 character.
 _REPLACEMENT = "\ufffd"
+_TABLE_ATTR = "_hotloop_byte_tables"
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte as a printable character (the ByteLevel format)."""
+    bs = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    )
+    cs = list(bs)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs), strict=True))
+
+
+def byte_table(tokenizer: Any, skip_special_tokens: bool) -> list[bytes] | None:
+    """Each token id's bytes, for a byte-level BPE tokenizer whose decode is exactly "concatenate
+    the tokens' bytes and decode them as UTF-8, invalid bytes as U+FFFD" (a fast tokenizer with the
+    ``ByteLevel`` decoder and no space clean-up); ``None`` for any other tokenizer.
+
+    Special added tokens are empty with ``skip_special_tokens``; ids unknown to the vocabulary are
+    empty (the backend skips them). Built once per tokenizer and flag, and checked against the
+    backend's own decode on a sample of tokens before it is used."""
+    cache = getattr(tokenizer, _TABLE_ATTR, None)
+    if cache is not None and skip_special_tokens in cache:
+        return cache[skip_special_tokens]  # type: ignore[no-any-return]
+    table = _build_byte_table(tokenizer, skip_special_tokens)
+    try:
+        if cache is None:
+            cache = {}
+            setattr(tokenizer, _TABLE_ATTR, cache)
+        cache[skip_special_tokens] = table
+    except (AttributeError, TypeError):  # an object that takes no attributes: rebuild next time
+        pass
+    return table
+
+
+def _build_byte_table(tokenizer: Any, skip_special_tokens: bool) -> list[bytes] | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True) is not False:
+        return None
+    try:
+        decoder = json.loads(backend.to_str()).get("decoder") or {}
+        vocab: dict[str, int] = backend.get_vocab(with_added_tokens=True)
+        added = backend.get_added_tokens_decoder()
+    except Exception:  # noqa: BLE001 - an unusual backend: use the general path
+        return None
+    if decoder.get("type") != "ByteLevel" or not vocab:
+        return None
+    byte_of = {c: bytes([b]) for b, c in _bytes_to_unicode().items()}
+    table = [b""] * (max(vocab.values()) + 1)
+    for piece, i in vocab.items():
+        table[i] = b"".join(byte_of.get(c) or c.encode("utf-8") for c in piece)
+    if skip_special_tokens:
+        for i, tok in added.items():
+            if getattr(tok, "special", False) and i < len(table):
+                table[i] = b""
+    # The backend is the reference: every id whose bytes are a whole text must decode to it.
+    step = max(1, len(table) // 4000)
+    for i in list(range(0, len(table), step)) + list(added):
+        try:
+            text = table[i].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if backend.decode([i], skip_special_tokens=skip_special_tokens) != text:
+            return None
+    return table
 
 
 class IncrementalDetokenizer:
@@ -64,6 +136,14 @@ class IncrementalDetokenizer:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         cleanup = getattr(tokenizer, "clean_up_tokenization_spaces", True)
         self._backend_decode = backend.decode if backend is not None and cleanup is False else None
+        # A byte-level BPE tokenizer decodes token by token through a table and an incremental UTF-8
+        # decoder: the same text, without a tokenizer call per token.
+        self._table = byte_table(tokenizer, skip_special_tokens)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        # Without stop strings nothing is ever held back or taken back: the table path then keeps
+        # the emitted pieces in a list (no copy of the whole text per token).
+        self._fast = self._table is not None and not self._stop_words
+        self._pieces: list[str] = []
         self._prefix_offset = 0
         self._read_offset = 0
         self._prefix_text = ""  # decode(ids[prefix_offset:read_offset])
@@ -80,6 +160,8 @@ class IncrementalDetokenizer:
     @property
     def text(self) -> str:
         """All text emitted so far (by ``add_tokens`` and ``flush``)."""
+        if self._fast:
+            return "".join(self._pieces)
         return self._decoded[: self._emitted]
 
     @property
@@ -87,14 +169,40 @@ class IncrementalDetokenizer:
         """Every output id given to ``add_tokens``, including any after a stop string."""
         return list(self._ids)
 
+    def add_token(self, token_id: int) -> str:
+        """``add_tokens([token_id])``, with a short path for the common case (a byte-level
+        tokenizer, no stop strings): one table lookup and one incremental UTF-8 decode."""
+        if not self._fast:
+            return self.add_tokens((token_id,))
+        if self._flushed:
+            return ""
+        self._ids.append(token_id)
+        table = self._table
+        assert table is not None
+        piece = self._utf8.decode(table[token_id]) if 0 <= token_id < len(table) else ""
+        if piece:
+            self._pieces.append(piece)
+        return piece
+
     def add_tokens(self, new_token_ids: Sequence[int]) -> str:
         """Decode the new tokens and return the text that is now safe to emit (may be '').
 
         After a stop string matched (or after ``flush``) further tokens are ignored and '' is returned.
         """
+        if self._fast:
+            return "".join([self.add_token(int(t)) for t in new_token_ids])
         if self._stopped or self._flushed:
             return ""
         checked = len(self._decoded)
+        table = self._table
+        if table is not None:
+            n = len(table)
+            for token_id in new_token_ids:
+                t = int(token_id)
+                self._ids.append(t)
+                if 0 <= t < n:
+                    self._decoded += self._utf8.decode(table[t])
+            return self._check_and_emit(checked, final=False)
         for token_id in new_token_ids:
             self._ids.append(int(token_id))
             self._advance(final=False)
@@ -107,10 +215,17 @@ class IncrementalDetokenizer:
         if self._flushed:
             return ""
         self._flushed = True
+        if self._fast:
+            piece = self._utf8.decode(b"", final=True)
+            if piece:
+                self._pieces.append(piece)
+            return piece
         if self._stopped:
             return ""  # everything up to the stop string went out with the token that matched it
         checked = len(self._decoded)
-        if self._read_offset < len(self._ids):
+        if self._table is not None:
+            self._decoded += self._utf8.decode(b"", final=True)
+        elif self._read_offset < len(self._ids):
             self._advance(final=True)
         return self._check_and_emit(checked, final=True)
 

@@ -251,33 +251,52 @@ class Engine:
         assert len(samplers) == len(sampled), f"executor returned {len(sampled)} tokens for {len(samplers)}"
         now = time.monotonic()
         outputs = []
+        session_len = self.session_len
+        # The per-request work of every step at large batch: kept to plain attribute reads.
         for req, tok in zip(samplers, sampled, strict=True):
             if req.is_finished:  # finished (or aborted) while this step was in flight: drop it
                 continue
+            token_id = tok.token_id
+            logprob = tok.logprob
             req.num_pending_tokens -= 1
-            req.output_token_ids.append(tok.token_id)
-            if tok.logprob is not None:
-                req.output_logprobs.append(tok.logprob)
+            output_ids = req.output_token_ids
+            output_ids.append(token_id)
+            if logprob is not None:
+                req.output_logprobs.append(logprob)
             if req.first_token_time is None:
                 req.first_token_time = now
             detok: IncrementalDetokenizer = req.detokenizer
-            is_stop_token = tok.token_id in req.stop_token_ids
+            is_stop_token = token_id in req.stop_token_ids
+            params = req.params
             # A stop token's own text (e.g. "<|im_end|>") is not output unless asked for.
             text = (
-                ""
-                if is_stop_token and not req.params.include_stop_str_in_output
-                else detok.add_tokens([tok.token_id])
+                "" if is_stop_token and not params.include_stop_str_in_output else detok.add_token(token_id)
             )
             status = None
             if is_stop_token or detok.stopped:
                 status = RequestStatus.FINISHED_STOPPED
-            elif req.num_output_tokens >= req.max_new_tokens or req.num_tokens >= self.session_len:
+            elif (
+                len(output_ids) >= params.max_new_tokens
+                or len(req.prompt_token_ids) + len(output_ids) >= session_len
+            ):
                 status = RequestStatus.FINISHED_LENGTH
-            lps = [tok.logprob] if tok.logprob is not None else []
+            lps = [logprob] if logprob is not None else []
             if status is not None:
-                outputs.append(self._finish(req, status, [tok.token_id], text, lps))
+                outputs.append(self._finish(req, status, [token_id], text, lps))
             else:
-                outputs.append(self._output(req, [tok.token_id], text, None, lps))
+                outputs.append(
+                    RequestOutput(
+                        req.request_id,
+                        [token_id],
+                        text,
+                        False,
+                        None,
+                        len(req.prompt_token_ids),
+                        len(output_ids),
+                        req.num_cached_tokens,
+                        lps,
+                    )
+                )
         return outputs
 
     def _finish(

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from hotloop.messages import TokenLogprob
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """The increment one request made in one engine step.
 

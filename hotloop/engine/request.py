@@ -25,7 +25,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in _FINISHED
+        return self._finished  # type: ignore[attr-defined,no-any-return]  # set below: hashing an Enum is slow
 
     @property
     def finish_reason(self) -> FinishReason | None:
@@ -33,6 +33,8 @@ class RequestStatus(enum.Enum):
 
 
 _FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+for _status in RequestStatus:
+    object.__setattr__(_status, "_finished", _status in _FINISHED)
 _REASONS = {
     RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
     RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,

@@ -97,17 +97,28 @@ class Scheduler:
         bs = bm.block_size
         now = time.monotonic()
 
+        session_len = self.config.session_len
+        scheduled = out.scheduled
         idx = 0
         while idx < len(self.running):
             req = self.running[idx]
-            remaining = req.num_scheduled_tokens - req.num_computed_tokens
+            # The known tokens (``num_scheduled_tokens``) and ``generation_done``, inlined: this loop
+            # runs for every running request every step.
+            num_out = len(req.output_token_ids)
+            pending = req.num_pending_tokens
+            known = len(req.prompt_token_ids) + num_out + pending
+            start = req.num_computed_tokens
+            remaining = known - start
             n = remaining if remaining == 1 else min(remaining, budget)
-            if n == 0 or req.generation_done or req.num_scheduled_tokens >= self.config.session_len:
+            if (
+                n == 0
+                or (pending > 0 and num_out + pending >= req.params.max_new_tokens)
+                or known >= session_len
+            ):
                 idx += 1
                 continue
-            start = req.num_computed_tokens
             if n == 1 and start < len(req.block_ids) * bs:  # a decode with room in its last block
-                out.scheduled.append(ScheduledRequest(req, 1, start, start + 1 == req.num_scheduled_tokens))
+                scheduled.append(ScheduledRequest(req, 1, start, start + 1 == known))
                 idx += 1
                 continue
             while not bm.can_allocate(req, n):

@@ -104,6 +104,13 @@ class InputBuffers:
         rows: list[int] = []
         t = 0
         decode_only = True
+        # Single-token rows (every row of a decode step) are gathered in lists and written with one
+        # numpy assignment each after the loop: element-wise numpy writes cost ~0.1 us apiece.
+        one_t: list[int] = []
+        one_ids: list[int] = []
+        one_pos: list[int] = []
+        one_slots: list[int] = []
+        starts: list[int] = []
         for i, s in enumerate(out.scheduled):
             req = s.request
             n = s.num_tokens
@@ -131,27 +138,41 @@ class InputBuffers:
                 fix_reqs.append(req)
             delta = req.position_delta
             if n == 1:
-                p0 = req.num_prompt_tokens
+                p0 = len(req.prompt_token_ids)
+                one_t.append(t)
                 if pi is not None:
-                    ids[t] = 0
+                    one_ids.append(0)
                 else:
-                    ids[t] = req.output_token_ids[start - p0] if start >= p0 else req.prompt_token_ids[start]
-                pos[t] = start + delta
-                slots[t] = blocks[start // bs] * bs + start % bs
+                    one_ids.append(
+                        req.output_token_ids[start - p0] if start >= p0 else req.prompt_token_ids[start]
+                    )
+                one_pos.append(start + delta)
+                one_slots.append(blocks[start // bs] * bs + start % bs)
             else:
                 decode_only = False
                 ids[t : t + n] = known_token_ids(req, start, end)
                 p = np.arange(start, end, dtype=np.int64)
                 pos[t : t + n] = p + delta
                 slots[t : t + n] = np.asarray(blocks, dtype=np.int64)[p // bs] * bs + p % bs
-            qs[i] = t
-            lens[i] = end
+            starts.append(t)
             t += n
             query_lens.append(n)
             seq_lens.append(end)
             if s.samples:
                 rows.append(t - 1)
         b = len(out.scheduled)
+        if one_t:
+            if len(one_t) == t:  # all rows are single tokens: they are rows 0..t-1 in order
+                ids[:t] = one_ids
+                pos[:t] = one_pos
+                slots[:t] = one_slots
+            else:
+                where = np.asarray(one_t, dtype=np.int64)
+                ids[where] = one_ids
+                pos[where] = one_pos
+                slots[where] = one_slots
+        qs[:b] = starts
+        lens[:b] = seq_lens
         qs[b] = t
         nseq = b
         ntok = t

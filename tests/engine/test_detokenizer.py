@@ -215,3 +215,44 @@ def test_stop_string_on_special_token_text(tokenizer: Any) -> None:
     ids = encode(tokenizer, "Answer: 42") + [tokenizer.eos_token_id] + encode(tokenizer, " junk")
     pieces, detok = stream(tokenizer, ids, skip_special_tokens=False, stop_words=("<|im_end|>",))
     assert "".join(pieces) == "Answer: 42" and detok.stopped
+
+
+# --- the byte-table fast path -------------------------------------------------------------------
+
+
+class _NoBackend:
+    """The same tokenizer seen without its Rust backend: forces the general decode-window path."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
+
+
+def test_byte_level_tokenizer_takes_the_table_path(tokenizer: Any) -> None:
+    from hotloop.engine.detokenizer import byte_table
+
+    for skip in (True, False):
+        table = byte_table(tokenizer, skip)
+        assert table is not None and len(table) >= tokenizer.vocab_size
+        assert IncrementalDetokenizer(tokenizer, [], skip_special_tokens=skip)._table is table
+    assert byte_table(tokenizer, True)[tokenizer.eos_token_id] == b""  # type: ignore[index]
+    assert byte_table(tokenizer, False)[tokenizer.eos_token_id] == b"<|im_end|>"  # type: ignore[index]
+    assert byte_table(_NoBackend(tokenizer), True) is None
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_table_path_equals_full_decode_on_random_ids(tokenizer: Any, skip: bool) -> None:
+    """Random ids (special tokens, bytes that are no valid UTF-8, characters split anyhow): the
+    streamed text equals a full decode, and the general path gives the same pieces' total."""
+    rng = random.Random(7)
+    n = len(tokenizer)
+    for _ in range(60):
+        ids = [rng.randrange(n) for _ in range(rng.randint(1, 40))]
+        fast = IncrementalDetokenizer(tokenizer, [], skip_special_tokens=skip)
+        slow = IncrementalDetokenizer(_NoBackend(tokenizer), [], skip_special_tokens=skip)  # type: ignore[arg-type]
+        assert fast._table is not None and slow._table is None
+        got = "".join(fast.add_tokens([i]) for i in ids) + fast.flush()
+        ref = "".join(slow.add_tokens([i]) for i in ids) + slow.flush()
+        assert got == ref == tokenizer.decode(ids, skip_special_tokens=skip)
