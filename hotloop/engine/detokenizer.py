@@ -57,6 +57,28 @@ def byte_table(tokenizer: Any, skip_special_tokens: bool) -> list[bytes] | None:
     return table
 
 
+def text_table(tokenizer: Any, skip_special_tokens: bool) -> list[str | None] | None:
+    """``byte_table``'s entries as text where a token's bytes are whole UTF-8 characters on their
+    own (``None`` where they are not): such a token, arriving when no character is in progress,
+    needs no decoding at all."""
+    table = byte_table(tokenizer, skip_special_tokens)
+    if table is None:
+        return None
+    cache = getattr(tokenizer, _TABLE_ATTR, None)
+    key = ("text", skip_special_tokens)
+    if cache is not None and key in cache:
+        return cache[key]  # type: ignore[no-any-return]
+    texts: list[str | None] = []
+    for b in table:
+        try:
+            texts.append(b.decode("utf-8"))
+        except UnicodeDecodeError:
+            texts.append(None)
+    if cache is not None:
+        cache[key] = texts
+    return texts
+
+
 def _build_byte_table(tokenizer: Any, skip_special_tokens: bool) -> list[bytes] | None:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True) is not False:
@@ -143,6 +165,7 @@ class IncrementalDetokenizer:
         # Without stop strings nothing is ever held back or taken back: the table path then keeps
         # the emitted pieces in a list (no copy of the whole text per token).
         self._fast = self._table is not None and not self._stop_words
+        self._texts = text_table(tokenizer, skip_special_tokens) if self._fast else None
         self._pieces: list[str] = []
         self._prefix_offset = 0
         self._read_offset = 0
@@ -178,8 +201,14 @@ class IncrementalDetokenizer:
             return ""
         self._ids.append(token_id)
         table = self._table
-        assert table is not None
-        piece = self._utf8.decode(table[token_id]) if 0 <= token_id < len(table) else ""
+        texts = self._texts
+        assert table is not None and texts is not None
+        if not 0 <= token_id < len(table):
+            return ""
+        piece = texts[token_id]
+        # No character in progress (the decoder holds no bytes) and the token is whole characters.
+        if piece is None or self._utf8.getstate()[0]:
+            piece = self._utf8.decode(table[token_id])
         if piece:
             self._pieces.append(piece)
         return piece

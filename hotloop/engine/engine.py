@@ -220,8 +220,7 @@ class Engine:
         for req in self.scheduler.running:
             if not req.num_pending_tokens:
                 continue
-            p = req.params
-            if p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+            if req.needs_output_history:
                 return False
             if req.num_computed_tokens % bs == 0:
                 free -= 1

@@ -94,6 +94,15 @@ class Request:
     # its blocks were freed (preemption gives it new blocks).
     serial: int = field(default_factory=lambda: next(_serials))
     block_epoch: int = 0
+    # Penalties read the output history on the device: such a request's pending token must reach
+    # the host before the next step is scheduled (set from ``params``).
+    needs_output_history: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.needs_output_history = (
+            p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+        )
 
     @property
     def num_prompt_tokens(self) -> int:

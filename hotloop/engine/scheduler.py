@@ -178,8 +178,11 @@ class Scheduler:
         """Record that the executor computed (or, overlapped, was handed) this step's tokens; a
         request that samples now has a pending token until the engine collects it."""
         bm = self.block_manager
+        caching = bm.prefix_cache is not None
         for s in out.scheduled:
-            s.request.num_computed_tokens += s.num_tokens
+            req = s.request
+            req.num_computed_tokens += s.num_tokens
             if s.samples:
-                s.request.num_pending_tokens += 1
-            bm.cache_full_blocks(s.request)
+                req.num_pending_tokens += 1
+            if caching:
+                bm.cache_full_blocks(req)
