@@ -1,6 +1,6 @@
 """Triton building blocks for the int8 / int4 KV cache (the format is defined in ``kv_quant.py``).
 
-Reading (attention): ``load_kv_codes`` turns a tile of cache rows into float32 codes
+Reading (attention): ``load_kv_codes`` turns a tile of cache rows into codes in the model dtype
 ``[N, BLOCK_D]`` in natural head-dim order (int4: byte ``d // 2``, low nibble for even ``d``),
 reading each row's packed bytes as one contiguous run;
 ``load_kv_params`` reads each row's scale and zero (stored in the model dtype right after the
@@ -30,24 +30,26 @@ _ROUND_MAGIC = tl.constexpr(12582912.0)
 
 
 @triton.jit
-def load_kv_codes(rows, mask_n, BLOCK_D: tl.constexpr, NPACK: tl.constexpr, QUANT: tl.constexpr):
-    """Codes of cache rows ``rows`` (``[N]`` uint8 pointers to each row's first byte) as float32
-    ``[N, BLOCK_D]`` in natural head-dim order (0 for rows off ``mask_n`` and past the row).
+def load_kv_codes(rows, mask_n, dtype_ptr, BLOCK_D: tl.constexpr, NPACK: tl.constexpr, QUANT: tl.constexpr):
+    """Codes of cache rows ``rows`` (``[N]`` uint8 pointers to each row's first byte) as
+    ``[N, BLOCK_D]`` values of ``dtype_ptr``'s element type (the model dtype: codes up to 255 are
+    exact in fp16 and bf16), in natural head-dim order; 0 for rows off ``mask_n`` and past the row.
 
     The packed bytes are read as one contiguous run per row (so Triton can vectorize the loads when
     it knows the rows' alignment); int4 nibbles are split and interleaved in registers (value
     ``2i`` is byte ``i``'s low nibble, ``2i + 1`` its high one)."""
+    dt = dtype_ptr.dtype.element_ty
     if QUANT == 8:
         offs = tl.arange(0, BLOCK_D)
         b = tl.load(rows[:, None] + offs[None, :], mask=mask_n[:, None] & (offs < NPACK)[None, :], other=0)
-        return b.to(tl.float32)
+        return b.to(dt)
     else:
         offs_p = tl.arange(0, BLOCK_D // 2)
         b = tl.load(
             rows[:, None] + offs_p[None, :], mask=mask_n[:, None] & (offs_p < NPACK)[None, :], other=0
         )
-        lo = (b & 15).to(tl.float32)
-        hi = (b >> 4).to(tl.float32)
+        lo = (b & 15).to(dt)
+        hi = (b >> 4).to(dt)
         return tl.reshape(tl.join(lo, hi), [rows.shape[0], BLOCK_D])
 
 

@@ -10,7 +10,8 @@ Sequences with ``seq_len == 0`` (padding rows of a graph) produce zeros.
 A quantized (``uint8``, int8 or int4, see ``kv_quant.py``) cache runs the same kernel with
 ``QUANT`` 8 or 4: each K/V tile is read as codes plus per-row scale and zero and dequantized in
 registers. Scores take the K scale and zero after the dot, ``s = (q . codes) * scale + sum(q) * zero``,
-so the dot runs on the exact integer codes; V is dequantized to q's dtype before its dot. With
+so the dot runs on the exact integer codes; V's scale goes onto the probabilities and its zero into
+a row sum, ``o += (p * scale) . codes + sum(p * zero)``, so V's codes need no arithmetic either. With
 ``QUANT == 0`` the float path compiles exactly as before.
 """
 
@@ -110,9 +111,9 @@ def _decode_kernel(
         else:
             # kvh * ROW, not kvh * stride_kh: a constexpr row width lets Triton vectorize the loads
             k_rows = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * ROW  # [BLOCK_N]
-            k_codes = load_kv_codes(k_rows, mask_n, BLOCK_D, NPACK, QUANT)  # [BLOCK_N, BLOCK_D] float32
+            k_codes = load_kv_codes(k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT)  # [BLOCK_N, BLOCK_D]
             k_scale, k_zero = load_kv_params(k_rows, mask_n, q_ptr, NPACK)
-            s = tl.dot(q, tl.trans(k_codes.to(q.dtype)))
+            s = tl.dot(q, tl.trans(k_codes))
             s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -131,10 +132,14 @@ def _decode_kernel(
             )
         else:
             v_rows = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * ROW
-            v_codes = load_kv_codes(v_rows, mask_n, BLOCK_D, NPACK, QUANT)
+            v_codes = load_kv_codes(v_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT)
             v_scale, v_zero = load_kv_params(v_rows, mask_n, q_ptr, NPACK)
-            v = (v_codes * v_scale[:, None] + v_zero[:, None]).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            # sum_n p_n (c_n s_n + z_n) = (p * s) . c + sum_n p_n z_n: the scale goes onto the
+            # probabilities, so the codes need no per-element arithmetic before the dot.
+            pv = (p * v_scale[None, :]).to(v_codes.dtype)
+            acc = acc * alpha[:, None] + tl.dot(pv, v_codes) + tl.sum(p * v_zero[None, :], 1)[:, None]
+        if QUANT == 0:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
     safe_l = tl.where(l_i > 0.0, l_i, 1.0)
