@@ -132,15 +132,14 @@ class InputBuffers:
                     rows_seen[i] = (rid, nb)
                 else:
                     rows_seen.append((rid, nb))
-            pi = pending_index(req, start, n)
-            if pi is not None:
-                fix.append(t + pi)
-                fix_reqs.append(req)
             delta = req.position_delta
             if n == 1:
                 p0 = len(req.prompt_token_ids)
                 one_t.append(t)
-                if pi is not None:
+                # ``pending_index`` inlined for one token: the pending token sits at num_tokens
+                if req.num_pending_tokens and p0 + len(req.output_token_ids) == start:
+                    fix.append(t)
+                    fix_reqs.append(req)
                     one_ids.append(0)
                 else:
                     one_ids.append(
@@ -149,6 +148,10 @@ class InputBuffers:
                 one_pos.append(start + delta)
                 one_slots.append(blocks[start // bs] * bs + start % bs)
             else:
+                pi = pending_index(req, start, n)
+                if pi is not None:
+                    fix.append(t + pi)
+                    fix_reqs.append(req)
                 decode_only = False
                 ids[t : t + n] = known_token_ids(req, start, end)
                 p = np.arange(start, end, dtype=np.int64)
