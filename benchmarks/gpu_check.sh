@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call that re-checks the open GPU items, one lane per GPU of an `nvidia-h200-x2`
+# machine (on one GPU the lanes run one after the other):
+#
+#   bash benchmarks/gpu_check.sh OUT_DIR
+#
+# lane 0: every GPU test (`pytest -m gpu`, 8 workers; tests/cli needs pexpect, absent there), then
+#         batch-1 decode with fp16 and int8 KV, then the step profile with int8 KV
+# lane 1: the KV-bound offline run with int8 KV (issue 6; fp16 took 341.6 s on 2026-11-30)
+# Expects the wheels of `.whl` installed on PYTHONPATH (see ../shared/GPU.md). Prints each lane's
+# summary; the logs and JSON stay under OUT_DIR.
+set -u
+out=${1:?OUT_DIR}
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
+ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
+lane0() {
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 300 python3 -m pytest -m gpu -n 8 tests --ignore=tests/cli -q -rfE -p no:cacheprovider \
+    >"$out/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?"
+  tail -15 "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  bash "$here/run_capacity.sh" bs1 "$out/cap" 100
+  timeout 100 python3 "$here/profile_step.py" --out "$out/prof_q8.json" --quant-policy 8 \
+    --cases "decode 1@128,decode 256" >"$out/prof_q8.log" 2>&1
+  echo "profile rc=$?"
+  grep -A4 "decode 1@128\|decode 256" "$out/prof_q8.log" | grep -v "^ *[a-z_]*(" | head -12
+}
+lane1() {
+  export CUDA_VISIBLE_DEVICES=$((ngpu > 1 ? 1 : 0))
+  bash "$here/run_capacity.sh" kv_int8 "$out/cap" 420
+}
+if [ "$ngpu" -gt 1 ]; then
+  lane0 >"$out/lane0.txt" 2>&1 &
+  lane1 >"$out/lane1.txt" 2>&1 &
+  wait
+else
+  lane0 >"$out/lane0.txt" 2>&1
+  lane1 >"$out/lane1.txt" 2>&1
+fi
+cat "$out/lane0.txt" "$out/lane1.txt"
