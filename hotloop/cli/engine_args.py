@@ -24,7 +24,8 @@ _HELP = {
     "disable_overlap_schedule": "collect each step before scheduling the next (by default the host prepares step N+1 while the GPU runs step N)",
     "load_format": f"weights: {', '.join(LOAD_FORMATS)} (dummy: random weights from the config)",
     "seed": "engine-wide random seed",
-    "vision_max_batch_size": "most images the vision encoder runs at once (vision-language models)",
+    "vision_max_batch_size": "most images the vision encoder runs at once, counting each tile of a tiled model "
+    "(LLaVA-NeXT, InternVL) as one image (vision-language models)",
 }
 
 

@@ -60,16 +60,44 @@ def _overlap(img: ImageInput, start: int, end: int) -> tuple[int, int] | None:
     return (lo, hi) if lo < hi else None
 
 
+def encoder_units(img: ImageInput) -> int:
+    """What an image costs the vision encoder, in encoder inputs: its tiles for a tiled model
+    (pixels ``[tiles, 3, H, W]``: LLaVA-NeXT, InternVL), else 1 (one ``[3, H, W]`` image, or
+    Qwen2-VL's patch sequence)."""
+    pv = img.pixel_values
+    return int(pv.shape[0]) if pv.dim() == 4 else 1
+
+
+def _batches(
+    todo: list[tuple[Any, int, ImageInput]], max_units: int
+) -> list[list[tuple[Any, int, ImageInput]]]:
+    """Consecutive runs of ``todo`` whose encoder units add up to at most ``max_units`` (an image
+    larger than that on its own goes alone)."""
+    out: list[list[tuple[Any, int, ImageInput]]] = []
+    run: list[tuple[Any, int, ImageInput]] = []
+    used = 0
+    for item in todo:
+        units = encoder_units(item[2])
+        if run and used + units > max_units:
+            out.append(run)
+            run, used = [], 0
+        run.append(item)
+        used += units
+    if run:
+        out.append(run)
+    return out
+
+
 def encode_missing(model: VisionLanguageModel, scheduled: Sequence[Scheduled], max_batch: int = 16) -> None:
-    """Encode every image this step touches that the request has no embeddings for yet."""
+    """Encode every image this step touches that the request has no embeddings for yet, in encoder
+    batches of at most ``max_batch`` encoder inputs (tiles, for tiled models: see ``encoder_units``)."""
     todo: list[tuple[Any, int, ImageInput]] = []
     for s in scheduled:
         req = s.request
         for i, img in enumerate(req.mm_inputs):
             if i not in req.mm_embeds and _overlap(img, s.start, s.start + s.num_tokens):
                 todo.append((req, i, img))
-    for b in range(0, len(todo), max_batch):
-        chunk = todo[b : b + max_batch]
+    for chunk in _batches(todo, max_batch):
         embeds = encode(model, [img for _r, _i, img in chunk])
         for (req, i, img), emb in zip(chunk, embeds, strict=True):
             if emb.shape[0] != img.length:
