@@ -119,7 +119,7 @@ class Pipeline:
             raise RequestError(
                 f"this model ({self.built.model_config.architecture}) does not take images", "images"
             )
-        text, images = attach_images(prompt, self.vl.placeholder)
+        text, images = attach_images(prompt, self.vl.placeholder, self.vl.marker)
         return self.vl.expand(self.encode(text, do_preprocess), images, self.image_fetch_policy)
 
     @property

@@ -35,9 +35,12 @@ class VLProcessor(abc.ABC):
 
     name = "vl"
 
-    def __init__(self, image_token_id: int, placeholder: str) -> None:
+    def __init__(self, image_token_id: int, placeholder: str, marker: str | None = None) -> None:
         self.image_token_id = image_token_id
         self.placeholder = placeholder
+        # The text that shows a prompt already places its images (the image token; the placeholder
+        # may wrap it, as Qwen2-VL's <|vision_start|><|image_pad|><|vision_end|> does).
+        self.marker = marker or placeholder
 
     @abc.abstractmethod
     def preprocess(self, image: Any) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -193,8 +196,10 @@ class Qwen2VLProcessor(VLProcessor):
 
     name = "qwen2_vl"
 
-    def __init__(self, hf_config: Any, image_config: Qwen2VLImageConfig, placeholder: str) -> None:
-        super().__init__(int(hf_config.image_token_id), placeholder)
+    def __init__(
+        self, hf_config: Any, image_config: Qwen2VLImageConfig, placeholder: str, marker: str | None = None
+    ) -> None:
+        super().__init__(int(hf_config.image_token_id), placeholder, marker)
         vc = hf_config.vision_config
         tower = (
             int(vc.patch_size),
@@ -272,6 +277,7 @@ def build_vl_processor(model_path: str | Path, hf_config: Any, tokenizer: Any) -
     if arch in QWEN2_VL_ARCHITECTURES:
         pieces = (hf_config.vision_start_token_id, hf_config.image_token_id, hf_config.vision_end_token_id)
         placeholder = "".join(tokenizer.convert_ids_to_tokens(int(i)) for i in pieces)
+        marker = tokenizer.convert_ids_to_tokens(int(hf_config.image_token_id))
         qwen_config = Qwen2VLImageConfig.from_dict(read_image_processor_config(model_path))
-        return Qwen2VLProcessor(hf_config, qwen_config, placeholder)
+        return Qwen2VLProcessor(hf_config, qwen_config, placeholder, marker)
     return None

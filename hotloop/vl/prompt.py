@@ -97,22 +97,29 @@ def flatten_messages(messages: Sequence[Message], placeholder: str) -> tuple[lis
     return out, images
 
 
-def place_images(text: str, num_images: int, placeholder: str) -> str:
-    """``text`` with one placeholder per image in front of it, unless it already has placeholders."""
-    if num_images == 0 or placeholder in text:
+def place_images(text: str, num_images: int, placeholder: str, marker: str | None = None) -> str:
+    """``text`` with one placeholder per image in front of it, unless it already places images:
+    it holds ``marker`` (the image token itself, e.g. Qwen2-VL's bare ``<|image_pad|>``, which
+    transformers' processor accepts as well as the full ``<|vision_start|>..<|vision_end|>``
+    placeholder), or the placeholder when no marker is given."""
+    if num_images == 0 or (marker or placeholder) in text:
         return text
     return (placeholder + "\n") * num_images + text
 
 
-def attach_images(prompt: VLPrompt, placeholder: str) -> tuple[str | list[Message], list[Any]]:
+def attach_images(
+    prompt: VLPrompt, placeholder: str, marker: str | None = None
+) -> tuple[str | list[Message], list[Any]]:
     """A ``VLPrompt`` -> (text or flattened messages with placeholders, all images in order)."""
     if isinstance(prompt.prompt, str):
-        return place_images(prompt.prompt, len(prompt.images), placeholder), list(prompt.images)
+        return place_images(prompt.prompt, len(prompt.images), placeholder, marker), list(prompt.images)
     messages, found = flatten_messages(prompt.prompt, placeholder)
     if prompt.images:  # extra images join the last user message
         for m in reversed(messages):
             if m.get("role") == "user":
-                m["content"] = place_images(str(m.get("content", "")), len(prompt.images), placeholder)
+                m["content"] = place_images(
+                    str(m.get("content", "")), len(prompt.images), placeholder, marker
+                )
                 break
         else:
             raise RequestError("images were given but the messages have no user message", "messages")

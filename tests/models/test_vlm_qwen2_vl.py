@@ -130,7 +130,8 @@ def test_qwen2_vl_pipeline(make_tiny_qwen2_vl: Callable[[str], Path], images: li
         add_generation_prompt=True,
         tokenize=False,
     )
-    refs = [(PROMPTS[0][0], [images[0]]), (chat, [images[1], images[3]])]
+    bare = "Look: <|image_pad|> what is it?"  # the image token without vision_start / vision_end
+    refs = [(PROMPTS[0][0], [images[0]]), (chat, [images[1], images[3]]), (bare, [images[2]])]
     expected = [out for _ids, out in hf_qwen2_vl_greedy(path, refs, MAX_NEW)]
     messages = [
         {
@@ -148,3 +149,5 @@ def test_qwen2_vl_pipeline(make_tiny_qwen2_vl: Callable[[str], Path], images: li
     with pipeline(str(path), cfg) as pipe:
         assert pipe(("What is shown here?", images[0]), gen, do_preprocess=False).token_ids == expected[0]
         assert pipe(messages, gen).token_ids == expected[1]
+        # A bare <|image_pad|> places the image where it is, as transformers' processor does.
+        assert pipe((bare, images[2]), gen, do_preprocess=False).token_ids == expected[2]
