@@ -31,8 +31,10 @@ Which launch: :func:`choose_config` gives a static choice per path and M (``TUNE
 on a GPU instead times a few candidates once per (device, dtype, M bucket, N, K, group) -- each
 in a CUDA graph with the L2 cache flushed before every launch, so that what is measured is the
 kernel streaming its weights from memory, as in a decode step -- and keeps the fastest
-(``tuning_log`` holds the timings). Set ``HOTLOOP_W4A16_TUNE=0`` to use the static choice; during
-a CUDA-graph capture an untuned shape also gets the static choice.
+(``tuning_log`` holds the timings). The choice is also kept on disk (``tuning_cache``, keyed by the
+GPU's name and the torch and Triton versions), so the next start on the same GPU does not time
+again. Set ``HOTLOOP_W4A16_TUNE=0`` to use the static choice; during a CUDA-graph capture an
+untuned shape also gets the static choice.
 
 The torch reference is ``kernels.reference.w4a16_matmul``; the layout is in ``kernels.w4a16_layout``.
 """
@@ -48,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hotloop.kernels import tuning_cache
 from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
 
 PATHS = ("auto", "gemv", "splitk", "tiled")
@@ -621,6 +624,41 @@ def _tune(
 
 
 _plans: dict[tuple, GemmConfig] = {}
+_disk: dict[str, dict] | None = None
+TUNING_FAMILY = "w4a16_gemm"
+
+
+def disk_key(tkey: tuple) -> str:
+    """The on-disk key of a tuning key ``(device index, dtype, M bucket, N, K, group)``: the GPU's
+    name and the compiler versions instead of the device index."""
+    index, dtype, mb, n, k, group = tkey
+    name = torch.cuda.get_device_name(index) if torch.cuda.is_available() else "cpu"
+    return f"{tuning_cache.environment_key(name)}|{dtype}|m{mb}|n{n}|k{k}|g{group}"
+
+
+def config_from_dict(d: dict) -> GemmConfig | None:
+    """A stored config, or None when it does not describe a valid one (an older or foreign file)."""
+    try:
+        return GemmConfig(**d)
+    except (TypeError, ValueError):
+        return None
+
+
+def _from_disk(tkey: tuple) -> GemmConfig | None:
+    global _disk
+    if _disk is None:
+        _disk = tuning_cache.load(TUNING_FAMILY)
+    d = _disk.get(disk_key(tkey))
+    return config_from_dict(d) if d is not None else None
+
+
+def _to_disk(tkey: tuple, cfg: GemmConfig) -> None:
+    from dataclasses import asdict
+
+    key = disk_key(tkey)
+    tuning_cache.store(TUNING_FAMILY, key, asdict(cfg))
+    if _disk is not None:
+        _disk[key] = asdict(cfg)
 
 
 def _plan(
@@ -642,11 +680,13 @@ def _plan(
         return cfg
     if tune:
         tkey = (_device_index(dev), x2.dtype, m_bucket(m), n, k, group_size)
-        best = _tuned.get(tkey)
+        best = _tuned.get(tkey) or _from_disk(tkey)
         if best is None:
             if torch.cuda.is_current_stream_capturing():
                 return choose_config(m, n, k, group_size, dev)  # not remembered: tune outside the capture
-            best = _tuned[tkey] = _tune(x2, qweight, qzeros, scales, group_size)
+            best = _tune(x2, qweight, qzeros, scales, group_size)
+            _to_disk(tkey, best)
+        _tuned[tkey] = best
         # a dot launch's tiles cover any m of the bucket; the gemv takes its rows as a constant
         cfg = replace(best, block_m=m) if best.kind == "gemv" else best
     else:
