@@ -91,6 +91,9 @@ class SimExecutor:
     def execute(self, out: SchedulerOutput) -> list[SampledToken]:
         return self.collect(self.launch(out))
 
+    def estimate_s(self, out: SchedulerOutput) -> float:
+        return self.cost.step_s(out)
+
     def score(self, request: Any, start: int, num_tokens: int) -> list[float]:
         raise RuntimeError("the simulated executor runs no model")
 
@@ -171,12 +174,7 @@ def main() -> int:
     )
     ap.add_argument("--max-prefill-token-num", type=int, default=8192)
     ap.add_argument("--no-overlap", action="store_true")
-    ap.add_argument(
-        "--jit-lead-ms",
-        type=float,
-        default=None,
-        help="(experiment) with overlap, schedule the next step only this long before the GPU runs dry",
-    )
+    ap.add_argument("--jit-schedule", action="store_true", help="the engine's just-in-time scheduling")
     ap.add_argument("--port", type=int, default=23555)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -206,19 +204,9 @@ def main() -> int:
         eos_token_ids=(tok.eos_token_id,),
     )
     ex = SimExecutor(cost, len(tok))
-    engine = Engine(ex, tok, mc, cache, sched_cfg, overlap=not args.no_overlap)
-    if args.jit_lead_ms is not None:
-        lead = args.jit_lead_ms / 1e3
-        orig_step = engine.step
-
-        def jit_step() -> Any:
-            if engine._inflight is not None:
-                wait = ex.gpu_free_at - lead - time.perf_counter()
-                if wait > 0:
-                    time.sleep(wait)
-            return orig_step()
-
-        engine.step = jit_step  # type: ignore[method-assign]
+    engine = Engine(
+        ex, tok, mc, cache, sched_cfg, overlap=not args.no_overlap, jit_schedule=args.jit_schedule
+    )
     app = create_app(SimBuilt(engine, path, mc, "sim", "sim", tok), ServerArgs())
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
@@ -245,7 +233,7 @@ def main() -> int:
     result = {
         "cost_model": cost.__dict__,
         "overlap": not args.no_overlap,
-        "jit_lead_ms": args.jit_lead_ms,
+        "jit_schedule": args.jit_schedule,
         "max_prefill_token_num": args.max_prefill_token_num,
         "measured": {k: got[k] for k in ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")},
         "ideal_no_host": ref,

@@ -60,6 +60,7 @@ class EngineConfig:
     model_format: str | None = None
     eager_mode: bool = False
     disable_overlap_schedule: bool = False
+    jit_schedule: bool = False
     load_format: str = "auto"
     seed: int = 0
     vision_max_batch_size: int = 16

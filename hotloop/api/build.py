@@ -71,6 +71,7 @@ def build_engine(model: str | None, config: EngineConfig | None = None) -> Built
             session_len=session_len,
         ),
         overlap=not config.disable_overlap_schedule,
+        jit_schedule=config.jit_schedule,
     )
     if device.type == "cuda":
         warm_up(engine)

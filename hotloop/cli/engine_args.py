@@ -22,6 +22,8 @@ _HELP = {
     "model_format": "weight format: hf, gguf, awq (default: detected)",
     "eager_mode": "disable CUDA graphs",
     "disable_overlap_schedule": "collect each step before scheduling the next (by default the host prepares step N+1 while the GPU runs step N)",
+    "jit_schedule": "(experimental) with overlap, schedule the next step just before the GPU is expected to finish "
+    "the current one, so that requests arriving meanwhile join it (lower TTFT; timing only, outputs unchanged)",
     "load_format": f"weights: {', '.join(LOAD_FORMATS)} (dummy: random weights from the config)",
     "seed": "engine-wide random seed",
     "vision_max_batch_size": "most images the vision encoder runs at once, counting each tile of a tiled model "

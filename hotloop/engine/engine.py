@@ -11,12 +11,20 @@ stop checks and detokenization run while the GPU computes. A request's token fro
 one wasted token per finishing request (computed, then dropped). Requests whose next step needs
 their whole history on the host (repetition/presence/frequency penalties) and steps that must
 preempt are not overlapped: the engine collects first. Outputs are identical either way.
+
+Just-in-time scheduling (``jit_schedule=True``, with overlap; off by default): deciding step N+1
+before step N ends makes a request that arrives during N wait for N+2. With an executor that can
+estimate a step's device time (``estimate_s(out) -> seconds | None``), ``step()`` first sleeps until
+shortly before the step in flight is expected to end (the lead is the slowest of the host's recent
+schedule-and-launch times, with a margin), so late arrivals join the next step while the host's
+work stays hidden. It changes timing only, never outputs.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -69,10 +77,17 @@ class Engine:
         cache_config: CacheConfig,
         scheduler_config: SchedulerConfig,
         overlap: bool = False,
+        jit_schedule: bool = False,
     ) -> None:
         self.executor = executor
         self.overlap = overlap and hasattr(executor, "launch") and hasattr(executor, "collect")
+        self.jit_schedule = self.overlap and jit_schedule and hasattr(executor, "estimate_s")
         self._inflight: tuple[SchedulerOutput, Any] | None = None
+        # Just-in-time scheduling: when the step in flight started on the device (the host saw the
+        # step before it end), and an average of the host's schedule-to-launch time.
+        self._inflight_started_at: float | None = None
+        self._host_launch_s: deque[float] = deque(maxlen=32)  # the last steps' schedule-to-launch times
+        self.jit_wait_s = 0.0
         self._stash: list[RequestOutput] = []  # outputs collected outside step(), returned by the next
         self.num_overlapped_steps = 0
         self.tokenizer = tokenizer
@@ -181,6 +196,9 @@ class Engine:
 
     # -- the loop (one thread) -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self.jit_schedule:
+            self._wait_until_due()
+        t_host = time.perf_counter()
         outputs, self._stash = self._stash, []
         outputs += self._drain_inbox()
         if self._inflight is not None and not self._may_overlap():
@@ -196,13 +214,33 @@ class Engine:
             self.num_steps += 1
             return outputs + self._update(out, sampled)
         handle = self.executor.launch(out)  # type: ignore[attr-defined]
+        self._host_launch_s.append(time.perf_counter() - t_host)
         self.scheduler.advance(out)
         self.num_steps += 1
+        started: float | None = None
         if self._inflight is not None:
             outputs += self._collect()
+            started = time.perf_counter()  # the collected step ended: the new one runs from now
             self.num_overlapped_steps += 1
         self._inflight = (out, handle)
+        self._inflight_started_at = started
         return outputs
+
+    def _wait_until_due(self) -> None:
+        """Sleep until the step in flight is expected to end, less the host's lead time."""
+        if self._inflight is None or self._inflight_started_at is None:
+            return
+        est = self.executor.estimate_s(self._inflight[0])  # type: ignore[attr-defined]
+        if not est:
+            return
+        # The slowest recent launch (a step with prefill launches slower than a decode graph), with
+        # a margin: a late launch idles the GPU, which costs every running request.
+        lead = 1.2 * max(self._host_launch_s, default=0.0) + 0.5e-3
+        wait = self._inflight_started_at + est - lead - time.perf_counter()
+        if wait > 0:
+            wait = min(wait, 0.25)  # a bad estimate can never stall the loop for long
+            time.sleep(wait)
+            self.jit_wait_s += wait
 
     def _collect(self) -> list[RequestOutput]:
         """Wait for the step in flight and apply its sampled tokens."""

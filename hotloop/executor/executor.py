@@ -98,6 +98,7 @@ class LocalExecutor:
                 max_num_tokens=engine_config.max_prefill_token_num + engine_config.max_batch_size,
                 session_len=session_len,
                 use_cuda_graph=not engine_config.eager_mode,
+                measure_step_time=engine_config.jit_schedule,
                 vision_max_batch_size=engine_config.vision_max_batch_size,
             )
         else:
@@ -114,6 +115,11 @@ class LocalExecutor:
 
     def collect(self, handle: StepHandle) -> list[SampledToken]:
         return self.runner.collect(handle)
+
+    def estimate_s(self, out: SchedulerOutput) -> float | None:
+        """Expected device time of step ``out`` (None where the runner does not measure steps)."""
+        estimate = getattr(self.runner, "estimate_s", None)
+        return estimate(out) if estimate is not None else None
 
     def score(self, request: Request, start: int, num_tokens: int) -> list[float]:
         return self.runner.score(request, start, num_tokens)

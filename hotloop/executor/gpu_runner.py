@@ -53,8 +53,12 @@ class GpuModelRunner(ModelRunner):
         session_len: int,
         use_cuda_graph: bool = True,
         vision_max_batch_size: int = 16,
+        measure_step_time: bool = False,
     ) -> None:
         super().__init__(model, kv_caches, block_size, device, vision_max_batch_size)
+        # Device time of recent steps by kind (``estimate_s``; the engine's just-in-time scheduling)
+        self.measure_step_time = measure_step_time and device.type == "cuda"
+        self.step_time_s: dict[tuple[str, int], float] = {}
         width = -(-session_len // block_size) + 1
         self.buffers = InputBuffers(max_num_tokens, max_batch_size, width, block_size, device)
         self.graphs: DecodeGraphs | None = None
@@ -70,6 +74,7 @@ class GpuModelRunner(ModelRunner):
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self.wait_s = 0.0  # host time spent waiting for the sampled ids (the GPU's share of a step)
+        self._kind: tuple[str, int] | None = None
 
     def prepare(
         self, out: SchedulerOutput
@@ -85,22 +90,52 @@ class GpuModelRunner(ModelRunner):
         if step.pending_dst is not None and step.pending_reqs:
             self.patch_pending(step.input_ids, step.pending_dst, step.pending_reqs)
 
-    @torch.inference_mode()
-    def launch(self, out: SchedulerOutput) -> StepHandle:
-        mrope.ensure_positions(out.scheduled)
-        reqs = [s.request for s in out.scheduled if s.samples]
+    def _graph_bucket(self, out: SchedulerOutput) -> int | None:
+        """The decode graph that runs ``out``, or None (an eager or piecewise step)."""
         g = self.graphs
         b = len(out.scheduled)
         if (
             g is not None
             and b <= g.max_batch
-            and len(reqs) == b
-            and all(s.num_tokens == 1 for s in out.scheduled)
+            and all(s.num_tokens == 1 and s.samples for s in out.scheduled)
             and self.buffers.fits(out)
             and not merge.has_images(out.scheduled)
             and not mrope.needs_3d(out.scheduled)
         ):
-            bucket = g.bucket_for(b)
+            return g.bucket_for(b)
+        return None
+
+    def _step_kind(self, out: SchedulerOutput, bucket: int | None) -> tuple[str, int]:
+        if bucket is not None:
+            return ("graph", bucket)
+        tokens = sum(s.num_tokens for s in out.scheduled)
+        return ("eager", 1 << max(0, tokens - 1).bit_length())
+
+    def estimate_s(self, out: SchedulerOutput) -> float | None:
+        """Expected device time of ``out`` from recent steps of its kind (None: none measured yet)."""
+        if not self.measure_step_time:
+            return None
+        return self.step_time_s.get(self._step_kind(out, self._graph_bucket(out)))
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput) -> StepHandle:
+        start_event = None
+        if self.measure_step_time:
+            start_event = torch.cuda.Event(enable_timing=True)
+            start_event.record()
+        handle = self._launch(out)
+        if start_event is not None and handle.event is not None:
+            handle.start_event = start_event
+        return handle
+
+    def _launch(self, out: SchedulerOutput) -> StepHandle:
+        mrope.ensure_positions(out.scheduled)
+        reqs = [s.request for s in out.scheduled if s.samples]
+        g = self.graphs
+        b = len(out.scheduled)
+        bucket = self._graph_bucket(out)
+        self._kind = self._step_kind(out, bucket) if self.measure_step_time else None
+        if g is not None and bucket is not None:
             self._staged = True
             self._patch(self.buffers.prepare(out, padded_seqs=bucket))
             logits, greedy = g.run(bucket)
@@ -152,8 +187,9 @@ class GpuModelRunner(ModelRunner):
                 _to_pinned(result.top_ids),
                 _to_pinned(result.top_logprobs),
             )
-            handle.event = torch.cuda.Event()
+            handle.event = torch.cuda.Event(enable_timing=self.measure_step_time)
             handle.event.record()
+            handle.kind = self._kind
         return handle
 
     def collect(self, handle: StepHandle) -> list[SampledToken]:
@@ -161,6 +197,10 @@ class GpuModelRunner(ModelRunner):
             t0 = time.perf_counter()
             handle.event.synchronize()
             self.wait_s += time.perf_counter() - t0
+            if handle.start_event is not None and handle.kind is not None:
+                took = handle.start_event.elapsed_time(handle.event) / 1e3
+                old = self.step_time_s.get(handle.kind)
+                self.step_time_s[handle.kind] = took if old is None else old + 0.3 * (took - old)
         return super().collect(handle)
 
 

@@ -49,6 +49,8 @@ class StepHandle:
     rows: dict[int, int] = field(default_factory=dict)  # id(request) -> row of result.token_ids
     host: SamplerOutput | None = None  # pinned host copies, when the step ran on a GPU
     event: Any = None  # CUDA event recorded after the copies
+    start_event: Any = None  # CUDA timing event recorded before the step's first kernel (jit scheduling)
+    kind: Any = None  # the step's kind for the runner's step-time averages
 
 
 def pending_index(req: Request, start: int, num_tokens: int) -> int | None:
