@@ -2,7 +2,9 @@
 # One device call that re-checks the open GPU items, one lane per GPU of an `nvidia-h200-x2`
 # machine (on one GPU the lanes run one after the other):
 #
-#   bash benchmarks/gpu_check.sh OUT_DIR
+#   bash benchmarks/gpu_check.sh OUT_DIR          # the checks below
+#   bash benchmarks/gpu_check.sh OUT_DIR serve    # the issue-3 serving run, plain on GPU 0 and with
+#                                                 # --jit-schedule on GPU 1, side by side
 #
 # lane 0: every GPU test (`pytest -m gpu`, 8 workers; tests/cli needs pexpect, absent there), then
 #         batch-1 decode with fp16 and int8 KV, then the step profile with int8 KV
@@ -11,6 +13,7 @@
 # summary; the logs and JSON stay under OUT_DIR.
 set -u
 out=${1:?OUT_DIR}
+what=${2:-checks}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
@@ -30,6 +33,21 @@ lane1() {
   export CUDA_VISIBLE_DEVICES=$((ngpu > 1 ? 1 : 0))
   bash "$here/run_capacity.sh" kv_int8 "$out/cap" 420
 }
+serve() {  # gpu tag extra-flags...
+  local gpu=$1 tag=$2
+  shift 2
+  CUDA_VISIBLE_DEVICES=$gpu timeout 420 python3 "$here/run_serve.py" --out "$out/serve_$tag" \
+    --port $((23500 + gpu)) -- "$@" >"$out/serve_$tag.log" 2>&1
+  echo "[serve_$tag] rc=$?"
+  grep -E "Median TTFT|P99 TTFT|Median TPOT|P99 TPOT|Output token throughput|Failed" "$out/serve_$tag.log"
+}
+if [ "$what" = serve ]; then
+  serve 0 plain >"$out/lane0.txt" 2>&1 &
+  serve $((ngpu > 1 ? 1 : 0)) jit --jit-schedule >"$out/lane1.txt" 2>&1 &
+  wait
+  cat "$out/lane0.txt" "$out/lane1.txt"
+  exit 0
+fi
 if [ "$ngpu" -gt 1 ]; then
   lane0 >"$out/lane0.txt" 2>&1 &
   lane1 >"$out/lane1.txt" 2>&1 &
