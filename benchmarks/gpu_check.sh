@@ -42,9 +42,14 @@ serve() {  # gpu tag extra-flags...
   grep -E "Median TTFT|P99 TTFT|Median TPOT|P99 TPOT|Output token throughput|Failed" "$out/serve_$tag.log"
 }
 if [ "$what" = serve ]; then
-  serve 0 plain >"$out/lane0.txt" 2>&1 &
-  serve $((ngpu > 1 ? 1 : 0)) jit --jit-schedule >"$out/lane1.txt" 2>&1 &
-  wait
+  if [ "$ngpu" -gt 1 ]; then
+    serve 0 plain >"$out/lane0.txt" 2>&1 &
+    serve 1 jit --jit-schedule >"$out/lane1.txt" 2>&1 &
+    wait
+  else
+    serve 0 plain >"$out/lane0.txt" 2>&1
+    serve 0 jit --jit-schedule >"$out/lane1.txt" 2>&1
+  fi
   cat "$out/lane0.txt" "$out/lane1.txt"
   exit 0
 fi
