@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hotloop.kernels.launch_math import next_power_of_2
+
 # float32 min normal (torch.finfo(torch.float32).tiny): the reference's clamp before 1 / scale
 _F32_TINY = tl.constexpr(1.1754943508222875e-38)
 # Adding then subtracting 1.5 * 2**23 rounds a float32 in [0, 2**22) to the nearest integer, ties to
@@ -96,4 +98,4 @@ def quant_codes(x, zero, inv, QMAX: tl.constexpr):
 
 def block_packed(packed: int) -> int:
     """The power-of-two tile width covering ``packed`` bytes."""
-    return max(2, triton.next_power_of_2(packed))
+    return max(2, next_power_of_2(packed))

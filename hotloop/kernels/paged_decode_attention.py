@@ -24,6 +24,7 @@ import triton.language as tl
 from hotloop.kernels import kv_quant
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
 from hotloop.kernels.kv_quant_triton import load_kv_codes, load_kv_params
+from hotloop.kernels.launch_math import cdiv, next_power_of_2
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 16
@@ -215,7 +216,7 @@ def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
 def num_decode_splits(batch: int, num_kv_heads: int) -> int:
     """How many context splits per (sequence, KV head): enough programs to fill the GPU. A power of
     two, so that only five kernel variants exist (each is compiled once, see ``SPLIT_CHOICES``)."""
-    want = max(1, min(_MAX_SPLITS, triton.cdiv(_TARGET_PROGRAMS, batch * num_kv_heads)))
+    want = max(1, min(_MAX_SPLITS, cdiv(_TARGET_PROGRAMS, batch * num_kv_heads)))
     return 1 << (want.bit_length() - 1)
 
 
@@ -257,8 +258,8 @@ def paged_decode_attention(
     check(out.shape == q.shape and out.stride(-1) == 1, f"out {tuple(out.shape)} must match q")
     G = H // kv
     splits = num_splits or num_decode_splits(B, kv)
-    block_g = max(16, triton.next_power_of_2(G))
-    block_d = max(16, triton.next_power_of_2(D))
+    block_g = max(16, next_power_of_2(G))
+    block_d = max(16, next_power_of_2(D))
     block_n = 32 if block_d > 128 or quant == 8 else 64  # int8 at 64 spills registers (ptxas, sm_90)
     if splits > 1:
         part = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
@@ -267,6 +268,12 @@ def paged_decode_attention(
     else:
         part = lse = out
         dst, dst_b, dst_h = out, out.stride(0), out.stride(1)
+    q_st, k_cache_st, v_cache_st, block_tables_st = (
+        q.stride(),
+        k_cache.stride(),
+        v_cache.stride(),
+        block_tables.stride(),
+    )
     _decode_kernel[(B, kv, splits)](
         q,
         k_cache,
@@ -276,15 +283,15 @@ def paged_decode_attention(
         dst,
         lse,
         scale * _LOG2E,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        block_tables.stride(0),
+        q_st[0],
+        q_st[1],
+        k_cache_st[0],
+        k_cache_st[1],
+        k_cache_st[2],
+        v_cache_st[0],
+        v_cache_st[1],
+        v_cache_st[2],
+        block_tables_st[0],
         dst_b,
         dst_h,
         G=G,
@@ -310,7 +317,7 @@ def paged_decode_attention(
             H=H,
             D=D,
             NUM_SPLITS=splits,
-            BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            BLOCK_S=max(2, next_power_of_2(splits)),
             BLOCK_D=block_d,
             num_warps=4,
         )

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
 from hotloop.kernels.kv_quant_triton import load_kv_codes, load_kv_params
+from hotloop.kernels.launch_math import cdiv, next_power_of_2
 from hotloop.kernels.paged_decode_attention import check_cache
 
 _LOG2E = 1.4426950408889634
@@ -193,12 +194,19 @@ def paged_prefill_attention(
     check(out.shape == q.shape and out.stride(-1) == 1, f"out {tuple(out.shape)} must match q")
     if T == 0 or B == 0:
         return out
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, next_power_of_2(D))
     block_m = 64 if block_d <= 128 else 32
     block_n = 64 if block_d <= 128 else 32
     if max_query_len <= 16:
         block_m = 16
-    grid = (triton.cdiv(max_query_len, block_m), B, H)
+    grid = (cdiv(max_query_len, block_m), B, H)
+    q_st, k_cache_st, v_cache_st, block_tables_st, out_st = (
+        q.stride(),
+        k_cache.stride(),
+        v_cache.stride(),
+        block_tables.stride(),
+        out.stride(),
+    )
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -208,17 +216,17 @@ def paged_prefill_attention(
         query_start,
         out,
         scale * _LOG2E,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
+        q_st[0],
+        q_st[1],
+        k_cache_st[0],
+        k_cache_st[1],
+        k_cache_st[2],
+        v_cache_st[0],
+        v_cache_st[1],
+        v_cache_st[2],
+        block_tables_st[0],
+        out_st[0],
+        out_st[1],
         G=H // kv,
         D=D,
         BS=bs,

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
+from hotloop.kernels.launch_math import next_power_of_2
 
 
 @triton.jit
@@ -64,7 +65,7 @@ def rms_norm(
         res_out = torch.empty_like(out)
     n = x2.shape[0]
     if n:
-        block = triton.next_power_of_2(C)
+        block = next_power_of_2(C)
         _rms_norm_kernel[(n,)](
             x2,
             r2,

@@ -20,6 +20,7 @@ import triton.language as tl
 from hotloop.kernels import kv_quant
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
 from hotloop.kernels.kv_quant_triton import block_packed, quant_codes, quant_params
+from hotloop.kernels.launch_math import next_power_of_2
 
 
 @triton.jit
@@ -240,6 +241,14 @@ def _launch(
     if T == 0:
         return
     npack = kv_quant.packed_bytes(D, policy) if policy else 0
+    q_st, k_st, v_st, cos_st, k_cache_st, v_cache_st = (
+        q.stride(),
+        k.stride(),
+        v.stride(),
+        cos.stride(),
+        k_cache.stride(),
+        v_cache.stride(),
+    )
     _rotary_kv_kernel[(T,)](
         q,
         k,
@@ -249,25 +258,25 @@ def _launch(
         slot_mapping,
         k_cache,
         v_cache,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        cos.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        q_st[0],
+        q_st[1],
+        k_st[0],
+        k_st[1],
+        v_st[0],
+        v_st[1],
+        cos_st[0],
+        k_cache_st[1],
+        k_cache_st[2],
+        v_cache_st[1],
+        v_cache_st[2],
         H=H,
         KV=KV,
         D=D,
         HALF=half,
-        BLOCK_H=triton.next_power_of_2(H),
-        BLOCK_KV=triton.next_power_of_2(KV),
-        BLOCK_R=triton.next_power_of_2(max(half, 1)),
-        BLOCK_D=triton.next_power_of_2(D),
+        BLOCK_H=next_power_of_2(H),
+        BLOCK_KV=next_power_of_2(KV),
+        BLOCK_R=next_power_of_2(max(half, 1)),
+        BLOCK_D=next_power_of_2(D),
         QUANT=policy,
         NPACK=npack,
         BLOCK_P=block_packed(npack),

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
+from hotloop.kernels.launch_math import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -31,8 +32,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     check_last_contiguous("x", x2)
     out = torch.empty(x2.shape[0], inter, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
-        block = min(2048, triton.next_power_of_2(inter))
-        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(inter, block))](
+        block = min(2048, next_power_of_2(inter))
+        _silu_and_mul_kernel[(x2.shape[0], cdiv(inter, block))](
             x2, out, x2.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4
         )
     return out.view(*x.shape[:-1], inter)

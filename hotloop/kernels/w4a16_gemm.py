@@ -51,6 +51,7 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels import tuning_cache
+from hotloop.kernels.launch_math import cdiv
 from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
 
 PATHS = ("auto", "gemv", "splitk", "tiled")
@@ -356,9 +357,9 @@ def fit_config(
     ``waves`` programs per multiprocessor (``waves`` 0: no split)."""
     block_k = _block_k(group_size, template.block_k)
     if template.kind == "gemv":
-        block_m, tiles = m, triton.cdiv(n, template.block_n)
+        block_m, tiles = m, cdiv(n, template.block_n)
     else:
-        block_m, tiles = template.block_m, triton.cdiv(m, template.block_m) * triton.cdiv(n, template.block_n)
+        block_m, tiles = template.block_m, cdiv(m, template.block_m) * cdiv(n, template.block_n)
     split = _split_for(tiles, k, block_k, int(waves * _sm_count(device))) if waves > 0 else 1
     return replace(template, block_m=block_m, block_k=block_k, split_k=split)
 
@@ -473,9 +474,9 @@ def _launch(
     if cfg.kind == "gemv":
         if m > GEMV_MAX_M:
             raise ValueError(f"the gemv kernel takes at most {GEMV_MAX_M} rows; got {m}")
-        tiles = triton.cdiv(n, cfg.block_n)
+        tiles = cdiv(n, cfg.block_n)
     else:
-        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     counters = _tile_counters(x2.device, tiles) if cfg.split_k > 1 and cfg.fixup else None
     fixup = counters is not None
