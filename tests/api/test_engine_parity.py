@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -51,7 +52,10 @@ def make_prompts(seed: int, n: int = 8) -> list[list[int]]:
 def run_engine(
     path: Path, cfg: EngineConfig, prompts: list[list[int]], max_new: int
 ) -> tuple[list[list[int]], dict]:
-    built = build_engine(str(path), cfg)
+    return run_engine_built(build_engine(str(path), cfg), prompts, max_new)
+
+
+def run_engine_built(built: Any, prompts: list[list[int]], max_new: int) -> tuple[list[list[int]], dict]:
     engine = built.engine
     params = GenerationConfig(max_new_tokens=max_new, ignore_eos=True)
     results: dict[str, list[int]] = {}
