@@ -55,6 +55,84 @@ def load_kv_codes(rows, mask_n, dtype_ptr, BLOCK_D: tl.constexpr, NPACK: tl.cons
         return tl.reshape(tl.join(lo, hi), [rows.shape[0], BLOCK_D])
 
 
+# fp16 bits of 1024.0: OR-ing a code c < 256 into the low mantissa bits gives the fp16 value
+# 1024 + c exactly, with integer instructions only (a conversion instruction runs at a quarter of the
+# integer rate and would bound the attention kernels at large batch).
+CODE_OFFSET = tl.constexpr(1024.0)
+_F16_1024_BITS = tl.constexpr(0x6400)
+
+
+@triton.jit
+def load_kv_codes_offset(rows, mask_n, BLOCK_D: tl.constexpr, NPACK: tl.constexpr, QUANT: tl.constexpr):
+    """As ``load_kv_codes``, but each value is the fp16 ``CODE_OFFSET + code`` (built with integer
+    OR, no conversion); rows off ``mask_n`` and dims past the row read ``CODE_OFFSET``. Callers
+    subtract the offset's contribution after their dot."""
+    if QUANT == 8:
+        offs = tl.arange(0, BLOCK_D)
+        b = tl.load(rows[:, None] + offs[None, :], mask=mask_n[:, None] & (offs < NPACK)[None, :], other=0)
+        return (b.to(tl.uint16) | _F16_1024_BITS).to(tl.float16, bitcast=True)
+    else:
+        offs_p = tl.arange(0, BLOCK_D // 2)
+        b = tl.load(
+            rows[:, None] + offs_p[None, :], mask=mask_n[:, None] & (offs_p < NPACK)[None, :], other=0
+        )
+        w = b.to(tl.uint16)
+        lo = ((w & 15) | _F16_1024_BITS).to(tl.float16, bitcast=True)
+        hi = ((w >> 4) | _F16_1024_BITS).to(tl.float16, bitcast=True)
+        return tl.reshape(tl.join(lo, hi), [rows.shape[0], BLOCK_D])
+
+
+@triton.jit
+def to_dot_dtype(x):
+    """The dtype the quantized-KV dots run in: fp16 for a 16-bit ``x`` (clamped to fp16's finite
+    range: a bf16 value can exceed it), float32 for float32."""
+    if x.dtype == tl.float32:
+        return x
+    else:
+        return tl.minimum(tl.maximum(x.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+
+
+@triton.jit
+def quant_scores(
+    qd, q_sum, rows, mask_n, dtype_ptr, BLOCK_D: tl.constexpr, NPACK: tl.constexpr, QUANT: tl.constexpr
+):
+    """``qd . codes`` for a tile of cache rows: ``[rows of qd, N]`` float32, the codes exact.
+    ``qd`` is ``to_dot_dtype(q)`` and ``q_sum`` its row sum (float32). A 16-bit model dots fp16
+    ``CODE_OFFSET + code`` values and takes the offset back; a float32 model dots the codes."""
+    if qd.dtype == tl.float32:
+        return tl.dot(qd, tl.trans(load_kv_codes(rows, mask_n, dtype_ptr, BLOCK_D, NPACK, QUANT)))
+    else:
+        c = load_kv_codes_offset(rows, mask_n, BLOCK_D, NPACK, QUANT)
+        return tl.dot(qd, tl.trans(c)) - CODE_OFFSET * q_sum[:, None]
+
+
+@triton.jit
+def quant_weighted_values(
+    p,
+    v_scale,
+    v_zero,
+    rows,
+    mask_n,
+    dtype_ptr,
+    DOT_DTYPE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NPACK: tl.constexpr,
+    QUANT: tl.constexpr,
+):
+    """``sum_n p[:, n] * (code_n * scale_n + zero_n)`` for a tile of V rows: ``[rows of p, BLOCK_D]``
+    float32. The scale goes onto the probabilities and the zero into a row sum, so the codes need no
+    per-element arithmetic before the dot (in ``DOT_DTYPE``; fp16 with offset codes, see above)."""
+    pv = (p * v_scale[None, :]).to(DOT_DTYPE)
+    corr = tl.sum(p * v_zero[None, :], 1)
+    if DOT_DTYPE == tl.float32:
+        out = tl.dot(pv, load_kv_codes(rows, mask_n, dtype_ptr, BLOCK_D, NPACK, QUANT))
+    else:
+        c = load_kv_codes_offset(rows, mask_n, BLOCK_D, NPACK, QUANT)
+        out = tl.dot(pv, c)
+        corr -= CODE_OFFSET * tl.sum(pv.to(tl.float32), 1)
+    return out + corr[:, None]
+
+
 @triton.jit
 def load_kv_params(rows, mask_n, dtype_ptr, NPACK: tl.constexpr):
     """Each row's ``(scale, zero)`` as float32 ``[N]``: stored in ``dtype_ptr``'s element type (the

@@ -17,7 +17,12 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
-from hotloop.kernels.kv_quant_triton import load_kv_codes, load_kv_params
+from hotloop.kernels.kv_quant_triton import (
+    load_kv_params,
+    quant_scores,
+    quant_weighted_values,
+    to_dot_dtype,
+)
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
 from hotloop.kernels.paged_decode_attention import check_cache
 
@@ -74,7 +79,10 @@ def _prefill_kernel(
         mask=mask_m[:, None] & mask_d[None, :],
         other=0.0,
     )  # [BLOCK_M, BLOCK_D]
-    q_sum = tl.sum(q.to(tl.float32), 1)  # [BLOCK_M]: multiplies the K zero points (QUANT only)
+    # QUANT: the dots run in fp16 (float32 models: float32) on ``CODE_OFFSET + code`` values; q goes to
+    # fp16 once, and its row sum multiplies the K zero points and cancels the offset.
+    qd = to_dot_dtype(q)
+    q_sum = tl.sum(qd.to(tl.float32), 1)
     q_pos = ctx + offs_m
 
     # Keys this tile may see: [lo, hi). Empty when the tile lies past the sequence's queries.
@@ -109,9 +117,8 @@ def _prefill_kernel(
         else:
             # kvh * ROW, not kvh * stride_kh: a constexpr row width lets Triton vectorize the loads
             k_rows = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * ROW  # [BLOCK_N]
-            k_codes = load_kv_codes(k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT)  # [BLOCK_N, BLOCK_D]
             k_scale, k_zero = load_kv_params(k_rows, mask_n, q_ptr, NPACK)
-            s = tl.dot(q, tl.trans(k_codes))
+            s = quant_scores(qd, q_sum, k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT)  # q . codes
             s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
         visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
         if WINDOW > 0:
@@ -134,12 +141,11 @@ def _prefill_kernel(
             )
         else:
             v_rows = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * ROW
-            v_codes = load_kv_codes(v_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT)
             v_scale, v_zero = load_kv_params(v_rows, mask_n, q_ptr, NPACK)
-            # sum_n p_n (c_n s_n + z_n) = (p * s) . c + sum_n p_n z_n: the scale goes onto the
-            # probabilities, so the codes need no per-element arithmetic before the dot.
-            pv = (p * v_scale[None, :]).to(v_codes.dtype)
-            acc = acc * alpha[:, None] + tl.dot(pv, v_codes) + tl.sum(p * v_zero[None, :], 1)[:, None]
+            pv = quant_weighted_values(
+                p, v_scale, v_zero, v_rows, mask_n, q_ptr, qd.dtype, BLOCK_D, NPACK, QUANT
+            )
+            acc = acc * alpha[:, None] + pv
         if QUANT == 0:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
