@@ -5,8 +5,8 @@ that input (an RMSNorm, or rows of a preceding linear). Multiplying the linears'
 ``s`` and dividing the producer's output by ``s`` leaves the block's function unchanged, but
 protects the salient channels (large activations) from int4 rounding. ``s`` is
 ``x_mean^r / w_mean^(1 - r)``, normalised; ``r`` is searched on the group's output error under
-pseudo-quantisation (``--search-scale``) or fixed at ``FIXED_RATIO``, and either way kept only if it
-beats no scaling at all on that error.
+pseudo-quantisation (``--search-scale``, where no scaling at all is a candidate too) or fixed at
+``FIXED_RATIO``.
 """
 
 from __future__ import annotations
@@ -123,16 +123,20 @@ def search_scale(
     group: ScaleGroup, x: torch.Tensor, group_size: int, bits: int, search: bool
 ) -> tuple[torch.Tensor, float, float]:
     """The group's scale ``[in]`` (float32), the chosen ratio (``NO_SCALING`` for the identity) and
-    its loss: the group's output error under pseudo-quantization on the calibration inputs.
+    its loss: the group's output error under pseudo-quantization on the calibration inputs (nan
+    without ``search``).
 
-    Candidates: the ratios of the grid (``search``) or ``FIXED_RATIO`` alone, and always the identity
-    scale (plain round-to-nearest), so a group never ends up with more calibration error than
-    round-to-nearest gives it. That guard matters on models with massive activation channels: on
-    Qwen2.5-Coder-1.5B, layer 1's gate_up_proj has 15.7x round-to-nearest's error at ratio 0.5
-    (x_mean^0.5 blows up the outlier columns and with them their groups' ranges)."""
+    Without ``search``: ``FIXED_RATIO``, unevaluated (LMDeploy's default). With it: the grid's ratios
+    and the identity scale (plain round-to-nearest), so a searched group never ends up with more
+    calibration error than round-to-nearest gives it. On Qwen2.5-Coder-1.5B, layer 1's gate_up_proj
+    has 15.7x round-to-nearest's error at ratio 0.5 (``benchmarks/awq_scale_diag.py``). Applying
+    the same guard to the fixed ratio tripled its CPU time there without improving perplexity
+    (4.511 against 4.491 unguarded; BENCHMARKS.md), so the fixed ratio stays unguarded."""
     x_mean = x.float().abs().mean(0)
     w_mean = weight_importance(group.linears, group_size).to(x_mean.device)
-    ratios = [i / SCALE_GRID for i in range(SCALE_GRID)] if search else [FIXED_RATIO]
+    if not search:
+        return scales_for_ratio(x_mean, w_mean, FIXED_RATIO), FIXED_RATIO, float("nan")
+    ratios = [i / SCALE_GRID for i in range(SCALE_GRID)]
     reference = group.inspect(x).float()
     originals = [weight_of(lin).data.clone() for lin in group.linears]
     candidates = [(NO_SCALING, torch.ones_like(x_mean))]
