@@ -106,12 +106,6 @@ class RawClient:
         finally:
             writer.close()
 
-    async def __aenter__(self) -> RawClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
 
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode("utf-8")
