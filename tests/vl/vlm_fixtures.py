@@ -174,21 +174,22 @@ def make_tiny_llava(
     return make
 
 
-@functools.lru_cache(maxsize=4)
-def _hf_llava(path: str) -> tuple[Any, Any]:
-    """transformers' processor and model for a tiny LLaVA folder, loaded once per session."""
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
+@functools.lru_cache(maxsize=6)
+def _hf_processor_and_model(path: str, model_class: str) -> tuple[Any, Any]:
+    """transformers' processor and ``model_class`` for a tiny folder, loaded once per session."""
+    import transformers
 
-    model = LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    model = getattr(transformers, model_class).from_pretrained(path, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
-    return AutoProcessor.from_pretrained(path), model
+    return transformers.AutoProcessor.from_pretrained(path), model
 
 
-def hf_llava_greedy(
-    path: Path, prompts: list[tuple[str, list[Any]]], max_new: int
+def _hf_processor_greedy(
+    model_class: str, path: Path, prompts: list[tuple[str, list[Any]]], max_new: int
 ) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, greedy tokens) from transformers for each (text, images), one at a time."""
-    processor, model = _hf_llava(str(path))
+    """(prompt ids, greedy tokens) from transformers for each (text, images), one at a time, through
+    the folder's own processor."""
+    processor, model = _hf_processor_and_model(str(path), model_class)
     outs = []
     with torch.no_grad():
         for text, imgs in prompts:
@@ -197,6 +198,12 @@ def hf_llava_greedy(
             ids = inputs["input_ids"][0].tolist()
             outs.append((ids, g[0, len(ids) :].tolist()))
     return outs
+
+
+def hf_llava_greedy(
+    path: Path, prompts: list[tuple[str, list[Any]]], max_new: int
+) -> list[tuple[list[int], list[int]]]:
+    return _hf_processor_greedy("LlavaForConditionalGeneration", path, prompts, max_new)
 
 
 LLAVA_NEXT_VARIANTS: dict[str, dict[str, Any]] = {
@@ -297,29 +304,10 @@ def make_tiny_llava_next(
     return make
 
 
-@functools.lru_cache(maxsize=2)
-def _hf_llava_next(path: str) -> tuple[Any, Any]:
-    """transformers' processor and model for a tiny LLaVA-NeXT folder, loaded once per session."""
-    from transformers import AutoProcessor, LlavaNextForConditionalGeneration
-
-    model = LlavaNextForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    return AutoProcessor.from_pretrained(path), model
-
-
 def hf_llava_next_greedy(
     path: Path, prompts: list[tuple[str, list[Any]]], max_new: int
 ) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, greedy tokens) from transformers for each (text, images), one at a time."""
-    processor, model = _hf_llava_next(str(path))
-    outs = []
-    with torch.no_grad():
-        for text, imgs in prompts:
-            inputs = processor(text=text, images=imgs or None, return_tensors="pt")
-            g = model.generate(**inputs, max_new_tokens=max_new, do_sample=False, pad_token_id=0)
-            ids = inputs["input_ids"][0].tolist()
-            outs.append((ids, g[0, len(ids) :].tolist()))
-    return outs
+    return _hf_processor_greedy("LlavaNextForConditionalGeneration", path, prompts, max_new)
 
 
 INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>", "<video>"]
