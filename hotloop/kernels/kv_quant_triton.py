@@ -2,7 +2,7 @@
 
 Reading (attention): ``load_kv_codes`` turns a tile of cache rows into codes in the model dtype
 ``[N, BLOCK_D]`` in natural head-dim order (int4: byte ``d // 2``, low nibble for even ``d``),
-reading each row's packed bytes as one contiguous run;
+reading each row's packed bytes as one contiguous run (int4 in float32 models: one load per code);
 ``load_kv_params`` reads each row's scale and zero (stored in the model dtype right after the
 packed values). The attention kernels fold them in as ``x = code * scale + zero``.
 
@@ -37,22 +37,22 @@ def load_kv_codes(rows, mask_n, dtype_ptr, BLOCK_D: tl.constexpr, NPACK: tl.cons
     ``[N, BLOCK_D]`` values of ``dtype_ptr``'s element type (the model dtype: codes up to 255 are
     exact in fp16 and bf16), in natural head-dim order; 0 for rows off ``mask_n`` and past the row.
 
-    The packed bytes are read as one contiguous run per row (so Triton can vectorize the loads when
-    it knows the rows' alignment); int4 nibbles are split and interleaved in registers (value
-    ``2i`` is byte ``i``'s low nibble, ``2i + 1`` its high one)."""
+    Value ``2i`` of an int4 row is byte ``i``'s low nibble, ``2i + 1`` its high one. Only float32
+    models read codes this way (16-bit ones use ``load_kv_codes_offset``)."""
     dt = dtype_ptr.dtype.element_ty
     if QUANT == 8:
         offs = tl.arange(0, BLOCK_D)
         b = tl.load(rows[:, None] + offs[None, :], mask=mask_n[:, None] & (offs < NPACK)[None, :], other=0)
         return b.to(dt)
     else:
-        offs_p = tl.arange(0, BLOCK_D // 2)
+        # one load per code (each byte read twice, from L1): a join + reshape feeding a float32 dot
+        # crashes Triton's TritonGPUOptimizeDotOperands pass (sm_90, Triton 3.x), and only float32
+        # models come here, where speed is not the point
+        offs = tl.arange(0, BLOCK_D)
         b = tl.load(
-            rows[:, None] + offs_p[None, :], mask=mask_n[:, None] & (offs_p < NPACK)[None, :], other=0
+            rows[:, None] + (offs // 2)[None, :], mask=mask_n[:, None] & (offs // 2 < NPACK)[None, :], other=0
         )
-        lo = (b & 15).to(dt)
-        hi = (b >> 4).to(dt)
-        return tl.reshape(tl.join(lo, hi), [rows.shape[0], BLOCK_D])
+        return ((b >> ((offs % 2) * 4).to(tl.uint8)[None, :]) & 15).to(dt)
 
 
 # fp16 bits of 1024.0: OR-ing a code c < 256 into the low mantissa bits gives the fp16 value
