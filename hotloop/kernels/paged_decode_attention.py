@@ -229,6 +229,12 @@ def num_decode_splits(batch: int, num_kv_heads: int) -> int:
 SPLIT_CHOICES = tuple(1 << i for i in range(_MAX_SPLITS.bit_length()))  # 1, 2, 4, 8, 16
 
 
+def decode_config(quant: int, block_d: int) -> tuple[int, int, int]:
+    """``(BLOCK_N, num_warps, num_stages)`` of the decode kernel for a cache format and head tile."""
+    block_n = 32 if block_d > 128 or quant == 8 else 64  # int8 at 64 spills registers (ptxas, sm_90)
+    return block_n, 4, 3
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -239,13 +245,15 @@ def paged_decode_attention(
     sliding_window: int | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    config: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """One new query per sequence attends over its paged context.
 
     q ``[B, H, D]``; k_cache / v_cache ``[num_blocks, block_size, KV, D]`` in q's dtype, or
     ``uint8`` ``[num_blocks, block_size, KV, row_bytes]`` (int8 / int4, ``kv_quant.py``); block_tables
     ``[B, W]`` int32; seq_lens ``[B]`` int32 (tokens in the cache, the new one included).
-    Returns ``[B, H, D]`` in q's dtype (into ``out`` when given).
+    Returns ``[B, H, D]`` in q's dtype (into ``out`` when given). ``config`` overrides the launch
+    configuration ``(BLOCK_N, num_warps, num_stages)`` (``benchmarks/kv_attention_sweep.py``).
     """
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [B, H, D] and the caches [NB, BS, KV, D]")
     B, H, D = q.shape
@@ -266,7 +274,7 @@ def paged_decode_attention(
     splits = num_splits or num_decode_splits(B, kv)
     block_g = max(16, next_power_of_2(G))
     block_d = max(16, next_power_of_2(D))
-    block_n = 32 if block_d > 128 or quant == 8 else 64  # int8 at 64 spills registers (ptxas, sm_90)
+    block_n, num_warps, num_stages = config or decode_config(quant, block_d)
     if splits > 1:
         part = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
         lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
@@ -311,7 +319,8 @@ def paged_decode_attention(
         QUANT=quant,
         NPACK=npack,
         ROW=k_cache.shape[-1] if quant else 0,
-        num_warps=4,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     if splits > 1:
         _merge_kernel[(B, H)](

@@ -29,6 +29,15 @@ from hotloop.kernels.paged_decode_attention import check_cache
 _LOG2E = 1.4426950408889634
 
 
+def prefill_config(block_d: int, max_query_len: int) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the prefill kernel."""
+    block_m = 64 if block_d <= 128 else 32
+    block_n = 64 if block_d <= 128 else 32
+    if max_query_len <= 16:
+        block_m = 16
+    return block_m, block_n, 4 if block_d <= 64 else 8, 2
+
+
 @triton.jit
 def _prefill_kernel(
     q_ptr,  # [T, H, D]
@@ -169,6 +178,7 @@ def paged_prefill_attention(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
+    config: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new queries over its paged context.
 
@@ -176,7 +186,8 @@ def paged_prefill_attention(
     query_start ``[B + 1]`` (cumulative query lengths, ``query_start[B] == T``) are int32 on q's
     device; ``max_query_len`` is the longest ``query_len`` (a host int: it sizes the grid).
     Returns ``[T, H, D]`` in q's dtype. The caches are in q's dtype, or ``uint8`` (int8 / int4,
-    ``kv_quant.py``).
+    ``kv_quant.py``). ``config`` overrides the launch configuration ``(BLOCK_M, BLOCK_N, num_warps,
+    num_stages)`` (``benchmarks/kv_attention_sweep.py``).
     """
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [T, H, D] and the caches [NB, BS, KV, D]")
     T, H, D = q.shape
@@ -201,10 +212,7 @@ def paged_prefill_attention(
     if T == 0 or B == 0:
         return out
     block_d = max(16, next_power_of_2(D))
-    block_m = 64 if block_d <= 128 else 32
-    block_n = 64 if block_d <= 128 else 32
-    if max_query_len <= 16:
-        block_m = 16
+    block_m, block_n, num_warps, num_stages = config or prefill_config(block_d, max_query_len)
     grid = (cdiv(max_query_len, block_m), B, H)
     q_st, k_cache_st, v_cache_st, block_tables_st, out_st = (
         q.stride(),
@@ -243,7 +251,7 @@ def paged_prefill_attention(
         QUANT=quant,
         NPACK=npack,
         ROW=k_cache.shape[-1] if quant else 0,
-        num_warps=4 if block_d <= 64 else 8,
-        num_stages=2,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out

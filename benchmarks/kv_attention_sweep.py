@@ -1,0 +1,145 @@
+"""Launch-configuration sweep of the paged attention kernels, float and quantized KV, on the GPU.
+
+    python benchmarks/kv_attention_sweep.py --out results.json [--quick]
+
+Llama-3-8B attention shape (32 query heads, 8 KV heads, head_dim 128, block size 64, bf16), random
+cache contents. For each cache format (bf16, int8, int4) and workload it times every configuration
+with ``triton.testing.do_bench`` (median), checks each one's output against the default
+configuration's (a fast wrong configuration is reported, never chosen), and prints the time beside
+the floor: bytes read / 4,229 GB/s (the H200 copy bandwidth in ../shared/GPU.md) for decode,
+FLOPs / 783 TFLOP/s for prefill.
+
+Workloads: decode at batch 256 with 1k context (the issue-4 step), decode at batch 128 with 4k
+context (the KV-bound run of issue 6), prefill of one 4096-token prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+
+import torch
+
+from hotloop.kernels import kv_quant
+from hotloop.kernels.paged_decode_attention import decode_config, paged_decode_attention
+from hotloop.kernels.paged_prefill_attention import paged_prefill_attention, prefill_config
+
+H, KV, D, BS = 32, 8, 128, 64
+BANDWIDTH = 4229e9
+FLOPS = 783e12
+
+
+def make_cache(tokens: int, policy: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V caches holding ``tokens`` tokens (blocks in a shuffled order, as after serving)."""
+    nb = -(-tokens // BS)
+    caches = []
+    for _ in range(2):
+        x = torch.randn(nb, BS, KV, D, generator=gen).to(torch.bfloat16)
+        caches.append((kv_quant.quantize(x, policy, torch.bfloat16) if policy else x).cuda())
+    return caches[0], caches[1]
+
+
+def bench(fn) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-9))
+
+
+def decode_case(batch: int, ctx: int, policy: int, configs: list, gen: torch.Generator) -> dict:
+    blocks = -(-ctx // BS)
+    k, v = make_cache(batch * blocks * BS, policy, gen)
+    perm = torch.randperm(batch * blocks, generator=gen).to(torch.int32)
+    tables = perm.view(batch, blocks).cuda()
+    seq = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, H, D, generator=gen).to(torch.bfloat16).cuda()
+    row = kv_quant.row_bytes(D, policy, 2)
+    floor_ms = (2 * batch * ctx * KV * row + 2 * q.numel() * 2) / BANDWIDTH * 1e3
+    default = decode_config(policy, D)
+    ref = paged_decode_attention(q, k, v, tables, seq, D**-0.5, config=default)
+    rows = []
+    for cfg in [default] + [c for c in configs if c != default]:
+        try:
+            out = paged_decode_attention(q, k, v, tables, seq, D**-0.5, config=cfg)
+            ms = bench(lambda cfg=cfg: paged_decode_attention(q, k, v, tables, seq, D**-0.5, config=cfg))
+            rows.append({"config": list(cfg), "ms": ms, "rel_err_vs_default": rel(out, ref)})
+        except Exception as e:  # noqa: BLE001 - a configuration that does not compile is a result
+            rows.append({"config": list(cfg), "error": f"{type(e).__name__}: {str(e)[:120]}"})
+        r = rows[-1]
+        print(f"  decode B={batch} ctx={ctx} q{policy} {cfg}: "
+              + (f"{r['ms']:.3f} ms ({floor_ms / r['ms']:.0%} of floor)" if "ms" in r else r["error"]),
+              flush=True)  # fmt: skip
+    return {"kind": "decode", "batch": batch, "ctx": ctx, "policy": policy, "floor_ms": floor_ms,
+            "default": list(default), "rows": rows}  # fmt: skip
+
+
+def prefill_case(qlen: int, policy: int, configs: list, gen: torch.Generator) -> dict:
+    k, v = make_cache(qlen, policy, gen)
+    blocks = -(-qlen // BS)
+    tables = torch.arange(blocks, dtype=torch.int32).view(1, blocks).cuda()
+    seq = torch.tensor([qlen], dtype=torch.int32, device="cuda")
+    qs = torch.tensor([0, qlen], dtype=torch.int32, device="cuda")
+    q = torch.randn(qlen, H, D, generator=gen).to(torch.bfloat16).cuda()
+    floor_ms = (4 * H * D * qlen * qlen / 2) / FLOPS * 1e3  # QK^T and PV, causal half
+
+    def run(cfg):
+        return paged_prefill_attention(q, k, v, tables, seq, qs, qlen, D**-0.5, config=cfg)
+
+    default = prefill_config(D, qlen)
+    ref = run(default)
+    rows = []
+    for cfg in [default] + [c for c in configs if c != default]:
+        try:
+            out = run(cfg)
+            ms = bench(lambda cfg=cfg: run(cfg))
+            rows.append({"config": list(cfg), "ms": ms, "rel_err_vs_default": rel(out, ref)})
+        except Exception as e:  # noqa: BLE001
+            rows.append({"config": list(cfg), "error": f"{type(e).__name__}: {str(e)[:120]}"})
+        r = rows[-1]
+        print(f"  prefill T={qlen} q{policy} {cfg}: "
+              + (f"{r['ms']:.3f} ms ({floor_ms / r['ms']:.0%} of floor)" if "ms" in r else r["error"]),
+              flush=True)  # fmt: skip
+    return {"kind": "prefill", "qlen": qlen, "policy": policy, "floor_ms": floor_ms, "default": list(default),
+            "rows": rows}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="default configurations only")
+    ap.add_argument("--policies", default="0,8,4")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    gen = torch.Generator().manual_seed(0)
+    policies = [int(p) for p in args.policies.split(",")]
+    dec = [] if args.quick else list(itertools.product((16, 32, 64, 128), (4, 8), (2, 3, 4)))
+    pre = [] if args.quick else list(itertools.product((64, 128), (32, 64), (4, 8), (2, 3)))
+    results = []
+    for policy in policies:
+        for batch, ctx in ((256, 1024), (128, 4096)):
+            results.append(decode_case(batch, ctx, policy, dec, gen))
+        results.append(prefill_case(4096, policy, pre, gen))
+    with open(args.out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+    print("best per case (correct outputs only):")
+    for r in results:
+        ok = [x for x in r["rows"] if "ms" in x and x["rel_err_vs_default"] < 1e-2]
+        best = min(ok, key=lambda x: x["ms"])
+        base = r["rows"][0]
+        name = f"{r['kind']} q{r['policy']} " + (
+            f"B={r['batch']} ctx={r['ctx']}" if r["kind"] == "decode" else f"T={r['qlen']}"
+        )
+        print(f"{name:32s} default {base.get('ms', float('nan')):.3f} ms  best {best['ms']:.3f} ms "
+              f"{best['config']}  floor {r['floor_ms']:.3f} ms")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
