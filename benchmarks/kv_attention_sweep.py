@@ -90,7 +90,7 @@ def prefill_case(qlen: int, policy: int, configs: list, gen: torch.Generator) ->
     def run(cfg):
         return paged_prefill_attention(q, k, v, tables, seq, qs, qlen, D**-0.5, config=cfg)
 
-    default = prefill_config(D, qlen)
+    default = prefill_config(D, qlen, policy)
     ref = run(default)
     rows = []
     for cfg in [default] + [c for c in configs if c != default]:
@@ -113,14 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="default configurations only")
     ap.add_argument("--policies", default="0,8,4")
+    ap.add_argument("--small", action="store_true", help="a smaller grid around the defaults")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     gen = torch.Generator().manual_seed(0)
     policies = [int(p) for p in args.policies.split(",")]
-    dec = [] if args.quick else list(itertools.product((16, 32, 64, 128), (4, 8), (2, 3, 4)))
-    pre = [] if args.quick else list(itertools.product((64, 128), (32, 64), (4, 8), (2, 3)))
+    dec = list(itertools.product((16, 32, 64, 128), (4, 8), (2, 3, 4)))
+    pre = list(itertools.product((64, 128), (32, 64), (4, 8), (2, 3)))
+    if args.small:
+        dec = list(itertools.product((32, 64), (4, 8), (2, 3)))
+        pre = list(itertools.product((64, 128), (32, 64), (4, 8), (2,)))
+    if args.quick:
+        dec, pre = [], []
     results = []
     for policy in policies:
         for batch, ctx in ((256, 1024), (128, 4096)):

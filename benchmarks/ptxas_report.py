@@ -29,7 +29,7 @@ STRIDES = ["stride_qb", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "str
 POINTERS = ["q_ptr", "k_cache_ptr", "v_cache_ptr", "block_tables_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr"]
 
 
-def compile_decode(quant: int, block_n: int) -> str:
+def compile_decode(quant: int, block_n: int, asm: bool = True) -> str:
     k = dec._decode_kernel
     npack = {0: 0, 8: 128, 4: 64}[quant]
     cache = "*u8" if quant else "*bf16"
@@ -37,7 +37,7 @@ def compile_decode(quant: int, block_n: int) -> str:
            "seq_lens_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32", "scale_log2": "fp32"}  # fmt: skip
     sig.update({n: "i32" for n in STRIDES})
     consts = dict(G=4, D=128, BS=64, NUM_SPLITS=16, WINDOW=0, BLOCK_G=16, BLOCK_D=128, BLOCK_N=block_n,
-                  QUANT=quant, NPACK=npack, ROW=npack + 4 if quant else 0)  # fmt: skip
+                  QUANT=quant, NPACK=npack, ROW=npack + 4 if quant else 0, ASM=int(asm) | 2 if quant else 0)  # fmt: skip
     sig.update({n: "constexpr" for n in consts})
     aligned = POINTERS + [n for n in STRIDES if not (quant and n in ("stride_kh", "stride_vh"))]
     src = ASTSource(

@@ -18,6 +18,9 @@ scale / zero are reached by casting the row pointer to the model dtype's pointer
 
 from __future__ import annotations
 
+import os
+
+import torch
 import triton
 import triton.language as tl
 
@@ -62,23 +65,120 @@ CODE_OFFSET = tl.constexpr(1024.0)
 _F16_1024_BITS = tl.constexpr(0x6400)
 
 
+# Byte permutes build the fp16 codes on a GPU (``_bytes_to_offset_f16``); HOTLOOP_KV_PRMT=0 turns
+# them off (the integer-op path, as in the interpreter), for comparison.
+PRMT = os.environ.get("HOTLOOP_KV_PRMT", "1") != "0"
+
+
+INT8_PAIRS = os.environ.get("HOTLOOP_KV_INT8_PAIRS", "1") != "0"
+
+
+def use_asm(x: torch.Tensor) -> int:
+    """Code-reading mode bits: 1 = inline PTX permutes (a CUDA tensor, not interpreted), 2 = int8
+    codes read as 16-bit pairs."""
+    asm = PRMT and x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    return int(asm) | (2 if INT8_PAIRS else 0)
+
+
+# PTX for four bytes (one register, ``$2``) -> four fp16 ``1024 + byte`` (two registers): one byte
+# permute per pair, the high byte of each half taken from 0x64 (fp16 1024.0 is 0x6400).
+_PRMT_BYTES = tl.constexpr(
+    "{ .reg .b32 t; mov.b32 t, 0x64646464; prmt.b32 $0, $2, t, 0x4140; prmt.b32 $1, $2, t, 0x4342; }"
+)
+# The same for the low and the high nibbles of four bytes (int4): permute, then mask each low byte.
+_PRMT_LO_NIBBLES = tl.constexpr(
+    "{ .reg .b32 t; mov.b32 t, 0x64646464; prmt.b32 $0, $2, t, 0x4140; prmt.b32 $1, $2, t, 0x4342;"
+    " and.b32 $0, $0, 0xFF0FFF0F; and.b32 $1, $1, 0xFF0FFF0F; }"
+)
+_PRMT_HI_NIBBLES = tl.constexpr(
+    "{ .reg .b32 t, w; mov.b32 t, 0x64646464; shr.b32 w, $2, 4; prmt.b32 $0, w, t, 0x4140;"
+    " prmt.b32 $1, w, t, 0x4342; and.b32 $0, $0, 0xFF0FFF0F; and.b32 $1, $1, 0xFF0FFF0F; }"
+)
+
+
 @triton.jit
-def load_kv_codes_offset(rows, mask_n, BLOCK_D: tl.constexpr, NPACK: tl.constexpr, QUANT: tl.constexpr):
+def _bytes_to_offset_f16(b, ASM: tl.constexpr, NIBBLE: tl.constexpr):
+    """uint8 ``b`` -> fp16 ``1024 + v`` where v is the byte (``NIBBLE`` 0), its low (1) or high (2)
+    nibble. ``ASM``: with byte permutes (GPU; two instructions per four values, and the values stay
+    in the layout they were loaded in); otherwise with 16-bit integer ops (also in the interpreter)."""
+    if ASM:
+        if NIBBLE == 0:
+            return tl.inline_asm_elementwise(
+                _PRMT_BYTES, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4
+            )
+        elif NIBBLE == 1:
+            return tl.inline_asm_elementwise(
+                _PRMT_LO_NIBBLES, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4
+            )
+        else:
+            return tl.inline_asm_elementwise(
+                _PRMT_HI_NIBBLES, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4
+            )
+    else:
+        w = b.to(tl.uint16)
+        if NIBBLE == 1:
+            w = w & 15
+        elif NIBBLE == 2:
+            w = w >> 4
+        return (w | _F16_1024_BITS).to(tl.float16, bitcast=True)
+
+
+_PRMT_EVEN_BYTES = tl.constexpr("{ .reg .b32 t; mov.b32 t, 0x64646464; prmt.b32 $0, $1, t, 0x4240; }")
+_PRMT_ODD_BYTES = tl.constexpr("{ .reg .b32 t; mov.b32 t, 0x64646464; prmt.b32 $0, $1, t, 0x4341; }")
+
+
+@triton.jit
+def _pairs_to_offset_f16(w, ASM: tl.constexpr, ODD: tl.constexpr):
+    """uint16 ``w`` (two int8 codes, little-endian) -> fp16 ``1024 + code`` of its low (``ODD`` 0)
+    or high (1) byte; ``ASM`` as in ``_bytes_to_offset_f16`` (one permute per two values)."""
+    if ASM:
+        if ODD == 0:
+            return tl.inline_asm_elementwise(
+                _PRMT_EVEN_BYTES, "=r,r", [w], dtype=tl.float16, is_pure=True, pack=2
+            )
+        else:
+            return tl.inline_asm_elementwise(
+                _PRMT_ODD_BYTES, "=r,r", [w], dtype=tl.float16, is_pure=True, pack=2
+            )
+    else:
+        if ODD == 0:
+            w = w & 255
+        else:
+            w = w >> 8
+        return (w | _F16_1024_BITS).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def load_kv_codes_offset(
+    rows, mask_n, BLOCK_D: tl.constexpr, NPACK: tl.constexpr, QUANT: tl.constexpr, ASM: tl.constexpr
+):
     """As ``load_kv_codes``, but each value is the fp16 ``CODE_OFFSET + code`` (built with integer
-    OR, no conversion); rows off ``mask_n`` and dims past the row read ``CODE_OFFSET``. Callers
-    subtract the offset's contribution after their dot."""
-    if QUANT == 8:
+    ops, no conversion); rows off ``mask_n`` and dims past the row read ``CODE_OFFSET``. Callers
+    subtract the offset's contribution after their dot. ``ASM``: see ``_bytes_to_offset_f16``."""
+    if QUANT == 8 and (ASM & 2) == 0:
         offs = tl.arange(0, BLOCK_D)
         b = tl.load(rows[:, None] + offs[None, :], mask=mask_n[:, None] & (offs < NPACK)[None, :], other=0)
-        return (b.to(tl.uint16) | _F16_1024_BITS).to(tl.float16, bitcast=True)
+        return _bytes_to_offset_f16(b, ASM & 1, 0)
+    elif QUANT == 8:
+        # read as 16-bit pairs split into even and odd codes, like int4's nibbles: the join makes
+        # Triton build the fp16 values where they were loaded and move them to the dot's layout as
+        # fp16 (ldmatrix), instead of moving the bytes one by one (ld.shared.b8 per code, ptxas)
+        offs_p = tl.arange(0, BLOCK_D // 2)
+        w = tl.load(
+            rows.to(tl.pointer_type(tl.uint16))[:, None] + offs_p[None, :],
+            mask=mask_n[:, None] & (offs_p < NPACK // 2)[None, :],
+            other=0,
+        )
+        even = _pairs_to_offset_f16(w, ASM & 1, 0)
+        odd = _pairs_to_offset_f16(w, ASM & 1, 1)
+        return tl.reshape(tl.join(even, odd), [rows.shape[0], BLOCK_D])
     else:
         offs_p = tl.arange(0, BLOCK_D // 2)
         b = tl.load(
             rows[:, None] + offs_p[None, :], mask=mask_n[:, None] & (offs_p < NPACK)[None, :], other=0
         )
-        w = b.to(tl.uint16)
-        lo = ((w & 15) | _F16_1024_BITS).to(tl.float16, bitcast=True)
-        hi = ((w >> 4) | _F16_1024_BITS).to(tl.float16, bitcast=True)
+        lo = _bytes_to_offset_f16(b, ASM & 1, 1)
+        hi = _bytes_to_offset_f16(b, ASM & 1, 2)
         return tl.reshape(tl.join(lo, hi), [rows.shape[0], BLOCK_D])
 
 
@@ -94,7 +194,15 @@ def to_dot_dtype(x):
 
 @triton.jit
 def quant_scores(
-    qd, q_sum, rows, mask_n, dtype_ptr, BLOCK_D: tl.constexpr, NPACK: tl.constexpr, QUANT: tl.constexpr
+    qd,
+    q_sum,
+    rows,
+    mask_n,
+    dtype_ptr,
+    BLOCK_D: tl.constexpr,
+    NPACK: tl.constexpr,
+    QUANT: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """``qd . codes`` for a tile of cache rows: ``[rows of qd, N]`` float32, the codes exact.
     ``qd`` is ``to_dot_dtype(q)`` and ``q_sum`` its row sum (float32). A 16-bit model dots fp16
@@ -102,7 +210,7 @@ def quant_scores(
     if qd.dtype == tl.float32:
         return tl.dot(qd, tl.trans(load_kv_codes(rows, mask_n, dtype_ptr, BLOCK_D, NPACK, QUANT)))
     else:
-        c = load_kv_codes_offset(rows, mask_n, BLOCK_D, NPACK, QUANT)
+        c = load_kv_codes_offset(rows, mask_n, BLOCK_D, NPACK, QUANT, ASM)
         return tl.dot(qd, tl.trans(c)) - CODE_OFFSET * q_sum[:, None]
 
 
@@ -118,6 +226,7 @@ def quant_weighted_values(
     BLOCK_D: tl.constexpr,
     NPACK: tl.constexpr,
     QUANT: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """``sum_n p[:, n] * (code_n * scale_n + zero_n)`` for a tile of V rows: ``[rows of p, BLOCK_D]``
     float32. The scale goes onto the probabilities and the zero into a row sum, so the codes need no
@@ -127,7 +236,7 @@ def quant_weighted_values(
     if DOT_DTYPE == tl.float32:
         out = tl.dot(pv, load_kv_codes(rows, mask_n, dtype_ptr, BLOCK_D, NPACK, QUANT))
     else:
-        c = load_kv_codes_offset(rows, mask_n, BLOCK_D, NPACK, QUANT)
+        c = load_kv_codes_offset(rows, mask_n, BLOCK_D, NPACK, QUANT, ASM)
         out = tl.dot(pv, c)
         corr -= CODE_OFFSET * tl.sum(pv.to(tl.float32), 1)
     return out + corr[:, None]

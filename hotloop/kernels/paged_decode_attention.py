@@ -28,6 +28,7 @@ from hotloop.kernels.kv_quant_triton import (
     quant_scores,
     quant_weighted_values,
     to_dot_dtype,
+    use_asm,
 )
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
 
@@ -68,6 +69,7 @@ def _decode_kernel(
     QUANT: tl.constexpr,  # 0: float cache; 8 / 4: int8 / int4 codes + scale and zero per row
     NPACK: tl.constexpr,  # bytes of a quantized row's codes (its scale follows)
     ROW: tl.constexpr,  # bytes of a quantized row (the caches' head stride): tells Triton its alignment
+    ASM: tl.constexpr,  # quantized codes -> fp16 with PTX byte permutes (GPU), not integer ops
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -121,7 +123,7 @@ def _decode_kernel(
             # kvh * ROW, not kvh * stride_kh: a constexpr row width lets Triton vectorize the loads
             k_rows = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * ROW  # [BLOCK_N]
             k_scale, k_zero = load_kv_params(k_rows, mask_n, q_ptr, NPACK)
-            s = quant_scores(qd, q_sum, k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT)  # q . codes
+            s = quant_scores(qd, q_sum, k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT, ASM)  # q . codes
             s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -142,7 +144,7 @@ def _decode_kernel(
             v_rows = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * ROW
             v_scale, v_zero = load_kv_params(v_rows, mask_n, q_ptr, NPACK)
             pv = quant_weighted_values(
-                p, v_scale, v_zero, v_rows, mask_n, q_ptr, qd.dtype, BLOCK_D, NPACK, QUANT
+                p, v_scale, v_zero, v_rows, mask_n, q_ptr, qd.dtype, BLOCK_D, NPACK, QUANT, ASM
             )
             acc = acc * alpha[:, None] + pv
         if QUANT == 0:
@@ -319,6 +321,7 @@ def paged_decode_attention(
         QUANT=quant,
         NPACK=npack,
         ROW=k_cache.shape[-1] if quant else 0,
+        ASM=use_asm(q) if quant else 0,
         num_warps=num_warps,
         num_stages=num_stages,
     )
