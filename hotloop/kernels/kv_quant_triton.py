@@ -70,14 +70,16 @@ _F16_1024_BITS = tl.constexpr(0x6400)
 PRMT = os.environ.get("HOTLOOP_KV_PRMT", "1") != "0"
 
 
-INT8_PAIRS = os.environ.get("HOTLOOP_KV_INT8_PAIRS", "1") != "0"
+_INT8_PAIRS = os.environ.get("HOTLOOP_KV_INT8_PAIRS")  # "0" / "1" overrides each kernel's choice
 
 
-def use_asm(x: torch.Tensor) -> int:
-    """Code-reading mode bits: 1 = inline PTX permutes (a CUDA tensor, not interpreted), 2 = int8
-    codes read as 16-bit pairs."""
+def code_mode(x: torch.Tensor, int8_pairs: bool) -> int:
+    """The ``ASM`` bits of a quantized-KV kernel on ``x``'s device: 1 = inline PTX permutes (a CUDA
+    tensor, not interpreted), 2 = int8 codes read as 16-bit pairs (``int8_pairs``, the kernel's
+    measured preference, unless HOTLOOP_KV_INT8_PAIRS says otherwise)."""
     asm = PRMT and x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
-    return int(asm) | (2 if INT8_PAIRS else 0)
+    pairs = int8_pairs if _INT8_PAIRS is None else _INT8_PAIRS != "0"
+    return int(asm) | (2 if pairs else 0)
 
 
 # PTX for four bytes (one register, ``$2``) -> four fp16 ``1024 + byte`` (two registers): one byte
@@ -246,10 +248,20 @@ def quant_weighted_values(
 def load_kv_params(rows, mask_n, dtype_ptr, NPACK: tl.constexpr):
     """Each row's ``(scale, zero)`` as float32 ``[N]``: stored in ``dtype_ptr``'s element type (the
     model dtype) at byte ``NPACK`` of the row. Rows off ``mask_n`` read 0, 0."""
-    p = (rows + NPACK).to(tl.pointer_type(dtype_ptr.dtype.element_ty))
-    scale = tl.load(p, mask=mask_n, other=0.0).to(tl.float32)
-    zero = tl.load(p + 1, mask=mask_n, other=0.0).to(tl.float32)
-    return scale, zero
+    dt = dtype_ptr.dtype.element_ty
+    if dt == tl.float32:
+        p = (rows + NPACK).to(tl.pointer_type(dt))
+        scale = tl.load(p, mask=mask_n, other=0.0)
+        zero = tl.load(p + 1, mask=mask_n, other=0.0)
+        return scale, zero
+    else:
+        # both 16-bit values in one 4-byte load (the pair is 4-byte aligned): two-byte loads cannot
+        # be issued asynchronously (cp.async moves 4, 8 or 16 bytes), so Triton's pipeliner left
+        # them as a synchronous global load in every iteration of the attention loop
+        w = tl.load((rows + NPACK).to(tl.pointer_type(tl.uint32)), mask=mask_n, other=0)
+        scale = (w & 0xFFFF).to(tl.uint16).to(dt, bitcast=True).to(tl.float32)
+        zero = (w >> 16).to(tl.uint16).to(dt, bitcast=True).to(tl.float32)
+        return scale, zero
 
 
 @triton.jit

@@ -18,11 +18,11 @@ import triton.language as tl
 
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
 from hotloop.kernels.kv_quant_triton import (
+    code_mode,
     load_kv_params,
     quant_scores,
     quant_weighted_values,
     to_dot_dtype,
-    use_asm,
 )
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
 from hotloop.kernels.paged_decode_attention import check_cache
@@ -256,7 +256,7 @@ def paged_prefill_attention(
         QUANT=quant,
         NPACK=npack,
         ROW=k_cache.shape[-1] if quant else 0,
-        ASM=use_asm(q) if quant else 0,
+        ASM=code_mode(q, int8_pairs=False) if quant else 0,
         num_warps=num_warps,
         num_stages=num_stages,
     )
