@@ -248,20 +248,12 @@ def quant_weighted_values(
 def load_kv_params(rows, mask_n, dtype_ptr, NPACK: tl.constexpr):
     """Each row's ``(scale, zero)`` as float32 ``[N]``: stored in ``dtype_ptr``'s element type (the
     model dtype) at byte ``NPACK`` of the row. Rows off ``mask_n`` read 0, 0."""
-    dt = dtype_ptr.dtype.element_ty
-    if dt == tl.float32:
-        p = (rows + NPACK).to(tl.pointer_type(dt))
-        scale = tl.load(p, mask=mask_n, other=0.0)
-        zero = tl.load(p + 1, mask=mask_n, other=0.0)
-        return scale, zero
-    else:
-        # both 16-bit values in one 4-byte load (the pair is 4-byte aligned): two-byte loads cannot
-        # be issued asynchronously (cp.async moves 4, 8 or 16 bytes), so Triton's pipeliner left
-        # them as a synchronous global load in every iteration of the attention loop
-        w = tl.load((rows + NPACK).to(tl.pointer_type(tl.uint32)), mask=mask_n, other=0)
-        scale = (w & 0xFFFF).to(tl.uint16).to(dt, bitcast=True).to(tl.float32)
-        zero = (w >> 16).to(tl.uint16).to(dt, bitcast=True).to(tl.float32)
-        return scale, zero
+    # two 2-byte loads, not one 4-byte load of the pair: the 4-byte load lets Triton pipeline the
+    # pair with cp.async, which measured slower (int8 decode, B=256 x 1k: 0.42 -> 0.53 ms per layer)
+    p = (rows + NPACK).to(tl.pointer_type(dtype_ptr.dtype.element_ty))
+    scale = tl.load(p, mask=mask_n, other=0.0).to(tl.float32)
+    zero = tl.load(p + 1, mask=mask_n, other=0.0).to(tl.float32)
+    return scale, zero
 
 
 @triton.jit
