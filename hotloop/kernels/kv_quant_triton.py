@@ -234,13 +234,13 @@ def quant_weighted_values(
     float32. The scale goes onto the probabilities and the zero into a row sum, so the codes need no
     per-element arithmetic before the dot (in ``DOT_DTYPE``; fp16 with offset codes, see above)."""
     pv = (p * v_scale[None, :]).to(DOT_DTYPE)
-    corr = tl.sum(p * v_zero[None, :], 1)
     if DOT_DTYPE == tl.float32:
+        corr = tl.sum(p * v_zero[None, :], 1)
         out = tl.dot(pv, load_kv_codes(rows, mask_n, dtype_ptr, BLOCK_D, NPACK, QUANT))
     else:
-        c = load_kv_codes_offset(rows, mask_n, BLOCK_D, NPACK, QUANT, ASM)
-        out = tl.dot(pv, c)
-        corr -= CODE_OFFSET * tl.sum(pv.to(tl.float32), 1)
+        # one row reduction for both corrections (the zero points, and the offset of the codes)
+        corr = tl.sum(p * v_zero[None, :] - CODE_OFFSET * pv.to(tl.float32), 1)
+        out = tl.dot(pv, load_kv_codes_offset(rows, mask_n, BLOCK_D, NPACK, QUANT, ASM))
     return out + corr[:, None]
 
 

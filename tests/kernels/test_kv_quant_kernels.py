@@ -263,6 +263,17 @@ def test_quant_decode_interpreted(h: int, kv: int, d: int, policy: int) -> None:
 
 @interpret
 @pytest.mark.parametrize("policy", [8, 4])
+def test_quant_decode_page_tiles_interpreted(policy: int) -> None:
+    # block size 64: every tile lies in one page (one block-table entry per tile); contexts ending
+    # mid-tile and mid-page, several pages, splits, and a window whose start is not tile-aligned
+    _decode_case([1, 0, 37, 64, 65, 200], 8, 2, 32, 64, torch.float32, policy, "cpu", None, 1)
+    _decode_case([1, 37, 130, 200], 8, 2, 32, 64, torch.float32, policy, "cpu", None, 4)
+    _decode_case([1, 37, 130, 200], 8, 2, 32, 64, torch.float32, policy, "cpu", 45, 3)
+    _decode_case([90, 200], 4, 2, 32, 64, torch.float16, policy, "cpu", 70, 2)
+
+
+@interpret
+@pytest.mark.parametrize("policy", [8, 4])
 @pytest.mark.parametrize("h,kv,d", [(2, 2, 16), (8, 2, 32)])
 def test_quant_prefill_interpreted(h: int, kv: int, d: int, policy: int) -> None:
     window = 20 if h == kv else None
