@@ -3,7 +3,11 @@ on a machine without a GPU: Triton compiles to PTX for the target, and the ptxas
 reports register use and spills. This is how the quantized-KV kernels' byte loads and spills were
 found (BENCHMARKS.md, "GPU, third session").
 
-    PYTHONPATH=$PWD python benchmarks/ptxas_report.py [BLOCK_N]
+    PYTHONPATH=$PWD python benchmarks/ptxas_report.py [BLOCK_N | default]
+
+With ``default`` each format uses its launcher's BLOCK_N. The last line per format counts the SASS
+instructions (per thread) of the attention loop, the longest backward branch, per token of a tile:
+the quantized kernels are bound by instruction issue, not bandwidth (BENCHMARKS.md, fourth session).
 
 Bf16, head_dim 128, GQA group 4, block size 64, 16 splits; strides divisible by 16 as in the engine
 (for a quantized cache the head stride is the row width, head_dim + 4 bytes, which is not). The PTX
@@ -17,37 +21,17 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
-import hotloop.kernels.paged_decode_attention as dec
-
-STRIDES = ["stride_qb", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt", "stride_vh",
-           "stride_bt", "stride_ob", "stride_oh"]  # fmt: skip
-POINTERS = ["q_ptr", "k_cache_ptr", "v_cache_ptr", "block_tables_ptr", "seq_lens_ptr", "out_ptr", "lse_ptr"]
+from hotloop.kernels import aot
+from hotloop.kernels.paged_decode_attention import decode_config
 
 
 def compile_decode(quant: int, block_n: int, asm: bool = True) -> str:
-    k = dec._decode_kernel
-    npack = {0: 0, 8: 128, 4: 64}[quant]
-    cache = "*u8" if quant else "*bf16"
-    sig = {"q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
-           "seq_lens_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32", "scale_log2": "fp32"}  # fmt: skip
-    sig.update({n: "i32" for n in STRIDES})
-    consts = dict(G=4, D=128, BS=64, NUM_SPLITS=16, WINDOW=0, BLOCK_G=16, BLOCK_D=128, BLOCK_N=block_n,
-                  QUANT=quant, NPACK=npack, ROW=npack + 4 if quant else 0, ASM=int(asm) | 2 if quant else 0)  # fmt: skip
-    sig.update({n: "constexpr" for n in consts})
-    aligned = POINTERS + [n for n in STRIDES if not (quant and n in ("stride_kh", "stride_vh"))]
-    src = ASTSource(
-        fn=k,
-        signature=sig,
-        constexprs={(k.arg_names.index(n),): v for n, v in consts.items()},
-        attrs={(k.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned},
-    )
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    return str(compiled.asm["ptx"])
+    """PTX of the decode kernel (bf16, 16 splits) with ``block_n`` rows per tile."""
+    return str(aot.compile_decode(quant, "bfloat16", splits=16, block_n=block_n, asm=int(asm) | 2).asm["ptx"])
 
 
 def ptxas_info(ptx: str) -> str:
@@ -68,15 +52,45 @@ def ptxas_info(ptx: str) -> str:
     return f"ptxas failed: {r.stderr.strip()[:200]}"
 
 
+def loop_instructions(ptx: str) -> tuple[int, Counter[str]]:
+    """SASS instructions in the kernel's longest loop (assembled with the bundled ptxas, listed with
+    the bundled cuobjdump), and their opcodes."""
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(re.sub(r"^\.version \S+", ".version 8.8", ptx, flags=re.M))
+        subprocess.run([os.path.join(tools, "ptxas"), "-arch=sm_90a", path, "-o", path + ".o"], check=True)
+        sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", path + ".o"],
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+    ops = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*)", line)
+        if m:
+            ops.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    loops = []
+    for addr, op, rest in ops:
+        target = re.search(r"0x([0-9a-f]+)", rest)
+        if op.startswith("BRA") and target and int(target.group(1), 16) < addr:
+            loops.append((int(target.group(1), 16), addr))
+    lo, hi = max(loops, key=lambda r: r[1] - r[0])
+    body = [op.split(".")[0] for addr, op, _ in ops if lo <= addr <= hi]
+    return len(body), Counter(body)
+
+
 def main() -> int:
-    block_n = int(sys.argv[1]) if len(sys.argv) > 1 else 32
+    arg = sys.argv[1] if len(sys.argv) > 1 else "32"
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     for quant in (0, 8, 4):
+        block_n = decode_config(quant, 128)[0] if arg == "default" else int(arg)
         ptx = compile_decode(quant, block_n)
         loads = sorted(set(re.findall(r"(?:ld\.global|cp\.async)[.a-z0-9]*", ptx)))
         cvts = len(re.findall(r"cvt\.rn\.(?:bf16|f16)\.u(?:8|16|32)", ptx))
         print(f"QUANT={quant} BLOCK_N={block_n}: {ptxas_info(ptx)}")
         print(f"    loads: {', '.join(loads)}; integer-to-float code conversions: {cvts}")
+        n, ops = loop_instructions(ptx)
+        top = ", ".join(f"{op} {c}" for op, c in ops.most_common(8))
+        print(f"    loop: {n} SASS instructions, {n / block_n:.1f} per token ({top})")
     return 0
 
 

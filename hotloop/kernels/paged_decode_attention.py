@@ -110,10 +110,11 @@ def _decode_kernel(
         if WINDOW > 0:
             mask_n = mask_n & (offs_n >= lo)
         if QUANT != 0 and BS % BLOCK_N == 0:
-            # the tile lies in one page: one block-table entry, and rows at a constant stride. In
-            # the sm_90 SASS of the loop: int8 21.6 -> 19.0 instructions per token, int4 16.7 ->
-            # 13.7 (the quantized kernels are instruction-bound, BENCHMARKS.md); not yet timed on a
-            # GPU. bf16 (8.6 -> 5.7, but at its bandwidth floor already) keeps the measured path.
+            # the tile lies in one page: one block-table entry, and rows at a constant stride. With
+            # the single V-correction reduction, the loop's sm_90 SASS per token (ptxas_report.py
+            # default): int8 21.6 -> 17.5 instructions, int4 16.7 -> 13.6 (the quantized kernels
+            # are instruction-bound, BENCHMARKS.md); not yet timed on a GPU. bf16 (8.6 -> 5.7, but
+            # at its bandwidth floor already) keeps the measured path.
             page = tl.load(table + n0 // BS).to(tl.int64)
             tok = n0 % BS + tl.arange(0, BLOCK_N)
         else:

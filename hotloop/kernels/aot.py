@@ -1,0 +1,149 @@
+"""Compiling a Triton kernel for a GPU architecture on a machine without that GPU.
+
+Triton lowers a kernel to PTX for any target and assembles it with the ptxas it bundles, so a
+GPU-less machine (CI) can check that every kernel variant the launchers use compiles for sm_90, and
+read its registers and instructions (``benchmarks/ptxas_report.py``). Compiler crashes are found
+here that would otherwise show up only on the GPU (one did: a float32 int4 prefill variant).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hotloop.kernels import kv_quant
+
+
+def compile_for_target(
+    fn: Any,
+    signature: Mapping[str, str],
+    constexprs: Mapping[str, Any],
+    aligned: Iterable[str],
+    arch: int = 90,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> Any:
+    """Compile the ``@triton.jit`` function ``fn`` for CUDA compute capability ``arch``.
+
+    ``signature`` maps each runtime argument to its Triton type (``"*bf16"``, ``"i32"``, ``"fp32"``);
+    ``constexprs`` gives every ``tl.constexpr`` argument; ``aligned`` names the arguments that are
+    divisible by 16 (pointers and strides, as Triton specializes them at launch). Returns Triton's
+    compiled kernel (``.asm["ptx"]``, ``.asm["cubin"]``, ``.n_regs`` where available); raises what
+    the compiler raises.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = dict(signature)
+    sig.update({name: "constexpr" for name in constexprs})
+    missing = set(fn.arg_names) - set(sig)
+    if missing:
+        raise ValueError(f"no type or value for {sorted(missing)} of {fn.__name__}")
+    src = ASTSource(
+        fn=fn,
+        signature=sig,
+        constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},
+        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned},
+    )
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+# -- the attention kernels, as their launchers configure them on a GPU ------------------------------
+# head_dim 128, GQA group 4, block size 64; strides divisible by 16 except a quantized cache's head
+# stride (the row width, head_dim + 4 bytes for bf16)
+D, G, BS = 128, 4, 64
+_TYPES = {"bfloat16": "bf16", "float32": "fp32"}
+_ITEMSIZE = {"bfloat16": 2, "float32": 4}
+
+
+def _cache_consts(quant: int, dtype: str, asm: int) -> dict[str, int]:
+    npack = kv_quant.packed_bytes(D, quant) if quant else 0
+    row = kv_quant.row_bytes(D, quant, _ITEMSIZE[dtype]) if quant else 0
+    # on a GPU a 16-bit model's quantized kernels get PTX permutes (bit 1); float32 reads codes directly
+    return {"QUANT": quant, "NPACK": npack, "ROW": row, "ASM": asm if quant else 0}
+
+
+def compile_decode(
+    quant: int,
+    dtype: str,
+    window: int = 0,
+    splits: int = 4,
+    block_n: int | None = None,
+    asm: int = 1 | 2,
+) -> Any:
+    """The decode kernel for cache policy ``quant`` and model ``dtype``; ``block_n`` and ``asm``
+    (the code-reading bits, ``kv_quant_triton.code_mode``) override the launcher's choices."""
+    from hotloop.kernels import paged_decode_attention as dec
+
+    t = _TYPES[dtype]
+    cache = "*u8" if quant else f"*{t}"
+    strides = ["stride_qb", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt",
+               "stride_vh", "stride_bt", "stride_ob", "stride_oh"]  # fmt: skip
+    sig = {"q_ptr": f"*{t}", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
+           "seq_lens_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32", "scale_log2": "fp32"}  # fmt: skip
+    sig.update({s: "i32" for s in strides})
+    default_n, warps, stages = dec.decode_config(quant, D)
+    consts = {"G": G, "D": D, "BS": BS, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
+              "BLOCK_N": block_n or default_n, **_cache_consts(quant, dtype, asm)}  # fmt: skip
+    aligned = [n for n in sig if n.endswith("_ptr")]
+    aligned += [s for s in strides if not (quant and s in ("stride_kh", "stride_vh"))]
+    return compile_for_target(dec._decode_kernel, sig, consts, aligned, num_warps=warps, num_stages=stages)
+
+
+def compile_prefill(quant: int, dtype: str, window: int = 0, max_query_len: int = 4096) -> Any:
+    """The prefill kernel for cache policy ``quant``, model ``dtype`` and a longest query."""
+    from hotloop.kernels import paged_prefill_attention as pf
+
+    t = _TYPES[dtype]
+    cache = "*u8" if quant else f"*{t}"
+    strides = ["stride_qt", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt",
+               "stride_vh", "stride_bt", "stride_ot", "stride_oh"]  # fmt: skip
+    sig = {"q_ptr": f"*{t}", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
+           "seq_lens_ptr": "*i32", "query_start_ptr": "*i32", "out_ptr": f"*{t}", "scale_log2": "fp32"}  # fmt: skip
+    sig.update({s: "i32" for s in strides})
+    block_m, block_n, warps, stages = pf.prefill_config(D, max_query_len, quant)
+    consts = {"G": G, "D": D, "BS": BS, "WINDOW": window, "BLOCK_M": block_m, "BLOCK_N": block_n,
+              "BLOCK_D": D, **_cache_consts(quant, dtype, 1)}  # fmt: skip
+    aligned = [n for n in sig if n.endswith("_ptr")]
+    aligned += [s for s in strides if not (quant and s in ("stride_kh", "stride_vh"))]
+    return compile_for_target(pf._prefill_kernel, sig, consts, aligned, num_warps=warps, num_stages=stages)
+
+
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    **{f"decode-q{q}-{d}": ("decode", {"quant": q, "dtype": d})
+       for q, d in [(0, "bfloat16"), (8, "bfloat16"), (4, "bfloat16"), (8, "float32"), (4, "float32")]},
+    **{f"prefill-q{q}-{d}": ("prefill", {"quant": q, "dtype": d})
+       for q, d in [(0, "bfloat16"), (8, "bfloat16"), (4, "bfloat16"), (8, "float32"), (4, "float32")]},
+    "decode-q8-bfloat16-window": ("decode", {"quant": 8, "dtype": "bfloat16", "window": 512}),
+    "prefill-q0-bfloat16-window-1k": ("prefill", {"quant": 0, "dtype": "bfloat16", "window": 512, "max_query_len": 1024}),
+    "prefill-q8-bfloat16-short": ("prefill", {"quant": 8, "dtype": "bfloat16", "max_query_len": 8}),
+}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hotloop.kernels.aot [NAME ...]``: compile the attention variants (all by default)
+    for sm_90 and print one JSON object, ``{name: "ok" | error text}``. Needs TRITON_INTERPRET unset
+    (interpreted kernels cannot be compiled)."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("unset TRITON_INTERPRET: interpreted kernels cannot be compiled", file=sys.stderr)
+        return 2
+    names = (argv if argv is not None else sys.argv[1:]) or list(VARIANTS)
+    results = {}
+    for name in names:
+        kind, kwargs = VARIANTS[name]
+        try:
+            (compile_decode if kind == "decode" else compile_prefill)(**kwargs)
+            results[name] = "ok"
+        except Exception as e:  # noqa: BLE001 - every variant is reported, the first failure included
+            results[name] = f"{type(e).__name__}: {str(e)[-300:]}"
+    print(json.dumps(results))
+    return 0 if all(v == "ok" for v in results.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
