@@ -4,10 +4,12 @@
 
 Llama-3-8B attention shape (32 query heads, 8 KV heads, head_dim 128, block size 64, bf16), random
 cache contents. For each cache format (bf16, int8, int4) and workload it times every configuration
-with ``triton.testing.do_bench`` (median), checks each one's output against the default
-configuration's (a fast wrong configuration is reported, never chosen), and prints the time beside
-the floor: bytes read / 4,229 GB/s (the H200 copy bandwidth in ../shared/GPU.md) for decode,
-FLOPs / 783 TFLOP/s for prefill.
+with ``triton.testing.do_bench`` (median), checks the default configuration's output against the
+torch reference (``kernels/reference.py``, on the same quantized cache; decode: the first 16
+sequences) and every other configuration's against the default's (a fast wrong configuration is
+reported, never chosen), and prints the time beside the floor: bytes read / 4,229 GB/s (the H200
+copy bandwidth in ../shared/GPU.md) for decode, FLOPs / 783 TFLOP/s for prefill; "of roofline" is
+floor / time.
 
 Workloads: decode at batch 256 with 1k context (the issue-4 step), decode at batch 128 with 4k
 context (the KV-bound run of issue 6), prefill of one 4096-token prompt.
@@ -19,10 +21,12 @@ import argparse
 import itertools
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from hotloop.kernels import kv_quant
+from hotloop.kernels import kv_quant, reference
 from hotloop.kernels.paged_decode_attention import decode_config, paged_decode_attention
 from hotloop.kernels.paged_prefill_attention import paged_prefill_attention, prefill_config
 
@@ -32,16 +36,21 @@ FLOPS = 783e12
 
 
 def make_cache(tokens: int, policy: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V caches holding ``tokens`` tokens (blocks in a shuffled order, as after serving)."""
+    """K and V caches holding ``tokens`` tokens (random values; quantized on the GPU)."""
     nb = -(-tokens // BS)
     caches = []
     for _ in range(2):
-        x = torch.randn(nb, BS, KV, D, generator=gen).to(torch.bfloat16)
-        caches.append((kv_quant.quantize(x, policy, torch.bfloat16) if policy else x).cuda())
+        x = torch.randn(nb, BS, KV, D, generator=gen).to(torch.bfloat16).cuda()
+        caches.append(kv_quant.quantize(x, policy, torch.bfloat16) if policy else x)
     return caches[0], caches[1]
 
 
-def bench(fn) -> float:
+def as_float(cache: torch.Tensor, policy: int) -> torch.Tensor:
+    """The cache in float32, dequantized (the reference reads the same values the kernels do)."""
+    return kv_quant.dequantize_cache(cache, D, torch.bfloat16) if policy else cache.float()
+
+
+def bench(fn: Callable[[], Any]) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
@@ -51,7 +60,9 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-9))
 
 
-def decode_case(batch: int, ctx: int, policy: int, configs: list, gen: torch.Generator) -> dict:
+def decode_case(
+    batch: int, ctx: int, policy: int, configs: list[tuple[int, ...]], gen: torch.Generator
+) -> dict:
     blocks = -(-ctx // BS)
     k, v = make_cache(batch * blocks * BS, policy, gen)
     perm = torch.randperm(batch * blocks, generator=gen).to(torch.int32)
@@ -62,6 +73,14 @@ def decode_case(batch: int, ctx: int, policy: int, configs: list, gen: torch.Gen
     floor_ms = (2 * batch * ctx * KV * row + 2 * q.numel() * 2) / BANDWIDTH * 1e3
     default = decode_config(policy, D)
     ref = paged_decode_attention(q, k, v, tables, seq, D**-0.5, config=default)
+    n = min(16, batch)
+    kf, vf = as_float(k, policy), as_float(v, policy)
+    truth = reference.paged_attention(q[:n].float(), kf, vf, tables[:n], [1] * n, [ctx] * n, D**-0.5)
+    del kf, vf
+    default_err = rel(ref[:n], truth)
+    print(
+        f"  decode B={batch} ctx={ctx} q{policy}: default vs torch reference, relative error {default_err:.2e}"
+    )
     rows = []
     for cfg in [default] + [c for c in configs if c != default]:
         try:
@@ -72,13 +91,13 @@ def decode_case(batch: int, ctx: int, policy: int, configs: list, gen: torch.Gen
             rows.append({"config": list(cfg), "error": f"{type(e).__name__}: {str(e)[:120]}"})
         r = rows[-1]
         print(f"  decode B={batch} ctx={ctx} q{policy} {cfg}: "
-              + (f"{r['ms']:.3f} ms ({floor_ms / r['ms']:.0%} of floor)" if "ms" in r else r["error"]),
+              + (f"{r['ms']:.3f} ms ({floor_ms / r['ms']:.0%} of roofline)" if "ms" in r else r["error"]),
               flush=True)  # fmt: skip
     return {"kind": "decode", "batch": batch, "ctx": ctx, "policy": policy, "floor_ms": floor_ms,
-            "default": list(default), "rows": rows}  # fmt: skip
+            "default": list(default), "default_rel_err_vs_reference": default_err, "rows": rows}  # fmt: skip
 
 
-def prefill_case(qlen: int, policy: int, configs: list, gen: torch.Generator) -> dict:
+def prefill_case(qlen: int, policy: int, configs: list[tuple[int, ...]], gen: torch.Generator) -> dict:
     k, v = make_cache(qlen, policy, gen)
     blocks = -(-qlen // BS)
     tables = torch.arange(blocks, dtype=torch.int32).view(1, blocks).cuda()
@@ -92,6 +111,11 @@ def prefill_case(qlen: int, policy: int, configs: list, gen: torch.Generator) ->
 
     default = prefill_config(D, qlen, policy)
     ref = run(default)
+    kf, vf = as_float(k, policy), as_float(v, policy)
+    truth = reference.paged_attention(q.float(), kf, vf, tables, [qlen], [qlen], D**-0.5)
+    default_err = rel(ref, truth)
+    del truth, kf, vf
+    print(f"  prefill T={qlen} q{policy}: default vs torch reference, relative error {default_err:.2e}")
     rows = []
     for cfg in [default] + [c for c in configs if c != default]:
         try:
@@ -102,10 +126,10 @@ def prefill_case(qlen: int, policy: int, configs: list, gen: torch.Generator) ->
             rows.append({"config": list(cfg), "error": f"{type(e).__name__}: {str(e)[:120]}"})
         r = rows[-1]
         print(f"  prefill T={qlen} q{policy} {cfg}: "
-              + (f"{r['ms']:.3f} ms ({floor_ms / r['ms']:.0%} of floor)" if "ms" in r else r["error"]),
+              + (f"{r['ms']:.3f} ms ({floor_ms / r['ms']:.0%} of roofline)" if "ms" in r else r["error"]),
               flush=True)  # fmt: skip
     return {"kind": "prefill", "qlen": qlen, "policy": policy, "floor_ms": floor_ms, "default": list(default),
-            "rows": rows}  # fmt: skip
+            "default_rel_err_vs_reference": default_err, "rows": rows}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     print("best per case (correct outputs only):")
     for r in results:
         ok = [x for x in r["rows"] if "ms" in x and x["rel_err_vs_default"] < 1e-2]
+        if r["default_rel_err_vs_reference"] >= 2e-2 or not ok:
+            print(f"{r['kind']} q{r['policy']}: the default is wrong (relative error "
+                  f"{r['default_rel_err_vs_reference']:.2e} against the reference)")  # fmt: skip
+            continue
         best = min(ok, key=lambda x: x["ms"])
         base = r["rows"][0]
         name = f"{r['kind']} q{r['policy']} " + (

@@ -26,12 +26,15 @@ from collections import Counter
 import triton
 
 from hotloop.kernels import aot
-from hotloop.kernels.paged_decode_attention import decode_config
+from hotloop.kernels.kv_quant_triton import code_mode_bits
+from hotloop.kernels.paged_decode_attention import INT8_PAIRS, decode_config
 
 
 def compile_decode(quant: int, block_n: int, asm: bool = True) -> str:
-    """PTX of the decode kernel (bf16, 16 splits) with ``block_n`` rows per tile."""
-    return str(aot.compile_decode(quant, "bfloat16", splits=16, block_n=block_n, asm=int(asm) | 2).asm["ptx"])
+    """PTX of the decode kernel (bf16, 16 splits) with ``block_n`` rows per tile; ``asm`` False
+    turns the PTX permutes off (the launcher's int8-pairs choice stays)."""
+    bits = code_mode_bits(True, INT8_PAIRS) & (~0 if asm else ~1)
+    return str(aot.compile_decode(quant, "bfloat16", splits=16, block_n=block_n, asm=bits).asm["ptx"])
 
 
 def ptxas_info(ptx: str) -> str:
@@ -73,6 +76,8 @@ def loop_instructions(ptx: str) -> tuple[int, Counter[str]]:
         target = re.search(r"0x([0-9a-f]+)", rest)
         if op.startswith("BRA") and target and int(target.group(1), 16) < addr:
             loops.append((int(target.group(1), 16), addr))
+    if not loops:
+        raise ValueError("no loop (backward branch) in the kernel's SASS")
     lo, hi = max(loops, key=lambda r: r[1] - r[0])
     body = [op.split(".")[0] for addr, op, _ in ops if lo <= addr <= hi]
     return len(body), Counter(body)

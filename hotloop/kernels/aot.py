@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hotloop.kernels import kv_quant
+from hotloop.kernels.kv_quant_triton import code_mode_bits
 
 
 def compile_for_target(
@@ -74,10 +75,12 @@ def compile_decode(
     window: int = 0,
     splits: int = 4,
     block_n: int | None = None,
-    asm: int = 1 | 2,
+    asm: int | None = None,
+    bs: int = BS,
 ) -> Any:
-    """The decode kernel for cache policy ``quant`` and model ``dtype``; ``block_n`` and ``asm``
-    (the code-reading bits, ``kv_quant_triton.code_mode``) override the launcher's choices."""
+    """The decode kernel for cache policy ``quant``, model ``dtype`` and block size ``bs``;
+    ``block_n`` and ``asm`` (the code-reading bits, ``kv_quant_triton.code_mode_bits``) override
+    the launcher's choices on a GPU."""
     from hotloop.kernels import paged_decode_attention as dec
 
     t = _TYPES[dtype]
@@ -88,7 +91,9 @@ def compile_decode(
            "seq_lens_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32", "scale_log2": "fp32"}  # fmt: skip
     sig.update({s: "i32" for s in strides})
     default_n, warps, stages = dec.decode_config(quant, D)
-    consts = {"G": G, "D": D, "BS": BS, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
+    if asm is None:
+        asm = code_mode_bits(True, dec.INT8_PAIRS)
+    consts = {"G": G, "D": D, "BS": bs, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
               "BLOCK_N": block_n or default_n, **_cache_consts(quant, dtype, asm)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
     aligned += [s for s in strides if not (quant and s in ("stride_kh", "stride_vh"))]
@@ -108,18 +113,22 @@ def compile_prefill(quant: int, dtype: str, window: int = 0, max_query_len: int 
     sig.update({s: "i32" for s in strides})
     block_m, block_n, warps, stages = pf.prefill_config(D, max_query_len, quant)
     consts = {"G": G, "D": D, "BS": BS, "WINDOW": window, "BLOCK_M": block_m, "BLOCK_N": block_n,
-              "BLOCK_D": D, **_cache_consts(quant, dtype, 1)}  # fmt: skip
+              "BLOCK_D": D, **_cache_consts(quant, dtype, code_mode_bits(True, pf.INT8_PAIRS))}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
     aligned += [s for s in strides if not (quant and s in ("stride_kh", "stride_vh"))]
     return compile_for_target(pf._prefill_kernel, sig, consts, aligned, num_warps=warps, num_stages=stages)
 
 
+_FORMATS = [(0, "bfloat16"), (8, "bfloat16"), (4, "bfloat16"), (0, "float32"), (8, "float32"), (4, "float32")]
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    **{f"decode-q{q}-{d}": ("decode", {"quant": q, "dtype": d})
-       for q, d in [(0, "bfloat16"), (8, "bfloat16"), (4, "bfloat16"), (8, "float32"), (4, "float32")]},
-    **{f"prefill-q{q}-{d}": ("prefill", {"quant": q, "dtype": d})
-       for q, d in [(0, "bfloat16"), (8, "bfloat16"), (4, "bfloat16"), (8, "float32"), (4, "float32")]},
+    **{f"decode-q{q}-{d}": ("decode", {"quant": q, "dtype": d}) for q, d in _FORMATS},
+    **{f"prefill-q{q}-{d}": ("prefill", {"quant": q, "dtype": d}) for q, d in _FORMATS},
+    "decode-q0-bfloat16-window": ("decode", {"quant": 0, "dtype": "bfloat16", "window": 512}),
     "decode-q8-bfloat16-window": ("decode", {"quant": 8, "dtype": "bfloat16", "window": 512}),
+    "decode-q0-bfloat16-one-split": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 1}),
+    "decode-q8-bfloat16-one-split": ("decode", {"quant": 8, "dtype": "bfloat16", "splits": 1}),
+    "decode-q8-bfloat16-block16": ("decode", {"quant": 8, "dtype": "bfloat16", "bs": 16}),
+    "decode-q4-bfloat16-block16": ("decode", {"quant": 4, "dtype": "bfloat16", "bs": 16}),
     "prefill-q0-bfloat16-window-1k": ("prefill", {"quant": 0, "dtype": "bfloat16", "window": 512, "max_query_len": 1024}),
     "prefill-q8-bfloat16-short": ("prefill", {"quant": 8, "dtype": "bfloat16", "max_query_len": 8}),
 }  # fmt: skip

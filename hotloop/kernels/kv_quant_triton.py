@@ -1,10 +1,14 @@
 """Triton building blocks for the int8 / int4 KV cache (the format is defined in ``kv_quant.py``).
 
-Reading (attention): ``load_kv_codes`` turns a tile of cache rows into codes in the model dtype
-``[N, BLOCK_D]`` in natural head-dim order (int4: byte ``d // 2``, low nibble for even ``d``),
-reading each row's packed bytes as one contiguous run (int4 in float32 models: one load per code);
-``load_kv_params`` reads each row's scale and zero (stored in the model dtype right after the
-packed values). The attention kernels fold them in as ``x = code * scale + zero``.
+Reading (attention): a 16-bit model's kernels dot fp16 ``1024 + code`` values
+(``load_kv_codes_offset``) and take the offset back through row sums; a float32 model's read the
+codes themselves (``load_kv_codes``). Codes are in natural head-dim order (int4: byte ``d // 2``,
+low nibble for even ``d``). How codes are read is a bit field, the kernels' ``ASM`` constexpr
+(``code_mode``): bit 1 builds the fp16 values with PTX byte permutes (GPU only; the interpreter
+keeps integer ops), bit 2 reads int8 codes as 16-bit pairs split into even and odd codes (the
+decode kernel's choice; prefill reads bytes). ``HOTLOOP_KV_PRMT=0`` and ``HOTLOOP_KV_INT8_PAIRS=0|1``
+override them for comparisons; both are read once, at import. ``load_kv_params`` reads each row's
+scale and zero (stored in the model dtype right after the packed values).
 
 Writing: ``quant_params`` and ``quant_codes`` reproduce ``kv_quant.quantize`` bit for bit on values
 that are already in the model dtype: the zero is the row minimum (exact in that dtype), the scale
@@ -74,12 +78,17 @@ _INT8_PAIRS = os.environ.get("HOTLOOP_KV_INT8_PAIRS")  # "0" / "1" overrides eac
 
 
 def code_mode(x: torch.Tensor, int8_pairs: bool) -> int:
-    """The ``ASM`` bits of a quantized-KV kernel on ``x``'s device: 1 = inline PTX permutes (a CUDA
-    tensor, not interpreted), 2 = int8 codes read as 16-bit pairs (``int8_pairs``, the kernel's
-    measured preference, unless HOTLOOP_KV_INT8_PAIRS says otherwise)."""
-    asm = PRMT and x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    """The ``ASM`` bits of a quantized-KV kernel on ``x``'s device (see ``code_mode_bits``)."""
+    on_gpu = x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    return code_mode_bits(on_gpu, int8_pairs)
+
+
+def code_mode_bits(on_gpu: bool, int8_pairs: bool) -> int:
+    """1 = inline PTX permutes (compiled for a GPU, not interpreted), 2 = int8 codes read as 16-bit
+    pairs (``int8_pairs``, the kernel's measured preference, unless HOTLOOP_KV_INT8_PAIRS says
+    otherwise)."""
     pairs = int8_pairs if _INT8_PAIRS is None else _INT8_PAIRS != "0"
-    return int(asm) | (2 if pairs else 0)
+    return int(PRMT and on_gpu) | (2 if pairs else 0)
 
 
 # PTX for four bytes (one register, ``$2``) -> four fp16 ``1024 + byte`` (two registers): one byte
@@ -101,8 +110,8 @@ _PRMT_HI_NIBBLES = tl.constexpr(
 @triton.jit
 def _bytes_to_offset_f16(b, ASM: tl.constexpr, NIBBLE: tl.constexpr):
     """uint8 ``b`` -> fp16 ``1024 + v`` where v is the byte (``NIBBLE`` 0), its low (1) or high (2)
-    nibble. ``ASM``: with byte permutes (GPU; two instructions per four values, and the values stay
-    in the layout they were loaded in); otherwise with 16-bit integer ops (also in the interpreter)."""
+    nibble. ``ASM``: with byte permutes (GPU; two instructions per four bytes, four or five for
+    nibbles); otherwise with 16-bit integer ops (also in the interpreter)."""
     if ASM:
         if NIBBLE == 0:
             return tl.inline_asm_elementwise(

@@ -11,8 +11,11 @@ A quantized (``uint8``, int8 or int4, see ``kv_quant.py``) cache runs the same k
 ``QUANT`` 8 or 4: each K/V tile is read as codes plus per-row scale and zero and dequantized in
 registers. Scores take the K scale and zero after the dot, ``s = (q . codes) * scale + sum(q) * zero``,
 so the dot runs on the exact integer codes; V's scale goes onto the probabilities and its zero into
-a row sum, ``o += (p * scale) . codes + sum(p * zero)``, so V's codes need no arithmetic either. With
-``QUANT == 0`` the float path compiles exactly as before.
+a row sum, ``o += (p * scale) . codes + sum(p * zero)``, so V's codes need no arithmetic either.
+
+Tiles start at multiples of ``BLOCK_N`` (a sliding window's first tile masks the tokens before the
+window). For a quantized cache whose block size is a multiple of ``BLOCK_N`` a tile lies in one
+page, and its rows are addressed from one block-table entry.
 """
 
 from __future__ import annotations
@@ -69,14 +72,14 @@ def _decode_kernel(
     QUANT: tl.constexpr,  # 0: float cache; 8 / 4: int8 / int4 codes + scale and zero per row
     NPACK: tl.constexpr,  # bytes of a quantized row's codes (its scale follows)
     ROW: tl.constexpr,  # bytes of a quantized row (the caches' head stride): tells Triton its alignment
-    ASM: tl.constexpr,  # quantized codes -> fp16 with PTX byte permutes (GPU), not integer ops
+    ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
     lo = 0
-    first = 0  # the first tile's start: a multiple of BLOCK_N, so that no tile crosses a page
+    first = 0  # the first tile's start: a multiple of BLOCK_N (no tile crosses a page when BS % BLOCK_N == 0)
     if WINDOW > 0:
         lo = tl.maximum(seq_len - WINDOW, 0)
         first = (lo // BLOCK_N) * BLOCK_N
@@ -240,6 +243,10 @@ def num_decode_splits(batch: int, num_kv_heads: int) -> int:
 SPLIT_CHOICES = tuple(1 << i for i in range(_MAX_SPLITS.bit_length()))  # 1, 2, 4, 8, 16
 
 
+# int8 codes read as 16-bit pairs: 0.420 against 0.484 ms per layer with bytes (B=256 x 1k, H200)
+INT8_PAIRS = True
+
+
 def decode_config(quant: int, block_d: int) -> tuple[int, int, int]:
     """``(BLOCK_N, num_warps, num_stages)`` of the decode kernel for a cache format and head tile."""
     if quant == 8:
@@ -333,7 +340,7 @@ def paged_decode_attention(
         QUANT=quant,
         NPACK=npack,
         ROW=k_cache.shape[-1] if quant else 0,
-        ASM=code_mode(q, int8_pairs=True) if quant else 0,
+        ASM=code_mode(q, INT8_PAIRS) if quant else 0,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -30,10 +30,14 @@ from hotloop.kernels.paged_decode_attention import check_cache
 _LOG2E = 1.4426950408889634
 
 
+# int8 codes read as bytes: 1.313 against 1.489 ms per layer as 16-bit pairs (4096 tokens, H200)
+INT8_PAIRS = False
+
+
 def prefill_config(block_d: int, max_query_len: int, quant: int = 0) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the prefill kernel.
 
-    Head dim 128 with prompts of 4096 tokens or more uses the fastest of
+    Head dims 65-128 (``block_d == 128``) with prompts of 4096 tokens or more use the fastest of
     ``benchmarks/kv_attention_sweep.py``'s grid for a 4096-token prompt on an H200 (bf16: 1.03 ->
     0.56 ms, int8: 2.34 -> 1.32 ms per layer, 2026-11-30). Shorter prompts keep the earlier tiles:
     only 4096 was measured, and a serving run with the new tiles on 1,024-token prompts came out
@@ -77,7 +81,7 @@ def _prefill_kernel(
     QUANT: tl.constexpr,  # 0: float cache; 8 / 4: int8 / int4 codes + scale and zero per row
     NPACK: tl.constexpr,  # bytes of a quantized row's codes (its scale follows)
     ROW: tl.constexpr,  # bytes of a quantized row (the caches' head stride): tells Triton its alignment
-    ASM: tl.constexpr,  # quantized codes -> fp16 with PTX byte permutes (GPU), not integer ops
+    ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs
 ):
     m_blk = tl.program_id(0)
     b = tl.program_id(1)
@@ -260,7 +264,7 @@ def paged_prefill_attention(
         QUANT=quant,
         NPACK=npack,
         ROW=k_cache.shape[-1] if quant else 0,
-        ASM=code_mode(q, int8_pairs=False) if quant else 0,
+        ASM=code_mode(q, INT8_PAIRS) if quant else 0,
         num_warps=num_warps,
         num_stages=num_stages,
     )
