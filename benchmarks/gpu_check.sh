@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR serve    # the issue-3 serving run, plain on GPU 0 and with
 #                                                 # --jit-schedule on GPU 1, side by side
 #
-# lane 0: every GPU test (`pytest -m gpu`, 8 workers; tests/cli needs pexpect, absent there), then
+# lane 0: every GPU test (`pytest -m gpu`, 8 workers; tests/cli needs pexpect, absent there), the
+#         attention kernels at their default configurations (kv_attention_sweep.py --quick), then
 #         batch-1 decode with fp16 and int8 KV, then the step profile with int8 KV
 # lane 1: the KV-bound offline run with int8 KV (issue 6; fp16 took 341.6 s on 2026-11-30)
 # Expects the wheels of `.whl` installed on PYTHONPATH (see ../shared/GPU.md). Prints each lane's
@@ -23,6 +24,10 @@ lane0() {
     >"$out/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"
   tail -15 "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  timeout 150 python3 "$here/kv_attention_sweep.py" --quick --out "$out/sweep_quick.json" >"$out/sweep_quick.log" 2>&1
+  echo "attention sweep rc=$?"
+  grep -E "reference|best per case" -A0 "$out/sweep_quick.log" | grep -v "^  decode\|^  prefill" | head -3
+  sed -n '/best per case/,$p' "$out/sweep_quick.log"
   bash "$here/run_capacity.sh" bs1 "$out/cap" 100
   timeout 100 python3 "$here/profile_step.py" --out "$out/prof_q8.json" --quant-policy 8 \
     --cases "decode 1@128,decode 256" >"$out/prof_q8.log" 2>&1
