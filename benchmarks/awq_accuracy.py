@@ -11,10 +11,12 @@ difference between rows is the weight quantization.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ import torch
 
 import hotloop
 from hotloop.config import EngineConfig
-from hotloop.lite import AWQOptions, auto_awq
+from hotloop.lite import AWQOptions, auto_awq, awq
 from hotloop.lite.calib_data import load_text, token_windows
 from hotloop.messages import GenerationConfig
 from hotloop.models.resolve import resolve_model_path
@@ -59,6 +61,24 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> dict[str, float]:
     return {"token_match": sum(same) / len(same), "mean_identical_prefix": sum(prefix) / len(prefix)}
 
 
+@contextlib.contextmanager
+def _ablation(name: str) -> Iterator[None]:
+    """For the ``--ablations`` rows: switch one AWQ step off while ``name`` is quantized."""
+    saved = (awq.search_clip, awq.search_scale)
+    if name.startswith("awq_noclip"):
+        awq.search_clip = lambda w, x, g, bits: torch.ones(w.shape[0], w.shape[1] // g, device=w.device)
+    elif name.startswith("clip_only"):
+        awq.search_scale = lambda group, x, g, bits, search: (
+            torch.ones(x.shape[-1], device=x.device),
+            awq.NO_SCALING,
+            float("nan"),
+        )
+    try:
+        yield
+    finally:
+        awq.search_clip, awq.search_scale = saved
+
+
 def report_header(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "awq_accuracy",
@@ -93,6 +113,12 @@ def main() -> None:
     ap.add_argument("--ppl-windows", type=int, default=16)
     ap.add_argument("--ppl-seqlen", type=int, default=512)
     ap.add_argument("--skip-search", action="store_true")
+    ap.add_argument(
+        "--ablations",
+        action="store_true",
+        help="instead of RTN / AWQ / AWQ search: AWQ (fixed ratio) without the clip search, and the clip "
+        "search without the scaling (diagnostics: which AWQ step moves perplexity)",
+    )
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -113,7 +139,12 @@ def main() -> None:
             calib_samples=args.calib_samples, calib_seqlen=args.calib_seqlen, w_group_size=g
         ),
     }
-    if not args.skip_search:
+    if args.ablations:
+        awq_opts = variants.pop(f"awq_g{g}")
+        del variants[f"rtn_g{g}"]
+        variants[f"awq_noclip_g{g}"] = awq_opts
+        variants[f"clip_only_g{g}"] = awq_opts
+    elif not args.skip_search:
         n = args.search_calib_samples or args.calib_samples
         variants[f"awq_search_g{g}"] = AWQOptions(
             calib_samples=n, calib_seqlen=args.calib_seqlen, w_group_size=g, search_scale=True
@@ -125,7 +156,8 @@ def main() -> None:
         path = src
         if opts is not None:
             t0 = time.perf_counter()
-            path = str(auto_awq(src, work / name, opts))
+            with _ablation(name):
+                path = str(auto_awq(src, work / name, opts))
             row["quantize_seconds"] = round(time.perf_counter() - t0, 1)
             row["options"] = {k: getattr(opts, k) for k in opts.__dataclass_fields__}
             row["weight_file_bytes"] = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
