@@ -119,6 +119,9 @@ def main() -> None:
         help="instead of RTN / AWQ / AWQ search: AWQ (fixed ratio) without the clip search, and the clip "
         "search without the scaling (diagnostics: which AWQ step moves perplexity)",
     )
+    ap.add_argument(
+        "--only", default=None, help="comma-separated rows to run besides 'unquantized' (e.g. awq_g128)"
+    )
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -149,6 +152,12 @@ def main() -> None:
         variants[f"awq_search_g{g}"] = AWQOptions(
             calib_samples=n, calib_seqlen=args.calib_seqlen, w_group_size=g, search_scale=True
         )
+    if args.only:
+        keep = {"unquantized", *args.only.split(",")}
+        unknown = keep - set(variants)
+        if unknown:
+            raise SystemExit(f"--only: no rows {sorted(unknown)}; rows are {sorted(variants)}")
+        variants = {k: v for k, v in variants.items() if k in keep}
     results: dict[str, Any] = {}
     ref_tokens: list[list[int]] | None = None
     for name, opts in variants.items():

@@ -179,28 +179,44 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, group_size: int, bits: int) ->
 
     ``w`` ``[out, in]``, ``x`` ``[n, in]`` (a sample of the scaled inputs). Returns the factor
     ``[out, in // g]`` (1.0 = no clipping) by which each group's min and max are multiplied.
+
+    The shrink is chosen on the even sample tokens and kept only if it also lowers the error on
+    the odd ones (otherwise the group is not clipped). Without that check the search fitted the
+    calibration sample: on Qwen2.5-Coder-1.5B, round-to-nearest plus the clip search had perplexity
+    4.521 against 4.413 for round-to-nearest alone (``benchmarks/awq_accuracy.py --ablations``).
     """
     out, k = w.shape
     ng = k // group_size
     xg = x.float().reshape(-1, ng, group_size).transpose(0, 1)  # [ng, n, g]
     n = xg.shape[1]
+    held_out = n >= 2
     steps = int(CLIP_GRID * CLIP_MAX_SHRINK)
     factors = torch.ones(out, ng, device=w.device)
     chunk = max(8, CLIP_BUDGET // max(1, ng * n))
     for r0 in range(0, out, chunk):
         wc = w[r0 : r0 + chunk].float().reshape(-1, ng, group_size)  # [oc, ng, g]
         wmin, wmax = wc.amin(-1, keepdim=True), wc.amax(-1, keepdim=True)
-        best_err = torch.full(wc.shape[:2], float("inf"), device=w.device)
+        best_fit = torch.full(wc.shape[:2], float("inf"), device=w.device)
         best_f = torch.ones(wc.shape[:2], device=w.device)
+        check_at_best = torch.zeros(wc.shape[:2], device=w.device)
+        check_unclipped = torch.zeros(wc.shape[:2], device=w.device)
         for i in range(steps):
             f = 1 - i / CLIP_GRID
             lo, hi = wmin * f, wmax * f
             wq = _fake_quant(wc.clamp(lo, hi), lo, hi, bits)
-            diff = torch.bmm(xg, (wq - wc).permute(1, 2, 0))  # [ng, n, oc]
-            err = diff.pow(2).mean(1).t()  # [oc, ng]
-            better = err < best_err
-            best_err = torch.where(better, err, best_err)
+            sq = torch.bmm(xg, (wq - wc).permute(1, 2, 0)).pow(2)  # [ng, n, oc]
+            if held_out:
+                fit, check = sq[:, 0::2].mean(1).t(), sq[:, 1::2].mean(1).t()  # [oc, ng]
+            else:
+                fit = check = sq.mean(1).t()
+            if i == 0:
+                check_unclipped = check
+            better = fit < best_fit
+            best_fit = torch.where(better, fit, best_fit)
             best_f = torch.where(better, torch.full_like(best_f, f), best_f)
+            check_at_best = torch.where(better, check, check_at_best)
+        if held_out:
+            best_f = torch.where(check_at_best < check_unclipped, best_f, torch.ones_like(best_f))
         factors[r0 : r0 + chunk] = best_f
     return factors
 
