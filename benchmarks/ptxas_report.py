@@ -3,9 +3,10 @@ on a machine without a GPU: Triton compiles to PTX for the target, and the ptxas
 reports register use and spills. This is how the quantized-KV kernels' byte loads and spills were
 found (BENCHMARKS.md, "GPU, third session").
 
-    PYTHONPATH=$PWD python benchmarks/ptxas_report.py [BLOCK_N | default]
+    PYTHONPATH=$PWD python benchmarks/ptxas_report.py [BLOCK_N | default | gemv]
 
-With ``default`` each format uses its launcher's BLOCK_N. The last line per format counts the SASS
+With ``default`` each format uses its launcher's BLOCK_N. ``gemv`` reports the W4A16 CUDA-core
+GEMV instead (one row, its first static template), per weight. The last line per format counts the SASS
 instructions (per thread) of the attention loop, the longest backward branch, per token of a tile:
 the quantized kernels are bound by instruction issue, not bandwidth (BENCHMARKS.md, fourth session).
 
@@ -83,9 +84,37 @@ def loop_instructions(ptx: str) -> tuple[int, Counter[str]]:
     return len(body), Counter(body)
 
 
+def gemv_report() -> None:
+    """Registers and loop instructions per weight of the W4A16 GEMV at its static launch."""
+    import hotloop.kernels.w4a16_gemv as gemv
+    from hotloop.kernels.w4a16_gemm import GEMV_TEMPLATES
+
+    cfg = GEMV_TEMPLATES[0][0]
+    sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*bf16", "out_ptr": "*bf16",
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32"}  # fmt: skip
+    sig.update({n: "i32" for n in ("M", "N", "K", "n8", "stride_xm", "stride_xk", "split_k")})
+    consts = dict(GROUP_SIZE=128, BLOCK_M=1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=True, FIXUP=True,
+                  LOP3=True, NUM_STAGES=cfg.num_stages)  # fmt: skip
+    aligned = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "n8", "stride_xm"]
+    ptx = str(
+        aot.compile_for_target(gemv._w4a16_gemv_kernel, sig, consts, aligned, num_warps=cfg.num_warps,
+                               num_stages=cfg.num_stages).asm["ptx"]
+    )  # fmt: skip
+    n, ops = loop_instructions(ptx)
+    weights = cfg.block_n * cfg.block_k
+    threads = 32 * cfg.num_warps
+    top = ", ".join(f"{op} {c}" for op, c in ops.most_common(8))
+    print(f"W4A16 GEMV BLOCK_N={cfg.block_n} BLOCK_K={cfg.block_k}: {ptxas_info(ptx)}")
+    print(f"    loop: {n} SASS instructions per thread for {weights} weights, "
+          f"{n * threads / weights:.2f} thread-instructions per weight ({top})")  # fmt: skip
+
+
 def main() -> int:
     arg = sys.argv[1] if len(sys.argv) > 1 else "32"
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    if arg == "gemv":
+        gemv_report()
+        return 0
     for quant in (0, 8, 4):
         block_n = decode_config(quant, 128)[0] if arg == "default" else int(arg)
         ptx = compile_decode(quant, block_n)
