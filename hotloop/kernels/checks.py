@@ -33,3 +33,18 @@ def check_same_device(**tensors: torch.Tensor) -> None:
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def check_launch_config(name: str, config: tuple[int, ...], tiles: tuple[str, ...]) -> None:
+    """A launch-configuration override: ``tiles`` (power-of-two tile sizes, at least 16, as
+    ``tl.dot`` needs), then num_warps (1, 2, 4, 8 or 16) and num_stages (at least 1)."""
+    fields = (*tiles, "num_warps", "num_stages")
+    check(len(config) == len(fields), f"{name}: config must be ({', '.join(fields)}), got {config}")
+    for field, value in zip(tiles, config, strict=False):
+        check(
+            value >= 16 and value & (value - 1) == 0,
+            f"{name}: config {field}={value} must be a power of two >= 16",
+        )
+    warps, stages = config[-2], config[-1]
+    check(warps in (1, 2, 4, 8, 16), f"{name}: config num_warps={warps} must be 1, 2, 4, 8 or 16")
+    check(stages >= 1, f"{name}: config num_stages={stages} must be >= 1")

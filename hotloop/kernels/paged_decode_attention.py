@@ -25,7 +25,13 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels import kv_quant
-from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
+from hotloop.kernels.checks import (
+    FLOAT_DTYPES,
+    check,
+    check_dtype,
+    check_last_contiguous,
+    check_launch_config,
+)
 from hotloop.kernels.kv_quant_triton import (
     code_mode,
     load_kv_params,
@@ -295,6 +301,8 @@ def paged_decode_attention(
     splits = num_splits or num_decode_splits(B, kv)
     block_g = max(16, next_power_of_2(G))
     block_d = max(16, next_power_of_2(D))
+    if config is not None:
+        check_launch_config("paged_decode_attention", config, ("BLOCK_N",))
     block_n, num_warps, num_stages = config or decode_config(quant, block_d)
     if splits > 1:
         part = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)

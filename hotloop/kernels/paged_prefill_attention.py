@@ -16,7 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
-from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
+from hotloop.kernels.checks import (
+    FLOAT_DTYPES,
+    check,
+    check_dtype,
+    check_last_contiguous,
+    check_launch_config,
+)
 from hotloop.kernels.kv_quant_triton import (
     code_mode,
     load_kv_params,
@@ -225,6 +231,8 @@ def paged_prefill_attention(
     if T == 0 or B == 0:
         return out
     block_d = max(16, next_power_of_2(D))
+    if config is not None:
+        check_launch_config("paged_prefill_attention", config, ("BLOCK_M", "BLOCK_N"))
     block_m, block_n, num_warps, num_stages = config or prefill_config(block_d, max_query_len, quant)
     grid = (cdiv(max_query_len, block_m), B, H)
     q_st, k_cache_st, v_cache_st, block_tables_st, out_st = (

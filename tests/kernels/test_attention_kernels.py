@@ -165,3 +165,23 @@ def test_launchers_reject_bad_shapes() -> None:
             torch.ones(1, dtype=torch.int32),
             1.0,
         )
+
+
+def test_launch_config_overrides_are_checked() -> None:
+    from hotloop.kernels.paged_decode_attention import paged_decode_attention
+    from hotloop.kernels.paged_prefill_attention import paged_prefill_attention
+
+    q = torch.zeros(1, 2, 16)
+    cache = torch.zeros(2, 16, 1, 16)
+    tables = torch.zeros(1, 2, dtype=torch.int32)
+    seq = torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="BLOCK_N=24 must be a power of two"):
+        paged_decode_attention(q, cache, cache, tables, seq, 1.0, config=(24, 4, 2))
+    with pytest.raises(ValueError, match="num_warps=3"):
+        paged_decode_attention(q, cache, cache, tables, seq, 1.0, config=(32, 3, 2))
+    with pytest.raises(ValueError, match=r"config must be \(BLOCK_M, BLOCK_N, num_warps, num_stages\)"):
+        paged_prefill_attention(q, cache, cache, tables, seq, torch.tensor([0, 1], dtype=torch.int32), 1, 1.0,
+                                config=(64, 4, 2))  # fmt: skip
+    with pytest.raises(ValueError, match="num_stages=0"):
+        paged_prefill_attention(q, cache, cache, tables, seq, torch.tensor([0, 1], dtype=torch.int32), 1, 1.0,
+                                config=(64, 64, 4, 0))  # fmt: skip
