@@ -133,80 +133,92 @@ def _rotary_kv_kernel(
     SCALE_BITS: tl.constexpr,  # width of the model dtype (scale and zero)
 ):
     t = tl.program_id(0)
+    # one program per (token, part): q's rotation, k's write and v's write run side by side (at
+    # batch 1 a single program did them one after another, and a quantized write's reductions made
+    # that chain the step's longest small kernel)
+    part = tl.program_id(1) + (0 if HALF > 0 else 1)  # 0: q, 1: k, 2: v
     if HALF > 0:
         offs_r = tl.arange(0, BLOCK_R)
         mask_r = offs_r < HALF
-        cos = tl.load(cos_ptr + t * stride_cs + offs_r, mask=mask_r, other=1.0)
-        sin = tl.load(sin_ptr + t * stride_cs + offs_r, mask=mask_r, other=0.0)
-
-        offs_h = tl.arange(0, BLOCK_H)
-        mask_h = offs_h < H
-        qt = q_ptr + t * stride_qt
-        o1, o2, m = _rotate_rows(qt, cos, sin, offs_h, mask_h, offs_r, mask_r, stride_qh, HALF)
-        pq = qt + offs_h[:, None] * stride_qh + offs_r[None, :]
-        tl.store(pq, o1.to(q_ptr.dtype.element_ty), mask=m)
-        tl.store(pq + HALF, o2.to(q_ptr.dtype.element_ty), mask=m)
-
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    if slot >= 0:
-        offs_kv = tl.arange(0, BLOCK_KV)
-        mask_kv = offs_kv < KV
-        kt = k_ptr + t * stride_kt
-        if QUANT == 0:
+    if part == 0:
+        if HALF > 0:
+            cos = tl.load(cos_ptr + t * stride_cs + offs_r, mask=mask_r, other=1.0)
+            sin = tl.load(sin_ptr + t * stride_cs + offs_r, mask=mask_r, other=0.0)
+            offs_h = tl.arange(0, BLOCK_H)
+            mask_h = offs_h < H
+            qt = q_ptr + t * stride_qt
+            o1, o2, m = _rotate_rows(qt, cos, sin, offs_h, mask_h, offs_r, mask_r, stride_qh, HALF)
+            pq = qt + offs_h[:, None] * stride_qh + offs_r[None, :]
+            tl.store(pq, o1.to(q_ptr.dtype.element_ty), mask=m)
+            tl.store(pq + HALF, o2.to(q_ptr.dtype.element_ty), mask=m)
+    else:
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if slot >= 0:
+            offs_kv = tl.arange(0, BLOCK_KV)
+            mask_kv = offs_kv < KV
             offs_d = tl.arange(0, BLOCK_D)
-            if HALF > 0:
-                k1, k2, mk = _rotate_rows(kt, cos, sin, offs_kv, mask_kv, offs_r, mask_r, stride_kh, HALF)
-                pk = k_cache_ptr + slot * stride_ks + offs_kv[:, None] * stride_kch + offs_r[None, :]
-                tl.store(pk, k1.to(k_cache_ptr.dtype.element_ty), mask=mk)
-                tl.store(pk + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mk)
-                # dims past the rotary part (partial rotary) are copied as they are
-                offs_p = 2 * HALF + offs_d
+            if part == 1:
+                kt = k_ptr + t * stride_kt
+                if QUANT == 0:
+                    if HALF > 0:
+                        cos = tl.load(cos_ptr + t * stride_cs + offs_r, mask=mask_r, other=1.0)
+                        sin = tl.load(sin_ptr + t * stride_cs + offs_r, mask=mask_r, other=0.0)
+                        k1, k2, mk = _rotate_rows(
+                            kt, cos, sin, offs_kv, mask_kv, offs_r, mask_r, stride_kh, HALF
+                        )
+                        pk = k_cache_ptr + slot * stride_ks + offs_kv[:, None] * stride_kch + offs_r[None, :]
+                        tl.store(pk, k1.to(k_cache_ptr.dtype.element_ty), mask=mk)
+                        tl.store(pk + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mk)
+                        # dims past the rotary part (partial rotary) are copied as they are
+                        offs_p = 2 * HALF + offs_d
+                    else:
+                        offs_p = offs_d
+                    mp = mask_kv[:, None] & (offs_p < D)[None, :]
+                    kp = tl.load(kt + offs_kv[:, None] * stride_kh + offs_p[None, :], mask=mp, other=0.0)
+                    tl.store(
+                        k_cache_ptr + slot * stride_ks + offs_kv[:, None] * stride_kch + offs_p[None, :],
+                        kp.to(k_cache_ptr.dtype.element_ty),
+                        mask=mp,
+                    )
+                else:
+                    cs = t * stride_cs
+                    _quant_write(
+                        kt + offs_kv * stride_kh,
+                        cos_ptr + cs,
+                        sin_ptr + cs,
+                        k_cache_ptr + slot * stride_ks + offs_kv * stride_kch,
+                        mask_kv,
+                        D,
+                        HALF,
+                        QUANT,
+                        NPACK,
+                        BLOCK_P,
+                        SCALE_BITS,
+                    )
             else:
-                offs_p = offs_d
-            mp = mask_kv[:, None] & (offs_p < D)[None, :]
-            kp = tl.load(kt + offs_kv[:, None] * stride_kh + offs_p[None, :], mask=mp, other=0.0)
-            tl.store(
-                k_cache_ptr + slot * stride_ks + offs_kv[:, None] * stride_kch + offs_p[None, :],
-                kp.to(k_cache_ptr.dtype.element_ty),
-                mask=mp,
-            )
-            mv = mask_kv[:, None] & (offs_d < D)[None, :]
-            v = tl.load(
-                v_ptr + t * stride_vt + offs_kv[:, None] * stride_vh + offs_d[None, :], mask=mv, other=0.0
-            )
-            tl.store(
-                v_cache_ptr + slot * stride_vs + offs_kv[:, None] * stride_vch + offs_d[None, :],
-                v.to(v_cache_ptr.dtype.element_ty),
-                mask=mv,
-            )
-        else:
-            cs = t * stride_cs
-            _quant_write(
-                kt + offs_kv * stride_kh,
-                cos_ptr + cs,
-                sin_ptr + cs,
-                k_cache_ptr + slot * stride_ks + offs_kv * stride_kch,
-                mask_kv,
-                D,
-                HALF,
-                QUANT,
-                NPACK,
-                BLOCK_P,
-                SCALE_BITS,
-            )
-            _quant_write(
-                v_ptr + t * stride_vt + offs_kv * stride_vh,
-                cos_ptr,
-                sin_ptr,
-                v_cache_ptr + slot * stride_vs + offs_kv * stride_vch,
-                mask_kv,
-                D,
-                0,
-                QUANT,
-                NPACK,
-                BLOCK_P,
-                SCALE_BITS,
-            )
+                vt = v_ptr + t * stride_vt
+                if QUANT == 0:
+                    mv = mask_kv[:, None] & (offs_d < D)[None, :]
+                    v = tl.load(vt + offs_kv[:, None] * stride_vh + offs_d[None, :], mask=mv, other=0.0)
+                    tl.store(
+                        v_cache_ptr + slot * stride_vs + offs_kv[:, None] * stride_vch + offs_d[None, :],
+                        v.to(v_cache_ptr.dtype.element_ty),
+                        mask=mv,
+                    )
+                else:
+                    _quant_write(
+                        vt + offs_kv * stride_vh,
+                        cos_ptr,
+                        sin_ptr,
+                        v_cache_ptr + slot * stride_vs + offs_kv * stride_vch,
+                        mask_kv,
+                        D,
+                        0,
+                        QUANT,
+                        NPACK,
+                        BLOCK_P,
+                        SCALE_BITS,
+                    )
 
 
 def _launch(
@@ -249,7 +261,7 @@ def _launch(
         k_cache.stride(),
         v_cache.stride(),
     )
-    _rotary_kv_kernel[(T,)](
+    _rotary_kv_kernel[(T, 3 if half > 0 else 2)](
         q,
         k,
         v,
