@@ -5,10 +5,12 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR          # the checks below
 #   bash benchmarks/gpu_check.sh OUT_DIR serve    # the issue-3 serving run, plain on GPU 0 and with
 #                                                 # --jit-schedule on GPU 1, side by side
+#   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows (run_gpu.py)
+#                                                 # on GPU 0, the issue-3 serving run on GPU 1
 #
 # lane 0: every GPU test (`pytest -m gpu`, 8 workers; tests/cli needs pexpect, absent there), the
-#         attention kernels at their default configurations (kv_attention_sweep.py --quick), then
-#         batch-1 decode with fp16 and int8 KV, then the step profile with int8 KV
+#         quantized decode kernels over a few launch configurations and every kernel at its default
+#         (kv_attention_sweep.py), then batch-1 decode with fp16 and int8 KV, twice
 # lane 1: the KV-bound offline run with int8 KV (issue 6; fp16 took 341.6 s on 2026-11-30)
 # Expects the wheels of `.whl` installed on PYTHONPATH (see ../shared/GPU.md). Prints each lane's
 # summary; the logs and JSON stay under OUT_DIR.
@@ -24,19 +26,17 @@ lane0() {
     >"$out/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"
   tail -15 "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|ERROR"
-  timeout 150 python3 "$here/kv_attention_sweep.py" --quick --out "$out/sweep_quick.json" >"$out/sweep_quick.log" 2>&1
+  timeout 200 python3 "$here/kv_attention_sweep.py" --out "$out/sweep.json" --prefill-configs "" \
+    --decode-configs "32,4,2;64,4,2;64,4,3;128,4,2;128,8,2;64,8,2" >"$out/sweep.log" 2>&1
   echo "attention sweep rc=$?"
-  grep -E "reference|best per case" -A0 "$out/sweep_quick.log" | grep -v "^  decode\|^  prefill" | head -3
-  sed -n '/best per case/,$p' "$out/sweep_quick.log"
+  grep "relative error" "$out/sweep.log"
+  sed -n '/best per case/,$p' "$out/sweep.log"
   bash "$here/run_capacity.sh" bs1 "$out/cap" 100
-  timeout 100 python3 "$here/profile_step.py" --out "$out/prof_q8.json" --quant-policy 8 \
-    --cases "decode 1@128,decode 256" >"$out/prof_q8.log" 2>&1
-  echo "profile rc=$?"
-  grep -A4 "decode 1@128\|decode 256" "$out/prof_q8.log" | grep -v "^ *[a-z_]*(" | head -12
+  bash "$here/run_capacity.sh" bs1 "$out/cap2" 100
 }
 lane1() {
   export CUDA_VISIBLE_DEVICES=$((ngpu > 1 ? 1 : 0))
-  bash "$here/run_capacity.sh" kv_int8 "$out/cap" 420
+  bash "$here/run_capacity.sh" kv_int8 "$out/cap" 520
 }
 serve() {  # gpu tag extra-flags...
   local gpu=$1 tag=$2
@@ -46,6 +46,23 @@ serve() {  # gpu tag extra-flags...
   echo "[serve_$tag] rc=$?"
   grep -E "Median TTFT|P99 TTFT|Median TPOT|P99 TPOT|Output token throughput|Failed" "$out/serve_$tag.log"
 }
+if [ "$what" = table ]; then
+  table() {
+    CUDA_VISIBLE_DEVICES=0 timeout 560 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf \
+      --only llama3_offline,llama3_b256_1k
+  }
+  if [ "$ngpu" -gt 1 ]; then
+    table >"$out/lane0.txt" 2>&1 &
+    serve 1 plain >"$out/lane1.txt" 2>&1 &
+    wait
+  else
+    table >"$out/lane0.txt" 2>&1
+    serve 0 plain >"$out/lane1.txt" 2>&1
+  fi
+  tail -12 "$out/lane0.txt"
+  cat "$out/lane1.txt"
+  exit 0
+fi
 if [ "$what" = serve ]; then
   if [ "$ngpu" -gt 1 ]; then
     serve 0 plain >"$out/lane0.txt" 2>&1 &

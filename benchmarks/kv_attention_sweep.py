@@ -41,7 +41,11 @@ def make_cache(tokens: int, policy: int, gen: torch.Generator) -> tuple[torch.Te
     caches = []
     for _ in range(2):
         x = torch.randn(nb, BS, KV, D, generator=gen).to(torch.bfloat16).cuda()
-        caches.append(kv_quant.quantize(x, policy, torch.bfloat16) if policy else x)
+        caches.append(
+            kv_quant.from_rows(kv_quant.quantize(x, policy, torch.bfloat16), D, torch.bfloat16)
+            if policy
+            else x
+        )
     return caches[0], caches[1]
 
 
@@ -138,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="default configurations only")
     ap.add_argument("--policies", default="0,8,4")
     ap.add_argument("--small", action="store_true", help="a smaller grid around the defaults")
+    ap.add_argument("--decode-configs", help="only these decode configurations: 'BLOCK_N,warps,stages;...'")
+    ap.add_argument(
+        "--prefill-configs", help="only these prefill configurations: 'BLOCK_M,BLOCK_N,warps,stages;...'"
+    )
+    ap.add_argument("--no-prefill", action="store_true", help="decode cases only")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -151,11 +160,20 @@ def main(argv: list[str] | None = None) -> int:
         pre = list(itertools.product((64, 128), (32, 64), (4, 8), (2,)))
     if args.quick:
         dec, pre = [], []
+
+    def parse(text: str) -> list[tuple[int, ...]]:
+        return [tuple(int(x) for x in c.split(",")) for c in text.split(";") if c.strip()]
+
+    if args.decode_configs is not None:
+        dec = parse(args.decode_configs)
+    if args.prefill_configs is not None:
+        pre = parse(args.prefill_configs)
     results = []
     for policy in policies:
         for batch, ctx in ((256, 1024), (128, 4096)):
             results.append(decode_case(batch, ctx, policy, dec, gen))
-        results.append(prefill_case(4096, policy, pre, gen))
+        if not args.no_prefill:
+            results.append(prefill_case(4096, policy, pre, gen))
     with open(args.out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
     print("best per case (correct outputs only):")

@@ -55,18 +55,17 @@ def compile_for_target(
 
 
 # -- the attention kernels, as their launchers configure them on a GPU ------------------------------
-# head_dim 128, GQA group 4, block size 64; strides divisible by 16 except a quantized cache's head
-# stride (the row width, head_dim + 4 bytes for bf16)
-D, G, BS = 128, 4, 64
+# head_dim 128, GQA group 4, 8 KV heads, block size 64; strides divisible by 16 except a quantized
+# cache's token and head strides (rows of head_dim + 4 bytes for bf16; the kernels address a
+# quantized cache per block, whose stride is divisible by 16)
+D, G, BS, KV = 128, 4, 64, 8
 _TYPES = {"bfloat16": "bf16", "float32": "fp32"}
-_ITEMSIZE = {"bfloat16": 2, "float32": 4}
 
 
 def _cache_consts(quant: int, dtype: str, asm: int) -> dict[str, int]:
     npack = kv_quant.packed_bytes(D, quant) if quant else 0
-    row = kv_quant.row_bytes(D, quant, _ITEMSIZE[dtype]) if quant else 0
     # on a GPU a 16-bit model's quantized kernels get PTX permutes (bit 1); float32 reads codes directly
-    return {"QUANT": quant, "NPACK": npack, "ROW": row, "ASM": asm if quant else 0}
+    return {"QUANT": quant, "NPACK": npack, "KV": KV, "ASM": asm if quant else 0}
 
 
 def compile_decode(

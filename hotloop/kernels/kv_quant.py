@@ -3,11 +3,22 @@
 Each token's K (and V) row of one head, ``head_dim`` values, is stored as unsigned integers with
 an asymmetric per-token, per-head scale and zero point: ``x ~= q * scale + zero`` with
 ``q in [0, 255]`` (int8) or ``[0, 15]`` (int4, two per byte: even index in the low nibble).
-The scale and zero are kept in the model's dtype (the unquantized cache dtype) and sit right after
-the packed values of the same row, so a quantized cache is one ``uint8`` tensor per K and V,
-``[num_blocks, block_size, num_kv_heads, row_bytes]``, with the same paging as the float cache:
+The scale and zero are kept in the model's dtype (the unquantized cache dtype). A quantized cache is
+one ``uint8`` tensor per K and V, ``[num_blocks, block_size, num_kv_heads, row_bytes]``, with the
+same paging as the float cache and ``row_bytes`` per token and head:
 
-    row = [ packed values: head_dim (int8) or head_dim / 2 (int4) bytes | scale | zero ]
+    row_bytes = packed values (head_dim for int8, head_dim / 2 for int4) + scale + zero
+
+Inside a block the bytes are not laid out row by row: all the block's packed values come first,
+then all its scales and zeros,
+
+    block = [ codes [block_size, num_kv_heads, packed] | (scale, zero) [block_size, num_kv_heads] ]
+
+so that every row of codes starts on a multiple of 16 bytes (when the packed width is one) and the
+attention kernels read it with 16-byte loads: with the pair right after each row's codes (132-byte
+rows for int8 at head_dim 128) they could only use 4-byte loads. ``block_views`` gives the two
+regions as tensors; ``to_rows`` / ``from_rows`` convert whole blocks to and from the logical
+``[codes | scale | zero]`` rows that ``quantize`` makes and ``dequantize`` reads.
 
 The format is read off the tensor: a ``uint8`` cache is quantized, and its row width says which
 policy (``head_dim + 2 * itemsize`` for int8, ``head_dim / 2 + 2 * itemsize`` for int4).
@@ -105,21 +116,65 @@ def dequantize(rows: torch.Tensor, policy: int, head_dim: int, dtype: torch.dtyp
     return q.float() * params[..., :1] + params[..., 1:]
 
 
+def block_views(cache: torch.Tensor, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two regions of a quantized cache's blocks: codes ``uint8 [NB, BS, KV, packed]`` and
+    ``(scale, zero)`` ``[NB, BS, KV, 2]`` in ``dtype``, as views (writes go to the cache). Each block
+    must be dense (its ``block_size * num_kv_heads * row_bytes`` bytes contiguous)."""
+    policy = cache_policy(cache, head_dim, dtype)
+    nb, bs, h, row = cache.shape
+    if cache.stride()[1:] != (h * row, row, 1):
+        raise ValueError(f"a quantized cache's blocks must be dense, got strides {cache.stride()}")
+    n = packed_bytes(head_dim, policy)
+    flat = cache.as_strided((nb, bs * h * row), (cache.stride(0), 1))
+    codes = flat[:, : bs * h * n].view(nb, bs, h, n)
+    params = flat[:, bs * h * n :].view(dtype).view(nb, bs, h, 2)
+    return codes, params
+
+
+def to_rows(blocks: torch.Tensor, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Quantized cache blocks -> the same bytes as logical rows ``[codes | scale | zero]`` (a new
+    ``[n, BS, KV, row_bytes]`` tensor, what ``dequantize`` reads)."""
+    codes, params = block_views(blocks, head_dim, dtype)
+    return torch.cat([codes, params.contiguous().view(torch.uint8)], dim=-1)
+
+
+def from_rows(rows: torch.Tensor, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Logical rows ``[n, BS, KV, row_bytes]`` (``quantize``'s output) -> cache blocks (a new tensor)."""
+    out = torch.empty_like(rows)
+    codes, params = block_views(out, head_dim, dtype)
+    n = codes.shape[-1]
+    codes.copy_(rows[..., :n])
+    params.copy_(rows[..., n:].contiguous().view(dtype))
+    return out
+
+
 def write_kv_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """Quantize ``k``, ``v`` ``[T, num_kv_heads, head_dim]`` (scale dtype: theirs) into the uint8
-    caches at flat slots ``slot_mapping`` ``[T]``."""
+    caches at flat slots ``slot_mapping`` ``[T]`` (``block * block_size + offset``)."""
     head_dim = k.shape[-1]
     policy = cache_policy(k_cache, head_dim, k.dtype)
-    nb, bs, h, row = k_cache.shape
-    k_cache.view(nb * bs, h, row).index_copy_(0, slot_mapping, quantize(k, policy, k.dtype))
-    v_cache.view(nb * bs, h, row).index_copy_(0, slot_mapping, quantize(v, policy, v.dtype))
+    n = packed_bytes(head_dim, policy)
+    bs = k_cache.shape[1]
+    blk, off = slot_mapping // bs, slot_mapping % bs
+    for x, cache in ((k, k_cache), (v, v_cache)):
+        rows = quantize(x, policy, x.dtype)
+        codes, params = block_views(cache, head_dim, x.dtype)
+        codes[blk, off] = rows[..., :n]
+        params[blk, off] = rows[..., n:].contiguous().view(x.dtype)
 
 
 def dequantize_cache(cache: torch.Tensor, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
-    """A whole cache back to float32 (tests only: attention never does this)."""
-    return dequantize(cache, cache_policy(cache, head_dim, dtype), head_dim, dtype)
+    """A whole cache back to float32 ``[NB, BS, KV, head_dim]`` (tests only: attention never does
+    this)."""
+    return dequantize(to_rows(cache, head_dim, dtype), cache_policy(cache, head_dim, dtype), head_dim, dtype)
+
+
+def block_rows(blocks: torch.Tensor, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Gathered cache blocks ``[n, BS, KV, row]`` as per-token rows: themselves for a float cache,
+    ``to_rows`` for a quantized one (token rows are only contiguous after it)."""
+    return to_rows(blocks, head_dim, dtype) if is_quantized(blocks) else blocks
 
 
 def kv_loader(

@@ -16,8 +16,9 @@ that are already in the model dtype: the zero is the row minimum (exact in that 
 ``round_half_even(clamp((x - zero) / scale))`` computed as ``(x - zero) * (1 / scale)`` like the
 reference.
 
-Every pointer here is a plain ``uint8`` pointer into the cache: row offsets are in bytes, and the
-scale / zero are reached by casting the row pointer to the model dtype's pointer type.
+Code pointers are plain ``uint8`` pointers into the cache (offsets in bytes); a block's scales and
+zeros are reached by casting the pointer to its pair region to the model dtype's pointer type
+(``quant_rows``).
 """
 
 from __future__ import annotations
@@ -254,14 +255,25 @@ def quant_weighted_values(
 
 
 @triton.jit
-def load_kv_params(rows, mask_n, dtype_ptr, NPACK: tl.constexpr):
-    """Each row's ``(scale, zero)`` as float32 ``[N]``: stored in ``dtype_ptr``'s element type (the
-    model dtype) at byte ``NPACK`` of the row. Rows off ``mask_n`` read 0, 0."""
+def quant_rows(block, tok, kvh, dtype_ptr, BS: tl.constexpr, KV: tl.constexpr, NPACK: tl.constexpr):
+    """Where token ``tok`` (offset in its block) and KV head ``kvh`` sit in a quantized cache block
+    that starts at ``block`` (uint8 pointer(s)): its codes (uint8 pointers) and its (scale, zero)
+    pair (pointers in ``dtype_ptr``'s element type, the model dtype). The block holds all its codes,
+    ``[BS, KV, NPACK]``, then all its pairs (``kv_quant.py``)."""
+    r = tok * KV + kvh
+    codes = block + r * NPACK
+    params = (block + BS * KV * NPACK).to(tl.pointer_type(dtype_ptr.dtype.element_ty)) + 2 * r
+    return codes, params
+
+
+@triton.jit
+def load_kv_params(params, mask_n):
+    """Each row's ``(scale, zero)`` as float32 ``[N]`` from its pair's pointers ``params``
+    (``quant_rows``). Rows off ``mask_n`` read 0, 0."""
     # two 2-byte loads, not one 4-byte load of the pair: the 4-byte load lets Triton pipeline the
     # pair with cp.async, which measured slower (int8 decode, B=256 x 1k: 0.42 -> 0.53 ms per layer)
-    p = (rows + NPACK).to(tl.pointer_type(dtype_ptr.dtype.element_ty))
-    scale = tl.load(p, mask=mask_n, other=0.0).to(tl.float32)
-    zero = tl.load(p + 1, mask=mask_n, other=0.0).to(tl.float32)
+    scale = tl.load(params, mask=mask_n, other=0.0).to(tl.float32)
+    zero = tl.load(params + 1, mask=mask_n, other=0.0).to(tl.float32)
     return scale, zero
 
 

@@ -35,6 +35,7 @@ from hotloop.kernels.checks import (
 from hotloop.kernels.kv_quant_triton import (
     code_mode,
     load_kv_params,
+    quant_rows,
     quant_scores,
     quant_weighted_values,
     to_dot_dtype,
@@ -49,7 +50,7 @@ _TARGET_PROGRAMS = 264  # about two waves of an H200's 132 SMs
 @triton.jit
 def _decode_kernel(
     q_ptr,  # [B, H, D]
-    k_cache_ptr,  # [NB, BS, KV, D], or uint8 [NB, BS, KV, row_bytes] when QUANT
+    k_cache_ptr,  # [NB, BS, KV, D], or uint8 [NB, BS, KV, row_bytes] when QUANT (per block: kv_quant.py)
     v_cache_ptr,
     block_tables_ptr,  # [B, W] int32
     seq_lens_ptr,  # [B] int32
@@ -77,7 +78,7 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     QUANT: tl.constexpr,  # 0: float cache; 8 / 4: int8 / int4 codes + scale and zero per row
     NPACK: tl.constexpr,  # bytes of a quantized row's codes (its scale follows)
-    ROW: tl.constexpr,  # bytes of a quantized row (the caches' head stride): tells Triton its alignment
+    KV: tl.constexpr,  # KV heads (a quantized block is [BS, KV] codes, then [BS, KV] scale/zero pairs)
     ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs
 ):
     b = tl.program_id(0)
@@ -140,9 +141,9 @@ def _decode_kernel(
             )  # [BLOCK_N, BLOCK_D]
             s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_G, BLOCK_N], log2 units
         else:
-            # kvh * ROW, not kvh * stride_kh: a constexpr row width lets Triton vectorize the loads
-            k_rows = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * ROW  # [BLOCK_N]
-            k_scale, k_zero = load_kv_params(k_rows, mask_n, q_ptr, NPACK)
+            # codes at constexpr offsets in the block: Triton sees 16-byte alignment and vectorizes
+            k_rows, k_par = quant_rows(k_cache_ptr + page * stride_kb, tok, kvh, q_ptr, BS, KV, NPACK)
+            k_scale, k_zero = load_kv_params(k_par, mask_n)
             s = quant_scores(qd, q_sum, k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT, ASM)  # q . codes
             s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
         s = tl.where(mask_n[None, :], s, float("-inf"))
@@ -159,8 +160,8 @@ def _decode_kernel(
                 other=0.0,
             )
         else:
-            v_rows = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * ROW
-            v_scale, v_zero = load_kv_params(v_rows, mask_n, q_ptr, NPACK)
+            v_rows, v_par = quant_rows(v_cache_ptr + page * stride_vb, tok, kvh, q_ptr, BS, KV, NPACK)
+            v_scale, v_zero = load_kv_params(v_par, mask_n)
             pv = quant_weighted_values(
                 p, v_scale, v_zero, v_rows, mask_n, q_ptr, qd.dtype, BLOCK_D, NPACK, QUANT, ASM
             )
@@ -232,9 +233,10 @@ def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
         return 0, 0
     kv_quant.check_head_dim(D, policy)
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _nb, bs, kv, row = c.shape
         check(
-            c.stride(2) == c.shape[-1] and c.stride(3) == 1,
-            f"{name}: a quantized cache's rows must be contiguous across heads (strides {c.stride()})",
+            c.stride()[1:] == (kv * row, row, 1),
+            f"{name}: a quantized cache's blocks must be dense (strides {c.stride()})",
         )
     return policy, kv_quant.packed_bytes(D, policy)
 
@@ -255,10 +257,9 @@ INT8_PAIRS = True
 
 def decode_config(quant: int, block_d: int) -> tuple[int, int, int]:
     """``(BLOCK_N, num_warps, num_stages)`` of the decode kernel for a cache format and head tile."""
-    if quant == 8:
-        # H200, B=256 x 1k context: 0.42 ms per layer, against 0.47-0.54 for the other (BLOCK_N,
-        # warps, stages) in {32, 64} x {4, 8} x {2, 3} (benchmarks/kv_attention_sweep.py, 2026-11-30)
-        return 32, 4, 2
+    # int8: (32, 4, 2) was the best while rows were 132 bytes apart (4-byte loads; 251 registers at
+    # BLOCK_N 64). With codes 16-byte aligned (kv_quant.py's block layout) BLOCK_N 64 takes 126
+    # registers and 11.6 SASS instructions per token against 14.5 at 32 (ptxas_report.py).
     return (32 if block_d > 128 else 64), 4, 3
 
 
@@ -347,7 +348,7 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         QUANT=quant,
         NPACK=npack,
-        ROW=k_cache.shape[-1] if quant else 0,
+        KV=kv,
         ASM=code_mode(q, INT8_PAIRS) if quant else 0,
         num_warps=num_warps,
         num_stages=num_stages,

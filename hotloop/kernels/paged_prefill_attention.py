@@ -26,6 +26,7 @@ from hotloop.kernels.checks import (
 from hotloop.kernels.kv_quant_triton import (
     code_mode,
     load_kv_params,
+    quant_rows,
     quant_scores,
     quant_weighted_values,
     to_dot_dtype,
@@ -59,7 +60,7 @@ def prefill_config(block_d: int, max_query_len: int, quant: int = 0) -> tuple[in
 @triton.jit
 def _prefill_kernel(
     q_ptr,  # [T, H, D]
-    k_cache_ptr,  # [NB, BS, KV, D], or uint8 [NB, BS, KV, row_bytes] when QUANT
+    k_cache_ptr,  # [NB, BS, KV, D], or uint8 [NB, BS, KV, row_bytes] when QUANT (per block: kv_quant.py)
     v_cache_ptr,
     block_tables_ptr,  # [B, W] int32
     seq_lens_ptr,  # [B] int32
@@ -86,7 +87,7 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     QUANT: tl.constexpr,  # 0: float cache; 8 / 4: int8 / int4 codes + scale and zero per row
     NPACK: tl.constexpr,  # bytes of a quantized row's codes (its scale follows)
-    ROW: tl.constexpr,  # bytes of a quantized row (the caches' head stride): tells Triton its alignment
+    KV: tl.constexpr,  # KV heads (a quantized block is [BS, KV] codes, then [BS, KV] scale/zero pairs)
     ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs
 ):
     m_blk = tl.program_id(0)
@@ -143,9 +144,9 @@ def _prefill_kernel(
             )
             s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, BLOCK_N]
         else:
-            # kvh * ROW, not kvh * stride_kh: a constexpr row width lets Triton vectorize the loads
-            k_rows = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * ROW  # [BLOCK_N]
-            k_scale, k_zero = load_kv_params(k_rows, mask_n, q_ptr, NPACK)
+            # codes at constexpr offsets in the block: Triton sees 16-byte alignment and vectorizes
+            k_rows, k_par = quant_rows(k_cache_ptr + page * stride_kb, tok, kvh, q_ptr, BS, KV, NPACK)
+            k_scale, k_zero = load_kv_params(k_par, mask_n)
             s = quant_scores(qd, q_sum, k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT, ASM)  # q . codes
             s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
         visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
@@ -168,8 +169,8 @@ def _prefill_kernel(
                 other=0.0,
             )
         else:
-            v_rows = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * ROW
-            v_scale, v_zero = load_kv_params(v_rows, mask_n, q_ptr, NPACK)
+            v_rows, v_par = quant_rows(v_cache_ptr + page * stride_vb, tok, kvh, q_ptr, BS, KV, NPACK)
+            v_scale, v_zero = load_kv_params(v_par, mask_n)
             pv = quant_weighted_values(
                 p, v_scale, v_zero, v_rows, mask_n, q_ptr, qd.dtype, BLOCK_D, NPACK, QUANT, ASM
             )
@@ -271,7 +272,7 @@ def paged_prefill_attention(
         BLOCK_D=block_d,
         QUANT=quant,
         NPACK=npack,
-        ROW=k_cache.shape[-1] if quant else 0,
+        KV=kv,
         ASM=code_mode(q, INT8_PAIRS) if quant else 0,
         num_warps=num_warps,
         num_stages=num_stages,

@@ -29,11 +29,15 @@ def write_kv_cache(
     v_cache.view(nb * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first ``length`` tokens of one sequence: ``[length, num_kv_heads, head_dim]``."""
+def gather_rows(
+    cache: torch.Tensor, block_table: torch.Tensor, length: int, head_dim: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The first ``length`` tokens of one sequence, ``[length, num_kv_heads, row]``: a quantized
+    cache's blocks go to per-token rows (``kv_quant.to_rows``) before the tokens are cut."""
     bs = cache.shape[1]
     nblk = (length + bs - 1) // bs
-    return cache[block_table[:nblk].long()].flatten(0, 1)[:length]
+    blocks = kv_quant.block_rows(cache[block_table[:nblk].long()], head_dim, dtype)
+    return blocks.flatten(0, 1)[:length]
 
 
 def paged_attention(
@@ -73,8 +77,10 @@ def paged_attention(
         nblk = (max_len + bs - 1) // bs
         tables = block_tables[idx, :nblk].long()
         flat = tables.flatten()
-        k = k_cache.index_select(0, flat).view(len(decode_rows), nblk * bs, *k_cache.shape[2:])[:, :max_len]
-        v = v_cache.index_select(0, flat).view(len(decode_rows), nblk * bs, *v_cache.shape[2:])[:, :max_len]
+        k = kv_quant.block_rows(k_cache.index_select(0, flat), head_dim, q.dtype)
+        v = kv_quant.block_rows(v_cache.index_select(0, flat), head_dim, q.dtype)
+        k = k.view(len(decode_rows), nblk * bs, *k_cache.shape[2:])[:, :max_len]
+        v = v.view(len(decode_rows), nblk * bs, *v_cache.shape[2:])[:, :max_len]
         pos = torch.arange(max_len, device=q.device)
         valid = pos[None, :] < lens[:, None]
         if sliding_window is not None:
@@ -98,8 +104,8 @@ def paged_attention(
         if b in done or ql == 0:
             continue
         L = seq_lens[b]
-        k = load(gather_kv(k_cache, block_tables[b], L))  # [L, kv, d]
-        v = load(gather_kv(v_cache, block_tables[b], L))
+        k = load(gather_rows(k_cache, block_tables[b], L, head_dim, q.dtype))  # [L, kv, d]
+        v = load(gather_rows(v_cache, block_tables[b], L, head_dim, q.dtype))
         qb = q[starts[b] : starts[b] + ql].float()  # [ql, h, d]
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)

@@ -7,8 +7,8 @@ the cache.
 
 A quantized (``uint8``) cache is written in the same pass: each head's rotated k row (rounded to
 the model dtype, as the reference does) and v row get their scale and zero computed in registers
-and are stored as int8 or packed int4 codes (``kv_quant.py`` has the format). The bytes equal
-``kv_quant.quantize``'s. ``write_kv_cache`` is the same kernel without q and without rotation.
+and are stored as int8 or packed int4 codes, each head's codes and its (scale, zero) pair in their
+block's two regions (``kv_quant.py`` has the format). The bytes equal ``kv_quant.write_kv_cache``'s. ``write_kv_cache`` is the same kernel without q and without rotation.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import triton.language as tl
 
 from hotloop.kernels import kv_quant
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
-from hotloop.kernels.kv_quant_triton import block_packed, quant_codes, quant_params
+from hotloop.kernels.kv_quant_triton import block_packed, quant_codes, quant_params, quant_rows
 from hotloop.kernels.launch_math import next_power_of_2
 
 
@@ -58,7 +58,8 @@ def _quant_write(
     src,  # [BLOCK_KV] pointers: each head's source row (model dtype)
     cos_ptr,  # this token's cos / sin row (HALF > 0 only)
     sin_ptr,
-    dst,  # [BLOCK_KV] uint8 pointers: each head's cache row
+    dst,  # [BLOCK_KV] uint8 pointers: each head's codes in the cache
+    dst_params,  # [BLOCK_KV] model-dtype pointers: each head's (scale, zero) pair
     mask_kv,
     D: tl.constexpr,
     HALF: tl.constexpr,
@@ -93,9 +94,8 @@ def _quant_write(
         codes.to(tl.uint8),
         mask=mask_kv[:, None] & (offs_p < NPACK)[None, :],
     )
-    params = (dst + NPACK).to(tl.pointer_type(src.dtype.element_ty))
-    tl.store(params, scale, mask=mask_kv)
-    tl.store(params + 1, lo.to(src.dtype.element_ty), mask=mask_kv)
+    tl.store(dst_params, scale, mask=mask_kv)
+    tl.store(dst_params + 1, lo.to(src.dtype.element_ty), mask=mask_kv)
 
 
 @triton.jit
@@ -106,7 +106,7 @@ def _rotary_kv_kernel(
     cos_ptr,  # [T, HALF] fp32
     sin_ptr,
     slot_ptr,  # [T] int64
-    k_cache_ptr,  # [NB * BS, KV, D] (or [.., row_bytes] uint8) viewed flat over slots
+    k_cache_ptr,  # [NB * BS, KV, D] viewed flat over slots, or uint8 blocks (kv_quant.py)
     v_cache_ptr,
     stride_qt,
     stride_qh,
@@ -119,9 +119,12 @@ def _rotary_kv_kernel(
     stride_kch,
     stride_vs,
     stride_vch,
+    stride_kb,  # block strides (a quantized cache is addressed per block, see kv_quant.py)
+    stride_vb,
     H: tl.constexpr,
     KV: tl.constexpr,
     D: tl.constexpr,
+    BS: tl.constexpr,  # block size
     HALF: tl.constexpr,  # 0: no q, no rotation (a plain cache write)
     BLOCK_H: tl.constexpr,
     BLOCK_KV: tl.constexpr,
@@ -182,11 +185,14 @@ def _rotary_kv_kernel(
                     )
                 else:
                     cs = t * stride_cs
+                    blk = k_cache_ptr + (slot // BS) * stride_kb
+                    codes, params = quant_rows(blk, slot % BS, offs_kv, k_ptr, BS, KV, NPACK)
                     _quant_write(
                         kt + offs_kv * stride_kh,
                         cos_ptr + cs,
                         sin_ptr + cs,
-                        k_cache_ptr + slot * stride_ks + offs_kv * stride_kch,
+                        codes,
+                        params,
                         mask_kv,
                         D,
                         HALF,
@@ -206,11 +212,14 @@ def _rotary_kv_kernel(
                         mask=mv,
                     )
                 else:
+                    blk = v_cache_ptr + (slot // BS) * stride_vb
+                    codes, params = quant_rows(blk, slot % BS, offs_kv, v_ptr, BS, KV, NPACK)
                     _quant_write(
                         vt + offs_kv * stride_vh,
                         cos_ptr,
                         sin_ptr,
-                        v_cache_ptr + slot * stride_vs + offs_kv * stride_vch,
+                        codes,
+                        params,
                         mask_kv,
                         D,
                         0,
@@ -248,8 +257,13 @@ def _launch(
     check(slot_mapping.shape == (T,) and slot_mapping.dtype == torch.int64, "slot_mapping must be [T] int64")
     for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_last_contiguous(name, t)
-    check(k_cache.stride(0) == bs * k_cache.stride(1), "k_cache blocks must be dense over tokens")
-    check(v_cache.stride(0) == bs * v_cache.stride(1), "v_cache blocks must be dense over tokens")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if policy:  # addressed per block (kv_quant.py): each block's bytes must be dense
+            check(
+                c.stride()[1:] == (kvc * row, row, 1), f"{name}: blocks must be dense, strides {c.stride()}"
+            )
+        else:  # addressed by flat slot
+            check(c.stride(0) == bs * c.stride(1), f"{name} blocks must be dense over tokens")
     if T == 0:
         return
     npack = kv_quant.packed_bytes(D, policy) if policy else 0
@@ -281,9 +295,12 @@ def _launch(
         k_cache_st[2],
         v_cache_st[1],
         v_cache_st[2],
+        k_cache_st[0],
+        v_cache_st[0],
         H=H,
         KV=KV,
         D=D,
+        BS=bs,
         HALF=half,
         BLOCK_H=next_power_of_2(H),
         BLOCK_KV=next_power_of_2(KV),

@@ -36,13 +36,16 @@ def _rows(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
 
 
 # -- quantizing write ----------------------------------------------------------------------------
-def _check_rows(got: torch.Tensor, want: torch.Tensor, d: int, policy: int, exact: bool) -> None:
+def _check_rows(
+    got: torch.Tensor, want: torch.Tensor, d: int, dtype: torch.dtype, policy: int, exact: bool
+) -> None:
     """``exact``: identical bytes. Otherwise (a rotated k on the GPU, where the fp32 rotation could
     round differently from torch's) identical scale / zero and codes within one step, on at most
     0.1% of the values: a different rounding of a tie, never a different quantization."""
     if exact:
         assert torch.equal(got, want), (got.int() - want.int()).abs().max()
         return
+    got, want = kv_quant.to_rows(got, d, dtype), kv_quant.to_rows(want, d, dtype)
     n = kv_quant.packed_bytes(d, policy)
     assert torch.equal(got[..., n:], want[..., n:]), "scale / zero differ"
     g, w = got[..., :n].int(), want[..., :n].int()
@@ -87,14 +90,15 @@ def _write_case(
         reference.write_kv_cache(k[keep], v[keep], kc_ref, vc_ref, slots[keep])
         write_kv_cache(k, v, kc, vc, slots)
     if device == "cpu":
-        _check_rows(vc, vc_ref, d, policy, exact=True)
-        _check_rows(kc, kc_ref, d, policy, exact=not half)
+        _check_rows(vc, vc_ref, d, dtype, policy, exact=True)
+        _check_rows(kc, kc_ref, d, dtype, policy, exact=not half)
         return
     # On the GPU torch's own CUDA ops (the reference) may round the scale or a tie differently from
     # the kernel: require the kernel's round trip to be as good as the reference's, within one step.
     keep = slots >= 0
     for cache, ref, src in ((vc, vc_ref, v), (kc, kc_ref, None)):
-        flat, flat_ref = cache.view(-1, kv, row)[slots[keep]], ref.view(-1, kv, row)[slots[keep]]
+        rows, rows_ref = kv_quant.to_rows(cache, d, dtype), kv_quant.to_rows(ref, d, dtype)
+        flat, flat_ref = rows.view(-1, kv, row)[slots[keep]], rows_ref.view(-1, kv, row)[slots[keep]]
         got = kv_quant.dequantize(flat, policy, d, dtype)
         want = kv_quant.dequantize(flat_ref, policy, d, dtype)
         n = kv_quant.packed_bytes(d, policy)
@@ -148,8 +152,9 @@ def _quant_pool(
     g = torch.Generator().manual_seed(seed)
     need = [-(-n // bs) for n in lens]
     nb = sum(need) + 3
-    kq = kv_quant.quantize(_rows((nb, bs, kv, d), g).to(dtype), policy, dtype).to(device)
-    vq = kv_quant.quantize(_rows((nb, bs, kv, d), g).to(dtype), policy, dtype).to(device)
+    kq = kv_quant.from_rows(kv_quant.quantize(_rows((nb, bs, kv, d), g).to(dtype), policy, dtype), d, dtype)
+    vq = kv_quant.from_rows(kv_quant.quantize(_rows((nb, bs, kv, d), g).to(dtype), policy, dtype), d, dtype)
+    kq, vq = kq.to(device), vq.to(device)
     kf = kv_quant.dequantize_cache(kq, d, dtype)
     vf = kv_quant.dequantize_cache(vq, d, dtype)
     perm = torch.randperm(nb, generator=g).tolist()
