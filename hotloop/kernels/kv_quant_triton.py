@@ -220,7 +220,9 @@ def quant_scores(
     ``qd`` is ``to_dot_dtype(q)`` and ``q_sum`` its row sum (float32). A 16-bit model dots fp16
     ``CODE_OFFSET + code`` values and takes the offset back; a float32 model dots the codes."""
     if qd.dtype == tl.float32:
-        return tl.dot(qd, tl.trans(load_kv_codes(rows, mask_n, dtype_ptr, BLOCK_D, NPACK, QUANT)))
+        # float32 models are for exactness, not speed: full-precision dots, not tf32
+        codes = load_kv_codes(rows, mask_n, dtype_ptr, BLOCK_D, NPACK, QUANT)
+        return tl.dot(qd, tl.trans(codes), input_precision="ieee")
     else:
         c = load_kv_codes_offset(rows, mask_n, BLOCK_D, NPACK, QUANT, ASM)
         return tl.dot(qd, tl.trans(c)) - CODE_OFFSET * q_sum[:, None]
@@ -246,7 +248,9 @@ def quant_weighted_values(
     pv = (p * v_scale[None, :]).to(DOT_DTYPE)
     if DOT_DTYPE == tl.float32:
         corr = tl.sum(p * v_zero[None, :], 1)
-        out = tl.dot(pv, load_kv_codes(rows, mask_n, dtype_ptr, BLOCK_D, NPACK, QUANT))
+        out = tl.dot(
+            pv, load_kv_codes(rows, mask_n, dtype_ptr, BLOCK_D, NPACK, QUANT), input_precision="ieee"
+        )
     else:
         # one row reduction for both corrections (the zero points, and the offset of the codes)
         corr = tl.sum(p * v_zero[None, :] - CODE_OFFSET * pv.to(tl.float32), 1)

@@ -257,9 +257,14 @@ INT8_PAIRS = True
 
 def decode_config(quant: int, block_d: int) -> tuple[int, int, int]:
     """``(BLOCK_N, num_warps, num_stages)`` of the decode kernel for a cache format and head tile."""
-    # int8: (32, 4, 2) was the best while rows were 132 bytes apart (4-byte loads; 251 registers at
-    # BLOCK_N 64). With codes 16-byte aligned (kv_quant.py's block layout) BLOCK_N 64 takes 126
-    # registers and 11.6 SASS instructions per token against 14.5 at 32 (ptxas_report.py).
+    # H200, Llama-3-8B shape (benchmarks/kv_attention_sweep.py, 2026-11-30, codes 16-byte aligned
+    # by kv_quant.py's block layout): int8 (64, 4, 2) 0.261 ms per layer at B=256 x 1k and 0.495 at
+    # B=128 x 4k, like bf16's 0.264 / 0.500 (it was 0.362 / 0.704 with 132-byte rows); int4
+    # (128, 4, 2) 0.332 / 0.621; against (64, 4, 3) 0.332 / 0.643 and 0.350 / 0.684.
+    if quant == 8 and block_d <= 128:
+        return 64, 4, 2
+    if quant == 4 and block_d <= 128:
+        return 128, 4, 2
     return (32 if block_d > 128 else 64), 4, 3
 
 
