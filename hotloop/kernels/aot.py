@@ -89,7 +89,7 @@ def compile_decode(
     sig = {"q_ptr": f"*{t}", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
            "seq_lens_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32", "scale_log2": "fp32"}  # fmt: skip
     sig.update({s: "i32" for s in strides})
-    default_n, warps, stages = dec.decode_config(quant, D)
+    default_n, warps, stages = dec.decode_config(quant, D, splits)
     if asm is None:
         asm = code_mode_bits(True, dec.INT8_PAIRS)
     consts = {"G": G, "D": D, "BS": bs, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,

@@ -255,14 +255,18 @@ SPLIT_CHOICES = tuple(1 << i for i in range(_MAX_SPLITS.bit_length()))  # 1, 2, 
 INT8_PAIRS = True
 
 
-def decode_config(quant: int, block_d: int) -> tuple[int, int, int]:
-    """``(BLOCK_N, num_warps, num_stages)`` of the decode kernel for a cache format and head tile."""
+def decode_config(quant: int, block_d: int, splits: int = 1) -> tuple[int, int, int]:
+    """``(BLOCK_N, num_warps, num_stages)`` of the decode kernel for a cache format, head tile and
+    number of context splits (more than one: a small batch, where each program's chain of tiles is
+    short and its latency, not bandwidth, sets the time)."""
     # H200, Llama-3-8B shape (benchmarks/kv_attention_sweep.py, 2026-11-30, codes 16-byte aligned
     # by kv_quant.py's block layout): int8 (64, 4, 2) 0.261 ms per layer at B=256 x 1k and 0.495 at
     # B=128 x 4k, like bf16's 0.264 / 0.500 (it was 0.362 / 0.704 with 132-byte rows); int4
     # (128, 4, 2) 0.332 / 0.621; against (64, 4, 3) 0.332 / 0.643 and 0.350 / 0.684.
     if quant == 8 and block_d <= 128:
-        return 64, 4, 2
+        # batch 1 (16 splits), Llama-3-8B step profile: BLOCK_N 32 0.132 ms for 32 layers, 64 0.149
+        # (bf16 0.136): a 32-token tile's conversion chain is shorter
+        return (32 if splits > 1 else 64), 4, 2
     if quant == 4 and block_d <= 128:
         return 128, 4, 2
     return (32 if block_d > 128 else 64), 4, 3
@@ -309,7 +313,7 @@ def paged_decode_attention(
     block_d = max(16, next_power_of_2(D))
     if config is not None:
         check_launch_config("paged_decode_attention", config, ("BLOCK_N",))
-    block_n, num_warps, num_stages = config or decode_config(quant, block_d)
+    block_n, num_warps, num_stages = config or decode_config(quant, block_d, splits)
     if splits > 1:
         part = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
         lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)

@@ -138,8 +138,15 @@ def _rotary_kv_kernel(
     t = tl.program_id(0)
     # one program per (token, part): q's rotation, k's write and v's write run side by side (at
     # batch 1 a single program did them one after another, and a quantized write's reductions made
-    # that chain the step's longest small kernel)
-    part = tl.program_id(1) + (0 if HALF > 0 else 1)  # 0: q, 1: k, 2: v
+    # that chain the step's longest small kernel); a quantized write has one program per KV head
+    part = tl.program_id(1) + (0 if HALF > 0 else 1)  # 0: q, then k (1) and v (2), or per head
+    if QUANT == 0:
+        offs_kv = tl.arange(0, BLOCK_KV)
+        mask_kv = offs_kv < KV
+    else:
+        offs_kv = (part - 1) % KV + tl.arange(0, 1)
+        mask_kv = offs_kv < KV
+        part = tl.where(part == 0, 0, 1 + (part - 1) // KV)
     if HALF > 0:
         offs_r = tl.arange(0, BLOCK_R)
         mask_r = offs_r < HALF
@@ -157,8 +164,6 @@ def _rotary_kv_kernel(
     else:
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
-            offs_kv = tl.arange(0, BLOCK_KV)
-            mask_kv = offs_kv < KV
             offs_d = tl.arange(0, BLOCK_D)
             if part == 1:
                 kt = k_ptr + t * stride_kt
@@ -275,7 +280,8 @@ def _launch(
         k_cache.stride(),
         v_cache.stride(),
     )
-    _rotary_kv_kernel[(T, 3 if half > 0 else 2)](
+    parts = 2 * KV if policy else 2  # k and v, per head when quantized
+    _rotary_kv_kernel[(T, parts + (1 if half > 0 else 0))](
         q,
         k,
         v,
