@@ -10,9 +10,11 @@ GEMV instead (one row, its first static template), per weight. The last line per
 instructions (per thread) of the attention loop, the longest backward branch, per token of a tile:
 the quantized kernels are bound by instruction issue, not bandwidth (BENCHMARKS.md, fourth session).
 
-Bf16, head_dim 128, GQA group 4, block size 64, 16 splits; strides divisible by 16 as in the engine
-(for a quantized cache the head stride is the row width, head_dim + 4 bytes, which is not). The PTX
-version line is lowered to what the bundled ptxas accepts when they differ.
+Bf16, head_dim 128, GQA group 4, block size 64, 16 splits (the epilogue only: the loop is the same
+at any split count); strides divisible by 16 as in the engine (a quantized cache is addressed per
+block, whose codes are 16-byte aligned, ``kv_quant.py``). ``default`` takes each format's
+large-batch configuration (one split). The PTX version line is lowered to what the bundled ptxas
+accepts when they differ.
 """
 
 from __future__ import annotations

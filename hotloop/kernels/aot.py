@@ -95,7 +95,11 @@ def compile_decode(
     consts = {"G": G, "D": D, "BS": bs, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
               "BLOCK_N": block_n or default_n, **_cache_consts(quant, dtype, asm)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
-    aligned += [s for s in strides if not (quant and s in ("stride_kh", "stride_vh"))]
+    # a quantized cache's token and head strides (rows of 132 bytes) are not divisible by 16; its
+    # kernels use only the block stride
+    aligned += [
+        s for s in strides if not (quant and s in ("stride_kt", "stride_kh", "stride_vt", "stride_vh"))
+    ]
     return compile_for_target(dec._decode_kernel, sig, consts, aligned, num_warps=warps, num_stages=stages)
 
 
@@ -114,7 +118,9 @@ def compile_prefill(quant: int, dtype: str, window: int = 0, max_query_len: int 
     consts = {"G": G, "D": D, "BS": BS, "WINDOW": window, "BLOCK_M": block_m, "BLOCK_N": block_n,
               "BLOCK_D": D, **_cache_consts(quant, dtype, code_mode_bits(True, pf.INT8_PAIRS))}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
-    aligned += [s for s in strides if not (quant and s in ("stride_kh", "stride_vh"))]
+    aligned += [
+        s for s in strides if not (quant and s in ("stride_kt", "stride_kh", "stride_vt", "stride_vh"))
+    ]
     return compile_for_target(pf._prefill_kernel, sig, consts, aligned, num_warps=warps, num_stages=stages)
 
 

@@ -7,8 +7,9 @@ low nibble for even ``d``). How codes are read is a bit field, the kernels' ``AS
 (``code_mode``): bit 1 builds the fp16 values with PTX byte permutes (GPU only; the interpreter
 keeps integer ops), bit 2 reads int8 codes as 16-bit pairs split into even and odd codes (the
 decode kernel's choice; prefill reads bytes). ``HOTLOOP_KV_PRMT=0`` and ``HOTLOOP_KV_INT8_PAIRS=0|1``
-override them for comparisons; both are read once, at import. ``load_kv_params`` reads each row's
-scale and zero (stored in the model dtype right after the packed values).
+override them for comparisons; both are read once, at import. ``quant_rows`` finds a row's codes and its
+(scale, zero) pair in a cache block (``kv_quant.py``: codes first, then the pairs, in the model
+dtype), and ``load_kv_params`` reads the pair.
 
 Writing: ``quant_params`` and ``quant_codes`` reproduce ``kv_quant.quantize`` bit for bit on values
 that are already in the model dtype: the zero is the row minimum (exact in that dtype), the scale

@@ -77,7 +77,7 @@ def _decode_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     QUANT: tl.constexpr,  # 0: float cache; 8 / 4: int8 / int4 codes + scale and zero per row
-    NPACK: tl.constexpr,  # bytes of a quantized row's codes (its scale follows)
+    NPACK: tl.constexpr,  # bytes of a quantized row's codes (its block's (scale, zero) pairs follow all codes)
     KV: tl.constexpr,  # KV heads (a quantized block is [BS, KV] codes, then [BS, KV] scale/zero pairs)
     ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs
 ):

@@ -119,3 +119,34 @@ def test_cache_policy_is_read_from_the_tensor() -> None:
     assert kv_quant.cache_policy(torch.zeros(1, 4, 2, 32), 32, torch.float32) == 0
     with pytest.raises(ValueError, match="fits neither"):
         kv_quant.cache_policy(k8, 32, torch.float32)
+
+
+@pytest.mark.parametrize("policy", [8, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_layout_bytes(policy: int, dtype: torch.dtype) -> None:
+    """The bytes sit where kv_quant's docstring says: in block b, token o and head h have their
+    codes at ``(o * KV + h) * packed`` and their (scale, zero) at ``BS * KV * packed + (o * KV + h)
+    * 2 * itemsize``, also for a cache that is every other block of a larger pool."""
+    torch.manual_seed(3)
+    nb, bs, kv, d = 5, 4, 3, 16
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    row, n = kv_quant.row_bytes(d, policy, itemsize), kv_quant.packed_bytes(d, policy)
+    pool = torch.zeros(nb, 2, bs, kv, row, dtype=torch.uint8)
+    cache = pool[:, 1]
+    slots = torch.tensor([0, 7, 13, 19, 6])
+    k = torch.randn(len(slots), kv, d).to(dtype)
+    kv_quant.write_kv_cache(k, k, cache, cache, slots)
+    rows = kv_quant.quantize(k, policy, dtype)  # [T, KV, row]: codes, then scale and zero
+    for t, slot in enumerate(slots.tolist()):
+        b, o = divmod(slot, bs)
+        block = pool[b, 1].reshape(-1)
+        for h in range(kv):
+            r = o * kv + h
+            assert torch.equal(block[r * n : (r + 1) * n], rows[t, h, :n])
+            p = bs * kv * n + r * 2 * itemsize
+            assert torch.equal(block[p : p + 2 * itemsize], rows[t, h, n:])
+    assert not pool[:, 0].any()  # the pool's other blocks untouched
+    # and the round trip through the views
+    back = kv_quant.to_rows(cache, d, dtype).view(nb * bs, kv, row)[slots]
+    assert torch.equal(back, rows)
+    assert torch.equal(kv_quant.from_rows(kv_quant.to_rows(cache, d, dtype), d, dtype), cache)

@@ -56,7 +56,15 @@ def _check_rows(
 
 
 def _write_case(
-    t: int, h: int, kv: int, d: int, half: int, dtype: torch.dtype, policy: int, device: str
+    t: int,
+    h: int,
+    kv: int,
+    d: int,
+    half: int,
+    dtype: torch.dtype,
+    policy: int,
+    device: str,
+    sliced: bool = False,
 ) -> None:
     from hotloop.kernels.rotary_kv_write import rotary_kv_write, write_kv_cache
 
@@ -73,8 +81,12 @@ def _write_case(
     q, k, v = qkv[:, :h], qkv[:, h : h + kv], qkv[:, h + kv :]  # strided views of one projection
     nb, bs = t // 4 + 3, 4
     row = kv_quant.row_bytes(d, policy, qkv.element_size())
-    kc = torch.randint(0, 256, (nb, bs, kv, row), generator=g, dtype=torch.uint8).to(device)
-    vc = torch.randint(0, 256, (nb, bs, kv, row), generator=g, dtype=torch.uint8).to(device)
+    shape = (nb, 2, bs, kv, row) if sliced else (nb, bs, kv, row)
+    k_pool = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8).to(device)
+    v_pool = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8).to(device)
+    # sliced: each cache is every other block of a pool (block stride 2 blocks, storage offset 1 block)
+    kc, vc = (k_pool[:, 1], v_pool[:, 1]) if sliced else (k_pool, v_pool)
+    others = (k_pool[:, 0].clone(), v_pool[:, 0].clone()) if sliced else None
     slots = torch.randperm(nb * bs, generator=g)[:t].to(device)
     slots[0] = -1  # a padding row writes nothing
     kc_ref, vc_ref = kc.clone(), vc.clone()
@@ -89,6 +101,8 @@ def _write_case(
         keep = slots >= 0
         reference.write_kv_cache(k[keep], v[keep], kc_ref, vc_ref, slots[keep])
         write_kv_cache(k, v, kc, vc, slots)
+    if others is not None:  # the blocks between the cache's were not touched
+        assert torch.equal(k_pool[:, 0], others[0]) and torch.equal(v_pool[:, 0], others[1])
     if device == "cpu":
         _check_rows(vc, vc_ref, d, dtype, policy, exact=True)
         _check_rows(kc, kc_ref, d, dtype, policy, exact=not half)
@@ -131,6 +145,7 @@ def test_quant_write_interpreted(dtype: torch.dtype, policy: int) -> None:
     if dtype != torch.bfloat16:  # the interpreter truncates float32 -> bf16
         _write_case(9, 4, 2, 16, 8, dtype, policy, "cpu")
         _write_case(9, 3, 1, 24, 4, dtype, policy, "cpu")  # partial rotary, head_dim not a power of 2
+        _write_case(9, 4, 3, 16, 8, dtype, policy, "cpu", sliced=True)  # caches inside a larger pool
 
 
 def test_write_rejects_a_cache_of_the_wrong_row() -> None:
@@ -145,16 +160,33 @@ def test_write_rejects_a_cache_of_the_wrong_row() -> None:
 
 # -- attention on the quantized cache --------------------------------------------------------------
 def _quant_pool(
-    lens: list[int], kv: int, d: int, bs: int, dtype: torch.dtype, policy: int, device: str, seed: int
+    lens: list[int],
+    kv: int,
+    d: int,
+    bs: int,
+    dtype: torch.dtype,
+    policy: int,
+    device: str,
+    seed: int,
+    sliced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A quantized K/V pool with shuffled blocks per sequence, its float32 dequantization, and
-    block_tables ``[B, W]``."""
+    block_tables ``[B, W]``. ``sliced``: the caches are every other block of a larger pool (block
+    stride two blocks, non-zero storage offset), whose other blocks hold garbage."""
     g = torch.Generator().manual_seed(seed)
     need = [-(-n // bs) for n in lens]
     nb = sum(need) + 3
     kq = kv_quant.from_rows(kv_quant.quantize(_rows((nb, bs, kv, d), g).to(dtype), policy, dtype), d, dtype)
     vq = kv_quant.from_rows(kv_quant.quantize(_rows((nb, bs, kv, d), g).to(dtype), policy, dtype), d, dtype)
     kq, vq = kq.to(device), vq.to(device)
+    if sliced:
+
+        def place(c: torch.Tensor) -> torch.Tensor:
+            pool = torch.randint(0, 256, (nb, 2, *c.shape[1:]), generator=g, dtype=torch.uint8).to(device)
+            pool[:, 1] = c
+            return pool[:, 1]
+
+        kq, vq = place(kq), place(vq)
     kf = kv_quant.dequantize_cache(kq, d, dtype)
     vf = kv_quant.dequantize_cache(vq, d, dtype)
     perm = torch.randperm(nb, generator=g).tolist()
@@ -177,16 +209,18 @@ def _decode_case(
     device: str,
     window: int | None,
     splits: int | None,
+    sliced: bool = False,
+    config: tuple[int, int, int] | None = None,
 ) -> None:
     from hotloop.kernels.paged_decode_attention import paged_decode_attention
 
     seed = random.randrange(1 << 30)
-    kq, vq, kf, vf, tables = _quant_pool(lens, kv, d, bs, dtype, policy, device, seed)
+    kq, vq, kf, vf, tables = _quant_pool(lens, kv, d, bs, dtype, policy, device, seed, sliced)
     q = torch.randn(len(lens), h, d, generator=torch.Generator().manual_seed(seed + 1)).to(dtype).to(device)
     scale = d**-0.5
     seq = torch.tensor(lens, dtype=torch.int32, device=device)
     out = torch.full_like(q, float("nan"))  # poison: every element must be written
-    paged_decode_attention(q, kq, vq, tables, seq, scale, window, splits, out=out)
+    paged_decode_attention(q, kq, vq, tables, seq, scale, window, splits, out=out, config=config)
     ref = reference.paged_attention(q.float(), kf, vf, tables, [1] * len(lens), lens, scale, window)
     live = seq > 0  # padding rows (seq_len 0) come out as zeros; the reference gives NaN there
     assert rel_err(out[live], ref[live]) < _tol(dtype, device)
@@ -204,12 +238,13 @@ def _prefill_case(
     policy: int,
     device: str,
     window: int | None,
+    sliced: bool = False,
 ) -> None:
     from hotloop.kernels.paged_prefill_attention import paged_prefill_attention
 
     seed = random.randrange(1 << 30)
     lens = [c + n for c, n in zip(ctx, qlens, strict=True)]
-    kq, vq, kf, vf, tables = _quant_pool(lens, kv, d, bs, dtype, policy, device, seed)
+    kq, vq, kf, vf, tables = _quant_pool(lens, kv, d, bs, dtype, policy, device, seed, sliced)
     q = torch.randn(sum(qlens), h, d, generator=torch.Generator().manual_seed(seed + 1)).to(dtype).to(device)
     starts = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32, device=device)
     seq = torch.tensor(lens, dtype=torch.int32, device=device)
@@ -275,6 +310,17 @@ def test_quant_decode_page_tiles_interpreted(policy: int) -> None:
     _decode_case([1, 37, 130, 200], 8, 2, 32, 64, torch.float32, policy, "cpu", None, 4)
     _decode_case([1, 37, 130, 200], 8, 2, 32, 64, torch.float32, policy, "cpu", 45, 3)
     _decode_case([90, 200], 4, 2, 32, 64, torch.float16, policy, "cpu", 70, 2)
+    # the defaults' tiles (int4: 128 tokens) span two pages; a 32-token tile lies in one
+    _decode_case([37, 200], 8, 2, 32, 64, torch.float32, policy, "cpu", None, 2, config=(32, 4, 2))
+
+
+@interpret
+@pytest.mark.parametrize("policy", [8, 4])
+def test_quant_attention_on_caches_inside_a_pool_interpreted(policy: int) -> None:
+    # each cache is every other block of a larger pool: block stride and storage offset are honoured
+    _decode_case([1, 37, 130], 8, 2, 32, 16, torch.float32, policy, "cpu", None, 2, sliced=True)
+    _decode_case([1, 37, 130], 8, 2, 32, 64, torch.float32, policy, "cpu", None, 2, sliced=True)
+    _prefill_case([9, 1], [0, 40], 8, 2, 32, 16, torch.float32, policy, "cpu", None, sliced=True)
 
 
 @interpret
