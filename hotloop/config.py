@@ -59,6 +59,7 @@ class EngineConfig:
     quant_policy: int = 0
     model_format: str | None = None
     eager_mode: bool = False
+    embeddings_on_host: bool = False
     disable_overlap_schedule: bool = False
     jit_schedule: bool = False
     load_format: str = "auto"

@@ -21,6 +21,8 @@ _HELP = {
     "quant_policy": "KV cache quantization: 0 (none), 8 (int8), 4 (int4)",
     "model_format": "weight format: hf, gguf, awq (default: detected)",
     "eager_mode": "disable CUDA graphs",
+    "embeddings_on_host": "keep the token-embedding table in pinned host memory (the GPU reads the looked-up rows "
+    "over PCIe; frees vocab x hidden x 2 bytes of GPU memory for KV; turbo backend, untied embeddings)",
     "disable_overlap_schedule": "collect each step before scheduling the next (by default the host prepares step N+1 while the GPU runs step N)",
     "jit_schedule": "(experimental) with overlap, schedule the next step just before the GPU is expected to finish "
     "the current one, so that requests arriving meanwhile join it (lower TTFT; timing only, outputs unchanged)",

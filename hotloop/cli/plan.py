@@ -46,6 +46,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs in a node (default: 8)")
     p.add_argument("--target", type=int, default=None, help="concurrent sequences needed per node")
     p.add_argument("--sweep", action="store_true", help="every weight format x KV policy")
+    p.add_argument(
+        "--embeddings-on-host",
+        action="store_true",
+        help="the engine's --embeddings-on-host: an untied token-embedding table stays in host memory",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument(
         "--measure",
@@ -74,6 +79,7 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInput:
         block_size=args.block_size,
         tp=args.tp,
         gpus_per_node=args.gpus_per_node,
+        embeddings_on_host=args.embeddings_on_host,
     )
 
 

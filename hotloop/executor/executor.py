@@ -62,6 +62,7 @@ class LocalExecutor:
             device,
             load_format=engine_config.load_format,
             model_format=engine_config.model_format,
+            embeddings_on_host=engine_config.embeddings_on_host,
         )
         bs = engine_config.cache_block_seq_len
         self.num_blocks = num_kv_blocks(

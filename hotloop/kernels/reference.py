@@ -29,6 +29,11 @@ def write_kv_cache(
     v_cache.view(nb * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
+def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``table[ids]``: ``[T]`` ids -> ``[T, hidden]`` rows (``kernels/embedding_gather.py``)."""
+    return F.embedding(ids.to(table.device), table).to(ids.device)
+
+
 def gather_rows(
     cache: torch.Tensor, block_table: torch.Tensor, length: int, head_dim: int, dtype: torch.dtype
 ) -> torch.Tensor:

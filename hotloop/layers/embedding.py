@@ -10,7 +10,10 @@ from hotloop.layers.linear import default_weight_loader, set_weight_loader
 
 
 class VocabEmbedding(nn.Module):
-    """``input_ids [T]`` -> ``[T, hidden]``."""
+    """``input_ids [T]`` -> ``[T, hidden]``.
+
+    ``offload_to_host()`` moves the table into pinned host memory; ids on a GPU are then looked up
+    there by ``kernels/embedding_gather.py`` (only the looked-up rows cross PCIe)."""
 
     def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype | None = None) -> None:
         super().__init__()
@@ -19,7 +22,22 @@ class VocabEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
         set_weight_loader(self.weight, default_weight_loader)
 
+    @property
+    def on_host(self) -> bool:
+        return self.weight.device.type == "cpu"
+
+    def offload_to_host(self) -> None:
+        """Keep the table in pinned host memory from now on (the device copy is freed)."""
+        if self.on_host:
+            return
+        host = self.weight.detach().to("cpu").pin_memory()
+        self.weight = nn.Parameter(host, requires_grad=False)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if input_ids.is_cuda and self.on_host:
+            from hotloop.kernels.embedding_gather import embedding_gather
+
+            return embedding_gather(input_ids, self.weight)
         return F.embedding(input_ids, self.weight)
 
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from hotloop.config import DTYPE_ALIASES, DTYPES, ModelConfig
 from hotloop.kernels.w4a16_layout import pack_int4, unpack_int4
+from hotloop.layers.embedding import LMHead, VocabEmbedding
 from hotloop.layers.linear import AWQLinearMethod, Linear, set_quant_method, shard_key
 from hotloop.layers.norm import RMSNorm
 from hotloop.models.registry import get_model_class
@@ -85,6 +86,7 @@ def load_model(
     device: torch.device | str,
     load_format: str = "auto",
     model_format: str | None = None,
+    embeddings_on_host: bool = False,
 ) -> nn.Module:
     """Build the turbo model for the folder's architecture and load its weights, in eval mode.
 
@@ -92,7 +94,8 @@ def load_model(
     weights are ones). An AutoAWQ checkpoint (``quantization_config.quant_method == 'awq'``, or
     ``model_format='awq'``) gets W4A16 linear layers. Raises ``UnsupportedModelError`` for an
     architecture outside the zoo and ``MissingWeightsError`` when the checkpoint lacks a tensor the
-    model needs.
+    model needs. ``embeddings_on_host`` keeps the token-embedding table in pinned host memory on a
+    GPU (``layers/embedding.py``), unless the LM head shares it.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r} must be one of {LOAD_FORMATS}")
@@ -127,8 +130,36 @@ def load_model(
     kind = str(dtype).removeprefix("torch.")
     if awq is not None:
         kind = f"W4A16 AWQ g{awq.group_size}" + (", dequantized to " + kind if device.type == "cpu" else "")
-    logger.info("weights take %s on %s (%s)", format_bytes(weight_bytes(model)), device, kind)
+    if embeddings_on_host:
+        offload_embeddings(model, device)
+    logger.info("weights take %s on %s (%s)", format_bytes(weight_bytes(model, device)), device, kind)
+    host = weight_bytes(model) - weight_bytes(model, device)
+    if host:
+        logger.info("and %s in pinned host memory (--embeddings-on-host)", format_bytes(host))
     return model.eval()
+
+
+def offload_embeddings(model: nn.Module, device: torch.device) -> None:
+    """Move every token-embedding table that the LM head does not share into pinned host memory
+    (a no-op off the GPU, where weights are in host memory already)."""
+    if device.type != "cuda":
+        logger.info(
+            "--embeddings-on-host: the model is on %s; its weights are in host memory already", device
+        )
+        return
+    head_weights = {id(m.weight) for m in model.modules() if isinstance(m, LMHead)}
+    for name, module in model.named_modules():
+        if not isinstance(module, VocabEmbedding):
+            continue
+        if id(module.weight) in head_weights:
+            logger.warning("--embeddings-on-host: %s stays on the GPU: the LM head shares its weight", name)
+            continue
+        size = module.weight.numel() * module.weight.element_size()
+        module.offload_to_host()
+        logger.info(
+            "%s (%s) is in pinned host memory; the GPU reads only looked-up rows", name, format_bytes(size)
+        )
+    torch.cuda.empty_cache()
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,9 +258,11 @@ def _awq_rows_round_trip(
         yield name, t
 
 
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes held by the model's parameters (a tied weight counted once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+def weight_bytes(model: nn.Module, device: torch.device | str | None = None) -> int:
+    """Bytes held by the model's parameters (a tied weight counted once); with ``device``, only
+    those on that device type (host-resident embeddings are not on the GPU)."""
+    kind = None if device is None else torch.device(device).type
+    return sum(p.numel() * p.element_size() for p in model.parameters() if kind in (None, p.device.type))
 
 
 def format_bytes(n: int) -> str:

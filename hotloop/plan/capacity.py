@@ -36,6 +36,8 @@ class PlanInput:
     block_size: int = 64
     tp: int = 1
     gpus_per_node: int = 8
+    # ``--embeddings-on-host``: an untied embedding table lives in pinned host memory, not on the GPU
+    embeddings_on_host: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_format not in WEIGHT_FORMATS:
@@ -111,12 +113,15 @@ class Plan:
         }
 
 
-def weight_bytes(shape: ModelShape, weight_format: str) -> int:
-    """Bytes of the whole model's weights. AWQ (W4A16, group 128): every projection stores 4-bit
-    values plus a 16-bit scale and a 4-bit zero per group of 128 inputs; embeddings, LM head and
-    norms stay 16-bit."""
+def weight_bytes(shape: ModelShape, weight_format: str, embeddings_on_host: bool = False) -> int:
+    """Bytes of the model's weights on the GPU(s). AWQ (W4A16, group 128): every projection stores
+    4-bit values plus a 16-bit scale and a 4-bit zero per group of 128 inputs; embeddings, LM head
+    and norms stay 16-bit. ``embeddings_on_host``: an untied input embedding is not counted."""
     linear = shape.num_layers * shape.linear_params_per_layer
-    other = shape.embedding_params + shape.num_layers * shape.other_params_per_layer + shape.hidden_size
+    embedding = shape.embedding_params
+    if embeddings_on_host and not shape.tie_word_embeddings:
+        embedding -= shape.vocab_size * shape.hidden_size
+    other = embedding + shape.num_layers * shape.other_params_per_layer + shape.hidden_size
     if weight_format == "bf16":
         return 2 * (linear + other)
     per_param = 0.5 + (2 + 0.5) / AWQ_GROUP
@@ -133,7 +138,7 @@ def kv_bytes_per_token(shape: ModelShape, kv_bits: int, tp: int = 1, itemsize: i
 
 def plan(shape: ModelShape, inputs: PlanInput) -> Plan:
     """How many blocks the pool gets and how many full-length sequences it holds at once."""
-    w = weight_bytes(shape, inputs.weight_format) // inputs.tp
+    w = weight_bytes(shape, inputs.weight_format, inputs.embeddings_on_host) // inputs.tp
     per_token = kv_bytes_per_token(shape, inputs.kv_bits, inputs.tp)
     if inputs.cache_max_entry_count is not None:
         free = inputs.gpu_mem_gib * GIB - w - inputs.overhead_gib * GIB

@@ -69,6 +69,7 @@ def measure(model: str, shape: ModelShape, inputs: PlanInput, cache_max_entry_co
         cache_block_seq_len=inputs.block_size,
         session_len=inputs.session_len,
         eager_mode=True,
+        embeddings_on_host=inputs.embeddings_on_host,
     )
     built = build_engine(model, cfg)
     executor: Any = built.engine.executor

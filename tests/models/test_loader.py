@@ -150,3 +150,45 @@ def test_internlm2_config_is_read_without_remote_code(tmp_path: Path) -> None:
     assert mc.eos_token_ids == (2, 92542)
     model: Any = load_model(tmp_path, torch.float32, "cpu", load_format="dummy")
     assert model.model.rotary_emb.cfg.rope_type == "dynamic" and model.model.rotary_emb.cfg.theta == 1e6
+
+
+def test_embeddings_on_host_is_a_no_op_on_the_cpu(tmp_path: Path) -> None:
+    LlamaConfig(**TINY, architectures=["LlamaForCausalLM"]).save_pretrained(tmp_path)
+    model: Any = load_model(tmp_path, torch.float32, "cpu", load_format="dummy", embeddings_on_host=True)
+    assert model.model.embed_tokens.weight.device.type == "cpu"
+    assert not model.model.embed_tokens.weight.is_pinned()  # nothing moved
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tied", [False, True])
+def test_embeddings_on_host_same_outputs_on_the_gpu(tmp_path: Path, tied: bool) -> None:
+    from hotloop.models.loader import weight_bytes
+
+    LlamaConfig(**TINY, architectures=["LlamaForCausalLM"], tie_word_embeddings=tied).save_pretrained(
+        tmp_path
+    )
+    models: list[Any] = [
+        load_model(tmp_path, torch.bfloat16, "cuda", load_format="dummy", embeddings_on_host=host)
+        for host in (False, True)
+    ]
+    emb = models[1].model.embed_tokens.weight
+    assert (emb.device.type == "cuda") == tied  # a weight the LM head shares stays on the GPU
+    table = TINY["vocab_size"] * TINY["hidden_size"] * 2
+    assert weight_bytes(models[0], "cuda") - weight_bytes(models[1], "cuda") == (0 if tied else table)
+    outs = []
+    for model in models:
+        kv = [
+            tuple(torch.zeros(4, 4, 2, 8, dtype=torch.bfloat16, device="cuda") for _ in "kv")
+            for _ in range(2)
+        ]
+        meta = AttentionMetadata(
+            torch.arange(3, device="cuda"), torch.tensor([[0]], dtype=torch.int32, device="cuda"), [3], [3]
+        )
+        with torch.inference_mode():
+            outs.append(
+                model.compute_logits(
+                    model(torch.tensor([1, 2, 127], device="cuda"), torch.arange(3, device="cuda"), kv, meta)
+                )
+            )
+    assert torch.equal(outs[0], outs[1])

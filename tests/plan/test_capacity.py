@@ -108,3 +108,16 @@ def test_measure_without_a_gpu_says_so(capsys: pytest.CaptureFixture[str]) -> No
         main(["plan", "smollm2-135m", "--measure"])
     assert e.value.code == 1
     assert "starts the engine on a GPU" in capsys.readouterr().err
+
+
+def test_embeddings_on_host_leave_the_untied_table_off_the_gpu() -> None:
+    llama, smol = PRESETS["llama-3-8b"], PRESETS["smollm2-135m"]
+    table = llama.vocab_size * llama.hidden_size * 2
+    assert weight_bytes(llama, "awq") - weight_bytes(llama, "awq", embeddings_on_host=True) == table
+    # the W4A16 8B shape: 5.73 GB of weights on the GPU, 4.68 GB with the table on the host
+    assert 5.7e9 < weight_bytes(llama, "awq") < 5.8e9
+    assert weight_bytes(llama, "awq", embeddings_on_host=True) < 5.5e9
+    assert weight_bytes(smol, "bf16", embeddings_on_host=True) == weight_bytes(smol, "bf16")  # tied: stays
+    base = PlanInput(weight_format="awq", session_len=4096)
+    more = plan(llama, PlanInput(weight_format="awq", session_len=4096, embeddings_on_host=True))
+    assert more.num_blocks > plan(llama, base).num_blocks
