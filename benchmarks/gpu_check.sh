@@ -5,12 +5,14 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR          # the checks below
 #   bash benchmarks/gpu_check.sh OUT_DIR serve    # the issue-3 serving run, plain on GPU 0 and with
 #                                                 # --jit-schedule on GPU 1, side by side
-#   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows (run_gpu.py)
-#                                                 # on GPU 0, the issue-3 serving run on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
+#                                                 # W4A16 batch-1 rows with and without
+#                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
+#                                                 # issue-3 serving run on GPU 1
 #
 # lane 0: every GPU test (`pytest -m gpu`, 8 workers; tests/cli needs pexpect, absent there), the
-#         quantized decode kernels over a few launch configurations and every kernel at its default
-#         (kv_attention_sweep.py), then batch-1 decode with fp16 and int8 KV, twice
+#         attention kernels over a few launch configurations (kv_attention_sweep.py), then batch-1
+#         decode with fp16 and int8 KV, twice (after the tests: their compiles load the host)
 # lane 1: the KV-bound offline run with int8 KV (issue 6; fp16 took 341.6 s on 2026-11-30)
 # Expects the wheels of `.whl` installed on PYTHONPATH (see ../shared/GPU.md). Prints each lane's
 # summary; the logs and JSON stay under OUT_DIR.
@@ -26,8 +28,9 @@ lane0() {
     >"$out/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"
   tail -15 "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|ERROR"
-  timeout 200 python3 "$here/kv_attention_sweep.py" --out "$out/sweep.json" --prefill-configs "" \
-    --decode-configs "32,4,2;64,4,2;64,4,3;128,4,2;128,8,2;64,8,2" >"$out/sweep.log" 2>&1
+  timeout 240 python3 "$here/kv_attention_sweep.py" --out "$out/sweep.json" \
+    --prefill-configs "64,64,4,2;128,64,8,2;128,32,8,2;128,64,4,2" \
+    --decode-configs "32,2,2;64,2,2;32,4,2;64,4,2;128,4,2;64,8,2" >"$out/sweep.log" 2>&1
   echo "attention sweep rc=$?"
   grep "relative error" "$out/sweep.log"
   sed -n '/best per case/,$p' "$out/sweep.log"
@@ -49,7 +52,7 @@ serve() {  # gpu tag extra-flags...
 if [ "$what" = table ]; then
   table() {
     CUDA_VISIBLE_DEVICES=0 timeout 560 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf \
-      --only llama3_offline,llama3_b256_1k
+      --only llama3_offline,llama3_b256_1k,llama3_awq_bs1,llama3_awq_bs1_host_emb
   }
   if [ "$ngpu" -gt 1 ]; then
     table >"$out/lane0.txt" 2>&1 &

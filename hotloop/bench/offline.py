@@ -91,8 +91,16 @@ def _percentile(xs: list[float], q: float) -> float:
 
 
 def _runner_stats(engine: Any) -> dict[str, Any]:
+    from hotloop.models.loader import weight_bytes
+
     runner = getattr(engine.executor, "runner", None)
+    model = getattr(engine.executor, "model", None)
+    device = getattr(engine.executor, "device", None)
     return {
+        "kv_blocks": engine.num_total_blocks,
+        "weight_bytes_on_device": weight_bytes(model, device)
+        if model is not None and device is not None
+        else None,
         "graph_steps": getattr(runner, "num_graph_steps", None),
         "eager_steps": getattr(runner, "num_eager_steps", None),
         "wait_s": getattr(runner, "wait_s", None),
