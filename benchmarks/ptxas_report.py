@@ -8,7 +8,8 @@ found (BENCHMARKS.md, "GPU, third session").
 With ``default`` each format uses its launcher's BLOCK_N. ``gemv`` reports the W4A16 CUDA-core
 GEMV instead (one row, its first static template), per weight. The last line per format counts the SASS
 instructions (per thread) of the attention loop, the longest backward branch, per token of a tile:
-the quantized kernels are bound by instruction issue, not bandwidth (BENCHMARKS.md, fourth session).
+with the shared memory and the resident CTAs per SM it implies with the registers (occupancy): the
+quantized kernels are bound by instructions and latency, not bandwidth (BENCHMARKS.md).
 
 Bf16, head_dim 128, GQA group 4, block size 64, 16 splits (the epilogue only: the loop is the same
 at any split count); strides divisible by 16 as in the engine (a quantized cache is addressed per
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from typing import Any
 
 import triton
 
@@ -36,8 +38,21 @@ from hotloop.kernels.paged_decode_attention import INT8_PAIRS, decode_config
 def compile_decode(quant: int, block_n: int, asm: bool = True) -> str:
     """PTX of the decode kernel (bf16, 16 splits) with ``block_n`` rows per tile; ``asm`` False
     turns the PTX permutes off (the launcher's int8-pairs choice stays)."""
+    return str(compile_decode_kernel(quant, block_n, asm).asm["ptx"])
+
+
+def compile_decode_kernel(quant: int, block_n: int, asm: bool = True) -> Any:
     bits = code_mode_bits(True, INT8_PAIRS) & (~0 if asm else ~1)
-    return str(aot.compile_decode(quant, "bfloat16", splits=16, block_n=block_n, asm=bits).asm["ptx"])
+    return aot.compile_decode(quant, "bfloat16", splits=16, block_n=block_n, asm=bits)
+
+
+def occupancy(registers: int, shared: int, num_warps: int) -> int:
+    """Resident CTAs per H100/H200 SM (64 K registers, allocated per warp in units of 256; 227 KiB
+    of shared memory plus 1 KiB reserved per CTA; at most 64 warps and 32 CTAs)."""
+    per_warp = -(-registers * 32 // 256) * 256
+    by_regs = 65536 // (per_warp * num_warps)
+    by_smem = (228 * 1024) // (shared + 1024)
+    return min(by_regs, by_smem, 64 // num_warps, 32)
 
 
 def ptxas_info(ptx: str) -> str:
@@ -119,7 +134,8 @@ def main() -> int:
         return 0
     for quant in (0, 8, 4):
         block_n = decode_config(quant, 128)[0] if arg == "default" else int(arg)
-        ptx = compile_decode(quant, block_n)
+        kernel = compile_decode_kernel(quant, block_n)
+        ptx = str(kernel.asm["ptx"])
         loads = sorted(set(re.findall(r"(?:ld\.global|cp\.async)[.a-z0-9]*", ptx)))
         cvts = len(re.findall(r"cvt\.rn\.(?:bf16|f16)\.u(?:8|16|32)", ptx))
         print(f"QUANT={quant} BLOCK_N={block_n}: {ptxas_info(ptx)}")
@@ -127,6 +143,12 @@ def main() -> int:
         n, ops = loop_instructions(ptx)
         top = ", ".join(f"{op} {c}" for op, c in ops.most_common(8))
         print(f"    loop: {n} SASS instructions, {n / block_n:.1f} per token ({top})")
+        regs = re.search(r"Used (\d+) registers", ptxas_info(ptx))
+        warps = kernel.metadata.num_warps
+        if regs:
+            ctas = occupancy(int(regs.group(1)), kernel.metadata.shared, warps)
+            print(f"    shared memory {kernel.metadata.shared} bytes, {warps} warps: {ctas} CTAs "
+                  f"({ctas * warps} warps) per SM")  # fmt: skip
     return 0
 
 
