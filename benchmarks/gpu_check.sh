@@ -30,7 +30,8 @@ lane0() {
   tail -15 "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|ERROR"
   timeout 240 python3 "$here/kv_attention_sweep.py" --out "$out/sweep.json" \
     --prefill-configs "64,64,4,2;128,64,8,2;128,32,8,2;128,64,4,2" \
-    --decode-configs "32,4,1;64,4,1;128,4,1;64,8,1;32,4,2;64,4,2;128,4,2;64,8,2" >"$out/sweep.log" 2>&1
+    --decode-configs "32,4,1;64,4,1;128,4,1;64,4,1,96;64,4,1,80;64,4,2,96;128,4,1,96;32,4,2;64,4,2;128,4,2" \
+    >"$out/sweep.log" 2>&1
   echo "attention sweep rc=$?"
   grep "relative error" "$out/sweep.log"
   sed -n '/best per case/,$p' "$out/sweep.log"

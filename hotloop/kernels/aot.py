@@ -26,6 +26,7 @@ def compile_for_target(
     arch: int = 90,
     num_warps: int = 4,
     num_stages: int = 3,
+    maxnreg: int | None = None,
 ) -> Any:
     """Compile the ``@triton.jit`` function ``fn`` for CUDA compute capability ``arch``.
 
@@ -50,7 +51,9 @@ def compile_for_target(
         constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},
         attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned},
     )
-    options = {"num_warps": num_warps, "num_stages": num_stages}
+    options: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg  # registers per thread; ptxas spills past it
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
@@ -76,10 +79,12 @@ def compile_decode(
     block_n: int | None = None,
     asm: int | None = None,
     bs: int = BS,
+    config: tuple[int, ...] | None = None,
 ) -> Any:
     """The decode kernel for cache policy ``quant``, model ``dtype`` and block size ``bs``;
     ``block_n`` and ``asm`` (the code-reading bits, ``kv_quant_triton.code_mode_bits``) override
-    the launcher's choices on a GPU."""
+    the launcher's choices on a GPU; ``config`` overrides the whole launch configuration,
+    ``(BLOCK_N, num_warps, num_stages[, maxnreg])``."""
     from hotloop.kernels import paged_decode_attention as dec
 
     t = _TYPES[dtype]
@@ -89,7 +94,7 @@ def compile_decode(
     sig = {"q_ptr": f"*{t}", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
            "seq_lens_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32", "scale_log2": "fp32"}  # fmt: skip
     sig.update({s: "i32" for s in strides})
-    default_n, warps, stages = dec.decode_config(quant, D, splits)
+    default_n, warps, stages, *rest = config or dec.decode_config(quant, D, splits)
     if asm is None:
         asm = code_mode_bits(True, dec.INT8_PAIRS)
     consts = {"G": G, "D": D, "BS": bs, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
@@ -100,7 +105,15 @@ def compile_decode(
     aligned += [
         s for s in strides if not (quant and s in ("stride_kt", "stride_kh", "stride_vt", "stride_vh"))
     ]
-    return compile_for_target(dec._decode_kernel, sig, consts, aligned, num_warps=warps, num_stages=stages)
+    return compile_for_target(
+        dec._decode_kernel,
+        sig,
+        consts,
+        aligned,
+        num_warps=warps,
+        num_stages=stages,
+        maxnreg=rest[0] if rest else None,
+    )
 
 
 def compile_prefill(quant: int, dtype: str, window: int = 0, max_query_len: int = 4096) -> Any:
@@ -134,6 +147,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "decode-q8-bfloat16-one-split": ("decode", {"quant": 8, "dtype": "bfloat16", "splits": 1}),
     "decode-q8-bfloat16-block16": ("decode", {"quant": 8, "dtype": "bfloat16", "bs": 16}),
     "decode-q4-bfloat16-block16": ("decode", {"quant": 4, "dtype": "bfloat16", "bs": 16}),
+    "decode-q8-bfloat16-maxnreg96": ("decode", {"quant": 8, "dtype": "bfloat16", "config": (64, 4, 1, 96)}),
     "prefill-q0-bfloat16-window-1k": ("prefill", {"quant": 0, "dtype": "bfloat16", "window": 512, "max_query_len": 1024}),
     "prefill-q8-bfloat16-short": ("prefill", {"quant": 8, "dtype": "bfloat16", "max_query_len": 8}),
 }  # fmt: skip

@@ -35,16 +35,31 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def check_launch_config(name: str, config: tuple[int, ...], tiles: tuple[str, ...]) -> None:
+def check_launch_config(
+    name: str, config: tuple[int, ...], tiles: tuple[str, ...], allow_maxnreg: bool = False
+) -> None:
     """A launch-configuration override: ``tiles`` (power-of-two tile sizes, at least 16, as
-    ``tl.dot`` needs), then num_warps (1, 2, 4, 8 or 16) and num_stages (at least 1)."""
+    ``tl.dot`` needs), then num_warps (1, 2, 4, 8 or 16) and num_stages (at least 1), then, where
+    ``allow_maxnreg``, optionally maxnreg (registers per thread, a multiple of 8 in 24..255: ptxas
+    spills past it, so that more CTAs fit on an SM)."""
     fields = (*tiles, "num_warps", "num_stages")
-    check(len(config) == len(fields), f"{name}: config must be ({', '.join(fields)}), got {config}")
+    n = len(fields)
+    shape = f"({', '.join(fields)}{'[, maxnreg]' if allow_maxnreg else ''})"
+    check(
+        len(config) == n or (allow_maxnreg and len(config) == n + 1),
+        f"{name}: config must be {shape}, got {config}",
+    )
     for field, value in zip(tiles, config, strict=False):
         check(
             value >= 16 and value & (value - 1) == 0,
             f"{name}: config {field}={value} must be a power of two >= 16",
         )
-    warps, stages = config[-2], config[-1]
+    warps, stages = config[n - 2], config[n - 1]
     check(warps in (1, 2, 4, 8, 16), f"{name}: config num_warps={warps} must be 1, 2, 4, 8 or 16")
     check(stages >= 1, f"{name}: config num_stages={stages} must be >= 1")
+    if len(config) > n:
+        regs = config[n]
+        check(
+            24 <= regs <= 255 and regs % 8 == 0,
+            f"{name}: config maxnreg={regs} must be a multiple of 8 in 24..255",
+        )

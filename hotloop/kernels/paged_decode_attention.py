@@ -282,7 +282,7 @@ def paged_decode_attention(
     sliding_window: int | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
-    config: tuple[int, int, int] | None = None,
+    config: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """One new query per sequence attends over its paged context.
 
@@ -290,7 +290,7 @@ def paged_decode_attention(
     ``uint8`` ``[num_blocks, block_size, KV, row_bytes]`` (int8 / int4, ``kv_quant.py``); block_tables
     ``[B, W]`` int32; seq_lens ``[B]`` int32 (tokens in the cache, the new one included).
     Returns ``[B, H, D]`` in q's dtype (into ``out`` when given). ``config`` overrides the launch
-    configuration ``(BLOCK_N, num_warps, num_stages)`` (``benchmarks/kv_attention_sweep.py``).
+    configuration ``(BLOCK_N, num_warps, num_stages[, maxnreg])`` (``benchmarks/kv_attention_sweep.py``).
     """
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [B, H, D] and the caches [NB, BS, KV, D]")
     B, H, D = q.shape
@@ -312,8 +312,9 @@ def paged_decode_attention(
     block_g = max(16, next_power_of_2(G))
     block_d = max(16, next_power_of_2(D))
     if config is not None:
-        check_launch_config("paged_decode_attention", config, ("BLOCK_N",))
-    block_n, num_warps, num_stages = config or decode_config(quant, block_d, splits)
+        check_launch_config("paged_decode_attention", config, ("BLOCK_N",), allow_maxnreg=True)
+    block_n, num_warps, num_stages, *rest = config or decode_config(quant, block_d, splits)
+    maxnreg = rest[0] if rest else None
     if splits > 1:
         part = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
         lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
@@ -361,6 +362,7 @@ def paged_decode_attention(
         ASM=code_mode(q, INT8_PAIRS) if quant else 0,
         num_warps=num_warps,
         num_stages=num_stages,
+        maxnreg=maxnreg,
     )
     if splits > 1:
         _merge_kernel[(B, H)](

@@ -179,6 +179,10 @@ def test_launch_config_overrides_are_checked() -> None:
         paged_decode_attention(q, cache, cache, tables, seq, 1.0, config=(24, 4, 2))
     with pytest.raises(ValueError, match="num_warps=3"):
         paged_decode_attention(q, cache, cache, tables, seq, 1.0, config=(32, 3, 2))
+    with pytest.raises(ValueError, match="maxnreg=100 must be a multiple of 8"):
+        paged_decode_attention(q, cache, cache, tables, seq, 1.0, config=(32, 4, 2, 100))
+    with pytest.raises(ValueError, match=r"\(BLOCK_N, num_warps, num_stages\[, maxnreg\]\)"):
+        paged_decode_attention(q, cache, cache, tables, seq, 1.0, config=(32, 4, 2, 96, 1))
     with pytest.raises(ValueError, match=r"config must be \(BLOCK_M, BLOCK_N, num_warps, num_stages\)"):
         paged_prefill_attention(q, cache, cache, tables, seq, torch.tensor([0, 1], dtype=torch.int32), 1, 1.0,
                                 config=(64, 4, 2))  # fmt: skip

@@ -210,7 +210,7 @@ def _decode_case(
     window: int | None,
     splits: int | None,
     sliced: bool = False,
-    config: tuple[int, int, int] | None = None,
+    config: tuple[int, ...] | None = None,
 ) -> None:
     from hotloop.kernels.paged_decode_attention import paged_decode_attention
 
@@ -312,6 +312,7 @@ def test_quant_decode_page_tiles_interpreted(policy: int) -> None:
     _decode_case([90, 200], 4, 2, 32, 64, torch.float16, policy, "cpu", 70, 2)
     # the defaults' tiles (int4: 128 tokens) span two pages; a 32-token tile lies in one
     _decode_case([37, 200], 8, 2, 32, 64, torch.float32, policy, "cpu", None, 2, config=(32, 4, 2))
+    _decode_case([37, 200], 8, 2, 32, 64, torch.float32, policy, "cpu", None, 1, config=(64, 4, 1, 96))
 
 
 @interpret
