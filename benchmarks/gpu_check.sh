@@ -53,7 +53,7 @@ serve() {  # gpu tag extra-flags...
 if [ "$what" = table ]; then
   table() {
     CUDA_VISIBLE_DEVICES=0 timeout 560 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf \
-      --only llama3_offline,llama3_b256_1k,llama3_awq_bs1,llama3_awq_bs1_host_emb
+      --only llama3_offline,llama3_offline_b512,llama3_b256_1k,llama3_awq_bs1,llama3_awq_bs1_host_emb
   }
   if [ "$ngpu" -gt 1 ]; then
     table >"$out/lane0.txt" 2>&1 &
