@@ -77,6 +77,9 @@ PRMT = os.environ.get("HOTLOOP_KV_PRMT", "1") != "0"
 
 
 _INT8_PAIRS = os.environ.get("HOTLOOP_KV_INT8_PAIRS")  # "0" / "1" overrides each kernel's choice
+# Even/odd split dots (bit 4, decode only, 16-bit models): see ``load_kv_codes_split``. Off unless
+# HOTLOOP_KV_SPLIT_EO=1 until timed on a GPU.
+SPLIT_EO = os.environ.get("HOTLOOP_KV_SPLIT_EO", "0") == "1"
 
 
 def code_mode(x: torch.Tensor, int8_pairs: bool) -> int:
@@ -88,9 +91,9 @@ def code_mode(x: torch.Tensor, int8_pairs: bool) -> int:
 def code_mode_bits(on_gpu: bool, int8_pairs: bool) -> int:
     """1 = inline PTX permutes (compiled for a GPU, not interpreted), 2 = int8 codes read as 16-bit
     pairs (``int8_pairs``, the kernel's measured preference, unless HOTLOOP_KV_INT8_PAIRS says
-    otherwise)."""
+    otherwise), 4 = even/odd split dots (HOTLOOP_KV_SPLIT_EO=1; the decode kernel only)."""
     pairs = int8_pairs if _INT8_PAIRS is None else _INT8_PAIRS != "0"
-    return int(PRMT and on_gpu) | (2 if pairs else 0)
+    return int(PRMT and on_gpu) | (2 if pairs else 0) | (4 if SPLIT_EO else 0)
 
 
 # PTX for four bytes (one register, ``$2``) -> four fp16 ``1024 + byte`` (two registers): one byte
@@ -193,6 +196,55 @@ def load_kv_codes_offset(
         lo = _bytes_to_offset_f16(b, ASM & 1, 1)
         hi = _bytes_to_offset_f16(b, ASM & 1, 2)
         return tl.reshape(tl.join(lo, hi), [rows.shape[0], BLOCK_D])
+
+
+@triton.jit
+def load_kv_codes_split(
+    rows, mask_n, BLOCK_D: tl.constexpr, NPACK: tl.constexpr, QUANT: tl.constexpr, ASM: tl.constexpr
+):
+    """The codes of even and of odd head dims, each ``[N, BLOCK_D // 2]`` fp16 ``CODE_OFFSET + code``
+    (``CODE_OFFSET`` off ``mask_n`` and past the row): int8 read as 16-bit pairs, int4 as bytes
+    (low nibble even, high odd). Dotting each half with the matching half of q (or writing each
+    half of the output) needs no join of the two into head-dim order, which Triton lowers to
+    register permutes or a trip through shared memory."""
+    offs_p = tl.arange(0, BLOCK_D // 2)
+    if QUANT == 8:
+        w = tl.load(
+            rows.to(tl.pointer_type(tl.uint16))[:, None] + offs_p[None, :],
+            mask=mask_n[:, None] & (offs_p < NPACK // 2)[None, :],
+            other=0,
+        )
+        return _pairs_to_offset_f16(w, ASM & 1, 0), _pairs_to_offset_f16(w, ASM & 1, 1)
+    else:
+        b = tl.load(
+            rows[:, None] + offs_p[None, :], mask=mask_n[:, None] & (offs_p < NPACK)[None, :], other=0
+        )
+        return _bytes_to_offset_f16(b, ASM & 1, 1), _bytes_to_offset_f16(b, ASM & 1, 2)
+
+
+@triton.jit
+def quant_scores_split(
+    q_even, q_odd, q_sum, rows, mask_n, BLOCK_D: tl.constexpr, NPACK: tl.constexpr, QUANT: tl.constexpr,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    """``quant_scores`` for a 16-bit model from q's even and odd head dims (fp16 ``[M, BLOCK_D // 2]``)."""
+    even, odd = load_kv_codes_split(rows, mask_n, BLOCK_D, NPACK, QUANT, ASM)
+    s = tl.dot(q_even, tl.trans(even))
+    s = tl.dot(q_odd, tl.trans(odd), s)
+    return s - CODE_OFFSET * q_sum[:, None]
+
+
+@triton.jit
+def quant_weighted_values_split(
+    p, v_scale, v_zero, rows, mask_n, BLOCK_D: tl.constexpr, NPACK: tl.constexpr, QUANT: tl.constexpr,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    """``quant_weighted_values`` for a 16-bit model, as the even and the odd head dims of the
+    result (each float32 ``[M, BLOCK_D // 2]``)."""
+    pv = (p * v_scale[None, :]).to(tl.float16)
+    corr = tl.sum(p * v_zero[None, :] - CODE_OFFSET * pv.to(tl.float32), 1)
+    even, odd = load_kv_codes_split(rows, mask_n, BLOCK_D, NPACK, QUANT, ASM)
+    return tl.dot(pv, even) + corr[:, None], tl.dot(pv, odd) + corr[:, None]
 
 
 @triton.jit

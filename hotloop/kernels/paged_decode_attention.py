@@ -37,7 +37,9 @@ from hotloop.kernels.kv_quant_triton import (
     load_kv_params,
     quant_rows,
     quant_scores,
+    quant_scores_split,
     quant_weighted_values,
+    quant_weighted_values_split,
     to_dot_dtype,
 )
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
@@ -109,6 +111,17 @@ def _decode_kernel(
     # fp16 once, and its row sum multiplies the K zero points and cancels the offset.
     qd = to_dot_dtype(q)
     q_sum = tl.sum(qd.to(tl.float32), 1)
+    # ASM bit 4 (16-bit models): q's even and odd head dims dot the codes of even and odd dims
+    # separately, and the output is kept as its even and odd halves (kv_quant_triton.load_kv_codes_split)
+    EO: tl.constexpr = QUANT != 0 and (ASM & 4) != 0
+    if EO:
+        offs_h = tl.arange(0, BLOCK_D // 2)
+        mask_h = mask_g[:, None] & (offs_h < D // 2)[None, :]
+        q_row = q_ptr + b * stride_qb + heads[:, None] * stride_qh + 2 * offs_h[None, :]
+        q_even = to_dot_dtype(tl.load(q_row, mask=mask_h, other=0.0))
+        q_odd = to_dot_dtype(tl.load(q_row + 1, mask=mask_h, other=0.0))
+        acc_even = tl.zeros([BLOCK_G, BLOCK_D // 2], tl.float32)
+        acc_odd = tl.zeros([BLOCK_G, BLOCK_D // 2], tl.float32)
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -144,7 +157,10 @@ def _decode_kernel(
             # codes at constexpr offsets in the block: Triton sees 16-byte alignment and vectorizes
             k_rows, k_par = quant_rows(k_cache_ptr + page * stride_kb, tok, kvh, q_ptr, BS, KV, NPACK)
             k_scale, k_zero = load_kv_params(k_par, mask_n)
-            s = quant_scores(qd, q_sum, k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT, ASM)  # q . codes
+            if EO:
+                s = quant_scores_split(q_even, q_odd, q_sum, k_rows, mask_n, BLOCK_D, NPACK, QUANT, ASM)
+            else:
+                s = quant_scores(qd, q_sum, k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT, ASM)  # q . codes
             s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -162,10 +178,17 @@ def _decode_kernel(
         else:
             v_rows, v_par = quant_rows(v_cache_ptr + page * stride_vb, tok, kvh, q_ptr, BS, KV, NPACK)
             v_scale, v_zero = load_kv_params(v_par, mask_n)
-            pv = quant_weighted_values(
-                p, v_scale, v_zero, v_rows, mask_n, q_ptr, qd.dtype, BLOCK_D, NPACK, QUANT, ASM
-            )
-            acc = acc * alpha[:, None] + pv
+            if EO:
+                pv_even, pv_odd = quant_weighted_values_split(
+                    p, v_scale, v_zero, v_rows, mask_n, BLOCK_D, NPACK, QUANT, ASM
+                )
+                acc_even = acc_even * alpha[:, None] + pv_even
+                acc_odd = acc_odd * alpha[:, None] + pv_odd
+            else:
+                pv = quant_weighted_values(
+                    p, v_scale, v_zero, v_rows, mask_n, q_ptr, qd.dtype, BLOCK_D, NPACK, QUANT, ASM
+                )
+                acc = acc * alpha[:, None] + pv
         if QUANT == 0:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
@@ -174,15 +197,25 @@ def _decode_kernel(
     o = acc / safe_l[:, None]
     omask = mask_g[:, None] & mask_d[None, :]
     if NUM_SPLITS == 1:
-        tl.store(
-            out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-            o.to(out_ptr.dtype.element_ty),
-            mask=omask,
-        )
+        if EO:
+            dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + 2 * offs_h[None, :]
+            tl.store(dst, (acc_even / safe_l[:, None]).to(out_ptr.dtype.element_ty), mask=mask_h)
+            tl.store(dst + 1, (acc_odd / safe_l[:, None]).to(out_ptr.dtype.element_ty), mask=mask_h)
+        else:
+            tl.store(
+                out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                o.to(out_ptr.dtype.element_ty),
+                mask=omask,
+            )
     else:
         # partial output [B, H, S, D] and its log2-sum-exp [B, H, S], both contiguous
         row = (b * (G * tl.num_programs(1)) + heads) * NUM_SPLITS + split  # [BLOCK_G]
-        tl.store(out_ptr + row[:, None] * D + offs_d[None, :], o, mask=omask)
+        if EO:
+            dst = out_ptr + row[:, None] * D + 2 * offs_h[None, :]
+            tl.store(dst, acc_even / safe_l[:, None], mask=mask_h)
+            tl.store(dst + 1, acc_odd / safe_l[:, None], mask=mask_h)
+        else:
+            tl.store(out_ptr + row[:, None] * D + offs_d[None, :], o, mask=omask)
         lse = tl.where(l_i > 0.0, m_i + tl.log2(safe_l), float("-inf"))
         tl.store(lse_ptr + row, lse, mask=mask_g)
 
@@ -359,7 +392,7 @@ def paged_decode_attention(
         QUANT=quant,
         NPACK=npack,
         KV=kv,
-        ASM=code_mode(q, INT8_PAIRS) if quant else 0,
+        ASM=(code_mode(q, INT8_PAIRS) & (~4 if q.dtype == torch.float32 else ~0)) if quant else 0,
         num_warps=num_warps,
         num_stages=num_stages,
         maxnreg=maxnreg,

@@ -340,6 +340,23 @@ def test_quant_attention_float16_interpreted(policy: int) -> None:
     _prefill_case([20, 1], [0, 30], 4, 2, 32, 16, torch.float16, policy, "cpu", None)
 
 
+@interpret
+@pytest.mark.parametrize("policy", [8, 4])
+def test_quant_decode_even_odd_split_interpreted(policy: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # HOTLOOP_KV_SPLIT_EO: q's even and odd head dims dot the codes of even and odd dims apart, and
+    # the output halves are stored interleaved; one split and several, a window, a page-tile
+    # config, head_dim not a power of two, and float32 (which ignores the bit)
+    from hotloop.kernels import kv_quant_triton
+
+    monkeypatch.setattr(kv_quant_triton, "SPLIT_EO", True)
+    assert kv_quant_triton.code_mode_bits(False, True) & 4
+    _decode_case([37, 5, 0], 4, 2, 32, 16, torch.float16, policy, "cpu", None, 1)
+    _decode_case([37, 5, 130], 8, 2, 32, 16, torch.float16, policy, "cpu", 20, 3)
+    _decode_case([37, 200], 8, 2, 32, 64, torch.float16, policy, "cpu", None, 2, config=(32, 4, 2))
+    _decode_case([9, 40], 3, 1, 24, 16, torch.float16, policy, "cpu", None, 2)
+    _decode_case([37, 5], 4, 2, 32, 16, torch.float32, policy, "cpu", None, 2)
+
+
 # -- dispatch: ops and the attention layer -----------------------------------------------------------
 @interpret
 @pytest.mark.parametrize("policy", [8, 4])
