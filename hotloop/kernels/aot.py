@@ -148,6 +148,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "decode-q8-bfloat16-block16": ("decode", {"quant": 8, "dtype": "bfloat16", "bs": 16}),
     "decode-q4-bfloat16-block16": ("decode", {"quant": 4, "dtype": "bfloat16", "bs": 16}),
     "decode-q8-bfloat16-maxnreg96": ("decode", {"quant": 8, "dtype": "bfloat16", "config": (64, 4, 1, 96)}),
+    # even/odd split dots (HOTLOOP_KV_SPLIT_EO=1): permutes, int8 pairs and the split
+    "decode-q8-bfloat16-split-eo": ("decode", {"quant": 8, "dtype": "bfloat16", "asm": 7}),
+    "decode-q4-bfloat16-split-eo": ("decode", {"quant": 4, "dtype": "bfloat16", "asm": 7}),
     "prefill-q0-bfloat16-window-1k": ("prefill", {"quant": 0, "dtype": "bfloat16", "window": 512, "max_query_len": 1024}),
     "prefill-q8-bfloat16-short": ("prefill", {"quant": 8, "dtype": "bfloat16", "max_query_len": 8}),
 }  # fmt: skip
