@@ -11,7 +11,8 @@
 #                                                 # issue-3 serving run on GPU 1
 #
 # lane 0: every GPU test (`pytest -m gpu`, 8 workers; tests/cli needs pexpect, absent there), the
-#         attention kernels over a few launch configurations (kv_attention_sweep.py), then batch-1
+#         attention kernels over a few launch configurations (kv_attention_sweep.py), the quantized
+#         decode again with HOTLOOP_KV_SPLIT_EO=1, then batch-1
 #         decode with fp16 and int8 KV, twice (after the tests: their compiles load the host)
 # lane 1: the KV-bound offline run with int8 KV (issue 6; fp16 took 341.6 s on 2026-11-30)
 # Expects the wheels of `.whl` installed on PYTHONPATH (see ../shared/GPU.md). Prints each lane's
@@ -35,6 +36,12 @@ lane0() {
   echo "attention sweep rc=$?"
   grep "relative error" "$out/sweep.log"
   sed -n '/best per case/,$p' "$out/sweep.log"
+  HOTLOOP_KV_SPLIT_EO=1 timeout 150 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_eo.json" \
+    --policies 8,4 --no-prefill --decode-configs "32,4,2;64,4,2;64,4,1;128,4,2;128,4,1;64,4,1,96" \
+    >"$out/sweep_eo.log" 2>&1
+  echo "attention sweep, even/odd split dots rc=$?"
+  grep "relative error" "$out/sweep_eo.log"
+  sed -n '/best per case/,$p' "$out/sweep_eo.log"
   bash "$here/run_capacity.sh" bs1 "$out/cap" 100
   bash "$here/run_capacity.sh" bs1 "$out/cap2" 100
 }

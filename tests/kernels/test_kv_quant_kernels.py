@@ -279,6 +279,28 @@ def test_quant_decode_gpu(d: int, h: int, kv: int, bs: int, dtype: torch.dtype, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("policy", [8, 4])
+@pytest.mark.parametrize("d,h,kv,bs", [(128, 32, 8, 64), (64, 16, 4, 16), (256, 8, 1, 64)])
+@pytest.mark.parametrize("config", [None, (32, 4, 2), (64, 4, 1, 96)])
+def test_quant_decode_even_odd_split_gpu(
+    d: int,
+    h: int,
+    kv: int,
+    bs: int,
+    policy: int,
+    config: tuple[int, ...] | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hotloop.kernels import kv_quant_triton
+
+    monkeypatch.setattr(kv_quant_triton, "SPLIT_EO", True)
+    lens = [0, 1, 17, 300, 1031, 64 * 40 + 5]
+    for splits in (1, None):
+        _decode_case(lens, h, kv, d, bs, torch.bfloat16, policy, "cuda", None, splits, config=config)
+    _decode_case(lens, h, kv, d, bs, torch.float16, policy, "cuda", 200, None, config=config)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d,h,kv,bs,dtype,policy", GRID)
 def test_quant_prefill_gpu(d: int, h: int, kv: int, bs: int, dtype: torch.dtype, policy: int) -> None:
     # whole prompts, a chunk after a cached prefix, and decode rows in one mixed batch
