@@ -102,28 +102,33 @@ def loop_instructions(ptx: str) -> tuple[int, Counter[str]]:
 
 
 def gemv_report() -> None:
-    """Registers and loop instructions per weight of the W4A16 GEMV at its static launch."""
+    """Registers and loop instructions per weight of the W4A16 one-row GEMV templates (the
+    shift-per-column kernel and the in-place mask kernel)."""
     import hotloop.kernels.w4a16_gemv as gemv
-    from hotloop.kernels.w4a16_gemm import GEMV_TEMPLATES
+    from hotloop.kernels.w4a16_gemm import GEMV_MASK_TEMPLATES, GEMV_TEMPLATES
 
-    cfg = GEMV_TEMPLATES[0][0]
     sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*bf16", "out_ptr": "*bf16",
            "ws_ptr": "*fp32", "cnt_ptr": "*i32"}  # fmt: skip
     sig.update({n: "i32" for n in ("M", "N", "K", "n8", "stride_xm", "stride_xk", "split_k")})
-    consts = dict(GROUP_SIZE=128, BLOCK_M=1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=True, FIXUP=True,
-                  LOP3=True, NUM_STAGES=cfg.num_stages)  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "n8", "stride_xm"]
-    ptx = str(
-        aot.compile_for_target(gemv._w4a16_gemv_kernel, sig, consts, aligned, num_warps=cfg.num_warps,
-                               num_stages=cfg.num_stages).asm["ptx"]
-    )  # fmt: skip
-    n, ops = loop_instructions(ptx)
-    weights = cfg.block_n * cfg.block_k
-    threads = 32 * cfg.num_warps
-    top = ", ".join(f"{op} {c}" for op, c in ops.most_common(8))
-    print(f"W4A16 GEMV BLOCK_N={cfg.block_n} BLOCK_K={cfg.block_k}: {ptxas_info(ptx)}")
-    print(f"    loop: {n} SASS instructions per thread for {weights} weights, "
-          f"{n * threads / weights:.2f} thread-instructions per weight ({top})")  # fmt: skip
+    for cfg, _ in GEMV_TEMPLATES + GEMV_MASK_TEMPLATES:
+        mask = cfg.unpack == "mask"
+        consts = dict(GROUP_SIZE=128, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=True, FIXUP=True,
+                      LOP3=True, NUM_STAGES=cfg.num_stages)  # fmt: skip
+        if not mask:
+            consts["BLOCK_M"] = 1
+        fn = gemv._w4a16_gemv_mask_kernel if mask else gemv._w4a16_gemv_kernel
+        kernel = aot.compile_for_target(
+            fn, sig, consts, aligned, num_warps=cfg.num_warps, num_stages=cfg.num_stages
+        )
+        ptx = str(kernel.asm["ptx"])
+        n, ops = loop_instructions(ptx)
+        weights = cfg.block_n * cfg.block_k
+        threads = 32 * cfg.num_warps
+        top = ", ".join(f"{op} {c}" for op, c in ops.most_common(8))
+        print(f"W4A16 GEMV ({cfg.unpack}) BLOCK_N={cfg.block_n} BLOCK_K={cfg.block_k}: {ptxas_info(ptx)}")
+        print(f"    loop: {n} SASS instructions per thread for {weights} weights, "
+              f"{n * threads / weights:.2f} thread-instructions per weight ({top})")  # fmt: skip
 
 
 def main() -> int:

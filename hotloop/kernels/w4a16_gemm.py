@@ -56,7 +56,7 @@ from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
 
 PATHS = ("auto", "gemv", "splitk", "tiled")
 KINDS = ("gemv", "dot")
-UNPACK_MODES = ("nibble", "pair", "lop3")
+UNPACK_MODES = ("nibble", "pair", "lop3", "mask")  # "mask": the one-row GEMV only
 GEMV_MAX_M = 4  # the CUDA-core GEMV takes at most this many rows
 SPLITK_MAX_M = 64  # at or below this many rows the static ``auto`` choice is the split-K launch
 COUNTER_SLOTS = 16384  # split-K tile counters kept per device
@@ -310,6 +310,8 @@ class GemmConfig:
             raise ValueError(f"kind={self.kind!r} must be one of {KINDS}")
         if self.unpack not in UNPACK_MODES:
             raise ValueError(f"unpack={self.unpack!r} must be one of {UNPACK_MODES}")
+        if self.unpack == "mask" and (self.kind != "gemv" or self.block_m != 1):
+            raise ValueError("unpack='mask' is the one-row gemv kernel's (kind='gemv', block_m=1)")
         if self.block_n % 8 or (self.kind == "dot" and self.block_n < 16):
             raise ValueError(f"block_n={self.block_n} must be a multiple of 8 (and >= 16 for dot)")
 
@@ -376,6 +378,12 @@ GEMV_TEMPLATES: tuple[Template, ...] = (
     (GemmConfig("gemv", 1, 256, 64, num_warps=4, num_stages=4), 2.0),
     (GemmConfig("gemv", 1, 128, 128, num_warps=4, num_stages=4), 2.0),
 )
+# the one-row GEMV that masks nibbles in place (``w4a16_gemv._w4a16_gemv_mask_kernel``): fewer
+# instructions per weight on paper (ptxas), not yet timed on a GPU, so only a candidate the tuner times
+GEMV_MASK_TEMPLATES: tuple[Template, ...] = (
+    (GemmConfig("gemv", 1, 256, 64, num_warps=4, num_stages=4, unpack="mask"), 2.0),
+    (GemmConfig("gemv", 1, 128, 128, num_warps=4, num_stages=4, unpack="mask"), 2.0),
+)
 SMALL_TEMPLATES: tuple[Template, ...] = (  # M <= 16
     (_dot(16, 64, 128, 4, 4, True), 4.0),
     (_dot(16, 128, 128, 4, 4, True), 2.0),
@@ -418,6 +426,8 @@ def choose_config(
 
 def candidates(m: int) -> tuple[Template, ...]:
     """The launch templates ``auto`` times for ``m`` rows."""
+    if m == 1:
+        return GEMV_TEMPLATES + GEMV_MASK_TEMPLATES + SMALL_TEMPLATES
     if m <= GEMV_MAX_M:
         return GEMV_TEMPLATES + SMALL_TEMPLATES
     if m <= 16:
@@ -472,8 +482,10 @@ def _launch(
     if k % (cfg.split_k * cfg.block_k) or group_size % cfg.block_k:
         raise ValueError(f"{cfg} does not tile K={k} with group_size={group_size}")
     if cfg.kind == "gemv":
-        if m > GEMV_MAX_M:
-            raise ValueError(f"the gemv kernel takes at most {GEMV_MAX_M} rows; got {m}")
+        if m > GEMV_MAX_M or (cfg.unpack == "mask" and m != 1):
+            raise ValueError(
+                f"the {cfg.unpack} gemv kernel takes at most {1 if cfg.unpack == 'mask' else GEMV_MAX_M} rows; got {m}"
+            )
         tiles = cdiv(n, cfg.block_n)
     else:
         tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
@@ -484,7 +496,34 @@ def _launch(
     cnt = counters if counters is not None else out
     grid = (tiles, cfg.split_k)
     on_gpu = x2.device.type == "cuda"
-    if cfg.kind == "gemv":
+    if cfg.kind == "gemv" and cfg.unpack == "mask":
+        from hotloop.kernels.w4a16_gemv import _w4a16_gemv_mask_kernel
+
+        _w4a16_gemv_mask_kernel[grid](
+            x2,
+            qweight,
+            qzeros,
+            scales,
+            out,
+            ws,
+            cnt,
+            m,
+            n,
+            k,
+            n // PACK_FACTOR,
+            x2.stride(0),
+            x2.stride(1),
+            cfg.split_k,
+            GROUP_SIZE=group_size,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            SPLIT=cfg.split_k > 1,
+            FIXUP=fixup,
+            LOP3=on_gpu,
+            NUM_STAGES=cfg.num_stages,
+            num_warps=cfg.num_warps,
+        )
+    elif cfg.kind == "gemv":
         from hotloop.kernels.w4a16_gemv import _w4a16_gemv_kernel
 
         _w4a16_gemv_kernel[grid](

@@ -156,3 +156,98 @@ def _w4a16_gemv_kernel(
             if BLOCK_M > 3:
                 _sum_row(out_ptr, ws_ptr, 3, split_k, offs_n, mask_n, M, N, BLOCK_N)
             tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _lop3_and_or(v, m, c):
+    """``(v & m) | c`` in one PTX ``lop3`` (GPU only; not for the interpreter)."""
+    return tl.inline_asm_elementwise(
+        "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r", [v, m, c], dtype=tl.int32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _w4a16_gemv_mask_kernel(
+    x_ptr,
+    qw_ptr,
+    qz_ptr,
+    s_ptr,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    N,
+    K,
+    n8,
+    stride_xm,
+    stride_xk,
+    split_k,
+    GROUP_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+    FIXUP: tl.constexpr,
+    LOP3: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """One row of ``x`` (the ``unpack="mask"`` GEMV): nibbles are masked in place, not shifted.
+
+    AWQ's order puts column ``2j`` in nibble ``j`` of a word's low half and column ``2j + 1`` in
+    nibble ``j`` of its high half. ORing ``nibble j`` (still at bits ``4j..4j+3``) into 2^23 gives
+    the float ``2^23 + q * 16^j`` exactly, and the zero point the same way gives ``2^23 + z * 16^j``,
+    so their difference is ``(q - z) * 16^j``, exact; the ``16^-j`` goes into the column's scale
+    (a power of two: exact). Per word: one shift (the high half), then per weight one mask-and-OR
+    and one subtraction, where the shift-per-column kernel above spends a shift, a mask and an OR.
+    The even and odd columns stay apart to the end and are stored interleaved."""
+    BLOCK_N8: tl.constexpr = BLOCK_N // 8
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_w = pid_n * BLOCK_N8 + tl.arange(0, BLOCK_N8)
+    mask_w = offs_w < n8
+    j = tl.arange(0, 4)
+    masks = 15 << (4 * j)  # nibble j of a 16-bit half, in place
+    inv16 = 1.0 / (1 << (4 * j)).to(tl.float32)  # 16^-j, exact
+    offs_k = tl.arange(0, BLOCK_K)
+    magic = tl.full((BLOCK_K, BLOCK_N8, 4), _F32_MAGIC, tl.int32)
+    mask3 = tl.broadcast_to(masks[None, None, :], (BLOCK_K, BLOCK_N8, 4))
+
+    k_per_split = tl.multiple_of(K // split_k, BLOCK_K)
+    k_begin = tl.multiple_of(pid_k * k_per_split, BLOCK_K)
+    acc_e = tl.zeros((BLOCK_N8, 4), dtype=tl.float32)
+    acc_o = tl.zeros((BLOCK_N8, 4), dtype=tl.float32)
+    for kk in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
+        rows_k = k_begin + kk + offs_k
+        w = tl.load(qw_ptr + rows_k[:, None] * n8 + offs_w[None, :], mask=mask_w[None, :], other=0)
+        group = (k_begin + kk) // GROUP_SIZE
+        zw = tl.load(qz_ptr + group * n8 + offs_w, mask=mask_w, other=0)
+        z_e = ((zw[:, None] & masks[None, :]) | _F32_MAGIC).to(tl.float32, bitcast=True)  # 2^23 + z 16^j
+        z_o = (((zw[:, None] >> 16) & masks[None, :]) | _F32_MAGIC).to(tl.float32, bitcast=True)
+        cols = group * N + offs_w[:, None] * 8 + 2 * j[None, :]
+        sc_e = tl.load(s_ptr + cols, mask=mask_w[:, None], other=0.0).to(tl.float32) * inv16[None, :]
+        sc_o = tl.load(s_ptr + cols + 1, mask=mask_w[:, None], other=0.0).to(tl.float32) * inv16[None, :]
+        lo = tl.broadcast_to(w[:, :, None], (BLOCK_K, BLOCK_N8, 4))
+        hi = tl.broadcast_to((w >> 16)[:, :, None], (BLOCK_K, BLOCK_N8, 4))
+        if LOP3:
+            fe = _lop3_and_or(lo, mask3, magic)
+            fo = _lop3_and_or(hi, mask3, magic)
+        else:
+            fe = (lo & mask3) | magic
+            fo = (hi & mask3) | magic
+        f_e = fe.to(tl.float32, bitcast=True) - z_e[None, :, :]  # (q - z) 16^j, exact
+        f_o = fo.to(tl.float32, bitcast=True) - z_o[None, :, :]
+        base = tl.zeros((1, 1), tl.int32) + k_begin + kk
+        xv = tl.reshape(_load_pairs(x_ptr, base, BLOCK_K // 2, True), (BLOCK_K,))
+        acc_e += tl.sum(xv[:, None, None] * f_e, axis=0) * sc_e
+        acc_o += tl.sum(xv[:, None, None] * f_o, axis=0) * sc_o
+
+    cols_e = offs_w[:, None] * 8 + 2 * j[None, :]
+    mask_c = mask_w[:, None] & (cols_e < N)
+    _flush_row(acc_e, out_ptr, ws_ptr, 0, pid_k, cols_e, mask_c, M, N, SPLIT)
+    _flush_row(acc_o, out_ptr, ws_ptr, 0, pid_k, cols_e + 1, mask_c, M, N, SPLIT)
+    if SPLIT and FIXUP:
+        tl.debug_barrier()  # every thread's partial is stored before the release below
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == split_k - 1:
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            _sum_row(out_ptr, ws_ptr, 0, split_k, offs_n, offs_n < N, M, N, BLOCK_N)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")

@@ -125,6 +125,25 @@ def test_interpreted_gemv_splits(interpreted: ModuleType, m: int) -> None:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_interpreted_gemv_mask(interpreted: ModuleType, dtype: torch.dtype) -> None:
+    # the one-row GEMV that masks nibbles in place: whole and partial column tiles, split K with
+    # the in-kernel fixup and with the two-kernel reduction
+    k, n, group = 256, 72, 32
+    qweight, qzeros, scales = _random_awq(k, n, group, dtype, "cpu", seed=5)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(5)).to(dtype)
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), group)
+    for block_n, block_k, split, fixup in ((64, 32, 1, True), (32, 32, 4, True), (64, 16, 2, False)):
+        cfg = interpreted.GemmConfig("gemv", 1, block_n, block_k, split, fixup=fixup, unpack="mask")
+        got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, group, config=cfg)
+        tol = 1e-4 if dtype == torch.float32 else 2e-3
+        torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="one-row gemv"):
+        interpreted.GemmConfig("gemv", 2, 64, 32, unpack="mask")
+    assert any(t.unpack == "mask" for t, _ in interpreted.candidates(1))
+    assert not any(t.unpack == "mask" for t, _ in interpreted.candidates(2))
+
+
 def test_interpreted_kernel_float16_and_batch_dims(interpreted: ModuleType) -> None:
     qweight, qzeros, scales = _random_awq(128, 64, 64, torch.float16, "cpu")
     x = torch.randn(2, 3, 128).half()
