@@ -668,12 +668,21 @@ _disk: dict[str, dict] | None = None
 TUNING_FAMILY = "w4a16_gemm"
 
 
+def candidates_tag(m: int) -> str:
+    """A short fingerprint of the templates ``auto`` times for ``m`` rows: a stored choice made
+    among other candidates (an older version's) is not reused, so a new candidate gets timed."""
+    import hashlib
+
+    return hashlib.sha1(repr(candidates(m)).encode()).hexdigest()[:8]
+
+
 def disk_key(tkey: tuple) -> str:
     """The on-disk key of a tuning key ``(device index, dtype, M bucket, N, K, group)``: the GPU's
-    name and the compiler versions instead of the device index."""
+    name and the compiler versions instead of the device index, and the candidate set."""
     index, dtype, mb, n, k, group = tkey
     name = torch.cuda.get_device_name(index) if torch.cuda.is_available() else "cpu"
-    return f"{tuning_cache.environment_key(name)}|{dtype}|m{mb}|n{n}|k{k}|g{group}"
+    cand = candidates_tag(min(mb, 1 << 20))
+    return f"{tuning_cache.environment_key(name)}|{dtype}|m{mb}|n{n}|k{k}|g{group}|c{cand}"
 
 
 def config_from_dict(d: dict) -> GemmConfig | None:
