@@ -14,6 +14,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import torch
+
 from hotloop.kernels import kv_quant
 from hotloop.kernels.kv_quant_triton import code_mode_bits
 
@@ -63,6 +65,7 @@ def compile_for_target(
 # quantized cache per block, whose stride is divisible by 16)
 D, G, BS, KV = 128, 4, 64, 8
 _TYPES = {"bfloat16": "bf16", "float32": "fp32"}
+_TORCH = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def _cache_consts(quant: int, dtype: str, asm: int) -> dict[str, int]:
@@ -95,8 +98,8 @@ def compile_decode(
            "seq_lens_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32", "scale_log2": "fp32"}  # fmt: skip
     sig.update({s: "i32" for s in strides})
     default_n, warps, stages, *rest = config or dec.decode_config(quant, D, splits)
-    if asm is None:
-        asm = code_mode_bits(True, dec.INT8_PAIRS)
+    if asm is None:  # what the launcher passes on a GPU
+        asm = code_mode_bits(True, dec.INT8_PAIRS) & dec.split_eo_mask(_TORCH[dtype], D)
     consts = {"G": G, "D": D, "BS": bs, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
               "BLOCK_N": block_n or default_n, **_cache_consts(quant, dtype, asm)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
@@ -129,7 +132,7 @@ def compile_prefill(quant: int, dtype: str, window: int = 0, max_query_len: int 
     sig.update({s: "i32" for s in strides})
     block_m, block_n, warps, stages = pf.prefill_config(D, max_query_len, quant)
     consts = {"G": G, "D": D, "BS": BS, "WINDOW": window, "BLOCK_M": block_m, "BLOCK_N": block_n,
-              "BLOCK_D": D, **_cache_consts(quant, dtype, code_mode_bits(True, pf.INT8_PAIRS))}  # fmt: skip
+              "BLOCK_D": D, **_cache_consts(quant, dtype, code_mode_bits(True, pf.INT8_PAIRS) & ~4)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
     aligned += [
         s for s in strides if not (quant and s in ("stride_kt", "stride_kh", "stride_vt", "stride_vh"))

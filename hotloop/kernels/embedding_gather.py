@@ -19,11 +19,11 @@ from hotloop.kernels.launch_math import cdiv, next_power_of_2
 
 
 @triton.jit
-def _gather_kernel(ids_ptr, table_ptr, out_ptr, hidden, stride_t, stride_o, BLOCK: tl.constexpr):
+def _gather_kernel(ids_ptr, table_ptr, out_ptr, hidden, stride_i, stride_t, stride_o, BLOCK: tl.constexpr):
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < hidden
-    row = tl.load(ids_ptr + t).to(tl.int64)
+    row = tl.load(ids_ptr + t * stride_i).to(tl.int64)
     x = tl.load(table_ptr + row * stride_t + offs, mask=mask, other=0.0)
     tl.store(out_ptr + t.to(tl.int64) * stride_o + offs, x, mask=mask)
 
@@ -37,10 +37,12 @@ def embedding_gather(ids: torch.Tensor, table: torch.Tensor, out: torch.Tensor |
     check(ids.dtype in (torch.int32, torch.int64), f"ids must be int32 or int64, got {ids.dtype}")
     check(table.dim() == 2 and table.stride(1) == 1, "table must be [vocab, hidden] with dense rows")
     check_dtype("table", table, FLOAT_DTYPES)
-    check(
-        table.device.type != "cpu" or table.is_pinned() or not ids.is_cuda,
-        "a host table must be in pinned memory for the GPU to read it (tensor.pin_memory())",
-    )
+    if table.device.type == "cpu" and ids.is_cuda and not torch.cuda.is_current_stream_capturing():
+        # (not asked during a CUDA-graph capture: the tables that reach a capture were checked before)
+        check(
+            table.is_pinned(),
+            "a host table must be in pinned memory for the GPU to read it (tensor.pin_memory())",
+        )
     T, hidden = ids.shape[0], table.shape[1]
     if out is None:
         out = torch.empty(T, hidden, dtype=table.dtype, device=ids.device)
@@ -49,6 +51,6 @@ def embedding_gather(ids: torch.Tensor, table: torch.Tensor, out: torch.Tensor |
     if T:
         block = min(1024, next_power_of_2(hidden))
         _gather_kernel[(T, cdiv(hidden, block))](
-            ids, table, out, hidden, table.stride(0), out.stride(0), BLOCK=block, num_warps=4
+            ids, table, out, hidden, ids.stride(0), table.stride(0), out.stride(0), BLOCK=block, num_warps=4
         )
     return out

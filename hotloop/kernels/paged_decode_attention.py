@@ -274,6 +274,12 @@ def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
     return policy, kv_quant.packed_bytes(D, policy)
 
 
+def split_eo_mask(dtype: torch.dtype, block_d: int) -> int:
+    """The code-mode bits a decode launch keeps: the even/odd split (bit 4) needs fp16 dots at least
+    16 wide (a 16-bit model, ``BLOCK_D >= 32``)."""
+    return ~4 if dtype == torch.float32 or block_d < 32 else ~0
+
+
 def num_decode_splits(batch: int, num_kv_heads: int) -> int:
     """How many context splits per (sequence, KV head): enough programs to fill the GPU. A power of
     two, so that only five kernel variants exist (each is compiled once, see ``SPLIT_CHOICES``)."""
@@ -392,7 +398,7 @@ def paged_decode_attention(
         QUANT=quant,
         NPACK=npack,
         KV=kv,
-        ASM=(code_mode(q, INT8_PAIRS) & (~4 if q.dtype == torch.float32 else ~0)) if quant else 0,
+        ASM=(code_mode(q, INT8_PAIRS) & split_eo_mask(q.dtype, block_d)) if quant else 0,
         num_warps=num_warps,
         num_stages=num_stages,
         maxnreg=maxnreg,

@@ -206,7 +206,7 @@ def _w4a16_gemv_mask_kernel(
     mask_w = offs_w < n8
     j = tl.arange(0, 4)
     masks = 15 << (4 * j)  # nibble j of a 16-bit half, in place
-    inv16 = 1.0 / (1 << (4 * j)).to(tl.float32)  # 16^-j, exact
+    inv16 = ((127 - 4 * j) << 23).to(tl.float32, bitcast=True)  # 16^-j: its exponent bits, exact
     offs_k = tl.arange(0, BLOCK_K)
     magic = tl.full((BLOCK_K, BLOCK_N8, 4), _F32_MAGIC, tl.int32)
     mask3 = tl.broadcast_to(masks[None, None, :], (BLOCK_K, BLOCK_N8, 4))

@@ -30,7 +30,8 @@ class VocabEmbedding(nn.Module):
         """Keep the table in pinned host memory from now on (the device copy is freed)."""
         if self.on_host:
             return
-        host = self.weight.detach().to("cpu").pin_memory()
+        w = self.weight.detach()
+        host = torch.empty(w.shape, dtype=w.dtype, pin_memory=True).copy_(w)  # one host copy, pinned
         self.weight = nn.Parameter(host, requires_grad=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

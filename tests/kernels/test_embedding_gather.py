@@ -53,6 +53,11 @@ def test_gather_checks_its_inputs() -> None:
         embedding_gather(torch.zeros(2, 2, dtype=torch.int64), table)
     with pytest.raises(ValueError, match="int32 or int64"):
         embedding_gather(torch.zeros(2), table)
+    # ids need not be contiguous
+    if not HAS_CUDA:
+        table = torch.randn(10, 4)
+        ids = torch.tensor([3, 7, 1, 9, 0, 5])[::2]
+        assert torch.equal(embedding_gather(ids, table), table[ids])
     with pytest.raises(ValueError, match="dense rows"):
         embedding_gather(torch.zeros(2, dtype=torch.int64), torch.zeros(4, 10).t())
 

@@ -280,7 +280,7 @@ def test_quant_decode_gpu(d: int, h: int, kv: int, bs: int, dtype: torch.dtype, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy", [8, 4])
-@pytest.mark.parametrize("d,h,kv,bs", [(128, 32, 8, 64), (64, 16, 4, 16), (256, 8, 1, 64)])
+@pytest.mark.parametrize("d,h,kv,bs", [(128, 32, 8, 64), (64, 16, 4, 16), (256, 8, 1, 64), (80, 8, 2, 16)])
 @pytest.mark.parametrize("config", [None, (32, 4, 2), (64, 4, 1, 96)])
 def test_quant_decode_even_odd_split_gpu(
     d: int,
