@@ -117,3 +117,22 @@ def test_jit_schedule_measures_steps_and_keeps_tokens(make_tiny_model: Callable[
         else:
             assert not runner.step_time_s and built.engine.jit_wait_s == 0
     assert runs[0] == runs[1]
+
+
+@pytest.mark.gpu
+def test_embeddings_on_host_same_tokens(make_tiny_model: Callable[[str], Path]) -> None:
+    """``--embeddings-on-host``: the untied table is in pinned host memory, read inside the decode
+    CUDA graphs and the piecewise prefill graphs, and the tokens are those of the table on the GPU."""
+    path = make_tiny_model("llama_mha_odd")  # untied embeddings
+    prompts = make_prompts(seed=11)
+    runs = []
+    for host in (False, True):
+        cfg = EngineConfig(
+            device="cuda", dtype="bfloat16", max_batch_size=8, embeddings_on_host=host, **VARIANTS["chunked"]
+        )
+        built = build_engine(str(path), cfg)
+        table = built.engine.executor.model.model.embed_tokens.weight  # type: ignore[attr-defined]
+        assert (table.device.type == "cpu" and table.is_pinned()) == host
+        got, _stats = run_engine_built(built, prompts, MAX_NEW)
+        runs.append(got)
+    assert runs[0] == runs[1]
