@@ -482,10 +482,9 @@ def _launch(
     if k % (cfg.split_k * cfg.block_k) or group_size % cfg.block_k:
         raise ValueError(f"{cfg} does not tile K={k} with group_size={group_size}")
     if cfg.kind == "gemv":
-        if m > GEMV_MAX_M or (cfg.unpack == "mask" and m != 1):
-            raise ValueError(
-                f"the {cfg.unpack} gemv kernel takes at most {1 if cfg.unpack == 'mask' else GEMV_MAX_M} rows; got {m}"
-            )
+        rows = 1 if cfg.unpack == "mask" else GEMV_MAX_M
+        if m > rows:
+            raise ValueError(f"the {cfg.unpack} gemv kernel takes at most {rows} rows; got {m}")
         tiles = cdiv(n, cfg.block_n)
     else:
         tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
@@ -496,10 +495,17 @@ def _launch(
     cnt = counters if counters is not None else out
     grid = (tiles, cfg.split_k)
     on_gpu = x2.device.type == "cuda"
-    if cfg.kind == "gemv" and cfg.unpack == "mask":
-        from hotloop.kernels.w4a16_gemv import _w4a16_gemv_mask_kernel
+    if cfg.kind == "gemv":
+        from hotloop.kernels import w4a16_gemv
 
-        _w4a16_gemv_mask_kernel[grid](
+        if cfg.unpack == "mask":  # one row; masks nibbles in place
+            kernel, extra = w4a16_gemv._w4a16_gemv_mask_kernel, {"LOP3": int(on_gpu)}
+        else:
+            kernel, extra = (
+                w4a16_gemv._w4a16_gemv_kernel,
+                {"BLOCK_M": m, "LOP3": int(cfg.unpack == "lop3" and on_gpu)},
+            )
+        kernel[grid](
             x2,
             qweight,
             qzeros,
@@ -519,37 +525,9 @@ def _launch(
             BLOCK_K=cfg.block_k,
             SPLIT=cfg.split_k > 1,
             FIXUP=fixup,
-            LOP3=on_gpu,
             NUM_STAGES=cfg.num_stages,
             num_warps=cfg.num_warps,
-        )
-    elif cfg.kind == "gemv":
-        from hotloop.kernels.w4a16_gemv import _w4a16_gemv_kernel
-
-        _w4a16_gemv_kernel[grid](
-            x2,
-            qweight,
-            qzeros,
-            scales,
-            out,
-            ws,
-            cnt,
-            m,
-            n,
-            k,
-            n // PACK_FACTOR,
-            x2.stride(0),
-            x2.stride(1),
-            cfg.split_k,
-            GROUP_SIZE=group_size,
-            BLOCK_M=m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
-            SPLIT=cfg.split_k > 1,
-            FIXUP=fixup,
-            LOP3=cfg.unpack == "lop3" and on_gpu,
-            NUM_STAGES=cfg.num_stages,
-            num_warps=cfg.num_warps,
+            **extra,
         )
     else:
         sixteen = x2.dtype != torch.float32

@@ -75,6 +75,15 @@ def _sum_row(out_ptr, ws_ptr, row, split_k, offs_n, mask_n, M, N, BLOCK_N: tl.co
 
 
 @triton.jit
+def _last_split_arrives(cnt_ptr, pid_n, split_k):
+    """Count this program's split of column tile ``pid_n`` in; true for the last to arrive, which
+    then adds the partials (and resets the counter)."""
+    tl.debug_barrier()  # every thread's partial is stored before the release below
+    arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+    return arrived == split_k - 1
+
+
+@triton.jit
 def _w4a16_gemv_kernel(
     x_ptr,
     qw_ptr,
@@ -145,9 +154,7 @@ def _w4a16_gemv_kernel(
     if BLOCK_M > 3:
         _flush_row(tl.reshape(acc3, (BLOCK_N,)), out_ptr, ws_ptr, 3, pid_k, offs_n, mask_n, M, N, SPLIT)
     if SPLIT and FIXUP:
-        tl.debug_barrier()  # every thread's partial is stored before the release below
-        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == split_k - 1:
+        if _last_split_arrives(cnt_ptr, pid_n, split_k):
             _sum_row(out_ptr, ws_ptr, 0, split_k, offs_n, mask_n, M, N, BLOCK_N)
             if BLOCK_M > 1:
                 _sum_row(out_ptr, ws_ptr, 1, split_k, offs_n, mask_n, M, N, BLOCK_N)
@@ -245,9 +252,7 @@ def _w4a16_gemv_mask_kernel(
     _flush_row(acc_e, out_ptr, ws_ptr, 0, pid_k, cols_e, mask_c, M, N, SPLIT)
     _flush_row(acc_o, out_ptr, ws_ptr, 0, pid_k, cols_e + 1, mask_c, M, N, SPLIT)
     if SPLIT and FIXUP:
-        tl.debug_barrier()  # every thread's partial is stored before the release below
-        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == split_k - 1:
+        if _last_split_arrives(cnt_ptr, pid_n, split_k):
             offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             _sum_row(out_ptr, ws_ptr, 0, split_k, offs_n, offs_n < N, M, N, BLOCK_N)
             tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
