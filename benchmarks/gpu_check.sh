@@ -25,18 +25,18 @@ here=$(cd "$(dirname "$0")" && pwd)
 ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
 lane0() {
   export CUDA_VISIBLE_DEVICES=0
-  timeout 300 python3 -m pytest -m gpu -n 8 tests --ignore=tests/cli -q -rfE -p no:cacheprovider \
+  timeout 240 python3 -m pytest -m gpu -n 8 tests --ignore=tests/cli -q -rfE -p no:cacheprovider \
     >"$out/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"
   tail -15 "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|ERROR"
-  timeout 240 python3 "$here/kv_attention_sweep.py" --out "$out/sweep.json" \
+  timeout 200 python3 "$here/kv_attention_sweep.py" --out "$out/sweep.json" \
     --prefill-configs "64,64,4,2;128,64,8,2;128,32,8,2;128,64,4,2" \
     --decode-configs "32,4,1;64,4,1;128,4,1;64,4,1,96;64,4,1,80;64,4,2,96;128,4,1,96;32,4,2;64,4,2;128,4,2" \
     >"$out/sweep.log" 2>&1
   echo "attention sweep rc=$?"
   grep "relative error" "$out/sweep.log"
   sed -n '/best per case/,$p' "$out/sweep.log"
-  HOTLOOP_KV_SPLIT_EO=1 timeout 150 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_eo.json" \
+  HOTLOOP_KV_SPLIT_EO=1 timeout 120 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_eo.json" \
     --policies 8,4 --no-prefill --decode-configs "32,4,2;64,4,2;64,4,1;128,4,2;128,4,1;64,4,1,96" \
     >"$out/sweep_eo.log" 2>&1
   echo "attention sweep, even/odd split dots rc=$?"
