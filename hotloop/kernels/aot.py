@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from hotloop.kernels import kv_quant
-from hotloop.kernels.kv_quant_triton import code_mode_bits
+from hotloop.kernels.kv_quant_triton import code_mode_bits, prefill_eo_mask, split_eo_mask
 
 
 def compile_for_target(
@@ -99,7 +99,7 @@ def compile_decode(
     sig.update({s: "i32" for s in strides})
     default_n, warps, stages, *rest = config or dec.decode_config(quant, D, splits)
     if asm is None:  # what the launcher passes on a GPU
-        asm = code_mode_bits(True, dec.INT8_PAIRS) & dec.split_eo_mask(_TORCH[dtype], D)
+        asm = code_mode_bits(True, dec.INT8_PAIRS) & split_eo_mask(_TORCH[dtype], D)
     consts = {"G": G, "D": D, "BS": bs, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
               "BLOCK_N": block_n or default_n, **_cache_consts(quant, dtype, asm)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
@@ -119,8 +119,11 @@ def compile_decode(
     )
 
 
-def compile_prefill(quant: int, dtype: str, window: int = 0, max_query_len: int = 4096) -> Any:
-    """The prefill kernel for cache policy ``quant``, model ``dtype`` and a longest query."""
+def compile_prefill(
+    quant: int, dtype: str, window: int = 0, max_query_len: int = 4096, asm: int | None = None
+) -> Any:
+    """The prefill kernel for cache policy ``quant``, model ``dtype`` and a longest query; ``asm``
+    overrides the code-reading bits, as in ``compile_decode``."""
     from hotloop.kernels import paged_prefill_attention as pf
 
     t = _TYPES[dtype]
@@ -131,8 +134,10 @@ def compile_prefill(quant: int, dtype: str, window: int = 0, max_query_len: int 
            "seq_lens_ptr": "*i32", "query_start_ptr": "*i32", "out_ptr": f"*{t}", "scale_log2": "fp32"}  # fmt: skip
     sig.update({s: "i32" for s in strides})
     block_m, block_n, warps, stages = pf.prefill_config(D, max_query_len, quant)
+    if asm is None:  # what the launcher passes on a GPU
+        asm = code_mode_bits(True, pf.INT8_PAIRS) & prefill_eo_mask(_TORCH[dtype], D)
     consts = {"G": G, "D": D, "BS": BS, "WINDOW": window, "BLOCK_M": block_m, "BLOCK_N": block_n,
-              "BLOCK_D": D, **_cache_consts(quant, dtype, code_mode_bits(True, pf.INT8_PAIRS) & ~4)}  # fmt: skip
+              "BLOCK_D": D, **_cache_consts(quant, dtype, asm)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
     aligned += [
         s for s in strides if not (quant and s in ("stride_kt", "stride_kh", "stride_vt", "stride_vh"))
@@ -151,10 +156,12 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "decode-q8-bfloat16-block16": ("decode", {"quant": 8, "dtype": "bfloat16", "bs": 16}),
     "decode-q4-bfloat16-block16": ("decode", {"quant": 4, "dtype": "bfloat16", "bs": 16}),
     "decode-q8-bfloat16-maxnreg96": ("decode", {"quant": 8, "dtype": "bfloat16", "config": (64, 4, 1, 96)}),
-    # even/odd split dots (HOTLOOP_KV_SPLIT_EO=1): permutes, int8 pairs and the split
-    "decode-q8-bfloat16-split-eo": ("decode", {"quant": 8, "dtype": "bfloat16", "asm": 7}),
-    "decode-q4-bfloat16-split-eo": ("decode", {"quant": 4, "dtype": "bfloat16", "asm": 7}),
+    # without the even/odd split dots (HOTLOOP_KV_SPLIT_EO=0): permutes and int8 pairs only
+    "decode-q8-bfloat16-joined": ("decode", {"quant": 8, "dtype": "bfloat16", "asm": 3}),
+    "decode-q4-bfloat16-joined": ("decode", {"quant": 4, "dtype": "bfloat16", "asm": 3}),
     "prefill-q0-bfloat16-window-1k": ("prefill", {"quant": 0, "dtype": "bfloat16", "window": 512, "max_query_len": 1024}),
+    "prefill-q8-bfloat16-split-eo": ("prefill", {"quant": 8, "dtype": "bfloat16", "asm": 7}),
+    "prefill-q4-bfloat16-split-eo": ("prefill", {"quant": 4, "dtype": "bfloat16", "asm": 7}),
     "prefill-q8-bfloat16-short": ("prefill", {"quant": 8, "dtype": "bfloat16", "max_query_len": 8}),
 }  # fmt: skip
 

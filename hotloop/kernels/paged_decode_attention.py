@@ -40,6 +40,7 @@ from hotloop.kernels.kv_quant_triton import (
     quant_scores_split,
     quant_weighted_values,
     quant_weighted_values_split,
+    split_eo_mask,
     to_dot_dtype,
 )
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
@@ -272,12 +273,6 @@ def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
             f"{name}: a quantized cache's blocks must be dense (strides {c.stride()})",
         )
     return policy, kv_quant.packed_bytes(D, policy)
-
-
-def split_eo_mask(dtype: torch.dtype, block_d: int) -> int:
-    """The code-mode bits a decode launch keeps: the even/odd split (bit 4) needs fp16 dots at least
-    16 wide (a 16-bit model, ``BLOCK_D >= 32``)."""
-    return ~4 if dtype == torch.float32 or block_d < 32 else ~0
 
 
 def num_decode_splits(batch: int, num_kv_heads: int) -> int:
