@@ -6,7 +6,8 @@ found (BENCHMARKS.md, "GPU, third session").
     PYTHONPATH=$PWD python benchmarks/ptxas_report.py [BLOCK_N | default | gemv]
 
 With ``default`` each format uses its launcher's BLOCK_N. ``gemv`` reports the W4A16 CUDA-core
-GEMV instead (one row, its first static template), per weight. The last line per format counts the SASS
+GEMV instead (one row: every template the tuner times, the ``half2`` ones per 16-bit dtype), per
+weight. The last line per format counts the SASS
 instructions (per thread) of the attention loop, the longest backward branch, per token of a tile:
 with the shared memory and the resident CTAs per SM it implies with the registers (occupancy): the
 quantized kernels are bound by instructions and latency, not bandwidth (BENCHMARKS.md).
@@ -103,32 +104,24 @@ def loop_instructions(ptx: str) -> tuple[int, Counter[str]]:
 
 def gemv_report() -> None:
     """Registers and loop instructions per weight of the W4A16 one-row GEMV templates (the
-    shift-per-column kernel and the in-place mask kernel)."""
-    import hotloop.kernels.w4a16_gemv as gemv
-    from hotloop.kernels.w4a16_gemm import GEMV_MASK_TEMPLATES, GEMV_TEMPLATES
+    shift-per-column kernel and the in-place mask kernel with bf16 activations; the packed 16-bit
+    ``half2`` kernel with fp16 and with bf16)."""
+    from hotloop.kernels.w4a16_gemm import GEMV_HALF2_TEMPLATES, GEMV_MASK_TEMPLATES, GEMV_TEMPLATES
 
-    sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*bf16", "out_ptr": "*bf16",
-           "ws_ptr": "*fp32", "cnt_ptr": "*i32"}  # fmt: skip
-    sig.update({n: "i32" for n in ("M", "N", "K", "n8", "stride_xm", "stride_xk", "split_k")})
-    aligned = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "n8", "stride_xm"]
-    for cfg, _ in GEMV_TEMPLATES + GEMV_MASK_TEMPLATES:
-        mask = cfg.unpack == "mask"
-        consts = dict(GROUP_SIZE=128, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=True, FIXUP=True,
-                      LOP3=True, NUM_STAGES=cfg.num_stages)  # fmt: skip
-        if not mask:
-            consts["BLOCK_M"] = 1
-        fn = gemv._w4a16_gemv_mask_kernel if mask else gemv._w4a16_gemv_kernel
-        kernel = aot.compile_for_target(
-            fn, sig, consts, aligned, num_warps=cfg.num_warps, num_stages=cfg.num_stages
-        )
-        ptx = str(kernel.asm["ptx"])
-        n, ops = loop_instructions(ptx)
-        weights = cfg.block_n * cfg.block_k
-        threads = 32 * cfg.num_warps
-        top = ", ".join(f"{op} {c}" for op, c in ops.most_common(8))
-        print(f"W4A16 GEMV ({cfg.unpack}) BLOCK_N={cfg.block_n} BLOCK_K={cfg.block_k}: {ptxas_info(ptx)}")
-        print(f"    loop: {n} SASS instructions per thread for {weights} weights, "
-              f"{n * threads / weights:.2f} thread-instructions per weight ({top})")  # fmt: skip
+    for cfg, _ in GEMV_TEMPLATES + GEMV_MASK_TEMPLATES + GEMV_HALF2_TEMPLATES:
+        for dtype in ("float16", "bfloat16") if cfg.unpack == "half2" else ("bfloat16",):
+            kernel = aot.compile_w4a16_gemv(
+                cfg.unpack, dtype, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages
+            )
+            ptx = str(kernel.asm["ptx"])
+            n, ops = loop_instructions(ptx)
+            weights = cfg.block_n * cfg.block_k
+            threads = 32 * cfg.num_warps
+            top = ", ".join(f"{op} {c}" for op, c in ops.most_common(8))
+            print(f"W4A16 GEMV ({cfg.unpack}, {dtype}) BLOCK_N={cfg.block_n} BLOCK_K={cfg.block_k} "
+                  f"warps={cfg.num_warps} stages={cfg.num_stages}: {ptxas_info(ptx)}")  # fmt: skip
+            print(f"    loop: {n} SASS instructions per thread for {weights} weights, "
+                  f"{n * threads / weights:.2f} thread-instructions per weight ({top})")  # fmt: skip
 
 
 def main() -> int:

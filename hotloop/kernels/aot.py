@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -145,6 +145,50 @@ def compile_prefill(
     return compile_for_target(pf._prefill_kernel, sig, consts, aligned, num_warps=warps, num_stages=stages)
 
 
+def compile_w4a16_gemv(
+    unpack: str, dtype: str, block_n: int, block_k: int, num_warps: int = 4, num_stages: int = 4
+) -> Any:
+    """A one-row W4A16 GEMV kernel (``kernels/w4a16_gemv.py``) as ``w4a16_gemm`` launches it on a GPU
+    (inline PTX on, split K with the in-kernel fixup, group 128): ``unpack`` "mask" (the in-place
+    mask kernel), "half2" (packed 16-bit arithmetic; ``dtype`` float16 or bfloat16) or another mode
+    (the shift-per-column kernel)."""
+    from hotloop.kernels import w4a16_gemm as gemm
+    from hotloop.kernels import w4a16_gemv as gemv
+
+    t = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dtype]
+    sig = {"x_ptr": f"*{t}", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": f"*{t}", "out_ptr": f"*{t}",
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32"}  # fmt: skip
+    sig.update({n: "i32" for n in ("M", "N", "K", "n8", "stride_xm", "stride_xk", "split_k")})
+    aligned = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "n8", "stride_xm"]
+    consts: dict[str, Any] = {"GROUP_SIZE": 128, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT": True,
+                              "FIXUP": True, "NUM_STAGES": num_stages}  # fmt: skip
+    if unpack == "half2":
+        fn = gemv._w4a16_gemv_half2_kernel
+        consts.update(ROWS=gemm.HALF2_ROWS[getattr(torch, dtype)], ASM=1)
+    elif unpack == "mask":
+        fn = gemv._w4a16_gemv_mask_kernel
+        consts.update(LOP3=1)
+    else:
+        fn = gemv._w4a16_gemv_kernel
+        consts.update(BLOCK_M=1, LOP3=1)
+    return compile_for_target(fn, sig, consts, aligned, num_warps=num_warps, num_stages=num_stages)
+
+
+def _gemv_variants() -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every one-row GEMV template the W4A16 tuner times, per 16-bit dtype that its kernel takes."""
+    from hotloop.kernels import w4a16_gemm as gemm
+
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    templates = gemm.GEMV_TEMPLATES + gemm.GEMV_MASK_TEMPLATES + gemm.GEMV_HALF2_TEMPLATES
+    for cfg, _ in templates:
+        for dtype in ("float16", "bfloat16") if cfg.unpack == "half2" else ("bfloat16",):
+            name = f"w4a16-gemv-{cfg.unpack}-{dtype}-n{cfg.block_n}-k{cfg.block_k}-w{cfg.num_warps}"
+            out[name] = ("gemv", {"unpack": cfg.unpack, "dtype": dtype, "block_n": cfg.block_n,
+                                  "block_k": cfg.block_k, "num_warps": cfg.num_warps,
+                                  "num_stages": cfg.num_stages})  # fmt: skip
+    return out
+
+
 _FORMATS = [(0, "bfloat16"), (8, "bfloat16"), (4, "bfloat16"), (0, "float32"), (8, "float32"), (4, "float32")]
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     **{f"decode-q{q}-{d}": ("decode", {"quant": q, "dtype": d}) for q, d in _FORMATS},
@@ -164,11 +208,13 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "prefill-q4-bfloat16-split-eo": ("prefill", {"quant": 4, "dtype": "bfloat16", "asm": 7}),
     "prefill-q8-bfloat16-short": ("prefill", {"quant": 8, "dtype": "bfloat16", "max_query_len": 8}),
 }  # fmt: skip
+VARIANTS.update(_gemv_variants())
+_COMPILERS: dict[str, Callable[..., Any]] = {"decode": compile_decode, "prefill": compile_prefill, "gemv": compile_w4a16_gemv}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hotloop.kernels.aot [NAME ...]``: compile the attention variants (all by default)
-    for sm_90 and print one JSON object, ``{name: "ok" | error text}``. Needs TRITON_INTERPRET unset
+    """``python -m hotloop.kernels.aot [NAME ...]``: compile the attention and one-row W4A16 GEMV
+    variants (all by default) for sm_90 and print one JSON object, ``{name: "ok" | error text}``. Needs TRITON_INTERPRET unset
     (interpreted kernels cannot be compiled)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET: interpreted kernels cannot be compiled", file=sys.stderr)
@@ -178,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         kind, kwargs = VARIANTS[name]
         try:
-            (compile_decode if kind == "decode" else compile_prefill)(**kwargs)
+            _COMPILERS[kind](**kwargs)
             results[name] = "ok"
         except Exception as e:  # noqa: BLE001 - every variant is reported, the first failure included
             results[name] = f"{type(e).__name__}: {str(e)[-300:]}"

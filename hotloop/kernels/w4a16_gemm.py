@@ -3,7 +3,9 @@
 Three launches:
 
 - ``gemv`` (M of 1 to 4, ``kernels/w4a16_gemv.py``): CUDA cores only, float32 arithmetic (the
-  fastest launch at M = 1 on an H200).
+  fastest launch at M = 1 on an H200); for one row also ``unpack="half2"``, packed 16-bit
+  dequantization and multiply-add (two columns per instruction; partial sums of ``HALF2_ROWS`` k
+  rows in 16 bits, then float32).
 - ``splitk`` (small M): tensor cores on 16- to 64-row tiles, for M <= 32 with the operands
   swapped (``out^T = W^T x^T``) so that the weight tile is the MMA's 64-row side and M (padded to
   16) its narrow side; the K loop is split across programs so that even a narrow layer fills the
@@ -56,7 +58,8 @@ from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
 
 PATHS = ("auto", "gemv", "splitk", "tiled")
 KINDS = ("gemv", "dot")
-UNPACK_MODES = ("nibble", "pair", "lop3", "mask")  # "mask": the one-row GEMV only
+UNPACK_MODES = ("nibble", "pair", "lop3", "mask", "half2")  # "mask", "half2": the one-row GEMV only
+ONE_ROW_UNPACK = ("mask", "half2")
 GEMV_MAX_M = 4  # the CUDA-core GEMV takes at most this many rows
 SPLITK_MAX_M = 64  # at or below this many rows the static ``auto`` choice is the split-K launch
 COUNTER_SLOTS = 16384  # split-K tile counters kept per device
@@ -66,6 +69,12 @@ TUNE_ENV = "HOTLOOP_W4A16_TUNE"
 # 2^23 in float32.
 _MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400, torch.float32: 0x4B000000}
 _TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+# k rows per 16-bit partial sum of the ``half2`` GEMV (its precision knob; 4 or 8). Measured against
+# float32 dequantize-then-matmul at the Llama-3-8B shapes (activations N(0, 1) with outliers of 20 to
+# 50; max error over max |y|): 8 rows add little to the output's own 16-bit rounding in either dtype
+# (bf16: 3.6-4.3e-3 against 2.1-3.0e-3 for the rounding alone, 4 rows 3.4-4.6e-3; fp16: 4.7-5.8e-4
+# against 2.8-3.5e-4), so both take 8, the cheaper one (tests/kernels/test_w4a16_gemm.py).
+HALF2_ROWS = {torch.float16: 8, torch.bfloat16: 8}
 
 
 @triton.jit
@@ -291,7 +300,8 @@ def _w4a16_dot_kernel(
 class GemmConfig:
     """One launch shape. ``kind`` "gemv" (CUDA cores; ``block_m`` is the row count, at most 4) or
     "dot" (tensor cores: the ``splitk`` and ``tiled`` paths). ``unpack``, ``swap_ab`` and
-    ``group_m`` apply to "dot" only; ``fixup`` (in-kernel split-K reduction) to both."""
+    ``group_m`` apply to "dot" only, save the one-row GEMV kernels ``unpack="mask"`` and
+    ``unpack="half2"`` (16-bit activations only); ``fixup`` (in-kernel split-K reduction) to both."""
 
     kind: str
     block_m: int
@@ -310,8 +320,8 @@ class GemmConfig:
             raise ValueError(f"kind={self.kind!r} must be one of {KINDS}")
         if self.unpack not in UNPACK_MODES:
             raise ValueError(f"unpack={self.unpack!r} must be one of {UNPACK_MODES}")
-        if self.unpack == "mask" and (self.kind != "gemv" or self.block_m != 1):
-            raise ValueError("unpack='mask' is the one-row gemv kernel's (kind='gemv', block_m=1)")
+        if self.unpack in ONE_ROW_UNPACK and (self.kind != "gemv" or self.block_m != 1):
+            raise ValueError(f"unpack={self.unpack!r} is a one-row gemv kernel's (kind='gemv', block_m=1)")
         if self.block_n % 8 or (self.kind == "dot" and self.block_n < 16):
             raise ValueError(f"block_n={self.block_n} must be a multiple of 8 (and >= 16 for dot)")
 
@@ -384,6 +394,14 @@ GEMV_MASK_TEMPLATES: tuple[Template, ...] = (
     (GemmConfig("gemv", 1, 256, 64, num_warps=4, num_stages=4, unpack="mask"), 2.0),
     (GemmConfig("gemv", 1, 128, 128, num_warps=4, num_stages=4, unpack="mask"), 2.0),
 )
+# the packed 16-bit one-row GEMV (``w4a16_gemv._w4a16_gemv_half2_kernel``; 16-bit activations, so
+# the tuner skips it for float32): ptxas puts it at 2.4-2.8 SASS instructions per weight against the
+# mask kernel's 5.3; timed against the others by the tuner
+GEMV_HALF2_TEMPLATES: tuple[Template, ...] = (
+    (GemmConfig("gemv", 1, 256, 128, num_warps=4, num_stages=3, unpack="half2"), 2.0),
+    (GemmConfig("gemv", 1, 512, 64, num_warps=4, num_stages=4, unpack="half2"), 2.0),
+    (GemmConfig("gemv", 1, 256, 64, num_warps=2, num_stages=4, unpack="half2"), 4.0),
+)
 SMALL_TEMPLATES: tuple[Template, ...] = (  # M <= 16
     (_dot(16, 64, 128, 4, 4, True), 4.0),
     (_dot(16, 128, 128, 4, 4, True), 2.0),
@@ -427,7 +445,7 @@ def choose_config(
 def candidates(m: int) -> tuple[Template, ...]:
     """The launch templates ``auto`` times for ``m`` rows."""
     if m == 1:
-        return GEMV_TEMPLATES + GEMV_MASK_TEMPLATES + SMALL_TEMPLATES
+        return GEMV_TEMPLATES + GEMV_MASK_TEMPLATES + GEMV_HALF2_TEMPLATES + SMALL_TEMPLATES
     if m <= GEMV_MAX_M:
         return GEMV_TEMPLATES + SMALL_TEMPLATES
     if m <= 16:
@@ -468,6 +486,18 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     return buf
 
 
+def _check_half2(cfg: GemmConfig, dtype: torch.dtype) -> None:
+    """The ``half2`` GEMV's own limits: 16-bit activations, and K steps of whole ``ROWS``-row
+    elements, a power of two of them."""
+    if dtype not in HALF2_ROWS:
+        raise ValueError(f"unpack='half2' needs float16 or bfloat16 activations; got {dtype}")
+    per = cfg.block_k // HALF2_ROWS[dtype]
+    if cfg.block_k % HALF2_ROWS[dtype] or per & (per - 1):
+        raise ValueError(
+            f"unpack='half2' needs block_k a power of two times {HALF2_ROWS[dtype]}; got {cfg.block_k}"
+        )
+
+
 def _launch(
     cfg: GemmConfig,
     x2: torch.Tensor,
@@ -482,9 +512,11 @@ def _launch(
     if k % (cfg.split_k * cfg.block_k) or group_size % cfg.block_k:
         raise ValueError(f"{cfg} does not tile K={k} with group_size={group_size}")
     if cfg.kind == "gemv":
-        rows = 1 if cfg.unpack == "mask" else GEMV_MAX_M
+        rows = 1 if cfg.unpack in ONE_ROW_UNPACK else GEMV_MAX_M
         if m > rows:
             raise ValueError(f"the {cfg.unpack} gemv kernel takes at most {rows} rows; got {m}")
+        if cfg.unpack == "half2":
+            _check_half2(cfg, x2.dtype)
         tiles = cdiv(n, cfg.block_n)
     else:
         tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
@@ -498,8 +530,12 @@ def _launch(
     if cfg.kind == "gemv":
         from hotloop.kernels import w4a16_gemv
 
+        extra: dict[str, int]
         if cfg.unpack == "mask":  # one row; masks nibbles in place
             kernel, extra = w4a16_gemv._w4a16_gemv_mask_kernel, {"LOP3": int(on_gpu)}
+        elif cfg.unpack == "half2":  # one row; packed 16-bit arithmetic (inline PTX on a GPU)
+            kernel = w4a16_gemv._w4a16_gemv_half2_kernel
+            extra = {"ROWS": HALF2_ROWS[x2.dtype], "ASM": int(on_gpu)}
         else:
             kernel, extra = (
                 w4a16_gemv._w4a16_gemv_kernel,

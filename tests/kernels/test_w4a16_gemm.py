@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from hotloop.kernels import reference
-from hotloop.kernels.w4a16_layout import pack_int4
+from hotloop.kernels.w4a16_layout import pack_int4, unpack_int4
 
 pytest.importorskip("triton")
 
@@ -142,6 +142,52 @@ def test_interpreted_gemv_mask(interpreted: ModuleType, dtype: torch.dtype) -> N
         interpreted.GemmConfig("gemv", 2, 64, 32, unpack="mask")
     assert any(t.unpack == "mask" for t, _ in interpreted.candidates(1))
     assert not any(t.unpack == "mask" for t, _ in interpreted.candidates(2))
+
+
+def _half2_emulated(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                    group: int, rows: int) -> torch.Tensor:  # fmt: skip
+    """The ``half2`` GEMV's arithmetic in torch, float32: per column a 16-bit partial sum over each
+    ``rows`` consecutive k rows (``d = (q - z) / D`` exact, then ``p = round16(d x + p)`` row by row,
+    D = 16 for fp16, 1 for bf16), then float32 ``sum p * scale * D``."""
+    dtype = x.dtype
+    q = unpack_int4(qweight).int()
+    z = unpack_int4(qzeros).int().repeat_interleave(group, 0)
+    scale_d = 16.0 if dtype == torch.float16 else 1.0
+    d = ((q - z).float() / scale_d).to(dtype)
+    xs = x.reshape(-1).float()
+    p = torch.zeros(q.shape[0] // rows, q.shape[1], dtype=dtype, device=x.device)
+    for r in range(rows):  # the product of two 16-bit values is exact in float32
+        p = (d[r::rows].float() * xs[r::rows, None] + p.float()).to(dtype)
+    s = scales.float().repeat_interleave(group // rows, 0)
+    return (p.float() * s).sum(0, keepdim=True) * scale_d
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_interpreted_gemv_half2(interpreted: ModuleType, dtype: torch.dtype) -> None:
+    # the packed 16-bit GEMV's Triton emulation of its PTX (the same 16-bit roundings): whole and
+    # partial column tiles, split K with the in-kernel fixup and with the two-kernel reduction; the
+    # result equals a torch model of the arithmetic (to the output's rounding) and the reference
+    k, n, group = 128, 72, 32
+    qweight, qzeros, scales = _random_awq(k, n, group, dtype, "cpu", seed=6)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(6)).to(dtype)
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), group)
+    rows = interpreted.HALF2_ROWS[dtype]
+    emulated = _half2_emulated(x, qweight, qzeros, scales, group, rows)
+    for block_n, block_k, split, fixup in ((64, 32, 4, True), (32, 16, 2, False)):
+        cfg = interpreted.GemmConfig("gemv", 1, block_n, block_k, split, fixup=fixup, unpack="half2")
+        got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, group, config=cfg)
+        assert got.dtype == dtype
+        ulp = 2.0**-10 if dtype == torch.float16 else 2.0**-7
+        assert _rel_max_err(got, emulated) <= ulp, cfg  # float32 sums in another order: one rounding
+        # bf16: the interpreter truncates the output to bf16 (up to 2^-7 at the largest value alone)
+        assert _rel_max_err(got, want) < (2e-3 if dtype == torch.float16 else 2e-2), cfg
+    with pytest.raises(ValueError, match="one-row gemv"):
+        interpreted.GemmConfig("gemv", 2, 64, 32, unpack="half2")
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        cfg = interpreted.GemmConfig("gemv", 1, 64, 32, unpack="half2")
+        interpreted.w4a16_gemm(x.float(), qweight, qzeros, scales.float(), group, config=cfg)
+    assert any(t.unpack == "half2" for t, _ in interpreted.candidates(1))
+    assert not any(t.unpack == "half2" for t, _ in interpreted.candidates(2))
 
 
 def test_interpreted_kernel_float16_and_batch_dims(interpreted: ModuleType) -> None:
@@ -314,3 +360,37 @@ def test_gpu_launch_inside_cuda_graph(path: str) -> None:
         graph.replay()
         want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
         assert _rel_max_err(out, want) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", LAYER_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_gemv_half2(shape: tuple[int, int], dtype: torch.dtype) -> None:
+    """The packed 16-bit GEMV (inline PTX) at the real layer shapes, M = 1, every tuner template and a
+    forced split: against float32 dequantize-then-matmul with activations N(0, 1) plus outliers of
+    20 to 50 (fp16 2e-3, bf16 1e-2 of max |y|: the 16-bit partial sums of ``HALF2_ROWS`` rows add
+    about half the output's own rounding error, measured 6e-4 and 4.3e-3), and against the torch
+    model of its arithmetic (one output rounding apart: the PTX rounds where the emulation does)."""
+    from hotloop.kernels import w4a16_gemm as g
+
+    k, n = shape
+    dev = torch.device("cuda")
+    qweight, qzeros, scales = _random_awq(k, n, 128, dtype, "cuda", seed=k + n)
+    gen = torch.Generator("cuda").manual_seed(n)
+    x = torch.randn(1, k, device="cuda", generator=gen)
+    spikes = torch.randint(0, k, (8,), device="cuda", generator=gen)
+    x[0, spikes] = (20 + 30 * torch.rand(8, device="cuda", generator=gen)) * torch.sign(
+        torch.randn(8, device="cuda", generator=gen)
+    )
+    x = x.to(dtype)
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
+    emulated = _half2_emulated(x, qweight, qzeros, scales, 128, g.HALF2_ROWS[dtype])
+    tol = 2e-3 if dtype == torch.float16 else 1e-2
+    ulp = 2.0**-10 if dtype == torch.float16 else 2.0**-7
+    configs = [g.fit_config(t, 1, n, k, 128, dev, w) for t, w in g.GEMV_HALF2_TEMPLATES]
+    configs.append(g.GemmConfig("gemv", 1, 256, 64, split_k=8, unpack="half2", fixup=False))
+    for cfg in configs:
+        got = g.w4a16_gemm(x, qweight, qzeros, scales, 128, config=cfg)
+        assert got.dtype == dtype and got.shape == (1, n)
+        assert _rel_max_err(got, want) < tol, (cfg, _rel_max_err(got, want))
+        assert _rel_max_err(got, emulated) <= ulp, (cfg, _rel_max_err(got, emulated))
