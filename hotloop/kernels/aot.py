@@ -209,7 +209,11 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "prefill-q8-bfloat16-short": ("prefill", {"quant": 8, "dtype": "bfloat16", "max_query_len": 8}),
 }  # fmt: skip
 VARIANTS.update(_gemv_variants())
-_COMPILERS: dict[str, Callable[..., Any]] = {"decode": compile_decode, "prefill": compile_prefill, "gemv": compile_w4a16_gemv}
+_COMPILERS: dict[str, Callable[..., Any]] = {
+    "decode": compile_decode,
+    "prefill": compile_prefill,
+    "gemv": compile_w4a16_gemv,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
