@@ -184,7 +184,7 @@ def main() -> int:
     for label, val, floor, target, hf, vllm in table:
         frac = "-"
         if val is not None and floor:
-            frac = f"{(val / floor if 'tok/s' in label else floor / val):.0%}"
+            frac = f"{(val / floor if target.startswith('>=') else floor / val):.0%}"  # rates vs times
         print(
             f"{label:46} {fmt(val):>10} {fmt(floor):>10} {frac:>9} {target:>10} {fmt(hf):>8} {fmt(vllm, 0):>7}"
         )
