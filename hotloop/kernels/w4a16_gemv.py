@@ -454,10 +454,10 @@ def _broadcast_halves(xw, ASM: tl.constexpr):
     the GPU)."""
     if ASM:
         lo = tl.inline_asm_elementwise(
-            "prmt.b32 $0, $1, 0, 0x1010;", "=r,r", [xw], dtype=tl.int32, is_pure=True, pack=1
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $1; mov.b32 $0, {l, l}; }", "=r,r", [xw], dtype=tl.int32, is_pure=True, pack=1
         )
         hi = tl.inline_asm_elementwise(
-            "prmt.b32 $0, $1, 0, 0x3232;", "=r,r", [xw], dtype=tl.int32, is_pure=True, pack=1
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $1; mov.b32 $0, {h, h}; }", "=r,r", [xw], dtype=tl.int32, is_pure=True, pack=1
         )
         return lo, hi
     else:
