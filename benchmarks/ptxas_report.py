@@ -7,10 +7,10 @@ found (BENCHMARKS.md, "GPU, third session").
 
 With ``default`` each format uses its launcher's BLOCK_N. ``gemv`` reports the W4A16 CUDA-core
 GEMV instead (one row: every template the tuner times, the ``half2`` ones per 16-bit dtype), per
-weight. The last line per format counts the SASS
-instructions (per thread) of the attention loop, the longest backward branch, per token of a tile:
-with the shared memory and the resident CTAs per SM it implies with the registers (occupancy): the
-quantized kernels are bound by instructions and latency, not bandwidth (BENCHMARKS.md).
+weight. The last line per format counts the SASS instructions (per thread) of the attention loop,
+the longest backward branch, per token of a tile: with the shared memory and the resident CTAs per
+SM it implies with the registers (occupancy): the quantized kernels are bound by instructions and
+latency, not bandwidth (BENCHMARKS.md).
 
 Bf16, head_dim 128, GQA group 4, block size 64, 16 splits (the epilogue only: the loop is the same
 at any split count); strides divisible by 16 as in the engine (a quantized cache is addressed per

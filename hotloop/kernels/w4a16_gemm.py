@@ -69,11 +69,14 @@ TUNE_ENV = "HOTLOOP_W4A16_TUNE"
 # 2^23 in float32.
 _MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400, torch.float32: 0x4B000000}
 _TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
-# k rows per 16-bit partial sum of the ``half2`` GEMV (its precision knob; 4 or 8). Measured against
-# float32 dequantize-then-matmul at the Llama-3-8B shapes (activations N(0, 1) with outliers of 20 to
-# 50; max error over max |y|): 8 rows add little to the output's own 16-bit rounding in either dtype
-# (bf16: 3.6-4.3e-3 against 2.1-3.0e-3 for the rounding alone, 4 rows 3.4-4.6e-3; fp16: 4.7-5.8e-4
-# against 2.8-3.5e-4), so both take 8, the cheaper one (tests/kernels/test_w4a16_gemm.py).
+# k rows per 16-bit partial sum of the ``half2`` GEMV (its precision knob: a multiple of 4). Measured
+# on an H200 against float32 dequantize-then-matmul at the four Llama-3-8B shapes, M = 1, activations
+# N(0, 1) with 8 outliers of 20 to 50 (max error / max |y|; rms error / rms y):
+#   fp16, 8 rows: max 4.2-8.2e-4, rms 4.5-5.6e-4 (the mask kernel: 2.7-4.0e-4, 2.0-2.1e-4)
+#   bf16, 8 rows: max 3.7-5.9e-3, rms 3.7-4.3e-3 (mask: 2.1-3.0e-3, 1.6-1.7e-3)
+#   bf16, 4 rows: max 3.0-4.7e-3, rms 3.1-3.3e-3, and 6-13% slower at the two large shapes
+# bf16's floor is the rounding of each product x (q - z) to 8 bits, which 4 rows do not remove; both
+# dtypes take 8 rows, well inside the GPU tests' 2e-2 (the half2 test asks 2e-3 fp16, 1e-2 bf16).
 HALF2_ROWS = {torch.float16: 8, torch.bfloat16: 8}
 
 
@@ -395,12 +398,15 @@ GEMV_MASK_TEMPLATES: tuple[Template, ...] = (
     (GemmConfig("gemv", 1, 128, 128, num_warps=4, num_stages=4, unpack="mask"), 2.0),
 )
 # the packed 16-bit one-row GEMV (``w4a16_gemv._w4a16_gemv_half2_kernel``; 16-bit activations, so
-# the tuner skips it for float32): ptxas puts it at 2.4-2.8 SASS instructions per weight against the
-# mask kernel's 5.3; timed against the others by the tuner
+# the tuner skips it for float32): 2.4-2.9 (fp16) and 2.7-3.1 (bf16) SASS instructions per weight
+# against the mask kernel's 5.3 (benchmarks/ptxas_report.py gemv). On an H200 (CUDA graph, L2 flushed) the
+# fastest of these took 28.3 us at 4096x28672 and 16.9 us at 14336x4096 where the mask kernel's best
+# took 37.2 and 22.3 (fp16 and bf16 alike), and tied it (9.8-12.5 us) at 4096x6144 and 4096x4096;
+# n512/k64 and n512/k128 with 8 warps were slower everywhere and are left out
 GEMV_HALF2_TEMPLATES: tuple[Template, ...] = (
     (GemmConfig("gemv", 1, 256, 128, num_warps=4, num_stages=3, unpack="half2"), 2.0),
-    (GemmConfig("gemv", 1, 512, 64, num_warps=4, num_stages=4, unpack="half2"), 2.0),
     (GemmConfig("gemv", 1, 256, 64, num_warps=2, num_stages=4, unpack="half2"), 4.0),
+    (GemmConfig("gemv", 1, 128, 128, num_warps=4, num_stages=4, unpack="half2"), 2.0),
 )
 SMALL_TEMPLATES: tuple[Template, ...] = (  # M <= 16
     (_dot(16, 64, 128, 4, 4, True), 4.0),

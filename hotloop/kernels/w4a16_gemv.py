@@ -450,14 +450,25 @@ def _split4(t, A: tl.constexpr, B: tl.constexpr):
 
 @triton.jit
 def _broadcast_halves(xw, ASM: tl.constexpr):
-    """int32 words of two activations ``(a, b)`` -> ``(a, a)`` and ``(b, b)`` (one ``prmt`` each on
-    the GPU)."""
+    """int32 words of two activations ``(a, b)`` -> ``(a, a)`` and ``(b, b)``. On the GPU as 16-bit
+    moves, which ptxas folds into the fma's operand (``.H0_H0`` / ``.H1_H1``): no instruction (a
+    ``prmt`` here cost one per row and element)."""
     if ASM:
         lo = tl.inline_asm_elementwise(
-            "{ .reg .b16 l, h; mov.b32 {l, h}, $1; mov.b32 $0, {l, l}; }", "=r,r", [xw], dtype=tl.int32, is_pure=True, pack=1
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $1; mov.b32 $0, {l, l}; }",
+            "=r,r",
+            [xw],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=1,
         )
         hi = tl.inline_asm_elementwise(
-            "{ .reg .b16 l, h; mov.b32 {l, h}, $1; mov.b32 $0, {h, h}; }", "=r,r", [xw], dtype=tl.int32, is_pure=True, pack=1
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $1; mov.b32 $0, {h, h}; }",
+            "=r,r",
+            [xw],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=1,
         )
         return lo, hi
     else:
@@ -519,7 +530,8 @@ def _w4a16_gemv_half2_kernel(
     partial sums go to float32 and are multiplied by the group's scales (float32: the scale never
     enters the 16-bit arithmetic) into float32 accumulators ``[C, BLOCK_N / 8]`` per column, summed
     over ``C`` after the K loop and multiplied by ``D``. So the 16-bit error is that of ``ROWS``-term
-    sums: ``ROWS`` (4 or 8; ``w4a16_gemm.HALF2_ROWS``) is the precision knob.
+    sums: ``ROWS`` (a multiple of 4; ``w4a16_gemm.HALF2_ROWS``) is the precision knob. An fp16 partial
+    sum overflows only where ``15 / 16`` of the sum of ``|x|`` over the element's rows passes 65504.
 
     ``ASM`` 0 runs the same arithmetic in Triton, with the same 16-bit roundings (the interpreter,
     where inline PTX does not run). ``BLOCK_K`` divides the group; x's K stride is 1; split K as in
