@@ -170,7 +170,7 @@ def compile_w4a16_gemv(
         consts.update(LOP3=1)
     else:
         fn = gemv._w4a16_gemv_kernel
-        consts.update(BLOCK_M=1, LOP3=1)
+        consts.update(BLOCK_M=1, LOP3=int(unpack == "lop3"))  # as the launcher sets it
     return compile_for_target(fn, sig, consts, aligned, num_warps=num_warps, num_stages=num_stages)
 
 
@@ -182,7 +182,8 @@ def _gemv_variants() -> dict[str, tuple[str, dict[str, Any]]]:
     templates = gemm.GEMV_TEMPLATES + gemm.GEMV_MASK_TEMPLATES + gemm.GEMV_HALF2_TEMPLATES
     for cfg, _ in templates:
         for dtype in ("float16", "bfloat16") if cfg.unpack == "half2" else ("bfloat16",):
-            name = f"w4a16-gemv-{cfg.unpack}-{dtype}-n{cfg.block_n}-k{cfg.block_k}-w{cfg.num_warps}"
+            name = (f"w4a16-gemv-{cfg.unpack}-{dtype}-n{cfg.block_n}-k{cfg.block_k}-w{cfg.num_warps}"
+                    f"-s{cfg.num_stages}")  # fmt: skip
             out[name] = ("gemv", {"unpack": cfg.unpack, "dtype": dtype, "block_n": cfg.block_n,
                                   "block_k": cfg.block_k, "num_warps": cfg.num_warps,
                                   "num_stages": cfg.num_stages})  # fmt: skip

@@ -6,8 +6,10 @@ codes themselves (``load_kv_codes``). Codes are in natural head-dim order (int4:
 low nibble for even ``d``). How codes are read is a bit field, the kernels' ``ASM`` constexpr
 (``code_mode``): bit 1 builds the fp16 values with PTX byte permutes (GPU only; the interpreter
 keeps integer ops), bit 2 reads int8 codes as 16-bit pairs split into even and odd codes (the
-decode kernel's choice; prefill reads bytes). ``HOTLOOP_KV_PRMT=0`` and ``HOTLOOP_KV_INT8_PAIRS=0|1``
-override them for comparisons; both are read once, at import. ``quant_rows`` finds a row's codes and its
+decode kernel's choice; prefill reads bytes), bit 4 dots q's even and odd head dims with the codes
+of even and odd dims apart (``load_kv_codes_split``; int8 then always read as pairs; 16-bit models,
+on for decode). ``HOTLOOP_KV_PRMT=0``, ``HOTLOOP_KV_INT8_PAIRS=0|1``, ``HOTLOOP_KV_SPLIT_EO=0`` and
+``HOTLOOP_KV_SPLIT_EO_PREFILL=1`` override them for comparisons; all are read once, at import. ``quant_rows`` finds a row's codes and its
 (scale, zero) pair in a cache block (``kv_quant.py``: codes first, then the pairs, in the model
 dtype), and ``load_kv_params`` reads the pair.
 
@@ -81,7 +83,7 @@ _INT8_PAIRS = os.environ.get("HOTLOOP_KV_INT8_PAIRS")  # "0" / "1" overrides eac
 # (HOTLOOP_KV_SPLIT_EO=0 turns it off): on an H200 it took int8 decode from 0.261 to 0.218 ms and int4
 # from 0.332 to 0.194 ms per layer at B=256 x 1k (BENCHMARKS.md). Prefill only with
 # HOTLOOP_KV_SPLIT_EO_PREFILL=1 until timed.
-SPLIT_EO = os.environ.get("HOTLOOP_KV_SPLIT_EO", "1") == "1"
+SPLIT_EO = os.environ.get("HOTLOOP_KV_SPLIT_EO", "1") != "0"
 SPLIT_EO_PREFILL = os.environ.get("HOTLOOP_KV_SPLIT_EO_PREFILL", "0") == "1"
 
 

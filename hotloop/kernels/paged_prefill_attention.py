@@ -91,7 +91,8 @@ def _prefill_kernel(
     QUANT: tl.constexpr,  # 0: float cache; 8 / 4: int8 / int4 codes + scale and zero per row
     NPACK: tl.constexpr,  # bytes of a quantized row's codes (its block's (scale, zero) pairs follow all codes)
     KV: tl.constexpr,  # KV heads (a quantized block is [BS, KV] codes, then [BS, KV] scale/zero pairs)
-    ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs
+    ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs,
+    # bit 4 even/odd split dots (kv_quant_triton.code_mode_bits)
 ):
     m_blk = tl.program_id(0)
     b = tl.program_id(1)
@@ -120,11 +121,14 @@ def _prefill_kernel(
     # separately, and the output is kept as its even and odd halves (as in the decode kernel)
     EO: tl.constexpr = QUANT != 0 and (ASM & 4) != 0
     if EO:
+        tl.static_assert(q_ptr.dtype.element_ty != tl.float32, "the even/odd split is for 16-bit models")
         offs_h = tl.arange(0, BLOCK_D // 2)
         mask_h = mask_m[:, None] & (offs_h < D // 2)[None, :]
         q_row = q_ptr + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + 2 * offs_h[None, :]
         q_even = to_dot_dtype(tl.load(q_row, mask=mask_h, other=0.0))
         q_odd = to_dot_dtype(tl.load(q_row + 1, mask=mask_h, other=0.0))
+        # from the halves: the full q above is then unused and not loaded
+        q_sum = tl.sum(q_even.to(tl.float32), 1) + tl.sum(q_odd.to(tl.float32), 1)
         acc_even = tl.zeros([BLOCK_M, BLOCK_D // 2], tl.float32)
         acc_odd = tl.zeros([BLOCK_M, BLOCK_D // 2], tl.float32)
 

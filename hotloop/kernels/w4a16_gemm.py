@@ -75,7 +75,8 @@ _TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float
 #   fp16, 8 rows: max 4.2-8.2e-4, rms 4.5-5.6e-4 (the mask kernel: 2.7-4.0e-4, 2.0-2.1e-4)
 #   bf16, 8 rows: max 3.7-5.9e-3, rms 3.7-4.3e-3 (mask: 2.1-3.0e-3, 1.6-1.7e-3)
 #   bf16, 4 rows: max 3.0-4.7e-3, rms 3.1-3.3e-3, and 6-13% slower at the two large shapes
-# bf16's floor is the rounding of each product x (q - z) to 8 bits, which 4 rows do not remove; both
+# bf16's floor is the 8-bit rounding of the running partial sum at each fused multiply-add (and of
+# the first product), which 4 rows do not remove; both
 # dtypes take 8 rows, well inside the GPU tests' 2e-2 (the half2 test asks 2e-3 fp16, 1e-2 bf16).
 HALF2_ROWS = {torch.float16: 8, torch.bfloat16: 8}
 
@@ -304,7 +305,7 @@ class GemmConfig:
     """One launch shape. ``kind`` "gemv" (CUDA cores; ``block_m`` is the row count, at most 4) or
     "dot" (tensor cores: the ``splitk`` and ``tiled`` paths). ``unpack``, ``swap_ab`` and
     ``group_m`` apply to "dot" only, save the one-row GEMV kernels ``unpack="mask"`` and
-    ``unpack="half2"`` (16-bit activations only); ``fixup`` (in-kernel split-K reduction) to both."""
+    ``unpack="half2"`` (the latter for 16-bit activations only); ``fixup`` (in-kernel split-K reduction) to both."""
 
     kind: str
     block_m: int
@@ -391,8 +392,9 @@ GEMV_TEMPLATES: tuple[Template, ...] = (
     (GemmConfig("gemv", 1, 256, 64, num_warps=4, num_stages=4), 2.0),
     (GemmConfig("gemv", 1, 128, 128, num_warps=4, num_stages=4), 2.0),
 )
-# the one-row GEMV that masks nibbles in place (``w4a16_gemv._w4a16_gemv_mask_kernel``): fewer
-# instructions per weight on paper (ptxas), not yet timed on a GPU, so only a candidate the tuner times
+# the one-row GEMV that masks nibbles in place (``w4a16_gemv._w4a16_gemv_mask_kernel``): 5.3 SASS
+# instructions per weight against 6.4 (ptxas); with it the tuner took batch-1 W4A16 decode on an H200
+# from 276.6 to 307.1 tokens/s (BENCHMARKS.md)
 GEMV_MASK_TEMPLATES: tuple[Template, ...] = (
     (GemmConfig("gemv", 1, 256, 64, num_warps=4, num_stages=4, unpack="mask"), 2.0),
     (GemmConfig("gemv", 1, 128, 128, num_warps=4, num_stages=4, unpack="mask"), 2.0),
@@ -448,10 +450,21 @@ def choose_config(
     return fit_config(template, m, n, k, group_size, device, waves)
 
 
+HALF2_ENV = "HOTLOOP_W4A16_HALF2"
+
+
+def half2_allowed() -> bool:
+    """Whether the tuner may pick the ``half2`` GEMV (HOTLOOP_W4A16_HALF2=0 keeps float32 partial
+    sums everywhere: about twice the mask kernel's error, ``HALF2_ROWS``, for 1.3x its speed at the
+    large shapes)."""
+    return os.environ.get(HALF2_ENV, "1") != "0"
+
+
 def candidates(m: int) -> tuple[Template, ...]:
     """The launch templates ``auto`` times for ``m`` rows."""
     if m == 1:
-        return GEMV_TEMPLATES + GEMV_MASK_TEMPLATES + GEMV_HALF2_TEMPLATES + SMALL_TEMPLATES
+        half2 = GEMV_HALF2_TEMPLATES if half2_allowed() else ()
+        return GEMV_TEMPLATES + GEMV_MASK_TEMPLATES + half2 + SMALL_TEMPLATES
     if m <= GEMV_MAX_M:
         return GEMV_TEMPLATES + SMALL_TEMPLATES
     if m <= 16:

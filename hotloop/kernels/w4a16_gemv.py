@@ -276,7 +276,8 @@ def _w4a16_gemv_mask_kernel(
 # (nibbles at bits 0-3 and 4-7 of each half, ``e`` 0 and 1), pairs 2 and 3 from ``w >> 8``: one
 # shift per word; ``D = 16`` gives the fp16 partial sums 16 times the headroom below 65504 (the
 # result is multiplied back in float32). bf16: every pair at bits 0-3 (shifts by 4, 8 and 12),
-# ``S = 1``, ``D = 1`` (bf16 has float32's range).
+# ``S = 1``, ``D = 1`` (bf16 has float32's range). fp16's D is fixed: the PTX constants ``s4``, ``s8``
+# and ``neg_s`` and ``_pair_params``'s scales encode it; they change together.
 _HALF2_D_F16 = tl.constexpr(16.0)
 
 # One k row of one word-column: ``$4`` the AWQ word, ``$5`` the activation in both halves, ``$6..$9``

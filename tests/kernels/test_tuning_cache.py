@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from hotloop.kernels import tuning_cache, w4a16_gemm
-from hotloop.kernels.w4a16_gemm import GemmConfig
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +46,8 @@ def test_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_w4a16_choices_round_trip_through_the_disk() -> None:
-    cfg = GemmConfig("dot", 64, 128, 64, split_k=2, num_warps=8, num_stages=4, swap_ab=True)
+    # the module's class as it is now (test_w4a16_gemm's fixture reloads the module)
+    cfg = w4a16_gemm.GemmConfig("dot", 64, 128, 64, split_k=2, num_warps=8, num_stages=4, swap_ab=True)
     tkey = (0, torch.bfloat16, 16, 4096, 4096, 128)
     key = w4a16_gemm.disk_key(tkey)
     for part in ("torch", "triton", "m16", "n4096", "k4096", "g128", "bfloat16"):

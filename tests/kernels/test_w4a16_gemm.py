@@ -162,6 +162,16 @@ def _half2_emulated(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor
     return (p.float() * s).sum(0, keepdim=True) * scale_d
 
 
+def _assert_rounds_like(got: torch.Tensor, emulated: torch.Tensor, rel: float) -> None:
+    """Every output within ``rel`` of the emulation's value (plus 2^-16 of the largest, for the
+    float32 sums taken in another order), element by element: a kernel that does not round its
+    partial sums to 16 bits where the emulation does is off by far more on some column (the
+    float32 ``mask`` kernel: 5.6e-2 fp16, 0.17 bf16, measured by a review)."""
+    diff = (got.float() - emulated).abs()
+    bound = emulated.abs() * rel + emulated.abs().max() * 2.0**-16
+    assert bool((diff <= bound).all()), float((diff / emulated.abs().clamp_min(1e-30)).max())
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_interpreted_gemv_half2(interpreted: ModuleType, dtype: torch.dtype) -> None:
     # the packed 16-bit GEMV's Triton emulation of its PTX (the same 16-bit roundings): whole and
@@ -177,17 +187,65 @@ def test_interpreted_gemv_half2(interpreted: ModuleType, dtype: torch.dtype) -> 
         cfg = interpreted.GemmConfig("gemv", 1, block_n, block_k, split, fixup=fixup, unpack="half2")
         got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, group, config=cfg)
         assert got.dtype == dtype
-        ulp = 2.0**-10 if dtype == torch.float16 else 2.0**-7
-        assert _rel_max_err(got, emulated) <= ulp, cfg  # float32 sums in another order: one rounding
-        # bf16: the interpreter truncates the output to bf16 (up to 2^-7 at the largest value alone)
-        assert _rel_max_err(got, want) < (2e-3 if dtype == torch.float16 else 2e-2), cfg
+        # the output's one rounding: half an fp16 ulp; bf16 is truncated by the interpreter (one ulp)
+        _assert_rounds_like(got, emulated, 2.0**-11 if dtype == torch.float16 else 2.0**-7)
+        assert _rel_max_err(got, want) < (2e-3 if dtype == torch.float16 else 1e-2), cfg
     with pytest.raises(ValueError, match="one-row gemv"):
         interpreted.GemmConfig("gemv", 2, 64, 32, unpack="half2")
+    cfg = interpreted.GemmConfig("gemv", 1, 64, 32, unpack="half2")
     with pytest.raises(ValueError, match="float16 or bfloat16"):
-        cfg = interpreted.GemmConfig("gemv", 1, 64, 32, unpack="half2")
         interpreted.w4a16_gemm(x.float(), qweight, qzeros, scales.float(), group, config=cfg)
     assert any(t.unpack == "half2" for t, _ in interpreted.candidates(1))
     assert not any(t.unpack == "half2" for t, _ in interpreted.candidates(2))
+
+
+def test_half2_can_be_kept_out_of_the_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hotloop.kernels import w4a16_gemm as g
+
+    tag = g.candidates_tag(1)
+    monkeypatch.setenv(g.HALF2_ENV, "0")
+    assert not any(t.unpack == "half2" for t, _ in g.candidates(1))
+    assert any(t.unpack == "mask" for t, _ in g.candidates(1))
+    assert g.candidates_tag(1) != tag  # a choice stored with half2 among the candidates is not reused
+
+
+def _large_fp16_case(device: str):  # type: ignore[no-untyped-def]
+    """Eight consecutive activations of 4000 against weights q - z = 15: each fp16 partial sum of
+    eight rows reaches 8 * 4000 * 15 = 480,000 unscaled (past fp16's 65,504), 30,000 with the
+    kernel's 1/16 headroom."""
+    k, n, group = 128, 64, 32
+    qweight = pack_int4(torch.full((k, n), 15, dtype=torch.int64)).to(device)
+    qzeros = pack_int4(torch.zeros(k // group, n, dtype=torch.int64)).to(device)
+    scales = torch.full((k // group, n), 1e-3, dtype=torch.float16, device=device)
+    x = torch.zeros(1, k, dtype=torch.float16)
+    x[0, 32:40] = 4000.0
+    x[0, 64:] = torch.randn(64, generator=torch.Generator().manual_seed(1)).half()
+    return x.to(device), qweight, qzeros, scales, group
+
+
+def test_interpreted_gemv_half2_fp16_headroom(interpreted: ModuleType) -> None:
+    # the fp16 partial sums carry (q - z) / 16: large activations over eight rows stay finite
+    x, qweight, qzeros, scales, group = _large_fp16_case("cpu")
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), group)
+    cfg = interpreted.GemmConfig("gemv", 1, 64, 32, unpack="half2")
+    got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, group, config=cfg)
+    assert torch.isfinite(got).all()
+    assert _rel_max_err(got, want) < 2e-3
+
+
+def test_interpreted_gemv_half2_block_k_rules(interpreted: ModuleType) -> None:
+    # K steps of a power of two of 8-row chunks: one chunk (block_k 8) runs, six (48) is refused
+    qweight, qzeros, scales = _random_awq(64, 64, 32, torch.float16, "cpu", seed=9)
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(9)).half()
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 32)
+    got = interpreted.w4a16_gemm(
+        x, qweight, qzeros, scales, 32, config=interpreted.GemmConfig("gemv", 1, 64, 8, unpack="half2")
+    )
+    assert _rel_max_err(got, want) < 2e-3
+    qweight, qzeros, scales = _random_awq(96, 64, 48, torch.float16, "cpu", seed=9)  # 48 tiles K = 96
+    bad = interpreted.GemmConfig("gemv", 1, 64, 48, unpack="half2")
+    with pytest.raises(ValueError, match="power of two"):
+        interpreted.w4a16_gemm(torch.ones(1, 96).half(), qweight, qzeros, scales, 48, config=bad)
 
 
 def test_interpreted_kernel_float16_and_batch_dims(interpreted: ModuleType) -> None:
@@ -386,11 +444,16 @@ def test_gpu_gemv_half2(shape: tuple[int, int], dtype: torch.dtype) -> None:
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
     emulated = _half2_emulated(x, qweight, qzeros, scales, 128, g.HALF2_ROWS[dtype])
     tol = 2e-3 if dtype == torch.float16 else 1e-2
-    ulp = 2.0**-10 if dtype == torch.float16 else 2.0**-7
+    ulp = 2.0**-11 if dtype == torch.float16 else 2.0**-8  # the output's rounding (to nearest)
     configs = [g.fit_config(t, 1, n, k, 128, dev, w) for t, w in g.GEMV_HALF2_TEMPLATES]
     configs.append(g.GemmConfig("gemv", 1, 256, 64, split_k=8, unpack="half2", fixup=False))
     for cfg in configs:
         got = g.w4a16_gemm(x, qweight, qzeros, scales, 128, config=cfg)
         assert got.dtype == dtype and got.shape == (1, n)
         assert _rel_max_err(got, want) < tol, (cfg, _rel_max_err(got, want))
-        assert _rel_max_err(got, emulated) <= ulp, (cfg, _rel_max_err(got, emulated))
+        _assert_rounds_like(got, emulated, ulp)
+    if dtype == torch.float16:  # the 1/16 headroom of the fp16 partial sums, in the PTX
+        xl, qw, qz, sc, group = _large_fp16_case("cuda")
+        big = g.w4a16_gemm(xl, qw, qz, sc, group, config=g.GemmConfig("gemv", 1, 64, 32, unpack="half2"))
+        assert torch.isfinite(big).all()
+        assert _rel_max_err(big, reference.w4a16_matmul(xl.float(), qw, qz, sc.float(), group)) < 2e-3
