@@ -15,7 +15,7 @@
 #
 # lane 0: every GPU test (`pytest -m gpu`, 8 workers; tests/cli needs pexpect, absent there), the
 #         attention kernels over a few launch configurations (kv_attention_sweep.py), the quantized
-#         decode again with HOTLOOP_KV_SPLIT_EO=1 (now the default)
+#         decode again with HOTLOOP_KV_SPLIT_EO=0 (the joined path) for comparison
 # lane 1: the KV-bound offline run with int8 KV (issue 6; fp16 took 341.6 s on 2026-11-30), then
 #         batch-1 decode with fp16 and int8 KV, twice
 # Expects the wheels of `.whl` installed on PYTHONPATH (see ../shared/GPU.md). Prints each lane's
@@ -33,18 +33,17 @@ lane0() {
   echo "gpu tests rc=$?"
   tail -15 "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|ERROR"
   timeout 200 python3 "$here/kv_attention_sweep.py" --out "$out/sweep.json" \
-    --prefill-configs "64,64,4,2;128,64,8,2;128,32,8,2;128,64,4,2" \
-    --decode-configs "32,4,1;64,4,1;128,4,1;64,4,1,96;64,4,1,80;64,4,2,96;128,4,1,96;32,4,2;64,4,2;128,4,2" \
+    --prefill-configs "64,64,4,2;128,64,8,2;128,32,8,2;128,64,4,2;64,32,4,2;64,64,4,3" \
+    --decode-configs "32,4,2;64,4,2;128,4,2;64,4,3;128,4,1" \
     >"$out/sweep.log" 2>&1
   echo "attention sweep rc=$?"
   grep "relative error" "$out/sweep.log"
   sed -n '/best per case/,$p' "$out/sweep.log"
-  HOTLOOP_KV_SPLIT_EO=1 timeout 120 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_eo.json" \
-    --policies 8,4 --no-prefill --decode-configs "32,4,2;64,4,2;64,4,1;128,4,2;128,4,1;64,4,1,96" \
-    >"$out/sweep_eo.log" 2>&1
-  echo "attention sweep, even/odd split dots rc=$?"
-  grep "relative error" "$out/sweep_eo.log"
-  sed -n '/best per case/,$p' "$out/sweep_eo.log"
+  # the joined-codes path (the fifth session's default) beside it, for comparison
+  HOTLOOP_KV_SPLIT_EO=0 timeout 120 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_joined.json" \
+    --policies 8,4 --no-prefill --decode-configs "64,4,2;128,4,2" >"$out/sweep_joined.log" 2>&1
+  echo "attention sweep, joined codes (HOTLOOP_KV_SPLIT_EO=0) rc=$?"
+  sed -n '/best per case/,$p' "$out/sweep_joined.log"
 }
 lane1() {
   export CUDA_VISIBLE_DEVICES=$((ngpu > 1 ? 1 : 0))
