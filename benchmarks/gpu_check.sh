@@ -5,9 +5,8 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR          # the checks below
 #   bash benchmarks/gpu_check.sh OUT_DIR serve    # the issue-3 serving run, plain on GPU 0 and with
 #                                                 # --jit-schedule on GPU 1, side by side
-#   bash benchmarks/gpu_check.sh OUT_DIR table_kv # GPU 0 as in `table`; GPU 1 the even/odd split
-#                                                 # prefill sweep, the KV-bound int8 run and
-#                                                 # batch 1 with fp16 and int8 KV
+#   bash benchmarks/gpu_check.sh OUT_DIR table_kv # GPU 0 as in `table`; GPU 1 the KV-bound int8
+#                                                 # run and batch 1 with fp16 and int8 KV
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -78,35 +77,12 @@ if [ "$what" = table ]; then
   exit 0
 fi
 if [ "$what" = table_kv ]; then
-  # GPU 0: the run_gpu.py rows as in `table`; GPU 1: the 4k quantized prefill with and without the
-  # even/odd split (the sweep checks each against the torch reference), then the KV-bound int8 run and batch 1, with the
-  # prefill split on where the sweep found it faster
+  # GPU 0: the run_gpu.py rows as in `table`; GPU 1: the KV-bound int8 run, then batch 1 with fp16
+  # and int8 KV
   kvlane() {
     export CUDA_VISIBLE_DEVICES=$((ngpu > 1 ? 1 : 0))
-    for eo in 0 1; do
-      HOTLOOP_KV_SPLIT_EO_PREFILL=$eo timeout 50 python3 "$here/kv_attention_sweep.py" --quick --policies 8,4 \
-        --decode-configs "64,4,2" --out "$out/prefill_eo$eo.json" >"$out/prefill_eo$eo.log" 2>&1
-      echo "prefill sweep, HOTLOOP_KV_SPLIT_EO_PREFILL=$eo rc=$?"
-      grep -E "^prefill" "$out/prefill_eo$eo.log"
-    done
-    pick=$(python3 - "$out" <<'PY'
-import json, sys
-def ms(eo):
-    try:
-        d = json.load(open(f"{sys.argv[1]}/prefill_eo{eo}.json"))
-    except OSError:
-        return None
-    for r in d["results"]:
-        if r["kind"] == "prefill" and r["policy"] == 8:
-            return min(x["ms"] for x in r["rows"] if "ms" in x)
-    return None
-a, b = ms(0), ms(1)
-print(1 if a and b and b < a else 0)
-PY
-)
-    echo "KV-bound run with HOTLOOP_KV_SPLIT_EO_PREFILL=$pick"
-    HOTLOOP_KV_SPLIT_EO_PREFILL=$pick bash "$here/run_capacity.sh" kv_int8 "$out/cap" 330
-    HOTLOOP_KV_SPLIT_EO_PREFILL=$pick bash "$here/run_capacity.sh" bs1 "$out/cap" 80
+    bash "$here/run_capacity.sh" kv_int8 "$out/cap" 450
+    bash "$here/run_capacity.sh" bs1 "$out/cap" 80
   }
   table() {
     CUDA_VISIBLE_DEVICES=0 timeout 560 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf \

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from hotloop.kernels import kv_quant
-from hotloop.kernels.kv_quant_triton import code_mode_bits, prefill_eo_mask, split_eo_mask
+from hotloop.kernels.kv_quant_triton import code_mode_bits, split_eo_mask
 
 
 def compile_for_target(
@@ -135,7 +135,7 @@ def compile_prefill(
     sig.update({s: "i32" for s in strides})
     block_m, block_n, warps, stages = pf.prefill_config(D, max_query_len, quant)
     if asm is None:  # what the launcher passes on a GPU
-        asm = code_mode_bits(True, pf.INT8_PAIRS) & prefill_eo_mask(_TORCH[dtype], D)
+        asm = code_mode_bits(True, pf.INT8_PAIRS) & ~4
     consts = {"G": G, "D": D, "BS": BS, "WINDOW": window, "BLOCK_M": block_m, "BLOCK_N": block_n,
               "BLOCK_D": D, **_cache_consts(quant, dtype, asm)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
@@ -205,8 +205,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "decode-q8-bfloat16-joined": ("decode", {"quant": 8, "dtype": "bfloat16", "asm": 3}),
     "decode-q4-bfloat16-joined": ("decode", {"quant": 4, "dtype": "bfloat16", "asm": 3}),
     "prefill-q0-bfloat16-window-1k": ("prefill", {"quant": 0, "dtype": "bfloat16", "window": 512, "max_query_len": 1024}),
-    "prefill-q8-bfloat16-split-eo": ("prefill", {"quant": 8, "dtype": "bfloat16", "asm": 7}),
-    "prefill-q4-bfloat16-split-eo": ("prefill", {"quant": 4, "dtype": "bfloat16", "asm": 7}),
     "prefill-q8-bfloat16-short": ("prefill", {"quant": 8, "dtype": "bfloat16", "max_query_len": 8}),
 }  # fmt: skip
 VARIANTS.update(_gemv_variants())

@@ -8,8 +8,8 @@ low nibble for even ``d``). How codes are read is a bit field, the kernels' ``AS
 keeps integer ops), bit 2 reads int8 codes as 16-bit pairs split into even and odd codes (the
 decode kernel's choice; prefill reads bytes), bit 4 dots q's even and odd head dims with the codes
 of even and odd dims apart (``load_kv_codes_split``; int8 then always read as pairs; 16-bit models,
-on for decode). ``HOTLOOP_KV_PRMT=0``, ``HOTLOOP_KV_INT8_PAIRS=0|1``, ``HOTLOOP_KV_SPLIT_EO=0`` and
-``HOTLOOP_KV_SPLIT_EO_PREFILL=1`` override them for comparisons; all are read once, at import. ``quant_rows`` finds a row's codes and its
+the decode kernel). ``HOTLOOP_KV_PRMT=0``, ``HOTLOOP_KV_INT8_PAIRS=0|1`` and ``HOTLOOP_KV_SPLIT_EO=0``
+override them for comparisons; all are read once, at import. ``quant_rows`` finds a row's codes and its
 (scale, zero) pair in a cache block (``kv_quant.py``: codes first, then the pairs, in the model
 dtype), and ``load_kv_params`` reads the pair.
 
@@ -79,23 +79,16 @@ PRMT = os.environ.get("HOTLOOP_KV_PRMT", "1") != "0"
 
 
 _INT8_PAIRS = os.environ.get("HOTLOOP_KV_INT8_PAIRS")  # "0" / "1" overrides each kernel's choice
-# Even/odd split dots (bit 4, 16-bit models): see ``load_kv_codes_split``. On for decode
-# (HOTLOOP_KV_SPLIT_EO=0 turns it off): on an H200 it took int8 decode from 0.261 to 0.218 ms and int4
-# from 0.332 to 0.194 ms per layer at B=256 x 1k (BENCHMARKS.md). Prefill only with
-# HOTLOOP_KV_SPLIT_EO_PREFILL=1 until timed.
+# Even/odd split dots (bit 4, 16-bit models, the decode kernel): see ``load_kv_codes_split``.
+# HOTLOOP_KV_SPLIT_EO=0 turns it off. On an H200 it took int8 decode from 0.261 to 0.218 ms and int4
+# from 0.332 to 0.194 ms per layer at B=256 x 1k; in the prefill kernel it was slower (BENCHMARKS.md).
 SPLIT_EO = os.environ.get("HOTLOOP_KV_SPLIT_EO", "1") != "0"
-SPLIT_EO_PREFILL = os.environ.get("HOTLOOP_KV_SPLIT_EO_PREFILL", "0") == "1"
 
 
 def split_eo_mask(dtype: torch.dtype, block_d: int) -> int:
     """The code-mode bits a decode launch keeps: the even/odd split (bit 4) needs fp16 dots at least
     16 wide (a 16-bit model, ``BLOCK_D >= 32``)."""
     return ~4 if dtype == torch.float32 or block_d < 32 else ~0
-
-
-def prefill_eo_mask(dtype: torch.dtype, block_d: int) -> int:
-    """As ``split_eo_mask`` for a prefill launch, which also needs HOTLOOP_KV_SPLIT_EO_PREFILL=1."""
-    return split_eo_mask(dtype, block_d) if SPLIT_EO_PREFILL else ~4
 
 
 def code_mode(x: torch.Tensor, int8_pairs: bool) -> int:
@@ -107,8 +100,8 @@ def code_mode(x: torch.Tensor, int8_pairs: bool) -> int:
 def code_mode_bits(on_gpu: bool, int8_pairs: bool) -> int:
     """1 = inline PTX permutes (compiled for a GPU, not interpreted), 2 = int8 codes read as 16-bit
     pairs (``int8_pairs``, the kernel's measured preference, unless HOTLOOP_KV_INT8_PAIRS says
-    otherwise), 4 = even/odd split dots (HOTLOOP_KV_SPLIT_EO, on by default; launchers mask it with
-    ``split_eo_mask`` / ``prefill_eo_mask``)."""
+    otherwise), 4 = even/odd split dots (HOTLOOP_KV_SPLIT_EO, on by default; the decode launcher
+    masks it with ``split_eo_mask``, the prefill launcher drops it)."""
     pairs = int8_pairs if _INT8_PAIRS is None else _INT8_PAIRS != "0"
     return int(PRMT and on_gpu) | (2 if pairs else 0) | (4 if SPLIT_EO else 0)
 

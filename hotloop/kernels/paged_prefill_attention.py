@@ -26,12 +26,9 @@ from hotloop.kernels.checks import (
 from hotloop.kernels.kv_quant_triton import (
     code_mode,
     load_kv_params,
-    prefill_eo_mask,
     quant_rows,
     quant_scores,
-    quant_scores_split,
     quant_weighted_values,
-    quant_weighted_values_split,
     to_dot_dtype,
 )
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
@@ -91,8 +88,7 @@ def _prefill_kernel(
     QUANT: tl.constexpr,  # 0: float cache; 8 / 4: int8 / int4 codes + scale and zero per row
     NPACK: tl.constexpr,  # bytes of a quantized row's codes (its block's (scale, zero) pairs follow all codes)
     KV: tl.constexpr,  # KV heads (a quantized block is [BS, KV] codes, then [BS, KV] scale/zero pairs)
-    ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs,
-    # bit 4 even/odd split dots (kv_quant_triton.code_mode_bits)
+    ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs
 ):
     m_blk = tl.program_id(0)
     b = tl.program_id(1)
@@ -117,20 +113,6 @@ def _prefill_kernel(
     qd = to_dot_dtype(q)
     q_sum = tl.sum(qd.to(tl.float32), 1)
     q_pos = ctx + offs_m
-    # ASM bit 4 (16-bit models): q's even and odd head dims dot the codes of even and odd dims
-    # separately, and the output is kept as its even and odd halves (as in the decode kernel)
-    EO: tl.constexpr = QUANT != 0 and (ASM & 4) != 0
-    if EO:
-        tl.static_assert(q_ptr.dtype.element_ty != tl.float32, "the even/odd split is for 16-bit models")
-        offs_h = tl.arange(0, BLOCK_D // 2)
-        mask_h = mask_m[:, None] & (offs_h < D // 2)[None, :]
-        q_row = q_ptr + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + 2 * offs_h[None, :]
-        q_even = to_dot_dtype(tl.load(q_row, mask=mask_h, other=0.0))
-        q_odd = to_dot_dtype(tl.load(q_row + 1, mask=mask_h, other=0.0))
-        # from the halves: the full q above is then unused and not loaded
-        q_sum = tl.sum(q_even.to(tl.float32), 1) + tl.sum(q_odd.to(tl.float32), 1)
-        acc_even = tl.zeros([BLOCK_M, BLOCK_D // 2], tl.float32)
-        acc_odd = tl.zeros([BLOCK_M, BLOCK_D // 2], tl.float32)
 
     # Keys this tile may see: [lo, hi). Empty when the tile lies past the sequence's queries.
     hi = tl.minimum(seq_len, ctx + (m_blk + 1) * BLOCK_M)
@@ -165,10 +147,7 @@ def _prefill_kernel(
             # codes at constexpr offsets in the block: Triton sees 16-byte alignment and vectorizes
             k_rows, k_par = quant_rows(k_cache_ptr + page * stride_kb, tok, kvh, q_ptr, BS, KV, NPACK)
             k_scale, k_zero = load_kv_params(k_par, mask_n)
-            if EO:
-                s = quant_scores_split(q_even, q_odd, q_sum, k_rows, mask_n, BLOCK_D, NPACK, QUANT, ASM)
-            else:
-                s = quant_scores(qd, q_sum, k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT, ASM)  # q . codes
+            s = quant_scores(qd, q_sum, k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT, ASM)  # q . codes
             s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
         visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
         if WINDOW > 0:
@@ -192,32 +171,20 @@ def _prefill_kernel(
         else:
             v_rows, v_par = quant_rows(v_cache_ptr + page * stride_vb, tok, kvh, q_ptr, BS, KV, NPACK)
             v_scale, v_zero = load_kv_params(v_par, mask_n)
-            if EO:
-                pv_even, pv_odd = quant_weighted_values_split(
-                    p, v_scale, v_zero, v_rows, mask_n, BLOCK_D, NPACK, QUANT, ASM
-                )
-                acc_even = acc_even * alpha[:, None] + pv_even
-                acc_odd = acc_odd * alpha[:, None] + pv_odd
-            else:
-                pv = quant_weighted_values(
-                    p, v_scale, v_zero, v_rows, mask_n, q_ptr, qd.dtype, BLOCK_D, NPACK, QUANT, ASM
-                )
-                acc = acc * alpha[:, None] + pv
+            pv = quant_weighted_values(
+                p, v_scale, v_zero, v_rows, mask_n, q_ptr, qd.dtype, BLOCK_D, NPACK, QUANT, ASM
+            )
+            acc = acc * alpha[:, None] + pv
         if QUANT == 0:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    safe_l = tl.where(l_i > 0.0, l_i, 1.0)
-    if EO:
-        dst = out_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + 2 * offs_h[None, :]
-        tl.store(dst, (acc_even / safe_l[:, None]).to(out_ptr.dtype.element_ty), mask=mask_h)
-        tl.store(dst + 1, (acc_odd / safe_l[:, None]).to(out_ptr.dtype.element_ty), mask=mask_h)
-    else:
-        tl.store(
-            out_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-            (acc / safe_l[:, None]).to(out_ptr.dtype.element_ty),
-            mask=mask_m[:, None] & mask_d[None, :],
-        )
+    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(
+        out_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=mask_m[:, None] & mask_d[None, :],
+    )
 
 
 def paged_prefill_attention(
@@ -306,7 +273,8 @@ def paged_prefill_attention(
         QUANT=quant,
         NPACK=npack,
         KV=kv,
-        ASM=(code_mode(q, INT8_PAIRS) & prefill_eo_mask(q.dtype, block_d)) if quant else 0,
+        # no even/odd split here: on an H200 it made the 4k int8 prefill 1.195 ms against 1.035 (BENCHMARKS.md)
+        ASM=(code_mode(q, INT8_PAIRS) & ~4) if quant else 0,
         num_warps=num_warps,
         num_stages=num_stages,
     )

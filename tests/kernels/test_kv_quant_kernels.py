@@ -391,38 +391,6 @@ def test_quant_decode_joined_codes_interpreted(policy: int, monkeypatch: pytest.
     _decode_case([37, 200], 8, 2, 32, 64, torch.float16, policy, "cpu", 20, 2, config=(32, 4, 2))
 
 
-@interpret
-@pytest.mark.parametrize("policy", [8, 4])
-def test_quant_prefill_even_odd_split_interpreted(policy: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # HOTLOOP_KV_SPLIT_EO_PREFILL=1: prefill dots and stores the even and odd head dims apart; a
-    # cached prefix, a window, head_dim not a power of two, and float32 (which ignores the bit)
-    from hotloop.kernels import kv_quant_triton
-
-    monkeypatch.setattr(kv_quant_triton, "SPLIT_EO", True)
-    monkeypatch.setattr(kv_quant_triton, "SPLIT_EO_PREFILL", True)
-    assert kv_quant_triton.prefill_eo_mask(torch.float16, 32) & 4
-    assert not kv_quant_triton.prefill_eo_mask(torch.float32, 32) & 4
-    assert not kv_quant_triton.prefill_eo_mask(torch.float16, 16) & 4
-    _prefill_case([20, 1], [0, 30], 4, 2, 32, 16, torch.float16, policy, "cpu", None)
-    _prefill_case([9, 17], [5, 0], 8, 2, 32, 16, torch.bfloat16, policy, "cpu", 12)
-    _prefill_case([9, 4], [3, 20], 3, 1, 24, 16, torch.float16, policy, "cpu", None)
-    _prefill_case([9, 4], [3, 20], 4, 2, 32, 16, torch.float32, policy, "cpu", None)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("policy", [8, 4])
-@pytest.mark.parametrize("d,h,kv,bs", [(128, 32, 8, 64), (64, 16, 4, 16), (256, 8, 1, 64), (80, 8, 2, 16)])
-def test_quant_prefill_even_odd_split_gpu(
-    d: int, h: int, kv: int, bs: int, policy: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from hotloop.kernels import kv_quant_triton
-
-    monkeypatch.setattr(kv_quant_triton, "SPLIT_EO", True)
-    monkeypatch.setattr(kv_quant_triton, "SPLIT_EO_PREFILL", True)
-    _prefill_case([300, 1, 77], [0, 1031, 64 * 9 + 5], h, kv, d, bs, torch.bfloat16, policy, "cuda", None)
-    _prefill_case([129, 40], [17, 0], h, kv, d, bs, torch.float16, policy, "cuda", 100)
-
-
 # -- dispatch: ops and the attention layer -----------------------------------------------------------
 @interpret
 @pytest.mark.parametrize("policy", [8, 4])
