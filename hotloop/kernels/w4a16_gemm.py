@@ -54,6 +54,7 @@ import triton.language as tl
 
 from hotloop.kernels import tuning_cache
 from hotloop.kernels.launch_math import cdiv
+from hotloop.kernels.w4a16_gemv import lop3_and_or
 from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
 
 PATHS = ("auto", "gemv", "splitk", "tiled")
@@ -101,16 +102,6 @@ def _interleave_columns(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, ROWS: tl.constex
 
 
 @triton.jit
-def _lop3_nibbles(v, magic):
-    """``(v & 0x000F000F) | magic`` in one PTX ``lop3`` (the compiler emits an AND and an OR).
-
-    GPU only: inline PTX does not run in the interpreter."""
-    return tl.inline_asm_elementwise(
-        "lop3.b32 $0, $1, 0x000F000F, $2, 0xEA;", "=r,r,r", [v, magic], dtype=tl.int32, is_pure=True, pack=1
-    )
-
-
-@triton.jit
 def _unpack_awq(
     words,
     ROWS: tl.constexpr,
@@ -144,10 +135,11 @@ def _unpack_awq(
             v3 = ((words >> 12) & 0x000F000F) | magic2
         else:
             m2 = tl.full(words.shape, magic2, tl.int32)
-            v0 = _lop3_nibbles(words, m2)
-            v1 = _lop3_nibbles(words >> 4, m2)
-            v2 = _lop3_nibbles(words >> 8, m2)
-            v3 = _lop3_nibbles(words >> 12, m2)
+            low = tl.full(words.shape, 0x000F000F, tl.int32)
+            v0 = lop3_and_or(words, low, m2)
+            v1 = lop3_and_or(words >> 4, low, m2)
+            v2 = lop3_and_or(words >> 8, low, m2)
+            v3 = lop3_and_or(words >> 12, low, m2)
         return _interleave_columns(
             _as_float(v0, DTYPE),
             _as_float(v1, DTYPE),

@@ -28,11 +28,12 @@ _F32_MAGIC = tl.constexpr(0x4B000000)  # the bits of 2^23; the low 23 bits are t
 
 
 @triton.jit
-def _lop3_nibble(v, magic: tl.constexpr):
-    """``(v & 0xF) | magic`` in one PTX ``lop3`` (GPU only; not for the interpreter)."""
-    m = tl.full(v.shape, magic, tl.int32)
+def lop3_and_or(v, m, c):
+    """``(v & m) | c`` (int32 tensors) in one PTX ``lop3``, where the compiler would emit an AND and
+    an OR (GPU only: inline PTX does not run in the interpreter). Constant ``m`` / ``c`` become
+    immediates in the SASS."""
     return tl.inline_asm_elementwise(
-        "lop3.b32 $0, $1, 0xF, $2, 0xEA;", "=r,r,r", [v, m], dtype=tl.int32, is_pure=True, pack=1
+        "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r", [v, m, c], dtype=tl.int32, is_pure=True, pack=1
     )
 
 
@@ -136,7 +137,8 @@ def _w4a16_gemv_kernel(
         sc = _load_pairs(s_ptr, group * N + offs_w[:, None] * 8, 4, mask_n2)  # [BLOCK_N8, 8]
         zf = (((zw[:, None] >> shifts[None, :]) & 0xF) | _F32_MAGIC).to(tl.float32, bitcast=True)
         if LOP3:  # mask and OR in one PTX instruction (the compiler emits two)
-            fq = _lop3_nibble(w[:, :, None] >> shifts[None, None, :], _F32_MAGIC)
+            v = w[:, :, None] >> shifts[None, None, :]
+            fq = lop3_and_or(v, tl.full(v.shape, 0xF, tl.int32), tl.full(v.shape, _F32_MAGIC, tl.int32))
         else:
             fq = ((w[:, :, None] >> shifts[None, None, :]) & 0xF) | _F32_MAGIC
         f = fq.to(tl.float32, bitcast=True) - zf[None, :, :]  # q - z, exact
@@ -167,14 +169,6 @@ def _w4a16_gemv_kernel(
             if BLOCK_M > 3:
                 _sum_row(out_ptr, ws_ptr, 3, split_k, offs_n, mask_n, M, N, BLOCK_N)
             tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _lop3_and_or(v, m, c):
-    """``(v & m) | c`` in one PTX ``lop3`` (GPU only; not for the interpreter)."""
-    return tl.inline_asm_elementwise(
-        "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r", [v, m, c], dtype=tl.int32, is_pure=True, pack=1
-    )
 
 
 @triton.jit
@@ -239,8 +233,8 @@ def _w4a16_gemv_mask_kernel(
         lo = tl.broadcast_to(w[:, :, None], (BLOCK_K, BLOCK_N8, 4))
         hi = tl.broadcast_to((w >> 16)[:, :, None], (BLOCK_K, BLOCK_N8, 4))
         if LOP3:
-            fe = _lop3_and_or(lo, mask3, magic)
-            fo = _lop3_and_or(hi, mask3, magic)
+            fe = lop3_and_or(lo, mask3, magic)
+            fo = lop3_and_or(hi, mask3, magic)
         else:
             fe = (lo & mask3) | magic
             fo = (hi & mask3) | magic
