@@ -14,9 +14,10 @@ then all its scales and zeros,
 
     block = [ codes [block_size, num_kv_heads, packed] | (scale, zero) [block_size, num_kv_heads] ]
 
-so that every row of codes starts on a multiple of 16 bytes (when the packed width is a multiple of 16: head_dim 128 is; 24 or 40 are read with narrower loads) and the
-attention kernels read it with 16-byte loads: with the pair right after each row's codes (132-byte
-rows for int8 at head_dim 128) they could only use 4-byte loads. ``block_views`` gives the two
+so that every row of codes starts on a multiple of 16 bytes when the packed width is a multiple of
+16 (head_dim 128 is; 24 or 40 are read with narrower loads), and the attention kernels read it with
+16-byte loads: with the pair right after each row's codes (132-byte rows for int8 at head_dim 128)
+they could only use 4-byte loads. ``block_views`` gives the two
 regions as tensors; ``to_rows`` / ``from_rows`` convert whole blocks to and from the logical
 ``[codes | scale | zero]`` rows that ``quantize`` makes and ``dequantize`` reads.
 

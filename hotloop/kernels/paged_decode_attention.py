@@ -297,13 +297,13 @@ def decode_config(quant: int, block_d: int, splits: int = 1) -> tuple[int, int, 
     """``(BLOCK_N, num_warps, num_stages)`` of the decode kernel for a cache format, head tile and
     number of context splits (more than one: a small batch, where each program's chain of tiles is
     short and its latency, not bandwidth, sets the time)."""
-    # H200, Llama-3-8B shape (benchmarks/kv_attention_sweep.py, 2026-11-30, codes 16-byte aligned
-    # by kv_quant.py's block layout): int8 (64, 4, 2) 0.261 ms per layer at B=256 x 1k and 0.495 at
-    # B=128 x 4k, like bf16's 0.264 / 0.500 (it was 0.362 / 0.704 with 132-byte rows); int4
-    # (128, 4, 2) 0.332 / 0.621; against (64, 4, 3) 0.332 / 0.643 and 0.350 / 0.684.
+    # H200, Llama-3-8B shape (benchmarks/kv_attention_sweep.py, 2026-11-30, even/odd split dots):
+    # int8 (64, 4, 2) 0.218 ms per layer at B=256 x 1k and 0.404 at B=128 x 4k (bf16 0.264 / 0.500),
+    # against (128, 4, 2) 0.219 / 0.417 and (64, 4, 1) 0.244 / 0.451; int4 (128, 4, 2) 0.194 / 0.363,
+    # against (64, 4, 2) 0.224 / 0.414. Register caps (a fourth entry, maxnreg) were all slower.
     if quant == 8 and block_d <= 128:
-        # batch 1 (16 splits), Llama-3-8B step profile: BLOCK_N 32 0.132 ms for 32 layers, 64 0.149
-        # (bf16 0.136): a 32-token tile's conversion chain is shorter
+        # batch 1 (16 splits), Llama-3-8B step profile before the even/odd split: BLOCK_N 32 0.132 ms
+        # for 32 layers, 64 0.149 (bf16 0.136): a 32-token tile's conversion chain is shorter
         return (32 if splits > 1 else 64), 4, 2
     if quant == 4 and block_d <= 128:
         return 128, 4, 2
