@@ -44,8 +44,9 @@ lane0() {
   echo "attention sweep, joined codes (HOTLOOP_KV_SPLIT_EO=0) rc=$?"
   sed -n '/best per case/,$p' "$out/sweep_joined.log"
 }
+g1=$((ngpu > 1 ? 1 : 0))  # the second lane's GPU
 lane1() {
-  export CUDA_VISIBLE_DEVICES=$((ngpu > 1 ? 1 : 0))
+  export CUDA_VISIBLE_DEVICES=$g1
   bash "$here/run_capacity.sh" kv_int8 "$out/cap" 430
   # batch 1 after the KV-bound run, when lane 0's test compiles no longer load the host
   bash "$here/run_capacity.sh" bs1 "$out/cap" 80
@@ -59,65 +60,45 @@ serve() {  # gpu tag extra-flags...
   echo "[serve_$tag] rc=$?"
   grep -E "Median TTFT|P99 TTFT|Median TPOT|P99 TPOT|Output token throughput|Failed" "$out/serve_$tag.log"
 }
-if [ "$what" = table ]; then
-  table() {
-    CUDA_VISIBLE_DEVICES=0 timeout 560 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf \
-      --only llama3_offline,llama3_offline_b512,llama3_b256_1k,llama3_awq_bs1,llama3_awq_bs1_host_emb
-  }
+table() {
+  CUDA_VISIBLE_DEVICES=0 timeout 560 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf \
+    --only llama3_offline,llama3_offline_b512,llama3_b256_1k,llama3_awq_bs1,llama3_awq_bs1_host_emb
+}
+kv_lane() {  # the KV-bound int8 run, then batch 1 with fp16 and int8 KV
+  export CUDA_VISIBLE_DEVICES=$g1
+  bash "$here/run_capacity.sh" kv_int8 "$out/cap" 450
+  bash "$here/run_capacity.sh" bs1 "$out/cap" 80
+}
+serve_plain() { serve 0 plain; }
+serve_plain_g1() { serve "$g1" plain; }
+serve_jit() { serve "$g1" jit --jit-schedule; }
+lanes() {  # FN0 FN1: side by side on two GPUs, one after the other on one
   if [ "$ngpu" -gt 1 ]; then
-    table >"$out/lane0.txt" 2>&1 &
-    serve 1 plain >"$out/lane1.txt" 2>&1 &
+    "$1" >"$out/lane0.txt" 2>&1 &
+    "$2" >"$out/lane1.txt" 2>&1 &
     wait
   else
-    table >"$out/lane0.txt" 2>&1
-    serve 0 plain >"$out/lane1.txt" 2>&1
+    "$1" >"$out/lane0.txt" 2>&1
+    "$2" >"$out/lane1.txt" 2>&1
   fi
-  tail -12 "$out/lane0.txt"
-  cat "$out/lane1.txt"
-  exit 0
-fi
-if [ "$what" = table_kv ]; then
-  # GPU 0: the run_gpu.py rows as in `table`; GPU 1: the KV-bound int8 run, then batch 1 with fp16
-  # and int8 KV
-  kvlane() {
-    export CUDA_VISIBLE_DEVICES=$((ngpu > 1 ? 1 : 0))
-    bash "$here/run_capacity.sh" kv_int8 "$out/cap" 450
-    bash "$here/run_capacity.sh" bs1 "$out/cap" 80
-  }
-  table() {
-    CUDA_VISIBLE_DEVICES=0 timeout 560 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf \
-      --only llama3_offline,llama3_offline_b512,llama3_b256_1k,llama3_awq_bs1,llama3_awq_bs1_host_emb
-  }
-  if [ "$ngpu" -gt 1 ]; then
-    table >"$out/lane0.txt" 2>&1 &
-    kvlane >"$out/lane1.txt" 2>&1 &
-    wait
-  else
-    table >"$out/lane0.txt" 2>&1
-    kvlane >"$out/lane1.txt" 2>&1
-  fi
-  tail -12 "$out/lane0.txt"
-  cat "$out/lane1.txt"
-  exit 0
-fi
-if [ "$what" = serve ]; then
-  if [ "$ngpu" -gt 1 ]; then
-    serve 0 plain >"$out/lane0.txt" 2>&1 &
-    serve 1 jit --jit-schedule >"$out/lane1.txt" 2>&1 &
-    wait
-  else
-    serve 0 plain >"$out/lane0.txt" 2>&1
-    serve 0 jit --jit-schedule >"$out/lane1.txt" 2>&1
-  fi
-  cat "$out/lane0.txt" "$out/lane1.txt"
-  exit 0
-fi
-if [ "$ngpu" -gt 1 ]; then
-  lane0 >"$out/lane0.txt" 2>&1 &
-  lane1 >"$out/lane1.txt" 2>&1 &
-  wait
-else
-  lane0 >"$out/lane0.txt" 2>&1
-  lane1 >"$out/lane1.txt" 2>&1
-fi
-cat "$out/lane0.txt" "$out/lane1.txt"
+}
+case $what in
+  table)
+    lanes table serve_plain_g1
+    tail -12 "$out/lane0.txt"
+    cat "$out/lane1.txt"
+    ;;
+  table_kv)
+    lanes table kv_lane
+    tail -12 "$out/lane0.txt"
+    cat "$out/lane1.txt"
+    ;;
+  serve)
+    lanes serve_plain serve_jit
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  *)
+    lanes lane0 lane1
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+esac
