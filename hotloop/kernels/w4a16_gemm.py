@@ -71,7 +71,7 @@ TUNE_ENV = "HOTLOOP_W4A16_TUNE"
 _MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400, torch.float32: 0x4B000000}
 _TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 # k rows per 16-bit partial sum of the ``half2`` GEMV (its precision knob: a multiple of 4). Measured
-# on an H200 against float32 dequantize-then-matmul at the four Llama-3-8B shapes, M = 1, activations
+# (an ad-hoc script, not in the repository; test_gpu_gemv_half2 checks the bounds) on an H200 against float32 dequantize-then-matmul at the four Llama-3-8B shapes, M = 1, activations
 # N(0, 1) with 8 outliers of 20 to 50 (max error / max |y|; rms error / rms y):
 #   fp16, 8 rows: max 4.2-8.2e-4, rms 4.5-5.6e-4 (the mask kernel: 2.7-4.0e-4, 2.0-2.1e-4)
 #   bf16, 8 rows: max 3.7-5.9e-3, rms 3.7-4.3e-3 (mask: 2.1-3.0e-3, 1.6-1.7e-3)
@@ -393,7 +393,8 @@ GEMV_MASK_TEMPLATES: tuple[Template, ...] = (
 )
 # the packed 16-bit one-row GEMV (``w4a16_gemv._w4a16_gemv_half2_kernel``; 16-bit activations, so
 # the tuner skips it for float32): 2.4-2.9 (fp16) and 2.7-3.1 (bf16) SASS instructions per weight
-# against the mask kernel's 5.3 (benchmarks/ptxas_report.py gemv). On an H200 (CUDA graph, L2 flushed) the
+# against the mask kernel's 5.3 (benchmarks/ptxas_report.py gemv). On an H200 (CUDA graph, L2 flushed;
+# an ad-hoc script: benchmarks/awq_gemm.py records the tuner's per-candidate times next) the
 # fastest of these took 28.3 us at 4096x28672 and 16.9 us at 14336x4096 where the mask kernel's best
 # took 37.2 and 22.3 (fp16 and bf16 alike), and tied it (9.8-12.5 us) at 4096x6144 and 4096x4096;
 # n512/k64 and n512/k128 with 8 warps were slower everywhere and are left out
