@@ -2,19 +2,24 @@
 
 The choice follows the tensor's device (fixed when the model is built on it), so the CPU path never
 imports Triton and the GPU path never falls back silently. ``set_triton_enabled(False)`` forces the
-reference everywhere (parity debugging); nothing reads the environment here.
+reference everywhere (parity debugging). The one environment switch read here is
+``HOTLOOP_DENSE_GEMV=0``, which turns off the one-row decode path (``one_row_fusion``).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from types import ModuleType
 
 import torch
 
 from hotloop.kernels import reference
 
-_state = {"enabled": importlib.util.find_spec("triton") is not None}
+_state = {
+    "enabled": importlib.util.find_spec("triton") is not None,
+    "one_row": os.environ.get("HOTLOOP_DENSE_GEMV", "1") != "0",
+}
 
 
 def set_triton_enabled(enabled: bool) -> None:
@@ -24,6 +29,17 @@ def set_triton_enabled(enabled: bool) -> None:
 
 def use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and _state["enabled"]
+
+
+def set_one_row_fusion(enabled: bool) -> None:
+    """Turn the one-row decode path on or off (on by default; ``HOTLOOP_DENSE_GEMV=0`` starts it off)."""
+    _state["one_row"] = enabled
+
+
+def one_row_fusion(x: torch.Tensor) -> bool:
+    """Whether a decoder should run the one-row ``x [1, hidden]`` through ``fused_linear`` (batch-1
+    decode on CUDA): the norms, SiLU and residual adds ride in the projections' launches."""
+    return x.shape[0] == 1 and use_triton(x) and _state["one_row"]
 
 
 def _kernel(name: str) -> ModuleType:
@@ -51,6 +67,22 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if use_triton(x):
         return _kernel("silu_and_mul").silu_and_mul(x)
     return reference.silu_and_mul(x)
+
+
+def fused_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+    silu: bool = False,
+) -> torch.Tensor:
+    """A dense projection with its RMSNorm before and its SiLU-and-mul or residual add after: one
+    ``dense_gemv`` launch on CUDA (meant for one row), the unfused reference elsewhere."""
+    fn = _kernel("dense_gemv").dense_gemv if use_triton(x) else reference.fused_linear
+    return fn(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual, silu=silu)
 
 
 def rotary_kv_write(

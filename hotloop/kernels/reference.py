@@ -140,6 +140,28 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def fused_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+    silu: bool = False,
+) -> torch.Tensor:
+    """``epilogue(linear(prologue(x)))`` as the unfused decoder computes it (``kernels/dense_gemv.py``):
+    an optional RMSNorm before, then SiLU-and-mul over ``[gate | up]`` or the residual add after."""
+    if norm_weight is not None:
+        x = rms_norm(x, norm_weight, eps)
+    y = F.linear(x, weight, bias)
+    if silu:
+        y = silu_and_mul(y)
+    if residual is not None:
+        y = y + residual
+    return y
+
+
 def rotary_kv_write(
     q: torch.Tensor,
     k: torch.Tensor,

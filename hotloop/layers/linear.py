@@ -199,6 +199,29 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(self, x)
 
+    @property
+    def is_dense(self) -> bool:
+        """Whether the weight is one plain ``[out, in]`` tensor (unquantized, or dequantized at load)."""
+        return isinstance(self._parameters.get("weight"), torch.Tensor)
+
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        *,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 1e-6,
+        residual: torch.Tensor | None = None,
+        silu: bool = False,
+    ) -> torch.Tensor:
+        """This projection with an RMSNorm before it and a SiLU-and-mul or residual add after it, in
+        one launch (``ops.fused_linear``). Needs ``is_dense``."""
+        if not self.is_dense:
+            raise ValueError("forward_fused needs a dense weight; this layer's is quantized")
+        weight = cast(torch.Tensor, self.weight)
+        return ops.fused_linear(
+            x, weight, self.bias, norm_weight=norm_weight, eps=eps, residual=residual, silu=silu
+        )
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
 
+from hotloop.kernels import ops
 from hotloop.layers.activation import SiluAndMul
 from hotloop.layers.attention import AttentionMetadata, PagedAttention
 from hotloop.layers.embedding import LMHead, VocabEmbedding
@@ -110,8 +111,12 @@ class LlamaAttention(nn.Module):
 
     def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``h [T, hidden]`` -> q ``[T, H*D]``, k and v ``[T, KV*D]`` (q/k normed when the model has it)."""
-        T = h.shape[0]
-        q, k, v = self.qkv_proj.split(self.qkv_proj(h))  # [T, H*D], [T, KV*D], [T, KV*D]
+        return self.split_heads(self.qkv_proj(h))
+
+    def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The fused projection's output ``[T, (H + 2*KV)*D]`` -> q, k, v (q/k normed when the model has it)."""
+        T = qkv.shape[0]
+        q, k, v = self.qkv_proj.split(qkv)  # [T, H*D], [T, KV*D], [T, KV*D]
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q.view(T, self.num_heads, self.head_dim))
             k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
@@ -171,6 +176,26 @@ class LlamaDecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
+    def forward_one_row(
+        self, h: torch.Tensor, cos_sin: CosSin, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """One row (batch-1 decode): the residual stream ``h [1, hidden]`` -> the stream after this
+        layer, in four projection launches with the two norms, SiLU and both residual adds fused in
+        (``Linear.forward_fused``); the same roundings as ``forward``."""
+        attn, mlp = self.self_attn, self.mlp
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        qkv = attn.qkv_proj.forward_fused(h, norm_weight=norm1.weight, eps=norm1.eps)
+        q, k, v = attn.split_heads(qkv)
+        o = attn.attn(q, k, v, kv_cache, meta, cos_sin)
+        h = attn.o_proj.forward_fused(o, residual=h)
+        act = mlp.gate_up_proj.forward_fused(h, norm_weight=norm2.weight, eps=norm2.eps, silu=True)
+        return mlp.down_proj.forward_fused(act, residual=h)
+
+    def dense(self) -> bool:
+        """Whether every projection has a dense weight (``forward_one_row`` needs it)."""
+        attn, mlp = self.self_attn, self.mlp
+        return all(x.is_dense for x in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+
 
 class LlamaModel(nn.Module):
     def __init__(self, args: DecoderArgs, dtype: torch.dtype) -> None:
@@ -179,6 +204,13 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(args, i, dtype) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype)
         self.rotary_emb = RotaryEmbedding(args.head_dim, args.rope)
+        self._dense: bool | None = None
+
+    def dense(self) -> bool:
+        """Whether every layer's projections are dense (decided once, after loading)."""
+        if self._dense is None:
+            self._dense = all(cast(LlamaDecoderLayer, layer).dense() for layer in self.layers)
+        return self._dense
 
     def forward(
         self,
@@ -193,6 +225,10 @@ class LlamaModel(nn.Module):
             raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
         h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [T, hidden]
         cos_sin = self.rotary_emb.cos_sin(positions)  # shared by every layer
+        if ops.one_row_fusion(h) and self.dense():
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                h = cast(LlamaDecoderLayer, layer).forward_one_row(h, cos_sin, kv_cache, meta)
+            return self.norm(h)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h, residual = layer(h, residual, cos_sin, kv_cache, meta)

@@ -1,0 +1,214 @@
+"""The one-row fused dense GEMV (``kernels/dense_gemv.py``) against cuBLAS and the unfused kernels.
+
+For the Llama-3-8B and SmolLM2-135M decoder shapes at M = 1 (batch-1 decode), in bf16:
+
+1. Per projection: ``F.linear`` (cuBLAS, what every other batch runs) against the fused kernel with
+   its fusion (input norm for qkv, residual for o and down, norm + SiLU for gate/up), for every
+   launch in a grid of ``GemvConfig``; the best and the default are named. The floor is the weight
+   bytes over the copy bandwidth measured in the same run.
+2. Per layer (attention left out): the unfused chain as ``LlamaDecoderLayer.forward`` launches it
+   (add + RMSNorm, qkv, o, add + RMSNorm, gate/up, SiLU, down: 7 kernels, cuBLAS adding a split-K
+   reduction to some) against the fused chain (``forward_one_row``: 4 launches), over 8 distinct
+   layers captured in one CUDA graph, per layer.
+
+GPU times: ``w4a16_gemm.graph_time_us`` (calls captured in a CUDA graph, each after an L2 flush,
+less the same graph without them). The per-layer chains are timed without the flush between the
+kernels of a layer (the weights of 8 layers exceed the L2), as a decode step runs them.
+
+    python benchmarks/dense_gemv.py OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+# model -> hidden, qkv out, ffn
+MODELS = {"llama3-8b": (4096, 6144, 14336), "smollm2-135m": (576, 960, 1536)}
+GRID = [
+    (bn, bk, w)
+    for bn, (bk, w) in itertools.product((2, 4, 8, 16), ((256, 2), (512, 4), (1024, 4), (1024, 8), (2048, 8)))
+]
+
+
+def copy_bandwidth(dev: torch.device) -> float:
+    """Device-to-device copy of 1 GiB, bytes read + written per second (best of 5)."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(6):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        best = min(best, s.elapsed_time(e) / 1e3)
+    return 2 * a.numel() / best
+
+
+def projections(hidden: int, qkv: int, ffn: int) -> list[tuple[str, int, int, dict[str, bool]]]:
+    return [
+        ("qkv", qkv, hidden, {"norm": True}),
+        ("o", hidden, hidden, {"res": True}),
+        ("gate_up", ffn, hidden, {"norm": True, "silu": True}),
+        ("down", hidden, ffn, {"res": True}),
+    ]
+
+
+def time_projection(
+    name: str, n: int, k: int, f: dict[str, bool], dev: torch.device, bw: float
+) -> dict[str, Any]:
+    from hotloop.kernels import reference
+    from hotloop.kernels.dense_gemv import GemvConfig, default_config, dense_gemv
+    from hotloop.kernels.w4a16_gemm import graph_time_us
+
+    dt = torch.bfloat16
+    silu, norm, res = f.get("silu", False), f.get("norm", False), f.get("res", False)
+    rows = 2 * n if silu else n
+    x = torch.randn(1, k, device=dev).to(dt)
+    w = (torch.randn(rows, k, device=dev) / k**0.5).to(dt)
+    nw = (torch.rand(k, device=dev) + 0.5).to(dt) if norm else None
+    r = torch.randn(1, n, device=dev).to(dt) if res else None
+    kw: dict[str, Any] = {"norm_weight": nw, "eps": 1e-5, "residual": r, "silu": silu}
+    ref = reference.fused_linear(
+        x.float(),
+        w.float(),
+        norm_weight=None if nw is None else nw.float(),
+        eps=1e-5,
+        residual=None if r is None else r.float(),
+        silu=silu,
+    )
+    floor_us = rows * k * 2 / bw * 1e6
+    cublas_us = graph_time_us(lambda: F.linear(x, w), dev)
+    timed = []
+    for bn, bk, warps in GRID:
+        cfg = GemvConfig(bn, bk, warps)
+        out = dense_gemv(x, w, config=cfg, **kw)
+        err = float((out.double() - ref.double()).norm() / ref.double().norm())
+        us = graph_time_us(lambda cfg=cfg: dense_gemv(x, w, config=cfg, **kw), dev)
+        timed.append({"block_n": bn, "block_k": bk, "num_warps": warps, "us": us, "rel_err": err})
+    best = min(timed, key=lambda t: t["us"])
+    d = default_config(n, k, silu)
+    default = next(
+        t
+        for t in timed
+        if (t["block_n"], t["block_k"], t["num_warps"]) == (d.block_n, d.block_k, d.num_warps)
+    )
+    return {
+        "proj": name,
+        "n": n,
+        "k": k,
+        "fusion": f,
+        "floor_us": floor_us,
+        "cublas_linear_us": cublas_us,
+        "best": best,
+        "default": default,
+        "grid": timed,
+    }
+
+
+def time_layers(
+    hidden: int, qkv: int, ffn: int, dev: torch.device, bw: float, layers: int = 8
+) -> dict[str, Any]:
+    from hotloop.kernels import rms_norm as rn
+    from hotloop.kernels import silu_and_mul as sm
+    from hotloop.kernels.dense_gemv import dense_gemv
+
+    dt = torch.bfloat16
+
+    def mk(rows: int, k: int) -> torch.Tensor:
+        return (torch.randn(rows, k, device=dev) / k**0.5).to(dt)
+
+    ws = [(mk(qkv, hidden), mk(hidden, hidden), mk(2 * ffn, hidden), mk(hidden, ffn)) for _ in range(layers)]
+    n1 = (torch.rand(hidden, device=dev) + 0.5).to(dt)
+    n2 = (torch.rand(hidden, device=dev) + 0.5).to(dt)
+    h0 = torch.randn(1, hidden, device=dev).to(dt)
+    o_in = torch.randn(1, hidden, device=dev).to(dt)  # stands in for attention's output
+
+    def unfused() -> None:
+        h, res = h0, h0
+        for wq, wo, wgu, wd in ws:
+            x, res = rn.rms_norm(h, n1, 1e-5, res)
+            F.linear(x, wq)
+            o = F.linear(o_in, wo)
+            x, res = rn.rms_norm(o, n2, 1e-5, res)
+            h = F.linear(sm.silu_and_mul(F.linear(x, wgu)), wd)
+
+    def fused() -> None:
+        h = h0
+        for wq, wo, wgu, wd in ws:
+            dense_gemv(h, wq, norm_weight=n1, eps=1e-5)
+            h = dense_gemv(o_in, wo, residual=h)
+            a = dense_gemv(h, wgu, norm_weight=n2, eps=1e-5, silu=True)
+            h = dense_gemv(a, wd, residual=h)
+
+    out = {}
+    for name, fn in (("unfused", unfused), ("fused", fused)):
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        g.replay()
+        times = []
+        for _ in range(10):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            g.replay()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e) * 1000 / layers)
+        out[f"{name}_us_per_layer"] = sorted(times)[len(times) // 2]
+    weight_bytes = 2 * (qkv * hidden + hidden * hidden + 2 * ffn * hidden + hidden * ffn)
+    out["floor_us_per_layer"] = weight_bytes / bw * 1e6
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    bw = copy_bandwidth(dev)
+    result: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "host": platform.node(),
+        "copy_GBps": bw / 1e9,
+        "models": {},
+    }
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    for model, (hidden, qkv, ffn) in MODELS.items():
+        rows = []
+        for name, n, k, f in projections(hidden, qkv, ffn):
+            row = time_projection(name, n, k, f, dev, bw)
+            rows.append(row)
+            b, d = row["best"], row["default"]
+            print(
+                f"{model:13s} {name:8s} floor {row['floor_us']:7.1f} us  cuBLAS {row['cublas_linear_us']:7.1f}  "
+                f"fused default {d['us']:7.1f} ({d['block_n']},{d['block_k']},{d['num_warps']})  "
+                f"best {b['us']:7.1f} ({b['block_n']},{b['block_k']},{b['num_warps']}) err {b['rel_err']:.1e}",
+                flush=True,
+            )
+        layer = time_layers(hidden, qkv, ffn, dev, bw)
+        print(
+            f"{model:13s} layer: unfused {layer['unfused_us_per_layer']:.1f} us, fused "
+            f"{layer['fused_us_per_layer']:.1f} us, floor {layer['floor_us_per_layer']:.1f} us",
+            flush=True,
+        )
+        result["models"][model] = {"projections": rows, "layer": layer}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""One-row dense GEMV with its neighbours in the decoder fused in, Triton: the batch-1 decode path.
+
+``y = epilogue(W @ prologue(x) + b)`` for rows ``x [M, K]`` and a dense ``W`` in the ``nn.Linear``
+layout ``[N, K]`` (``[2N, K]`` with ``silu``). One program computes ``BLOCK_N`` outputs of one row
+over the whole of K: no split over K, hence no reduction kernel and no atomics; a row's outputs
+are spread over ``N / BLOCK_N`` programs. W is read once per row, so this is the kernel for M = 1
+(decode at batch 1), where cuBLAS' skinny GEMMs add a split-K reduction kernel per call and the
+neighbouring RMSNorm and SiLU kernels are launches of their own.
+
+What can be fused, each matching the rounding of the unfused kernels (``kernels/reference.py``):
+
+- prologue ``norm_weight``: ``x -> rms_norm(x) * norm_weight``. Every program reads the whole row
+  (``K <= MAX_NORM_K``) for its sum of squares; the row is a few KB, from L2.
+- epilogue ``silu``: W holds ``[gate; up]``; ``y = silu(gate) * up`` (``silu_and_mul``).
+- epilogue ``residual``: ``y = round(W x + b) + residual`` (the decoder's residual add).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous, check_same_device
+from hotloop.kernels.launch_math import cdiv, next_power_of_2
+
+# The norm prologue holds the whole row in registers.
+MAX_NORM_K = 16384
+
+
+@dataclass(frozen=True, slots=True)
+class GemvConfig:
+    """A launch: outputs per program, K per loop step, warps."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k", "num_warps"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"GemvConfig.{name}={v} must be a power of two")
+
+
+@triton.jit
+def _dense_gemv_kernel(
+    x_ptr,  # [M, K]
+    w_ptr,  # [N, K] ([2N, K] with SILU: gate rows, then up rows)
+    b_ptr,  # [N] ([2N] with SILU), read when HAS_BIAS
+    nw_ptr,  # [K], read when NORM
+    r_ptr,  # [M, N], read when RES
+    out_ptr,  # [M, N]
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_rm,
+    stride_om,
+    eps,
+    NORM: tl.constexpr,
+    SILU: tl.constexpr,
+    RES: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EVEN: tl.constexpr,  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks
+    K_POW2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    dt = out_ptr.dtype.element_ty
+    x_row = x_ptr + row * stride_xm
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+
+    rstd = 1.0
+    if NORM:
+        offs_all = tl.arange(0, K_POW2)
+        xa = tl.load(x_row + offs_all, mask=offs_all < K, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(xa * xa, 0) / K + eps)
+
+    gate_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    up_rows = gate_rows + N * stride_wn
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs_k
+        if EVEN:
+            xk = tl.load(x_row + kk)
+        else:
+            xk = tl.load(x_row + kk, mask=kk < K, other=0.0)
+        if NORM:
+            if EVEN:
+                nw = tl.load(nw_ptr + kk)
+            else:
+                nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0)
+            # reference.rms_norm: normalised in float32, rounded, times the weight, rounded
+            xk = ((xk.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
+        xf = xk.to(tl.float32)[None, :]
+        if EVEN:
+            w = tl.load(gate_rows + kk[None, :])
+        else:
+            w = tl.load(gate_rows + kk[None, :], mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)
+        acc += w.to(tl.float32) * xf
+        if SILU:
+            if EVEN:
+                wu = tl.load(up_rows + kk[None, :])
+            else:
+                wu = tl.load(up_rows + kk[None, :], mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)
+            acc_up += wu.to(tl.float32) * xf
+
+    y = tl.sum(acc, 1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    if SILU:
+        up = tl.sum(acc_up, 1)
+        if HAS_BIAS:
+            up += tl.load(b_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        # silu_and_mul: silu rounded to the dtype, then the product rounded
+        gate = y.to(dt).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+        y = act * up.to(dt).to(tl.float32)
+    if RES:
+        res = tl.load(r_ptr + row * stride_rm + offs_n, mask=n_mask, other=0.0)
+        y = y.to(dt).to(tl.float32) + res.to(tl.float32)
+    tl.store(out_ptr + row * stride_om + offs_n, y.to(dt), mask=n_mask)
+
+
+def default_config(n: int, k: int, silu: bool) -> GemvConfig:
+    """The launch for ``n`` outputs over ``k``: 8 outputs (4 with two weight tiles, ``silu``) per
+    program, K steps of up to 512, four warps.
+
+    Timed on an H200 (``benchmarks/dense_gemv.py``) for the Llama-3-8B and SmolLM2 layer shapes."""
+    block_k = min(512, max(16, next_power_of_2(k)))
+    return GemvConfig(block_n=4 if silu else 8, block_k=block_k, num_warps=4)
+
+
+def dense_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+    silu: bool = False,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """``x [M, K]`` -> ``[M, N]``: ``epilogue(weight @ prologue(x) + bias)`` (see the module doc).
+
+    ``weight [N, K]`` (``[2N, K]`` when ``silu``, gate rows first), ``bias [N]`` / ``[2N]``,
+    ``norm_weight [K]``, ``residual [M, N]``; all in x's dtype. Returns a new tensor.
+    """
+    check(x.dim() == 2, f"x must be [M, K], got {tuple(x.shape)}")
+    check(weight.dim() == 2, f"weight must be [N, K], got {tuple(weight.shape)}")
+    check_dtype("x", x, FLOAT_DTYPES)
+    m, k = x.shape
+    rows, wk = weight.shape
+    check(wk == k, f"weight [{rows}, {wk}] does not take x's K={k}")
+    check(weight.dtype == x.dtype, f"weight dtype {weight.dtype} != x dtype {x.dtype}")
+    check_last_contiguous("x", x)
+    check_last_contiguous("weight", weight)
+    extra = {"bias": bias, "norm_weight": norm_weight, "residual": residual}
+    check_same_device(x=x, weight=weight, **{k: v for k, v in extra.items() if v is not None})
+    if silu:
+        check(rows % 2 == 0, f"silu needs [gate; up] weight rows, got an odd {rows}")
+    n = rows // 2 if silu else rows
+    if bias is not None:
+        check(bias.shape == (rows,), f"bias must be [{rows}], got {tuple(bias.shape)}")
+        check(bias.dtype == x.dtype and bias.is_contiguous(), "bias must be contiguous, in x's dtype")
+    if norm_weight is not None:
+        check(norm_weight.shape == (k,), f"norm_weight must be [{k}], got {tuple(norm_weight.shape)}")
+        check(
+            norm_weight.dtype == x.dtype and norm_weight.is_contiguous(), "norm_weight: x's dtype, contiguous"
+        )
+        check(k <= MAX_NORM_K, f"the norm prologue holds the row: K={k} > {MAX_NORM_K}")
+    if residual is not None:
+        check(residual.shape == (m, n), f"residual must be [{m}, {n}], got {tuple(residual.shape)}")
+        check(residual.dtype == x.dtype, f"residual dtype {residual.dtype} != x dtype {x.dtype}")
+        check_last_contiguous("residual", residual)
+    cfg = config or default_config(n, k, silu)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    even = n % cfg.block_n == 0 and k % cfg.block_k == 0
+    _dense_gemv_kernel[(cdiv(n, cfg.block_n), m)](
+        x,
+        weight,
+        bias if bias is not None else weight,
+        norm_weight if norm_weight is not None else weight,
+        residual if residual is not None else out,
+        out,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        out.stride(0),
+        eps,
+        NORM=norm_weight is not None,
+        SILU=silu,
+        RES=residual is not None,
+        HAS_BIAS=bias is not None,
+        EVEN=even,
+        K_POW2=next_power_of_2(k) if norm_weight is not None else 16,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps,
+    )
+    return out

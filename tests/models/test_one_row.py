@@ -1,0 +1,116 @@
+"""The one-row decode path (``LlamaDecoderLayer.forward_one_row``): the norms, SiLU and residual adds
+fused into the projections for a batch of one row, against transformers.
+
+On the CPU the path is forced on (``ops.one_row_fusion``) and runs the torch reference of each fused
+projection; on the GPU it is taken by itself at batch 1 and runs ``kernels/dense_gemv.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_parity import ATOL, CONFIGS, RTOL, PagedRunner, _hf_logits, _hf_model
+
+from hotloop.kernels import ops
+from hotloop.models import llama
+from hotloop.models.loader import load_model
+
+# bias everywhere, q/k norm, windows, ties, MHA and GQA
+ONE_ROW_CONFIGS = [
+    "llama-gqa",
+    "llama-3heads-1kv-hd32-bias",
+    "mistral-window5",
+    "qwen2-bias-tied-window-off",
+    "qwen3-qknorm-bias-mha",
+]
+
+
+def _count_one_row(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count ``forward_one_row`` calls (one per layer per one-row step)."""
+    calls = [0]
+    real = llama.LlamaDecoderLayer.forward_one_row
+
+    def spy(self: Any, *args: Any) -> torch.Tensor:
+        calls[0] += 1
+        return real(self, *args)
+
+    monkeypatch.setattr(llama.LlamaDecoderLayer, "forward_one_row", spy)
+    return calls
+
+
+def _decode_one_by_one(model: Any, tokens: list[int], prefill: int) -> torch.Tensor:
+    """Prefill ``tokens[:prefill]`` in one step, then feed the rest one token per step; the logits
+    of every position."""
+    runner = PagedRunner(model)
+    parts = [runner.step([("s", tokens[:prefill])])["s"][1]]
+    for i in range(prefill, len(tokens)):
+        parts.append(runner.step([("s", tokens[i : i + 1])])["s"][1])
+    return torch.cat(parts)
+
+
+@pytest.mark.parametrize("name", ONE_ROW_CONFIGS)
+def test_one_row_path_matches_transformers_cpu(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = CONFIGS[name]()
+    hf = _hf_model(config)
+    hf.save_pretrained(tmp_path)
+    model: Any = load_model(tmp_path, torch.float32, "cpu")
+    assert type(model).__name__ == json.loads((tmp_path / "config.json").read_text())["architectures"][0]
+    tokens = torch.randint(0, config.vocab_size, (19,), generator=torch.Generator().manual_seed(3)).tolist()
+    unfused = _decode_one_by_one(model, tokens, prefill=7)
+
+    calls = _count_one_row(monkeypatch)
+    monkeypatch.setattr(ops, "one_row_fusion", lambda x: x.shape[0] == 1)
+    fused = _decode_one_by_one(model, tokens, prefill=7)
+    assert calls[0] == 12 * model.args.num_layers  # every decode step, every layer; not the prefill
+
+    want = _hf_logits(hf, tokens)
+    err = (fused - want).abs().max().item()
+    assert torch.allclose(fused, want, atol=ATOL, rtol=RTOL), f"max abs err {err:.2e}"
+    assert want.std() > 0.3
+    # the same arithmetic as the unfused layer, in the same order: the same bits on the CPU
+    assert torch.equal(fused, unfused)
+
+
+def test_one_row_path_needs_dense_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose projections are not all dense (AWQ on a GPU) keeps the unfused layer."""
+    hf = _hf_model(CONFIGS["llama-gqa"]())
+    hf.save_pretrained(tmp_path)
+    model: Any = load_model(tmp_path, torch.float32, "cpu")
+    assert model.model.dense()
+    del model.model.layers[1].mlp.down_proj._parameters["weight"]  # as an AWQ layer on a GPU
+    model.model._dense = None
+    assert not model.model.dense()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("arch", ["llama_gqa_llama3rope", "qwen2_bias", "qwen3_qknorm"])
+def test_one_row_path_greedy_parity_gpu(
+    arch: str, eager: bool, make_tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One request at a time on the GPU in bf16 (CUDA graphs or eager): every decode step takes the
+    one-row path, and the tokens equal transformers' up to its first near-tie."""
+    from conftest import TINY_ARCHS
+    from test_engine_parity import MAX_NEW, make_prompts, run_engine
+    from test_gpu_parity import hf_greedy_with_margins
+
+    from hotloop.config import EngineConfig
+
+    if arch not in TINY_ARCHS:
+        pytest.skip(f"no tiny {arch}")
+    path = make_tiny_model(arch)
+    prompts = make_prompts(seed=11, n=3)
+    expected = hf_greedy_with_margins(path, prompts, MAX_NEW)
+    calls = _count_one_row(monkeypatch)
+    cfg = EngineConfig(device="cuda", dtype="bfloat16", max_batch_size=1, eager_mode=eager)
+    got, _stats = run_engine(path, cfg, prompts, MAX_NEW)
+    assert calls[0] > 0  # (graph replays do not call it: capture and eager steps do)
+    for i, (g, (e, tie)) in enumerate(zip(got, expected, strict=True)):
+        assert g[:tie] == e[:tie], f"prompt {i}: {g} != {e} (first near-tie at {tie})"
