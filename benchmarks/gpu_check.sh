@@ -7,6 +7,9 @@
 #                                                 # --jit-schedule on GPU 1, side by side
 #   bash benchmarks/gpu_check.sh OUT_DIR table_kv # GPU 0 as in `table`; GPU 1 the KV-bound int8
 #                                                 # run and batch 1 with fp16 and int8 KV
+#   bash benchmarks/gpu_check.sh OUT_DIR one_row  # the one-row decode path's GPU tests and
+#                                                 # benchmarks/dense_gemv.py on GPU 0; batch 1 with
+#                                                 # HOTLOOP_DENSE_GEMV=1 then 0 on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -69,6 +72,28 @@ kv_lane() {  # the KV-bound int8 run, then batch 1 with fp16 and int8 KV
   bash "$here/run_capacity.sh" kv_int8 "$out/cap" 450
   bash "$here/run_capacity.sh" bs1 "$out/cap" 80
 }
+one_row_tests() {  # the one-row decode path: its GPU tests, then the GEMV against cuBLAS per shape
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_dense_gemv.py \
+    tests/models/test_one_row.py tests/api/test_gpu_parity.py >"$out/one_row_tests.log" 2>&1
+  echo "one-row GPU tests rc=$?"
+  tail -15 "$out/one_row_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  timeout 330 python3 "$here/dense_gemv.py" "$out/dense_gemv.json" 2>&1
+}
+one_row_bs1() {  # batch 1, Llama-3-8B and SmolLM2-135M shapes, the one-row path on, then off
+  export CUDA_VISIBLE_DEVICES=$g1
+  local m on
+  for m in llama3-8b smollm2-135m; do
+    for on in 1 0; do
+      HOTLOOP_DENSE_GEMV=$on timeout 150 python3 -m hotloop.bench.offline latency --model "$m" \
+        --load-format dummy --dtype bfloat16 --batch-size 1 --input-len 128 --output-len 512 \
+        --num-iters 3 --session-len 2048 --max-batch-size 8 \
+        --output-json "$out/bs1_${m}_gemv$on.json" >"$out/bs1_${m}_gemv$on.log" 2>&1
+      echo "[bs1 $m HOTLOOP_DENSE_GEMV=$on] rc=$? $(grep -o '"decode_tokens_per_s": [0-9.]*' \
+        "$out/bs1_${m}_gemv$on.json" 2>/dev/null)"
+    done
+  done
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -92,6 +117,10 @@ case $what in
     lanes table kv_lane
     tail -12 "$out/lane0.txt"
     cat "$out/lane1.txt"
+    ;;
+  one_row)
+    lanes one_row_tests one_row_bs1
+    cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   serve)
     lanes serve_plain serve_jit
