@@ -36,7 +36,7 @@ MODELS = {"llama3-8b": (4096, 6144, 14336), "smollm2-135m": (576, 960, 1536)}
 GRID = [
     (bn, bk, w)
     for bn, (bk, w) in itertools.product((2, 4, 8, 16), ((256, 2), (512, 4), (1024, 4), (1024, 8), (2048, 8)))
-]
+] + [(1, 2048, 8), (2, 4096, 8), (4, 512, 2), (1, 1024, 4)]
 
 
 def copy_bandwidth(dev: torch.device) -> float:

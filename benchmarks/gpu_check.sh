@@ -93,6 +93,9 @@ one_row_bs1() {  # batch 1, Llama-3-8B and SmolLM2-135M shapes, the one-row path
         "$out/bs1_${m}_gemv$on.json" 2>/dev/null)"
     done
   done
+  timeout 120 python3 "$here/profile_step.py" --out "$out/profile_bs1.json" --cases "1@128" \
+    >"$out/profile_bs1.log" 2>&1
+  echo "profile decode 1@128 rc=$?"
 }
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }

@@ -76,6 +76,22 @@ def _dense_gemv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
+    gate_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    up_rows = gate_rows + N * stride_wn
+
+    # The weight tiles of the first step are requested before anything waits: the norm's
+    # reduction (a barrier) then overlaps them. In the loop, the next step's tiles are requested
+    # before this step's are used (two steps in flight; the last request is masked off).
+    if EVEN:
+        w = tl.load(gate_rows + offs_k[None, :])
+    else:
+        w = tl.load(gate_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+    wu = w
+    if SILU:
+        if EVEN:
+            wu = tl.load(up_rows + offs_k[None, :])
+        else:
+            wu = tl.load(up_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
 
     rstd = 1.0
     if NORM:
@@ -83,12 +99,19 @@ def _dense_gemv_kernel(
         xa = tl.load(x_row + offs_all, mask=offs_all < K, other=0.0).to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(xa * xa, 0) / K + eps)
 
-    gate_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    up_rows = gate_rows + N * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
+        kn = kk + BLOCK_K
+        if EVEN:
+            next_mask = (kn < K)[None, :]
+        else:
+            next_mask = n_mask[:, None] & (kn < K)[None, :]
+        w_next = tl.load(gate_rows + kn[None, :], mask=next_mask, other=0.0)
+        wu_next = w_next
+        if SILU:
+            wu_next = tl.load(up_rows + kn[None, :], mask=next_mask, other=0.0)
         if EVEN:
             xk = tl.load(x_row + kk)
         else:
@@ -101,17 +124,11 @@ def _dense_gemv_kernel(
             # reference.rms_norm: normalised in float32, rounded, times the weight, rounded
             xk = ((xk.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
         xf = xk.to(tl.float32)[None, :]
-        if EVEN:
-            w = tl.load(gate_rows + kk[None, :])
-        else:
-            w = tl.load(gate_rows + kk[None, :], mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)
         acc += w.to(tl.float32) * xf
         if SILU:
-            if EVEN:
-                wu = tl.load(up_rows + kk[None, :])
-            else:
-                wu = tl.load(up_rows + kk[None, :], mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)
             acc_up += wu.to(tl.float32) * xf
+        w = w_next
+        wu = wu_next
 
     y = tl.sum(acc, 1)
     if HAS_BIAS:
@@ -131,12 +148,17 @@ def _dense_gemv_kernel(
 
 
 def default_config(n: int, k: int, silu: bool) -> GemvConfig:
-    """The launch for ``n`` outputs over ``k``: 8 outputs (4 with two weight tiles, ``silu``) per
-    program, K steps of up to 512, four warps.
+    """The launch for ``n`` outputs over ``k``: few outputs per program (many programs, each with
+    long contiguous rows in flight), the whole of a short K in one step.
 
-    Timed on an H200 (``benchmarks/dense_gemv.py``) for the Llama-3-8B and SmolLM2 layer shapes."""
-    block_k = min(512, max(16, next_power_of_2(k)))
-    return GemvConfig(block_n=4 if silu else 8, block_k=block_k, num_warps=4)
+    From a grid timed on an H200 (``benchmarks/dense_gemv.py``, Llama-3-8B and SmolLM2 layer
+    shapes): two outputs per program and steps of up to 2048 (8 warps at 2048: o, down, and
+    SmolLM2's whole K in one step); four outputs and 256-wide steps over 2 warps for the two tiles
+    of a long gate/up, one step of up to 1024 over 4 warps for a short one."""
+    if silu:
+        return GemvConfig(4, 256, 2) if k > 2048 else GemvConfig(4, min(1024, max(16, next_power_of_2(k))), 4)
+    block_k = min(2048, max(16, next_power_of_2(k)))
+    return GemvConfig(2, block_k, 8 if block_k >= 2048 else 4)
 
 
 def dense_gemv(
