@@ -2,18 +2,22 @@
 
 For the Llama-3-8B and SmolLM2-135M decoder shapes at M = 1 (batch-1 decode), in bf16:
 
-1. Per projection: ``F.linear`` (cuBLAS, what every other batch runs) against the fused kernel with
-   its fusion (input norm for qkv, residual for o and down, norm + SiLU for gate/up), for every
-   launch in a grid of ``GemvConfig``; the best and the default are named. The floor is the weight
-   bytes over the copy bandwidth measured in the same run.
+1. Per projection: ``F.linear`` (cuBLAS) alone, the unfused kernels the decoder launches for it
+   (add + RMSNorm before qkv and gate/up, SiLU after gate/up), and the fused kernel with its fusion
+   (input norm for qkv, residual for o and down, norm + SiLU for gate/up) for every launch in a
+   grid of ``GemvConfig``; the best and the default are named. Each over 8 distinct weights back
+   to back in one CUDA graph, per call. The floor is the weight bytes over the copy bandwidth
+   measured in the same run.
 2. Per layer (attention left out): the unfused chain as ``LlamaDecoderLayer.forward`` launches it
    (add + RMSNorm, qkv, o, add + RMSNorm, gate/up, SiLU, down: 7 kernels, cuBLAS adding a split-K
-   reduction to some) against the fused chain (``forward_one_row``: 4 launches), over 8 distinct
-   layers captured in one CUDA graph, per layer.
+   reduction to some) against the fused chain (``forward_one_row``: 4 launches) and a hybrid
+   (gate/up by cuBLAS with its norm and SiLU kernels, the rest fused), over 8 distinct layers
+   captured in one CUDA graph, per layer.
 
-GPU times: ``w4a16_gemm.graph_time_us`` (calls captured in a CUDA graph, each after an L2 flush,
-less the same graph without them). The per-layer chains are timed without the flush between the
-kernels of a layer (the weights of 8 layers exceed the L2), as a decode step runs them.
+GPU times are CUDA-graph replays (median of 10) with no L2 flush: the distinct weights exceed the
+L2, as a decode step's do. (An L2 flush before each call, as ``w4a16_gemm.graph_time_us`` does,
+added about 10 us to a 56 us call in an earlier version of this script: the flush's dirty lines
+are written back while the next kernel runs.)
 
     python benchmarks/dense_gemv.py OUT.json
 """
@@ -63,38 +67,79 @@ def projections(hidden: int, qkv: int, ffn: int) -> list[tuple[str, int, int, di
     ]
 
 
+def graph_us(fn: Any, calls: int, reps: int = 10) -> float:
+    """Median GPU time per call of ``fn()`` (which makes ``calls`` calls), captured in a CUDA graph."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1000 / calls)
+    return sorted(times)[reps // 2]
+
+
 def time_projection(
-    name: str, n: int, k: int, f: dict[str, bool], dev: torch.device, bw: float
+    name: str, n: int, k: int, f: dict[str, bool], dev: torch.device, bw: float, copies: int = 8
 ) -> dict[str, Any]:
+    """Each launch over ``copies`` distinct weights back to back in one graph (as a decode step
+    runs the layers: cold weights, no flush in between), per call."""
     from hotloop.kernels import reference
+    from hotloop.kernels import rms_norm as rn
+    from hotloop.kernels import silu_and_mul as sm
     from hotloop.kernels.dense_gemv import GemvConfig, default_config, dense_gemv
-    from hotloop.kernels.w4a16_gemm import graph_time_us
 
     dt = torch.bfloat16
     silu, norm, res = f.get("silu", False), f.get("norm", False), f.get("res", False)
     rows = 2 * n if silu else n
     x = torch.randn(1, k, device=dev).to(dt)
-    w = (torch.randn(rows, k, device=dev) / k**0.5).to(dt)
+    ws = [(torch.randn(rows, k, device=dev) / k**0.5).to(dt) for _ in range(copies)]
     nw = (torch.rand(k, device=dev) + 0.5).to(dt) if norm else None
     r = torch.randn(1, n, device=dev).to(dt) if res else None
     kw: dict[str, Any] = {"norm_weight": nw, "eps": 1e-5, "residual": r, "silu": silu}
     ref = reference.fused_linear(
         x.float(),
-        w.float(),
+        ws[0].float(),
         norm_weight=None if nw is None else nw.float(),
         eps=1e-5,
         residual=None if r is None else r.float(),
         silu=silu,
     )
     floor_us = rows * k * 2 / bw * 1e6
-    cublas_us = graph_time_us(lambda: F.linear(x, w), dev)
+
+    def cublas() -> None:
+        for w in ws:
+            F.linear(x, w)
+
+    def unfused() -> None:
+        # what LlamaDecoderLayer.forward launches for this projection: the add + norm before qkv
+        # and gate/up, SiLU after gate/up; the residual add rides in the next norm
+        for w in ws:
+            h = rn.rms_norm(x, nw, 1e-5, x)[0] if nw is not None else x
+            y = F.linear(h, w)
+            if silu:
+                sm.silu_and_mul(y)
+
     timed = []
     for bn, bk, warps in GRID:
         cfg = GemvConfig(bn, bk, warps)
-        out = dense_gemv(x, w, config=cfg, **kw)
+        out = dense_gemv(x, ws[0], config=cfg, **kw)
         err = float((out.double() - ref.double()).norm() / ref.double().norm())
-        us = graph_time_us(lambda cfg=cfg: dense_gemv(x, w, config=cfg, **kw), dev)
-        timed.append({"block_n": bn, "block_k": bk, "num_warps": warps, "us": us, "rel_err": err})
+
+        def fused(cfg: GemvConfig = cfg) -> None:
+            for w in ws:
+                dense_gemv(x, w, config=cfg, **kw)
+
+        timed.append(
+            {"block_n": bn, "block_k": bk, "num_warps": warps, "us": graph_us(fused, copies), "rel_err": err}
+        )
     best = min(timed, key=lambda t: t["us"])
     d = default_config(n, k, silu)
     default = next(
@@ -108,7 +153,8 @@ def time_projection(
         "k": k,
         "fusion": f,
         "floor_us": floor_us,
-        "cublas_linear_us": cublas_us,
+        "cublas_linear_us": graph_us(cublas, copies),
+        "unfused_us": graph_us(unfused, copies),
         "best": best,
         "default": default,
         "grid": timed,
@@ -150,23 +196,16 @@ def time_layers(
             a = dense_gemv(h, wgu, norm_weight=n2, eps=1e-5, silu=True)
             h = dense_gemv(a, wd, residual=h)
 
-    out = {}
-    for name, fn in (("unfused", unfused), ("fused", fused)):
-        fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay()
-        times = []
-        for _ in range(10):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            g.replay()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e) * 1000 / layers)
-        out[f"{name}_us_per_layer"] = sorted(times)[len(times) // 2]
+    def hybrid() -> None:  # gate/up through cuBLAS (its own norm and SiLU kernels), the rest fused
+        h = h0
+        for wq, wo, wgu, wd in ws:
+            dense_gemv(h, wq, norm_weight=n1, eps=1e-5)
+            h = dense_gemv(o_in, wo, residual=h)
+            a = sm.silu_and_mul(F.linear(rn.rms_norm(h, n2, 1e-5)[0], wgu))
+            h = dense_gemv(a, wd, residual=h)
+
+    variants = (("unfused", unfused), ("fused", fused), ("hybrid_gate_up_cublas", hybrid))
+    out = {f"{name}_us_per_layer": graph_us(fn, layers) for name, fn in variants}
     weight_bytes = 2 * (qkv * hidden + hidden * hidden + 2 * ffn * hidden + hidden * ffn)
     out["floor_us_per_layer"] = weight_bytes / bw * 1e6
     return out
@@ -194,6 +233,7 @@ def main() -> None:
             b, d = row["best"], row["default"]
             print(
                 f"{model:13s} {name:8s} floor {row['floor_us']:7.1f} us  cuBLAS {row['cublas_linear_us']:7.1f}  "
+                f"unfused {row['unfused_us']:7.1f}  "
                 f"fused default {d['us']:7.1f} ({d['block_n']},{d['block_k']},{d['num_warps']})  "
                 f"best {b['us']:7.1f} ({b['block_n']},{b['block_k']},{b['num_warps']}) err {b['rel_err']:.1e}",
                 flush=True,
@@ -201,7 +241,8 @@ def main() -> None:
         layer = time_layers(hidden, qkv, ffn, dev, bw)
         print(
             f"{model:13s} layer: unfused {layer['unfused_us_per_layer']:.1f} us, fused "
-            f"{layer['fused_us_per_layer']:.1f} us, floor {layer['floor_us_per_layer']:.1f} us",
+            f"{layer['fused_us_per_layer']:.1f} us, gate/up by cuBLAS {layer['hybrid_gate_up_cublas_us_per_layer']:.1f}"
+            f" us, floor {layer['floor_us_per_layer']:.1f} us",
             flush=True,
         )
         result["models"][model] = {"projections": rows, "layer": layer}
