@@ -41,6 +41,8 @@ GRID = [
     (bn, bk, w)
     for bn, (bk, w) in itertools.product((2, 4, 8, 16), ((256, 2), (512, 4), (1024, 4), (1024, 8), (2048, 8)))
 ] + [(1, 2048, 8), (2, 4096, 8), (4, 512, 2), (1, 1024, 4)]
+# the same launches without the weights' evict-first hint
+NO_EVICT = [(2, 2048, 8), (4, 256, 2), (2, 1024, 4), (4, 512, 2), (8, 1024, 4)]
 
 
 def copy_bandwidth(dev: torch.device) -> float:
@@ -128,8 +130,8 @@ def time_projection(
                 sm.silu_and_mul(y)
 
     timed = []
-    for bn, bk, warps in GRID:
-        cfg = GemvConfig(bn, bk, warps)
+    for bn, bk, warps, evict in [(*c, True) for c in GRID] + [(*c, False) for c in NO_EVICT]:
+        cfg = GemvConfig(bn, bk, warps, evict)
         out = dense_gemv(x, ws[0], config=cfg, **kw)
         err = float((out.double() - ref.double()).norm() / ref.double().norm())
 
@@ -138,15 +140,13 @@ def time_projection(
                 dense_gemv(x, w, config=cfg, **kw)
 
         timed.append(
-            {"block_n": bn, "block_k": bk, "num_warps": warps, "us": graph_us(fused, copies), "rel_err": err}
-        )
+            {"block_n": bn, "block_k": bk, "num_warps": warps, "evict_first": evict, "rel_err": err,
+             "us": graph_us(fused, copies)}
+        )  # fmt: skip
     best = min(timed, key=lambda t: t["us"])
     d = default_config(n, k, silu)
-    default = next(
-        t
-        for t in timed
-        if (t["block_n"], t["block_k"], t["num_warps"]) == (d.block_n, d.block_k, d.num_warps)
-    )
+    want = (d.block_n, d.block_k, d.num_warps, d.evict_first)
+    default = next(t for t in timed if (t["block_n"], t["block_k"], t["num_warps"], t["evict_first"]) == want)
     return {
         "proj": name,
         "n": n,
@@ -235,7 +235,8 @@ def main() -> None:
                 f"{model:13s} {name:8s} floor {row['floor_us']:7.1f} us  cuBLAS {row['cublas_linear_us']:7.1f}  "
                 f"unfused {row['unfused_us']:7.1f}  "
                 f"fused default {d['us']:7.1f} ({d['block_n']},{d['block_k']},{d['num_warps']})  "
-                f"best {b['us']:7.1f} ({b['block_n']},{b['block_k']},{b['num_warps']}) err {b['rel_err']:.1e}",
+                f"best {b['us']:7.1f} ({b['block_n']},{b['block_k']},{b['num_warps']},{b['evict_first']}) "
+                f"err {b['rel_err']:.1e}",
                 flush=True,
             )
         layer = time_layers(hidden, qkv, ffn, dev, bw)

@@ -32,11 +32,12 @@ MAX_NORM_K = 16384
 
 @dataclass(frozen=True, slots=True)
 class GemvConfig:
-    """A launch: outputs per program, K per loop step, warps."""
+    """A launch: outputs per program, K per loop step, warps, the weights' cache policy."""
 
     block_n: int
     block_k: int
     num_warps: int
+    evict_first: bool = True  # weight loads marked evict-first (each weight is read once per step)
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
@@ -68,6 +69,7 @@ def _dense_gemv_kernel(
     K_POW2: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    EVICT: tl.constexpr,  # the weights' eviction policy ("evict_first" or "")
 ):
     pid_n = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -83,15 +85,25 @@ def _dense_gemv_kernel(
     # reduction (a barrier) then overlaps them. In the loop, the next step's tiles are requested
     # before this step's are used (two steps in flight; the last request is masked off).
     if EVEN:
-        w = tl.load(gate_rows + offs_k[None, :])
+        w = tl.load(gate_rows + offs_k[None, :], eviction_policy=EVICT)
     else:
-        w = tl.load(gate_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+        w = tl.load(
+            gate_rows + offs_k[None, :],
+            mask=n_mask[:, None] & (offs_k < K)[None, :],
+            other=0.0,
+            eviction_policy=EVICT,
+        )
     wu = w
     if SILU:
         if EVEN:
-            wu = tl.load(up_rows + offs_k[None, :])
+            wu = tl.load(up_rows + offs_k[None, :], eviction_policy=EVICT)
         else:
-            wu = tl.load(up_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+            wu = tl.load(
+                up_rows + offs_k[None, :],
+                mask=n_mask[:, None] & (offs_k < K)[None, :],
+                other=0.0,
+                eviction_policy=EVICT,
+            )
 
     rstd = 1.0
     if NORM:
@@ -108,10 +120,10 @@ def _dense_gemv_kernel(
             next_mask = (kn < K)[None, :]
         else:
             next_mask = n_mask[:, None] & (kn < K)[None, :]
-        w_next = tl.load(gate_rows + kn[None, :], mask=next_mask, other=0.0)
+        w_next = tl.load(gate_rows + kn[None, :], mask=next_mask, other=0.0, eviction_policy=EVICT)
         wu_next = w_next
         if SILU:
-            wu_next = tl.load(up_rows + kn[None, :], mask=next_mask, other=0.0)
+            wu_next = tl.load(up_rows + kn[None, :], mask=next_mask, other=0.0, eviction_policy=EVICT)
         if EVEN:
             xk = tl.load(x_row + kk)
         else:
@@ -231,6 +243,7 @@ def dense_gemv(
         K_POW2=next_power_of_2(k) if norm_weight is not None else 16,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
+        EVICT="evict_first" if cfg.evict_first else "",
         num_warps=cfg.num_warps,
     )
     return out
