@@ -144,7 +144,7 @@ def time_projection(
              "us": graph_us(fused, copies)}
         )  # fmt: skip
     best = min(timed, key=lambda t: t["us"])
-    d = default_config(n, k, silu)
+    d = default_config(n, k, silu, norm)
     want = (d.block_n, d.block_k, d.num_warps, d.evict_first)
     default = next(t for t in timed if (t["block_n"], t["block_k"], t["num_warps"], t["evict_first"]) == want)
     return {

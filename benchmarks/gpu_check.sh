@@ -10,6 +10,9 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR one_row  # the one-row decode path's GPU tests and
 #                                                 # benchmarks/dense_gemv.py on GPU 0; batch 1 with
 #                                                 # HOTLOOP_DENSE_GEMV=1 then 0 on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR one_row_table  # its GPU tests and run_gpu.py's batch-1
+#                                                 # rows on GPU 0; batch 1 with fp16 / int8 KV
+#                                                 # (twice, then without the path) on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -97,6 +100,20 @@ one_row_bs1() {  # batch 1, Llama-3-8B and SmolLM2-135M shapes, the one-row path
     >"$out/profile_bs1.log" 2>&1
   echo "profile decode 1@128 rc=$?"
 }
+one_row_rows() {  # the one-row path's GPU tests, then the batch-1 rows of run_gpu.py
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_dense_gemv.py \
+    tests/models/test_one_row.py tests/api/test_gpu_parity.py >"$out/one_row_tests.log" 2>&1
+  echo "one-row GPU tests rc=$?"
+  tail -15 "$out/one_row_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  timeout 300 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf --only llama3_bs1,smollm2_bs1 2>&1 | tail -14
+}
+one_row_kv() {  # batch 1 with fp16 and int8 KV (issue 6), twice, then the 8B row without the path
+  export CUDA_VISIBLE_DEVICES=$g1
+  bash "$here/run_capacity.sh" bs1 "$out/cap" 80
+  bash "$here/run_capacity.sh" bs1 "$out/cap2" 80
+  HOTLOOP_DENSE_GEMV=0 bash "$here/run_capacity.sh" bs1 "$out/cap_nogemv" 80
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -120,6 +137,10 @@ case $what in
     lanes table kv_lane
     tail -12 "$out/lane0.txt"
     cat "$out/lane1.txt"
+    ;;
+  one_row_table)
+    lanes one_row_rows one_row_kv
+    cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   one_row)
     lanes one_row_tests one_row_bs1
