@@ -14,6 +14,9 @@ For the Llama-3-8B and SmolLM2-135M decoder shapes at M = 1 (batch-1 decode), in
    (gate/up by cuBLAS with its norm and SiLU kernels, the rest fused), over 8 distinct layers
    captured in one CUDA graph, per layer.
 
+Launches use programmatic dependent launch where the GPU and Triton have it (``HOTLOOP_PDL``);
+the fused layer chain is also timed without it.
+
 GPU times are CUDA-graph replays (median of 10) with no L2 flush: the distinct weights exceed the
 L2, as a decode step's do. (An L2 flush before each call, as ``w4a16_gemm.graph_time_us`` does,
 added about 10 us to a 56 us call in an earlier version of this script: the flush's dirty lines
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -164,6 +168,7 @@ def time_projection(
 def time_layers(
     hidden: int, qkv: int, ffn: int, dev: torch.device, bw: float, layers: int = 8
 ) -> dict[str, Any]:
+    from hotloop.kernels import dense_gemv as dg
     from hotloop.kernels import rms_norm as rn
     from hotloop.kernels import silu_and_mul as sm
     from hotloop.kernels.dense_gemv import dense_gemv
@@ -206,6 +211,12 @@ def time_layers(
 
     variants = (("unfused", unfused), ("fused", fused), ("hybrid_gate_up_cublas", hybrid))
     out = {f"{name}_us_per_layer": graph_us(fn, layers) for name, fn in variants}
+    out["pdl"] = dg.pdl_enabled(dev)
+    os.environ["HOTLOOP_PDL"] = "0"  # the fused chain again, each launch waiting for the one before
+    dg._pdl_cache.clear()
+    out["fused_no_pdl_us_per_layer"] = graph_us(fused, layers)
+    del os.environ["HOTLOOP_PDL"]
+    dg._pdl_cache.clear()
     weight_bytes = 2 * (qkv * hidden + hidden * hidden + 2 * ffn * hidden + hidden * ffn)
     out["floor_us_per_layer"] = weight_bytes / bw * 1e6
     return out
@@ -242,7 +253,9 @@ def main() -> None:
         layer = time_layers(hidden, qkv, ffn, dev, bw)
         print(
             f"{model:13s} layer: unfused {layer['unfused_us_per_layer']:.1f} us, fused "
-            f"{layer['fused_us_per_layer']:.1f} us, gate/up by cuBLAS {layer['hybrid_gate_up_cublas_us_per_layer']:.1f}"
+            f"{layer['fused_us_per_layer']:.1f} us (PDL {layer['pdl']}; "
+            f"{layer['fused_no_pdl_us_per_layer']:.1f} without), "
+            f"gate/up by cuBLAS {layer['hybrid_gate_up_cublas_us_per_layer']:.1f}"
             f" us, floor {layer['floor_us_per_layer']:.1f} us",
             flush=True,
         )
