@@ -83,17 +83,17 @@ one_row_tests() {  # the one-row decode path: its GPU tests, then the GEMV again
   tail -15 "$out/one_row_tests.log" | grep -E "passed|failed|FAILED|ERROR"
   timeout 330 python3 "$here/dense_gemv.py" "$out/dense_gemv.json" 2>&1
 }
-one_row_bs1() {  # batch 1, Llama-3-8B and SmolLM2-135M shapes, the one-row path on, then off
+one_row_bs1() {  # batch 1, Llama-3-8B and SmolLM2-135M shapes: the one-row path, without PDL, off
   export CUDA_VISIBLE_DEVICES=$g1
-  local m on
+  local m v
   for m in llama3-8b smollm2-135m; do
-    for on in 1 0; do
-      HOTLOOP_DENSE_GEMV=$on timeout 150 python3 -m hotloop.bench.offline latency --model "$m" \
-        --load-format dummy --dtype bfloat16 --batch-size 1 --input-len 128 --output-len 512 \
-        --num-iters 3 --session-len 2048 --max-batch-size 8 \
-        --output-json "$out/bs1_${m}_gemv$on.json" >"$out/bs1_${m}_gemv$on.log" 2>&1
-      echo "[bs1 $m HOTLOOP_DENSE_GEMV=$on] rc=$? $(grep -o '"decode_tokens_per_s": [0-9.]*' \
-        "$out/bs1_${m}_gemv$on.json" 2>/dev/null)"
+    for v in "gemv1 1 1" "gemv1_nopdl 1 0" "gemv0 0 1"; do
+      set -- $v
+      HOTLOOP_DENSE_GEMV=$2 HOTLOOP_PDL=$3 timeout 150 python3 -m hotloop.bench.offline latency \
+        --model "$m" --load-format dummy --dtype bfloat16 --batch-size 1 --input-len 128 \
+        --output-len 512 --num-iters 3 --session-len 2048 --max-batch-size 8 \
+        --output-json "$out/bs1_${m}_$1.json" >"$out/bs1_${m}_$1.log" 2>&1
+      echo "[bs1 $m $1] rc=$? $(grep -o '"decode_tokens_per_s": [0-9.]*' "$out/bs1_${m}_$1.json" 2>/dev/null)"
     done
   done
   timeout 120 python3 "$here/profile_step.py" --out "$out/profile_bs1.json" --cases "1@128" \
