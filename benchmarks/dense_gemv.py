@@ -168,7 +168,7 @@ def time_projection(
 def time_layers(
     hidden: int, qkv: int, ffn: int, dev: torch.device, bw: float, layers: int = 8
 ) -> dict[str, Any]:
-    from hotloop.kernels import dense_gemv as dg
+    from hotloop.kernels import pdl
     from hotloop.kernels import rms_norm as rn
     from hotloop.kernels import silu_and_mul as sm
     from hotloop.kernels.dense_gemv import dense_gemv
@@ -211,12 +211,12 @@ def time_layers(
 
     variants = (("unfused", unfused), ("fused", fused), ("hybrid_gate_up_cublas", hybrid))
     out = {f"{name}_us_per_layer": graph_us(fn, layers) for name, fn in variants}
-    out["pdl"] = dg.pdl_enabled(dev)
+    out["pdl"] = pdl.pdl_enabled(dev)
     os.environ["HOTLOOP_PDL"] = "0"  # the fused chain again, each launch waiting for the one before
-    dg._pdl_cache.clear()
+    pdl.reset()
     out["fused_no_pdl_us_per_layer"] = graph_us(fused, layers)
     del os.environ["HOTLOOP_PDL"]
-    dg._pdl_cache.clear()
+    pdl.reset()
     weight_bytes = 2 * (qkv * hidden + hidden * hidden + 2 * ffn * hidden + hidden * ffn)
     out["floor_us_per_layer"] = weight_bytes / bw * 1e6
     return out

@@ -13,6 +13,9 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR one_row_table  # its GPU tests and run_gpu.py's batch-1
 #                                                 # rows on GPU 0; batch 1 with fp16 / int8 KV
 #                                                 # (twice, then without the path) on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR pdl      # every GPU test, batch 1 fp16 / int8 KV on GPU 0;
+#                                                 # batch 1 and the batch-256 step with
+#                                                 # HOTLOOP_PDL=1 then 0 on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -114,6 +117,32 @@ one_row_kv() {  # batch 1 with fp16 and int8 KV (issue 6), twice, then the 8B ro
   bash "$here/run_capacity.sh" bs1 "$out/cap2" 80
   HOTLOOP_DENSE_GEMV=0 bash "$here/run_capacity.sh" bs1 "$out/cap_nogemv" 80
 }
+pdl_tests() {  # every GPU test with PDL in the decode step's kernels, then batch 1 with fp16 / int8 KV
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 250 python3 -m pytest -m gpu -n 8 tests --ignore=tests/cli -q -rfE -p no:cacheprovider \
+    >"$out/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?"
+  tail -15 "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  bash "$here/run_capacity.sh" bs1 "$out/cap" 80
+}
+pdl_ab() {  # batch 1 (8B, SmolLM2) and the batch-256 step, PDL on then off
+  export CUDA_VISIBLE_DEVICES=$g1
+  local m p
+  for m in llama3-8b smollm2-135m; do
+    for p in 1 0; do
+      HOTLOOP_PDL=$p timeout 150 python3 -m hotloop.bench.offline latency --model "$m" --load-format dummy \
+        --dtype bfloat16 --batch-size 1 --input-len 128 --output-len 512 --num-iters 3 --session-len 2048 \
+        --max-batch-size 8 --output-json "$out/bs1_${m}_pdl$p.json" >"$out/bs1_${m}_pdl$p.log" 2>&1
+      echo "[bs1 $m HOTLOOP_PDL=$p] rc=$? $(grep -o '"decode_tokens_per_s": [0-9.]*' "$out/bs1_${m}_pdl$p.json")"
+    done
+  done
+  for p in 1 0; do
+    HOTLOOP_PDL=$p timeout 150 python3 -m hotloop.bench.offline latency --model llama3-8b --load-format dummy \
+      --dtype bfloat16 --batch-size 256 --input-len 1024 --output-len 32 --num-iters 1 --session-len 2048 \
+      --max-batch-size 256 --max-prefill-token-num 16384 --output-json "$out/b256_pdl$p.json" >"$out/b256_pdl$p.log" 2>&1
+    echo "[b256 HOTLOOP_PDL=$p] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*' "$out/b256_pdl$p.json")"
+  done
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -140,6 +169,10 @@ case $what in
     ;;
   one_row_table)
     lanes one_row_rows one_row_kv
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  pdl)
+    lanes pdl_tests pdl_ab
     cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   one_row)

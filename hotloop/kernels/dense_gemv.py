@@ -14,14 +14,12 @@ What can be fused, each matching the rounding of the unfused kernels (``kernels/
 - epilogue ``silu``: W holds ``[gate; up]``; ``y = silu(gate) * up`` (``silu_and_mul``).
 - epilogue ``residual``: ``y = round(W x + b) + residual`` (the decoder's residual add).
 
-On Hopper the launches are programmatic dependents (PDL): a GEMV may start while the kernel before
-it drains, requesting its first weight tiles before it waits for that kernel's output.
+On Hopper the launches are programmatic dependents (``kernels/pdl.py``): a GEMV may start while the
+kernel before it drains, requesting its first weight tiles before it waits for that kernel's output.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
@@ -30,55 +28,10 @@ import triton.language as tl
 
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous, check_same_device
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
+from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
 
 # The norm prologue holds the whole row in registers.
 MAX_NORM_K = 16384
-
-# Programmatic dependent launch (Hopper and later): a launch may start while the kernel before it
-# finishes; it requests its first weight tiles (which no kernel writes), then waits for the kernel
-# before it (``gdc_wait``) before it reads x, the residual, or writes. Off under the interpreter,
-# where Triton lacks it, or with HOTLOOP_PDL=0.
-try:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-    _HAS_GDC = True
-except ImportError:  # an older Triton
-    _HAS_GDC = False
-
-    @triton.jit
-    def gdc_wait():  # type: ignore[no-redef]
-        pass
-
-    @triton.jit
-    def gdc_launch_dependents():  # type: ignore[no-redef]
-        pass
-
-
-def _launch_takes_pdl() -> bool:
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:
-        return False
-    return "launch_pdl" in {f.name for f in dataclasses.fields(CUDAOptions)}
-
-
-_pdl_cache: dict[int, bool] = {}
-
-
-def _pdl(device: torch.device) -> bool:
-    index = device.index if device.index is not None else -1
-    if index not in _pdl_cache:
-        _pdl_cache[index] = pdl_enabled(device)
-    return _pdl_cache[index]
-
-
-def pdl_enabled(device: torch.device) -> bool:
-    """Whether launches on ``device`` use programmatic dependent launch (sm_90 and later)."""
-    if os.environ.get("HOTLOOP_PDL", "1") == "0" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    if not (_HAS_GDC and device.type == "cuda" and _launch_takes_pdl()):
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +237,7 @@ def dense_gemv(
     if m == 0 or n == 0:
         return out
     even = n % cfg.block_n == 0 and k % cfg.block_k == 0
-    pdl = _pdl(x.device)
+    use_pdl = pdl(x.device)
     _dense_gemv_kernel[(cdiv(n, cfg.block_n), m)](
         x,
         weight,
@@ -308,8 +261,8 @@ def dense_gemv(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVICT="evict_first" if cfg.evict_first else "",
-        PDL=pdl,
+        PDL=use_pdl,
         num_warps=cfg.num_warps,
-        **({"launch_pdl": True} if pdl else {}),
+        **launch_kwargs(x.device),
     )
     return out

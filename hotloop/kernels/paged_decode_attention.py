@@ -44,6 +44,7 @@ from hotloop.kernels.kv_quant_triton import (
     to_dot_dtype,
 )
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
+from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 16
@@ -84,7 +85,11 @@ def _decode_kernel(
     KV: tl.constexpr,  # KV heads (a quantized block is [BS, KV] codes, then [BS, KV] scale/zero pairs)
     ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs,
     # bit 4 even/odd split dots (kv_quant_triton.code_mode_bits)
+    PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -237,7 +242,11 @@ def _merge_kernel(
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -366,6 +375,7 @@ def paged_decode_attention(
         v_cache.stride(),
         block_tables.stride(),
     )
+    use_pdl = pdl(q.device)
     _decode_kernel[(B, kv, splits)](
         q,
         k_cache,
@@ -398,9 +408,11 @@ def paged_decode_attention(
         NPACK=npack,
         KV=kv,
         ASM=(code_mode(q, INT8_PAIRS) & split_eo_mask(q.dtype, block_d)) if quant else 0,
+        PDL=use_pdl,
         num_warps=num_warps,
         num_stages=num_stages,
         maxnreg=maxnreg,
+        **launch_kwargs(q.device),
     )
     if splits > 1:
         _merge_kernel[(B, H)](
@@ -414,6 +426,8 @@ def paged_decode_attention(
             NUM_SPLITS=splits,
             BLOCK_S=max(2, next_power_of_2(splits)),
             BLOCK_D=block_d,
+            PDL=use_pdl,
             num_warps=4,
+            **launch_kwargs(q.device),
         )
     return out

@@ -12,6 +12,7 @@ import triton.language as tl
 
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
 from hotloop.kernels.launch_math import next_power_of_2
+from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
 
 
 @triton.jit
@@ -29,7 +30,11 @@ def _rms_norm_kernel(
     C: tl.constexpr,
     HAS_RES: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < C
@@ -80,6 +85,8 @@ def rms_norm(
             C=C,
             HAS_RES=residual is not None,
             BLOCK=block,
+            PDL=pdl(x.device),
             num_warps=min(16, max(1, block // 256)),
+            **launch_kwargs(x.device),
         )
     return out.view(x.shape), None if res_out is None else res_out.view(x.shape)

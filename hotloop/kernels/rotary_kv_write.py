@@ -21,6 +21,7 @@ from hotloop.kernels import kv_quant
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
 from hotloop.kernels.kv_quant_triton import block_packed, quant_codes, quant_params, quant_rows
 from hotloop.kernels.launch_math import next_power_of_2
+from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
 
 
 @triton.jit
@@ -134,7 +135,11 @@ def _rotary_kv_kernel(
     NPACK: tl.constexpr,  # packed bytes of a quantized row
     BLOCK_P: tl.constexpr,
     SCALE_BITS: tl.constexpr,  # width of the model dtype (scale and zero)
+    PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0)
     # one program per (token, part): q's rotation, k's write and v's write run side by side (at
     # batch 1 a single program did them one after another, and a quantized write's reductions made
@@ -316,9 +321,11 @@ def _launch(
         NPACK=npack,
         BLOCK_P=block_packed(npack),
         SCALE_BITS=8 * k.element_size(),
+        PDL=pdl(q.device),
         num_warps=4,
         # a quantized write must see the reference's rounding of the rotated k: no fma contraction
         enable_fp_fusion=policy == 0,
+        **launch_kwargs(q.device),
     )
 
 
