@@ -97,14 +97,11 @@ def test_one_row_path_greedy_parity_gpu(
 ) -> None:
     """One request at a time on the GPU in bf16 (CUDA graphs or eager): every decode step takes the
     one-row path, and the tokens equal transformers' up to its first near-tie."""
-    from conftest import TINY_ARCHS
     from test_engine_parity import MAX_NEW, make_prompts, run_engine
     from test_gpu_parity import hf_greedy_with_margins
 
     from hotloop.config import EngineConfig
 
-    if arch not in TINY_ARCHS:
-        pytest.skip(f"no tiny {arch}")
     path = make_tiny_model(arch)
     prompts = make_prompts(seed=11, n=3)
     expected = hf_greedy_with_margins(path, prompts, MAX_NEW)
