@@ -97,7 +97,7 @@ def test_one_row_path_greedy_parity_gpu(
 ) -> None:
     """One request at a time on the GPU in bf16 (CUDA graphs or eager): every decode step takes the
     one-row path, and the tokens equal transformers' up to its first near-tie."""
-    from test_engine_parity import MAX_NEW, make_prompts, run_engine
+    from test_engine_parity import MAX_NEW, VARIANTS, make_prompts, run_engine
     from test_gpu_parity import hf_greedy_with_margins
 
     from hotloop.config import EngineConfig
@@ -106,7 +106,10 @@ def test_one_row_path_greedy_parity_gpu(
     prompts = make_prompts(seed=11, n=3)
     expected = hf_greedy_with_margins(path, prompts, MAX_NEW)
     calls = _count_one_row(monkeypatch)
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", max_batch_size=1, eager_mode=eager)
+    # a small KV cache, as the other GPU engine tests: several run at once on one GPU
+    cfg = EngineConfig(
+        device="cuda", dtype="bfloat16", max_batch_size=1, eager_mode=eager, **VARIANTS["plain"]
+    )
     got, _stats = run_engine(path, cfg, prompts, MAX_NEW)
     assert calls[0] > 0  # (graph replays do not call it: capture and eager steps do)
     for i, (g, (e, tie)) in enumerate(zip(got, expected, strict=True)):
