@@ -93,15 +93,17 @@ def compile_decode(
     t = _TYPES[dtype]
     cache = "*u8" if quant else f"*{t}"
     strides = ["stride_qb", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt",
-               "stride_vh", "stride_bt", "stride_ob", "stride_oh"]  # fmt: skip
+               "stride_vh", "stride_bt", "stride_ob", "stride_oh", "stride_fb", "stride_fh"]  # fmt: skip
     sig = {"q_ptr": f"*{t}", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
-           "seq_lens_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32", "scale_log2": "fp32"}  # fmt: skip
+           "seq_lens_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32", "fin_ptr": f"*{t}",
+           "cnt_ptr": "*i32", "scale_log2": "fp32"}  # fmt: skip
     sig.update({s: "i32" for s in strides})
     default_n, warps, stages, *rest = config or dec.decode_config(quant, D, splits)
     if asm is None:  # what the launcher passes on a GPU
         asm = code_mode_bits(True, dec.INT8_PAIRS) & split_eo_mask(_TORCH[dtype], D)
     consts = {"G": G, "D": D, "BS": bs, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
-              "BLOCK_N": block_n or default_n, "PDL": True, **_cache_consts(quant, dtype, asm)}  # fmt: skip
+              "BLOCK_N": block_n or default_n, "PDL": True, "MERGE": dec.FUSE_MERGE and splits > 1,
+              **_cache_consts(quant, dtype, asm)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
     # a quantized cache's token and head strides (rows of 132 bytes) are not divisible by 16; its
     # kernels use only the block stride

@@ -3,7 +3,8 @@
 One program per (sequence, KV head, split): the ``G = num_heads / num_kv_heads`` query heads of a
 GQA group are the rows of one tile, so each K/V row is read from memory once for the whole group.
 Long contexts are cut into ``num_splits`` ranges that run in parallel (flash-decoding); a second
-kernel merges the partial results by their log-sum-exp. The split count depends only on the batch
+kernel merges the partial results by their log-sum-exp (or, with ``fuse_merge``, the last split of
+each (sequence, KV head) to finish does, counted with an atomic: ``kernels/counters.py``). The split count depends only on the batch
 size, never on the context lengths, so a captured CUDA graph stays valid as sequences grow.
 Sequences with ``seq_len == 0`` (padding rows of a graph) produce zeros.
 
@@ -20,11 +21,13 @@ page, and its rows are addressed from one block-table entry.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-from hotloop.kernels import kv_quant
+from hotloop.kernels import counters, kv_quant
 from hotloop.kernels.checks import (
     FLOAT_DTYPES,
     check,
@@ -60,6 +63,8 @@ def _decode_kernel(
     seq_lens_ptr,  # [B] int32
     out_ptr,  # [B, H, D] (one split) or partial [B, H, S, D] fp32
     lse_ptr,  # [B, H, S] fp32 (unused with one split)
+    fin_ptr,  # [B, H, D]: the merged output (MERGE only)
+    cnt_ptr,  # [B * KV] int32 arrival counters, zero between launches (MERGE only)
     scale_log2,
     stride_qb,
     stride_qh,
@@ -72,6 +77,8 @@ def _decode_kernel(
     stride_bt,
     stride_ob,
     stride_oh,
+    stride_fb,
+    stride_fh,
     G: tl.constexpr,
     D: tl.constexpr,
     BS: tl.constexpr,
@@ -86,6 +93,7 @@ def _decode_kernel(
     ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs,
     # bit 4 even/odd split dots (kv_quant_triton.code_mode_bits)
     PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
+    MERGE: tl.constexpr,  # with splits: the last split of a (sequence, KV head) to finish merges
 ):
     if PDL:
         gdc_wait()
@@ -228,6 +236,59 @@ def _decode_kernel(
             tl.store(out_ptr + row[:, None] * D + offs_d[None, :], o, mask=omask)
         lse = tl.where(l_i > 0.0, m_i + tl.log2(safe_l), float("-inf"))
         tl.store(lse_ptr + row, lse, mask=mask_g)
+        if MERGE:
+            _merge_last(out_ptr, lse_ptr, fin_ptr, cnt_ptr, b, kvh, heads, row - split, mask_g, offs_d,
+                        mask_d, stride_fb, stride_fh, D, NUM_SPLITS, BLOCK_G, BLOCK_D)  # fmt: skip
+
+
+@triton.jit
+def _merge_last(
+    part_ptr,
+    lse_ptr,
+    fin_ptr,
+    cnt_ptr,
+    b,
+    kvh,
+    heads,
+    row0,  # [BLOCK_G]: the group's rows of split 0 in the partials
+    mask_g,
+    offs_d,
+    mask_d,
+    stride_fb,
+    stride_fh,
+    D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Count this split's arrival at its (sequence, KV head); the last of the ``NUM_SPLITS`` to
+    arrive merges the group's partials (as ``_merge_kernel``, splits in order), writes the output and
+    resets the counter. Saves the merge kernel's launch."""
+    tl.debug_barrier()  # every thread's partial and lse are stored before the release below
+    cnt = cnt_ptr + b * tl.num_programs(1) + kvh
+    arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+    if arrived == NUM_SPLITS - 1:
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        for s in range(NUM_SPLITS):
+            m = tl.maximum(
+                m, tl.load(lse_ptr + row0 + s, mask=mask_g, other=float("-inf"), cache_modifier=".cg")
+            )
+        m = tl.where(m == float("-inf"), 0.0, m)
+        denom = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        pmask = mask_g[:, None] & mask_d[None, :]
+        for s in range(NUM_SPLITS):
+            w = tl.exp2(
+                tl.load(lse_ptr + row0 + s, mask=mask_g, other=float("-inf"), cache_modifier=".cg") - m
+            )
+            part = tl.load(part_ptr + (row0 + s)[:, None] * D + offs_d[None, :], mask=pmask, other=0.0,
+                           cache_modifier=".cg")  # fmt: skip
+            denom += w
+            acc += part * w[:, None]
+        o = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
+        dst = fin_ptr + b * stride_fb + heads[:, None] * stride_fh + offs_d[None, :]
+        tl.store(dst, o.to(fin_ptr.dtype.element_ty), mask=pmask)
+        tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -301,6 +362,10 @@ SPLIT_CHOICES = tuple(1 << i for i in range(_MAX_SPLITS.bit_length()))  # 1, 2, 
 # int8 codes read as 16-bit pairs: 0.420 against 0.484 ms per layer with bytes (B=256 x 1k, H200)
 INT8_PAIRS = True
 
+# With splits, the last split to finish merges (``_merge_last``) instead of a second kernel. Off by
+# default until it is timed on a GPU (HOTLOOP_DECODE_FUSED_MERGE=1 turns it on).
+FUSE_MERGE = os.environ.get("HOTLOOP_DECODE_FUSED_MERGE", "0") == "1"
+
 
 def decode_config(quant: int, block_d: int, splits: int = 1) -> tuple[int, int, int]:
     """``(BLOCK_N, num_warps, num_stages)`` of the decode kernel for a cache format, head tile and
@@ -330,6 +395,7 @@ def paged_decode_attention(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     config: tuple[int, ...] | None = None,
+    fuse_merge: bool | None = None,
 ) -> torch.Tensor:
     """One new query per sequence attends over its paged context.
 
@@ -338,6 +404,8 @@ def paged_decode_attention(
     ``[B, W]`` int32; seq_lens ``[B]`` int32 (tokens in the cache, the new one included).
     Returns ``[B, H, D]`` in q's dtype (into ``out`` when given). ``config`` overrides the launch
     configuration ``(BLOCK_N, num_warps, num_stages[, maxnreg])`` (``benchmarks/kv_attention_sweep.py``).
+    ``fuse_merge`` (default ``FUSE_MERGE``): with splits, the last split of each (sequence, KV head)
+    merges them in the same launch instead of a second kernel.
     """
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [B, H, D] and the caches [NB, BS, KV, D]")
     B, H, D = q.shape
@@ -376,6 +444,10 @@ def paged_decode_attention(
         block_tables.stride(),
     )
     use_pdl = pdl(q.device)
+    if fuse_merge is None:
+        fuse_merge = FUSE_MERGE
+    arrivals = counters.counters(q.device, "decode_merge", B * kv) if fuse_merge and splits > 1 else None
+    merge = arrivals is not None
     _decode_kernel[(B, kv, splits)](
         q,
         k_cache,
@@ -384,6 +456,8 @@ def paged_decode_attention(
         seq_lens,
         dst,
         lse,
+        out,
+        arrivals if arrivals is not None else seq_lens,
         scale * _LOG2E,
         q_st[0],
         q_st[1],
@@ -396,6 +470,8 @@ def paged_decode_attention(
         block_tables_st[0],
         dst_b,
         dst_h,
+        out.stride(0),
+        out.stride(1),
         G=G,
         D=D,
         BS=bs,
@@ -409,12 +485,13 @@ def paged_decode_attention(
         KV=kv,
         ASM=(code_mode(q, INT8_PAIRS) & split_eo_mask(q.dtype, block_d)) if quant else 0,
         PDL=use_pdl,
+        MERGE=merge,
         num_warps=num_warps,
         num_stages=num_stages,
         maxnreg=maxnreg,
         **launch_kwargs(q.device),
     )
-    if splits > 1:
+    if splits > 1 and not merge:
         _merge_kernel[(B, H)](
             part,
             lse,

@@ -52,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotloop.kernels import tuning_cache
+from hotloop.kernels import counters, tuning_cache
 from hotloop.kernels.launch_math import cdiv
 from hotloop.kernels.w4a16_gemv import lop3_and_or
 from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
@@ -63,7 +63,7 @@ UNPACK_MODES = ("nibble", "pair", "lop3", "mask", "half2")  # "mask", "half2": t
 ONE_ROW_UNPACK = ("mask", "half2")
 GEMV_MAX_M = 4  # the CUDA-core GEMV takes at most this many rows
 SPLITK_MAX_M = 64  # at or below this many rows the static ``auto`` choice is the split-K launch
-COUNTER_SLOTS = 16384  # split-K tile counters kept per device
+COUNTER_SLOTS = counters.SLOTS  # split-K tile counters kept per device
 TUNE_ENV = "HOTLOOP_W4A16_TUNE"
 
 # A 16-bit pattern whose mantissa takes a nibble: 128.0 in bf16 (ulp 1), 1024.0 in fp16 (ulp 1);
@@ -476,26 +476,10 @@ def m_bucket(m: int) -> int:
     return 1 << (m - 1).bit_length()
 
 
-_counters: dict[int, torch.Tensor] = {}
-
-
 def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """Zeroed int32 counters for the split-K fixup (one per output tile; each launch leaves them at
-    zero), one buffer per device. ``None`` (use the two-kernel reduction) where there are too many
-    tiles, or where the buffer would first be made inside a CUDA-graph capture (its zeroing would
-    only run at replay). Split-K launches on one device must therefore not overlap in time (two
-    streams running W4A16 GEMMs at once)."""
-    if tiles > COUNTER_SLOTS:
-        return None
-    if device.type != "cuda":
-        return torch.zeros(tiles, dtype=torch.int32, device=device)
-    index = _device_index(device)
-    buf = _counters.get(index)
-    if buf is None:
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        buf = _counters[index] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return buf
+    """Zeroed int32 counters for the split-K fixup, one per output tile (``kernels/counters.py``);
+    ``None``: use the two-kernel reduction."""
+    return counters.counters(device, "w4a16_splitk", tiles)
 
 
 def _check_half2(cfg: GemmConfig, dtype: torch.dtype) -> None:
@@ -533,10 +517,10 @@ def _launch(
     else:
         tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
-    counters = _tile_counters(x2.device, tiles) if cfg.split_k > 1 and cfg.fixup else None
-    fixup = counters is not None
+    tile_counts = _tile_counters(x2.device, tiles) if cfg.split_k > 1 and cfg.fixup else None
+    fixup = tile_counts is not None
     ws = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x2.device) if cfg.split_k > 1 else out
-    cnt = counters if counters is not None else out
+    cnt = tile_counts if tile_counts is not None else out
     grid = (tiles, cfg.split_k)
     on_gpu = x2.device.type == "cuda"
     if cfg.kind == "gemv":

@@ -45,6 +45,7 @@ def _decode_case(
     device: str,
     window: int | None,
     splits: int | None,
+    fuse_merge: bool | None = None,
 ) -> None:
     from hotloop.kernels.paged_decode_attention import paged_decode_attention
 
@@ -54,7 +55,7 @@ def _decode_case(
     scale = d**-0.5
     seq = torch.tensor(lens, dtype=torch.int32, device=device)
     out = torch.full_like(q, float("nan"))  # poison: every element must be written
-    paged_decode_attention(q, k, v, tables, seq, scale, window, splits, out=out)
+    paged_decode_attention(q, k, v, tables, seq, scale, window, splits, out=out, fuse_merge=fuse_merge)
     ref = reference.paged_attention(
         q.float(), k.float(), v.float(), tables, [1] * len(lens), lens, scale, window
     )
@@ -111,6 +112,9 @@ def test_decode_gpu(d: int, h: int, kv: int, bs: int, dtype: torch.dtype) -> Non
     for splits in (1, None, 7):
         _decode_case(lens, h, kv, d, bs, dtype, "cuda", None, splits)
     _decode_case(lens, h, kv, d, bs, dtype, "cuda", 200, None)
+    for splits in (2, 16):  # the last split merges, every launch leaving its counters at zero
+        _decode_case(lens, h, kv, d, bs, dtype, "cuda", None, splits, fuse_merge=True)
+    _decode_case(lens, h, kv, d, bs, dtype, "cuda", 200, 4, fuse_merge=True)
 
 
 @pytest.mark.gpu
@@ -133,6 +137,15 @@ def test_decode_float32_and_padding_rows_gpu() -> None:
 def test_decode_interpreted(h: int, kv: int, d: int, splits: int) -> None:
     _decode_case([1, 0, 37, 70], h, kv, d, 16, torch.float32, "cpu", None, splits)
     _decode_case([1, 37, 70], h, kv, d, 16, torch.float32, "cpu", 20, splits)
+
+
+@interpret
+@pytest.mark.parametrize("h,kv,d", [(2, 2, 16), (8, 2, 32), (6, 3, 16)])
+@pytest.mark.parametrize("splits", [2, 3])
+def test_decode_fused_merge_interpreted(h: int, kv: int, d: int, splits: int) -> None:
+    """The last split to arrive merges (``fuse_merge``): the same output as the merge kernel."""
+    _decode_case([1, 0, 37, 70], h, kv, d, 16, torch.float32, "cpu", None, splits, fuse_merge=True)
+    _decode_case([1, 37, 70], h, kv, d, 16, torch.float32, "cpu", 20, splits, fuse_merge=True)
 
 
 @interpret

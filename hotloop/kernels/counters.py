@@ -1,0 +1,32 @@
+"""Arrival counters for "the last program to arrive finishes the job" epilogues (split-K fixup of
+the W4A16 GEMM, the split merge of decode attention).
+
+One zeroed int32 buffer per (device, family); every launch leaves its counters at zero again (the
+last arrival resets its own). Launches that share a family's buffer on one device must therefore
+not overlap in time: two streams running them at once would mix their counts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SLOTS = 16384  # counters kept per device and family
+
+_buffers: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def counters(device: torch.device, family: str, needed: int) -> torch.Tensor | None:
+    """``needed`` zeroed counters for ``family`` on ``device``, or ``None`` (use the unfused path)
+    where there are more than ``SLOTS``, or where the buffer would first be made inside a CUDA-graph
+    capture (its zeroing would only run at replay)."""
+    if needed > SLOTS:
+        return None
+    if device.type != "cuda":
+        return torch.zeros(needed, dtype=torch.int32, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    buf = _buffers.get((family, index))
+    if buf is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        buf = _buffers[(family, index)] = torch.zeros(SLOTS, dtype=torch.int32, device=device)
+    return buf
