@@ -83,8 +83,10 @@ def compile_decode(
     asm: int | None = None,
     bs: int = BS,
     config: tuple[int, ...] | None = None,
+    merge: bool | None = None,
 ) -> Any:
-    """The decode kernel for cache policy ``quant``, model ``dtype`` and block size ``bs``;
+    """The decode kernel for cache policy ``quant``, model ``dtype`` and block size ``bs`` (``merge``:
+    the last split merges, default ``FUSE_MERGE``);
     ``block_n`` and ``asm`` (the code-reading bits, ``kv_quant_triton.code_mode_bits``) override
     the launcher's choices on a GPU; ``config`` overrides the whole launch configuration,
     ``(BLOCK_N, num_warps, num_stages[, maxnreg])``."""
@@ -102,7 +104,8 @@ def compile_decode(
     if asm is None:  # what the launcher passes on a GPU
         asm = code_mode_bits(True, dec.INT8_PAIRS) & split_eo_mask(_TORCH[dtype], D)
     consts = {"G": G, "D": D, "BS": bs, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
-              "BLOCK_N": block_n or default_n, "PDL": True, "MERGE": dec.FUSE_MERGE and splits > 1,
+              "BLOCK_N": block_n or default_n, "PDL": True,
+              "MERGE": (dec.FUSE_MERGE if merge is None else merge) and splits > 1,
               **_cache_consts(quant, dtype, asm)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
     # a quantized cache's token and head strides (rows of 132 bytes) are not divisible by 16; its
@@ -192,6 +195,31 @@ def _gemv_variants() -> dict[str, tuple[str, dict[str, Any]]]:
     return out
 
 
+def compile_dense_gemv(mode: str, dtype: str = "bfloat16", k: int = 4096) -> Any:
+    """The one-row dense GEMV (``kernels/dense_gemv.py``) with its default launch for a Llama-3-8B
+    shape: ``mode`` ``plain``, ``norm`` (qkv), ``res`` (o, down), ``silu`` (gate/up) or ``rope``
+    (qkv with the rotary embedding and the KV-cache write)."""
+    from hotloop.kernels import dense_gemv as dg
+
+    t = _TYPES[dtype]
+    silu, rope = mode == "silu", mode == "rope"
+    norm = mode in ("norm", "silu", "rope")
+    cfg = dg.default_config(4096, k, silu or rope, norm)
+    if rope:
+        cfg = dg.GemvConfig(dg.rope_pairs(128, cfg.block_n), cfg.block_k, cfg.num_warps)
+    sig = {"x_ptr": f"*{t}", "w_ptr": f"*{t}", "b_ptr": f"*{t}", "nw_ptr": f"*{t}", "r_ptr": f"*{t}",
+           "out_ptr": f"*{t}", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64", "kc_ptr": f"*{t}",
+           "vc_ptr": f"*{t}", "N": "i32", "K": "i32", "eps": "fp32"}  # fmt: skip
+    strides = ["stride_xm", "stride_wn", "stride_rm", "stride_om", "stride_cs", "stride_kcs", "stride_kch",
+               "stride_vcs", "stride_vch"]  # fmt: skip
+    sig.update({s: "i32" for s in strides})
+    consts = {"NORM": norm, "SILU": silu, "ROPE": rope, "H": 32, "KV": 8, "HD": 128, "RES": mode == "res",
+              "HAS_BIAS": False, "EVEN": k % cfg.block_k == 0, "K_POW2": 1 << (k - 1).bit_length() if norm else 16,
+              "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVICT": "evict_first", "PDL": True}  # fmt: skip
+    aligned = [n for n in sig if n.endswith("_ptr")] + ["N", "K", *strides]
+    return compile_for_target(dg._dense_gemv_kernel, sig, consts, aligned, num_warps=cfg.num_warps)
+
+
 _FORMATS = [(0, "bfloat16"), (8, "bfloat16"), (4, "bfloat16"), (0, "float32"), (8, "float32"), (4, "float32")]
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     **{f"decode-q{q}-{d}": ("decode", {"quant": q, "dtype": d}) for q, d in _FORMATS},
@@ -208,12 +236,19 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "decode-q4-bfloat16-joined": ("decode", {"quant": 4, "dtype": "bfloat16", "asm": 3}),
     "prefill-q0-bfloat16-window-1k": ("prefill", {"quant": 0, "dtype": "bfloat16", "window": 512, "max_query_len": 1024}),
     "prefill-q8-bfloat16-short": ("prefill", {"quant": 8, "dtype": "bfloat16", "max_query_len": 8}),
+    # the last split merges (fuse_merge)
+    "decode-q0-bfloat16-merge": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 16, "merge": True}),
+    "decode-q8-bfloat16-merge": ("decode", {"quant": 8, "dtype": "bfloat16", "splits": 16, "merge": True}),
+    **{f"dense-gemv-{m}-bfloat16": ("dense", {"mode": m}) for m in ("plain", "norm", "res", "silu", "rope")},
+    "dense-gemv-rope-float32": ("dense", {"mode": "rope", "dtype": "float32"}),
+    "dense-gemv-silu-bfloat16-k576": ("dense", {"mode": "silu", "k": 576}),
 }  # fmt: skip
 VARIANTS.update(_gemv_variants())
 _COMPILERS: dict[str, Callable[..., Any]] = {
     "decode": compile_decode,
     "prefill": compile_prefill,
     "gemv": compile_w4a16_gemv,
+    "dense": compile_dense_gemv,
 }
 
 

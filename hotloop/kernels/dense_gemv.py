@@ -57,16 +57,30 @@ def _dense_gemv_kernel(
     b_ptr,  # [N] ([2N] with SILU), read when HAS_BIAS
     nw_ptr,  # [K], read when NORM
     r_ptr,  # [M, N], read when RES
-    out_ptr,  # [M, N]
+    out_ptr,  # [M, N] ([M, H * HD] with ROPE: the rotated q)
+    cos_ptr,  # ROPE: [M, HD / 2] float32, and sin
+    sin_ptr,
+    slot_ptr,  # ROPE: [M] int64 cache slots (negative: not written)
+    kc_ptr,  # ROPE: the K and V caches, [slots, KV, HD] in x's dtype
+    vc_ptr,
     N,
     K,
     stride_xm,
     stride_wn,
     stride_rm,
     stride_om,
+    stride_cs,
+    stride_kcs,
+    stride_kch,
+    stride_vcs,
+    stride_vch,
     eps,
     NORM: tl.constexpr,
     SILU: tl.constexpr,
+    ROPE: tl.constexpr,  # W is a fused [q; k; v] projection: rotate q and k, write k and v
+    H: tl.constexpr,  # ROPE: query heads, KV heads, head dim
+    KV: tl.constexpr,
+    HD: tl.constexpr,
     RES: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EVEN: tl.constexpr,  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks
@@ -80,11 +94,21 @@ def _dense_gemv_kernel(
     row = tl.program_id(1).to(tl.int64)
     dt = out_ptr.dtype.element_ty
     x_row = x_ptr + row * stride_xm
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    TWO: tl.constexpr = SILU or ROPE  # two weight tiles per step
+    if ROPE:
+        # BLOCK_N rotation pairs of one head: rows j and j + HD / 2 of head ``head``
+        per_head: tl.constexpr = (HD // 2) // BLOCK_N
+        head = pid_n // per_head
+        pair = (pid_n % per_head) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = head * HD + pair
+        second = HD // 2
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        second = N
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     gate_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    up_rows = gate_rows + N * stride_wn
+    up_rows = gate_rows + second * stride_wn
 
     # The weight tiles of the first step are requested before anything waits: the norm's
     # reduction (a barrier) then overlaps them. In the loop, the next step's tiles are requested
@@ -99,7 +123,7 @@ def _dense_gemv_kernel(
             eviction_policy=EVICT,
         )
     wu = w
-    if SILU:
+    if TWO:
         if EVEN:
             wu = tl.load(up_rows + offs_k[None, :], eviction_policy=EVICT)
         else:
@@ -130,7 +154,7 @@ def _dense_gemv_kernel(
             next_mask = n_mask[:, None] & (kn < K)[None, :]
         w_next = tl.load(gate_rows + kn[None, :], mask=next_mask, other=0.0, eviction_policy=EVICT)
         wu_next = w_next
-        if SILU:
+        if TWO:
             wu_next = tl.load(up_rows + kn[None, :], mask=next_mask, other=0.0, eviction_policy=EVICT)
         if EVEN:
             xk = tl.load(x_row + kk)
@@ -145,7 +169,7 @@ def _dense_gemv_kernel(
             xk = ((xk.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
         xf = xk.to(tl.float32)[None, :]
         acc += w.to(tl.float32) * xf
-        if SILU:
+        if TWO:
             acc_up += wu.to(tl.float32) * xf
         w = w_next
         wu = wu_next
@@ -153,18 +177,44 @@ def _dense_gemv_kernel(
     y = tl.sum(acc, 1)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    if SILU:
-        up = tl.sum(acc_up, 1)
+    if ROPE:
+        y2 = tl.sum(acc_up, 1)
         if HAS_BIAS:
-            up += tl.load(b_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        # silu_and_mul: silu rounded to the dtype, then the product rounded
-        gate = y.to(dt).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-        y = act * up.to(dt).to(tl.float32)
-    if RES:
-        res = tl.load(r_ptr + row * stride_rm + offs_n, mask=n_mask, other=0.0)
-        y = y.to(dt).to(tl.float32) + res.to(tl.float32)
-    tl.store(out_ptr + row * stride_om + offs_n, y.to(dt), mask=n_mask)
+            y2 += tl.load(b_ptr + offs_n + second).to(tl.float32)
+        # as the projection (rounded) then rotary_kv_write (rotate-half in float32, rounded)
+        x1 = y.to(dt).to(tl.float32)
+        x2 = y2.to(dt).to(tl.float32)
+        hv = head + tl.zeros_like(pair)  # the head, per pair (masks are vectors)
+        rotate = hv < H + KV  # q and k heads; v passes through
+        c = tl.load(cos_ptr + row * stride_cs + pair, mask=rotate, other=1.0)
+        s = tl.load(sin_ptr + row * stride_cs + pair, mask=rotate, other=0.0)
+        r1 = (x1 * c - x2 * s).to(dt)
+        r2 = (x2 * c + x1 * s).to(dt)
+        q_dst = out_ptr + row * stride_om + offs_n
+        tl.store(q_dst, r1, mask=hv < H)
+        tl.store(q_dst + second, r2, mask=hv < H)
+        slot = tl.load(slot_ptr + row) + tl.zeros_like(pair).to(tl.int64)
+        is_k = (slot >= 0) & (hv >= H) & rotate
+        k_dst = kc_ptr + slot * stride_kcs + (hv - H) * stride_kch + pair
+        tl.store(k_dst, r1, mask=is_k)
+        tl.store(k_dst + second, r2, mask=is_k)
+        is_v = (slot >= 0) & (hv >= H + KV)
+        v_dst = vc_ptr + slot * stride_vcs + (hv - H - KV) * stride_vch + pair
+        tl.store(v_dst, r1, mask=is_v)
+        tl.store(v_dst + second, r2, mask=is_v)
+    else:
+        if SILU:
+            up = tl.sum(acc_up, 1)
+            if HAS_BIAS:
+                up += tl.load(b_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            # silu_and_mul: silu rounded to the dtype, then the product rounded
+            gate = y.to(dt).to(tl.float32)
+            act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+            y = act * up.to(dt).to(tl.float32)
+        if RES:
+            res = tl.load(r_ptr + row * stride_rm + offs_n, mask=n_mask, other=0.0)
+            y = y.to(dt).to(tl.float32) + res.to(tl.float32)
+        tl.store(out_ptr + row * stride_om + offs_n, y.to(dt), mask=n_mask)
 
 
 def default_config(n: int, k: int, silu: bool, norm: bool = False) -> GemvConfig:
@@ -189,6 +239,101 @@ def default_config(n: int, k: int, silu: bool, norm: bool = False) -> GemvConfig
     return GemvConfig(2, block_k, 8 if block_k >= 2048 else 4)
 
 
+def _check_common(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    norm_weight: torch.Tensor | None,
+    **others: torch.Tensor | None,
+) -> tuple[int, int, int]:
+    """Shared argument checks -> ``(M, K, weight rows)``."""
+    check(x.dim() == 2, f"x must be [M, K], got {tuple(x.shape)}")
+    check(weight.dim() == 2, f"weight must be [N, K], got {tuple(weight.shape)}")
+    check_dtype("x", x, FLOAT_DTYPES)
+    m, k = x.shape
+    rows, wk = weight.shape
+    check(wk == k, f"weight [{rows}, {wk}] does not take x's K={k}")
+    check(weight.dtype == x.dtype, f"weight dtype {weight.dtype} != x dtype {x.dtype}")
+    check_last_contiguous("x", x)
+    check_last_contiguous("weight", weight)
+    extra = {"bias": bias, "norm_weight": norm_weight, **others}
+    check_same_device(x=x, weight=weight, **{k: v for k, v in extra.items() if v is not None})
+    if bias is not None:
+        check(bias.shape == (rows,), f"bias must be [{rows}], got {tuple(bias.shape)}")
+        check(bias.dtype == x.dtype and bias.is_contiguous(), "bias must be contiguous, in x's dtype")
+    if norm_weight is not None:
+        check(norm_weight.shape == (k,), f"norm_weight must be [{k}], got {tuple(norm_weight.shape)}")
+        check(
+            norm_weight.dtype == x.dtype and norm_weight.is_contiguous(), "norm_weight: x's dtype, contiguous"
+        )
+        check(k <= MAX_NORM_K, f"the norm prologue holds the row: K={k} > {MAX_NORM_K}")
+    return m, k, rows
+
+
+def _launch(
+    grid: tuple[int, int],
+    cfg: GemvConfig,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    out: torch.Tensor,
+    n: int,
+    even: bool,
+    residual: torch.Tensor | None = None,
+    silu: bool = False,
+    rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    heads: tuple[int, int, int] = (1, 1, 2),
+) -> None:
+    k = x.shape[1]
+    cos, sin, slots, k_cache, v_cache = rope if rope is not None else (out, out, out, out, out)
+    # a cache [blocks, block_size, KV, D], dense over tokens: a flat slot's stride, a head's stride
+    kc_st = (k_cache.stride(1), k_cache.stride(2)) if rope is not None else (0, 0)
+    vc_st = (v_cache.stride(1), v_cache.stride(2)) if rope is not None else (0, 0)
+    _dense_gemv_kernel[grid](
+        x,
+        weight,
+        bias if bias is not None else weight,
+        norm_weight if norm_weight is not None else weight,
+        residual if residual is not None else out,
+        out,
+        cos,
+        sin,
+        slots,
+        k_cache,
+        v_cache,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        out.stride(0),
+        cos.stride(0) if rope is not None else 0,
+        kc_st[0],
+        kc_st[1],
+        vc_st[0],
+        vc_st[1],
+        eps,
+        NORM=norm_weight is not None,
+        SILU=silu,
+        ROPE=rope is not None,
+        H=heads[0],
+        KV=heads[1],
+        HD=heads[2],
+        RES=residual is not None,
+        HAS_BIAS=bias is not None,
+        EVEN=even,
+        K_POW2=next_power_of_2(k) if norm_weight is not None else 16,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        EVICT="evict_first" if cfg.evict_first else "",
+        PDL=pdl(x.device),
+        num_warps=cfg.num_warps,
+        **launch_kwargs(x.device),
+    )
+
+
 def dense_gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -205,29 +350,10 @@ def dense_gemv(
     ``weight [N, K]`` (``[2N, K]`` when ``silu``, gate rows first), ``bias [N]`` / ``[2N]``,
     ``norm_weight [K]``, ``residual [M, N]``; all in x's dtype. Returns a new tensor.
     """
-    check(x.dim() == 2, f"x must be [M, K], got {tuple(x.shape)}")
-    check(weight.dim() == 2, f"weight must be [N, K], got {tuple(weight.shape)}")
-    check_dtype("x", x, FLOAT_DTYPES)
-    m, k = x.shape
-    rows, wk = weight.shape
-    check(wk == k, f"weight [{rows}, {wk}] does not take x's K={k}")
-    check(weight.dtype == x.dtype, f"weight dtype {weight.dtype} != x dtype {x.dtype}")
-    check_last_contiguous("x", x)
-    check_last_contiguous("weight", weight)
-    extra = {"bias": bias, "norm_weight": norm_weight, "residual": residual}
-    check_same_device(x=x, weight=weight, **{k: v for k, v in extra.items() if v is not None})
+    m, k, rows = _check_common(x, weight, bias, norm_weight, residual=residual)
     if silu:
         check(rows % 2 == 0, f"silu needs [gate; up] weight rows, got an odd {rows}")
     n = rows // 2 if silu else rows
-    if bias is not None:
-        check(bias.shape == (rows,), f"bias must be [{rows}], got {tuple(bias.shape)}")
-        check(bias.dtype == x.dtype and bias.is_contiguous(), "bias must be contiguous, in x's dtype")
-    if norm_weight is not None:
-        check(norm_weight.shape == (k,), f"norm_weight must be [{k}], got {tuple(norm_weight.shape)}")
-        check(
-            norm_weight.dtype == x.dtype and norm_weight.is_contiguous(), "norm_weight: x's dtype, contiguous"
-        )
-        check(k <= MAX_NORM_K, f"the norm prologue holds the row: K={k} > {MAX_NORM_K}")
     if residual is not None:
         check(residual.shape == (m, n), f"residual must be [{m}, {n}], got {tuple(residual.shape)}")
         check(residual.dtype == x.dtype, f"residual dtype {residual.dtype} != x dtype {x.dtype}")
@@ -237,32 +363,64 @@ def dense_gemv(
     if m == 0 or n == 0:
         return out
     even = n % cfg.block_n == 0 and k % cfg.block_k == 0
-    use_pdl = pdl(x.device)
-    _dense_gemv_kernel[(cdiv(n, cfg.block_n), m)](
-        x,
-        weight,
-        bias if bias is not None else weight,
-        norm_weight if norm_weight is not None else weight,
-        residual if residual is not None else out,
-        out,
-        n,
-        k,
-        x.stride(0),
-        weight.stride(0),
-        residual.stride(0) if residual is not None else 0,
-        out.stride(0),
-        eps,
-        NORM=norm_weight is not None,
-        SILU=silu,
-        RES=residual is not None,
-        HAS_BIAS=bias is not None,
-        EVEN=even,
-        K_POW2=next_power_of_2(k) if norm_weight is not None else 16,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        EVICT="evict_first" if cfg.evict_first else "",
-        PDL=use_pdl,
-        num_warps=cfg.num_warps,
-        **launch_kwargs(x.device),
-    )
+    _launch((cdiv(n, cfg.block_n), m), cfg, x, weight, bias, norm_weight, eps, out, n, even, residual, silu)
+    return out
+
+
+def rope_pairs(head_dim: int, block_n: int) -> int:
+    """Rotation pairs per program for ``dense_gemv_qkv_rope``: ``block_n`` cut to divide ``head_dim / 2``."""
+    pairs = min(block_n, head_dim // 2)
+    while (head_dim // 2) % pairs:
+        pairs //= 2
+    return max(pairs, 1)
+
+
+def dense_gemv_qkv_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """The fused q/k/v projection of ``x [M, K]`` (``weight [(H + 2 KV) * D, K]``, the input norm
+    fused in front) with the rotary embedding and the KV-cache write fused behind: k (rotated) and
+    v go to ``k_cache`` / ``v_cache`` ``[num_blocks, block_size, KV, D]`` (a float cache in x's
+    dtype) at ``slot_mapping [M]`` (negative: not written); returns the rotated q ``[M, H * D]``.
+
+    The same roundings as the projection followed by ``rotary_kv_write``. Full rotary only
+    (``cos``/``sin`` ``[M, D / 2]`` float32: every dim of a head is rotated).
+    """
+    m, k, rows = _check_common(x, weight, bias, norm_weight, cos=cos, sin=sin, k_cache=k_cache)
+    H, KV = num_heads, num_kv_heads
+    check(rows % (H + 2 * KV) == 0, f"weight rows {rows} are not (H + 2 KV) = {H + 2 * KV} heads")
+    D = rows // (H + 2 * KV)
+    check(D % 2 == 0, f"head_dim {D} must be even")
+    for name, t in (("cos", cos), ("sin", sin)):
+        check(t.shape == (m, D // 2), f"{name} must be [{m}, {D // 2}] (full rotary), got {tuple(t.shape)}")
+        check(t.dtype == torch.float32 and t.stride(-1) == 1, f"{name}: float32, last dim contiguous")
+    check(cos.stride() == sin.stride(), "cos and sin must have the same strides")
+    check(slot_mapping.shape == (m,) and slot_mapping.dtype == torch.int64, "slot_mapping: int64 [M]")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check(c.dim() == 4 and c.shape[2:] == (KV, D), f"{name} must be [blocks, block_size, {KV}, {D}]")
+        check(c.dtype == x.dtype, f"{name} dtype {c.dtype} != x dtype {x.dtype} (a float cache only)")
+        check(c.stride(3) == 1 and c.stride(0) == c.shape[1] * c.stride(1), f"{name}: dense over tokens")
+    base = config or default_config(rows, k, True, norm_weight is not None)
+    pairs = rope_pairs(D, base.block_n)
+    cfg = GemvConfig(pairs, base.block_k, base.num_warps, base.evict_first)
+    out = torch.empty(m, H * D, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    grid = ((H + 2 * KV) * (D // 2 // pairs), m)
+    even = k % cfg.block_k == 0
+    rope = (cos, sin, slot_mapping, k_cache, v_cache)
+    _launch(grid, cfg, x, weight, bias, norm_weight, eps, out, rows, even, rope=rope, heads=(H, KV, D))
     return out

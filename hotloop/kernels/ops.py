@@ -85,6 +85,41 @@ def fused_linear(
     return fn(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual, silu=silu)
 
 
+def fused_qkv_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> torch.Tensor:
+    """The q/k/v projection with its input norm, the rotary embedding and the KV-cache write (float
+    cache, full rotary): one ``dense_gemv_qkv_rope`` launch on CUDA, the reference elsewhere.
+    Returns the rotated q ``[T, H * D]``."""
+    fn = _kernel("dense_gemv").dense_gemv_qkv_rope if use_triton(x) else reference.fused_qkv_rope
+    return fn(
+        x,
+        weight,
+        bias,
+        norm_weight=norm_weight,
+        eps=eps,
+        cos=cos,
+        sin=sin,
+        slot_mapping=slot_mapping,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+    )
+
+
 def rotary_kv_write(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -162,6 +162,41 @@ def fused_linear(
     return y
 
 
+def fused_qkv_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> torch.Tensor:
+    """The q/k/v projection (input norm in front), then ``rotary_kv_write``: k and v stored at
+    ``slot_mapping``; returns the rotated q ``[T, H * D]`` (``kernels/dense_gemv.py``)."""
+    qkv = fused_linear(x, weight, bias, norm_weight=norm_weight, eps=eps)
+    T = qkv.shape[0]
+    D = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
+    q, k, v = qkv.split([num_heads * D, num_kv_heads * D, num_kv_heads * D], dim=-1)
+    q = q.reshape(T, num_heads, D).clone()
+    rotary_kv_write(
+        q,
+        k.reshape(T, num_kv_heads, D),
+        v.reshape(T, num_kv_heads, D),
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        slot_mapping,
+    )
+    return q.reshape(T, num_heads * D)
+
+
 def rotary_kv_write(
     q: torch.Tensor,
     k: torch.Tensor,

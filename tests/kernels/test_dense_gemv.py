@@ -105,3 +105,84 @@ def test_dense_gemv_checks_shapes() -> None:
         dense_gemv(x, torch.randn(8, 32), residual=torch.randn(1, 4))
     with pytest.raises(ValueError, match="norm_weight must be"):
         dense_gemv(x, torch.randn(8, 32), norm_weight=torch.ones(16))
+
+
+def _rope_case(
+    m: int,
+    h: int,
+    kv: int,
+    d: int,
+    k: int,
+    dtype: torch.dtype,
+    device: str,
+    *,
+    bias: bool,
+    config: object = None,
+) -> tuple[float, float, float]:
+    """``dense_gemv_qkv_rope`` against ``reference.fused_qkv_rope`` on the same (rounded) operands:
+    the relative errors of q, the K cache and the V cache (every slot, so a stray write shows)."""
+    from hotloop.kernels.dense_gemv import dense_gemv_qkv_rope
+
+    gen = torch.Generator().manual_seed(h * 31 + d + k)
+    rows = (h + 2 * kv) * d
+    x = (torch.randn(m, k, generator=gen) * 3).to(dtype).to(device)
+    w = (torch.randn(rows, k, generator=gen) / k**0.5).to(dtype).to(device)
+    b = (torch.randn(rows, generator=gen) * 0.1).to(dtype).to(device) if bias else None
+    nw = (torch.rand(k, generator=gen) + 0.5).to(dtype).to(device)
+    ang = torch.rand(m, d // 2, generator=gen) * 50
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    nb, bs = 3, 4
+    kc = torch.randn(nb, bs, kv, d, generator=gen).to(dtype).to(device)
+    vc = torch.randn(nb, bs, kv, d, generator=gen).to(dtype).to(device)
+    slots = torch.tensor([5, -1, 9][:m], dtype=torch.int64, device=device)  # -1: a padding row
+    kc_ref, vc_ref = kc.float().clone(), vc.float().clone()
+    kw = {"eps": 1e-5, "cos": cos, "sin": sin, "slot_mapping": slots, "num_heads": h, "num_kv_heads": kv}
+    q = dense_gemv_qkv_rope(x, w, b, norm_weight=nw, k_cache=kc, v_cache=vc, config=config, **kw)  # type: ignore[arg-type]
+    q_ref = reference.fused_qkv_rope(
+        x.float(), w.float(), None if b is None else b.float(), norm_weight=nw.float(), k_cache=kc_ref,
+        v_cache=vc_ref, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert q.shape == (m, h * d)
+    return rel_err(q, q_ref), rel_err(kc, kc_ref), rel_err(vc, vc_ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    "h,kv,d,k", [(32, 8, 128, 4096), (9, 3, 64, 576), (28, 4, 128, 3584), (4, 4, 32, 300)]
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_dense_gemv_qkv_rope_gpu(h: int, kv: int, d: int, k: int, bias: bool, dtype: torch.dtype) -> None:
+    tol = 1e-5 if dtype == torch.float32 else TOL[dtype] / 2
+    for m in (1, 3):
+        errs = _rope_case(m, h, kv, d, k, dtype, "cuda", bias=bias)
+        assert max(errs) < tol, (m, errs)
+
+
+@interpret
+@pytest.mark.parametrize("h,kv,d,k", [(4, 2, 16, 64), (3, 1, 8, 40)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_dense_gemv_qkv_rope_interpreted(h: int, kv: int, d: int, k: int, bias: bool) -> None:
+    from hotloop.kernels.dense_gemv import GemvConfig
+
+    for cfg in (
+        GemvConfig(block_n=4, block_k=32, num_warps=1),
+        GemvConfig(block_n=2, block_k=16, num_warps=1),
+    ):
+        errs = _rope_case(3, h, kv, d, k, torch.float32, "cpu", bias=bias, config=cfg)
+        assert max(errs) < 1e-5, (cfg, errs)
+
+
+@interpret
+def test_dense_gemv_qkv_rope_checks() -> None:
+    from hotloop.kernels.dense_gemv import dense_gemv_qkv_rope
+
+    x, w = torch.randn(1, 32), torch.randn((4 + 2 * 2) * 8, 32)
+    cache = torch.zeros(2, 4, 2, 8)
+    kw = {"norm_weight": None, "eps": 1e-5, "slot_mapping": torch.zeros(1, dtype=torch.int64), "k_cache": cache,
+          "v_cache": cache, "num_heads": 4, "num_kv_heads": 2}  # fmt: skip
+    with pytest.raises(ValueError, match="full rotary"):
+        dense_gemv_qkv_rope(x, w, None, cos=torch.ones(1, 2), sin=torch.zeros(1, 2), **kw)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="float cache"):
+        dense_gemv_qkv_rope(x, w, None, cos=torch.ones(1, 4), sin=torch.zeros(1, 4),
+                            **{**kw, "k_cache": cache.to(torch.uint8)})  # type: ignore[arg-type]  # fmt: skip
