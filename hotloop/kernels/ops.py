@@ -2,8 +2,9 @@
 
 The choice follows the tensor's device (fixed when the model is built on it), so the CPU path never
 imports Triton and the GPU path never falls back silently. ``set_triton_enabled(False)`` forces the
-reference everywhere (parity debugging). The one environment switch read here is
-``HOTLOOP_DENSE_GEMV=0``, which turns off the one-row decode path (``one_row_fusion``).
+reference everywhere (parity debugging). The environment switches read here: ``HOTLOOP_DENSE_GEMV=0``
+turns off the one-row decode path (``one_row_fusion``); ``HOTLOOP_ONE_ROW_ROPE=1`` fuses its
+rotary embedding and KV write into the q/k/v GEMV (``one_row_rope``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from hotloop.kernels import reference
 _state = {
     "enabled": importlib.util.find_spec("triton") is not None,
     "one_row": os.environ.get("HOTLOOP_DENSE_GEMV", "1") != "0",
+    # off until timed on a GPU: the rotary embedding and the KV write fused into the q/k/v GEMV
+    "one_row_rope": os.environ.get("HOTLOOP_ONE_ROW_ROPE", "0") == "1",
 }
 
 
@@ -40,6 +43,16 @@ def one_row_fusion(x: torch.Tensor) -> bool:
     """Whether a decoder should run the one-row ``x [1, hidden]`` through ``fused_linear`` (batch-1
     decode on CUDA): the norms, SiLU and residual adds ride in the projections' launches."""
     return x.shape[0] == 1 and use_triton(x) and _state["one_row"]
+
+
+def set_one_row_rope(enabled: bool) -> None:
+    """Fuse the rotary embedding and the KV-cache write into the one-row q/k/v GEMV (off by
+    default; ``HOTLOOP_ONE_ROW_ROPE=1`` starts it on)."""
+    _state["one_row_rope"] = enabled
+
+
+def one_row_rope() -> bool:
+    return _state["one_row_rope"]
 
 
 def _kernel(name: str) -> ModuleType:

@@ -114,6 +114,36 @@ class PagedAttention(nn.Module):
         )
         return o.reshape(T, self.num_heads * self.head_dim)
 
+    def attend(
+        self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """Attention of ``q [T, H*D]``, already rotated, over caches that already hold this step's
+        K/V (written by ``QKVLinear.forward_rope``). On CUDA a decode-only batch (the decode
+        kernel); elsewhere the reference."""
+        T = q.shape[0]
+        qv = q.view(T, self.num_heads, self.head_dim)
+        k_cache, v_cache = kv_cache
+        if ops.use_triton(q) and meta.seq_lens_t is not None:
+            from hotloop.kernels.paged_decode_attention import paged_decode_attention
+
+            if not meta.decode_only:
+                raise ValueError("PagedAttention.attend on CUDA serves decode-only batches")
+            o = paged_decode_attention(
+                qv, k_cache, v_cache, meta.block_tables, meta.seq_lens_t, self.scale, self.sliding_window
+            )
+        else:
+            o = reference.paged_attention(
+                qv,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.query_lens,
+                meta.seq_lens,
+                self.scale,
+                self.sliding_window,
+            )
+        return o.reshape(T, self.num_heads * self.head_dim)
+
     def _forward_triton(
         self,
         q: torch.Tensor,

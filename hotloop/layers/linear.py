@@ -296,6 +296,36 @@ class QKVLinear(_FusedLinear):
         }
         super().__init__(hidden_size, shards, bias, dtype, quant_method)
 
+    def forward_rope(
+        self,
+        x: torch.Tensor,
+        *,
+        norm_weight: torch.Tensor | None,
+        eps: float,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        slot_mapping: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """The projection with its input norm, the rotary embedding (full rotary) and the write of
+        k and v into the float ``kv_cache`` at ``slot_mapping``, in one launch on CUDA
+        (``ops.fused_qkv_rope``). Returns the rotated q ``[T, H * D]``. Needs ``is_dense``."""
+        if not self.is_dense:
+            raise ValueError("forward_rope needs a dense weight; this layer's is quantized")
+        return ops.fused_qkv_rope(
+            x,
+            cast(torch.Tensor, self.weight),
+            self.bias,
+            norm_weight=norm_weight,
+            eps=eps,
+            cos=cos_sin[0],
+            sin=cos_sin[1],
+            slot_mapping=slot_mapping,
+            k_cache=kv_cache[0],
+            v_cache=kv_cache[1],
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+        )
+
 
 class MergedLinear(_FusedLinear):
     """Projections of sizes ``output_sizes`` in one matmul, shard ``i`` at index ``i`` (gate/up: 0/1)."""

@@ -184,12 +184,34 @@ class LlamaDecoderLayer(nn.Module):
         (``Linear.forward_fused``); the same roundings as ``forward``."""
         attn, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        qkv = attn.qkv_proj.forward_fused(h, norm_weight=norm1.weight, eps=norm1.eps)
-        q, k, v = attn.split_heads(qkv)
-        o = attn.attn(q, k, v, kv_cache, meta, cos_sin)
+        if self._rope_in_projection(h, cos_sin, kv_cache, meta):
+            q = attn.qkv_proj.forward_rope(
+                h, norm_weight=norm1.weight, eps=norm1.eps, cos_sin=cos_sin, slot_mapping=meta.slot_mapping,
+                kv_cache=kv_cache,
+            )  # fmt: skip
+            o = attn.attn.attend(q, kv_cache, meta)
+        else:
+            qkv = attn.qkv_proj.forward_fused(h, norm_weight=norm1.weight, eps=norm1.eps)
+            q, k, v = attn.split_heads(qkv)
+            o = attn.attn(q, k, v, kv_cache, meta, cos_sin)
         h = attn.o_proj.forward_fused(o, residual=h)
         act = mlp.gate_up_proj.forward_fused(h, norm_weight=norm2.weight, eps=norm2.eps, silu=True)
         return mlp.down_proj.forward_fused(act, residual=h)
+
+    def _rope_in_projection(
+        self, h: torch.Tensor, cos_sin: CosSin, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> bool:
+        """Whether ``forward_one_row`` may fuse the rotary embedding and the KV write into the q/k/v
+        projection (``ops.one_row_rope``): no q/k norm, full rotary, a float cache, and (on CUDA)
+        a decode-only batch."""
+        attn = self.self_attn
+        return (
+            ops.one_row_rope()
+            and attn.q_norm is None
+            and 2 * cos_sin[0].shape[-1] == attn.head_dim
+            and kv_cache[0].dtype == h.dtype
+            and (meta.decode_only or meta.seq_lens_t is None)
+        )
 
     def dense(self) -> bool:
         """Whether every projection has a dense weight (``forward_one_row`` needs it)."""

@@ -17,6 +17,7 @@ import torch
 from test_parity import ATOL, CONFIGS, RTOL, PagedRunner, _hf_logits, _hf_model
 
 from hotloop.kernels import ops
+from hotloop.layers.linear import QKVLinear
 from hotloop.models import llama
 from hotloop.models.loader import load_model
 
@@ -53,10 +54,13 @@ def _decode_one_by_one(model: Any, tokens: list[int], prefill: int) -> torch.Ten
     return torch.cat(parts)
 
 
+@pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("name", ONE_ROW_CONFIGS)
 def test_one_row_path_matches_transformers_cpu(
-    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    name: str, rope: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``rope``: the rotary embedding and the KV write fused into the q/k/v projection too (not for
+    q/k-norm models: Qwen3 keeps the separate rotary)."""
     config = CONFIGS[name]()
     hf = _hf_model(config)
     hf.save_pretrained(tmp_path)
@@ -67,8 +71,18 @@ def test_one_row_path_matches_transformers_cpu(
 
     calls = _count_one_row(monkeypatch)
     monkeypatch.setattr(ops, "one_row_fusion", lambda x: x.shape[0] == 1)
+    monkeypatch.setitem(ops._state, "one_row_rope", rope)
+    rope_calls = [0]
+    real_rope = QKVLinear.forward_rope
+
+    def spy_rope(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        rope_calls[0] += 1
+        return real_rope(self, *args, **kwargs)
+
+    monkeypatch.setattr(QKVLinear, "forward_rope", spy_rope)
     fused = _decode_one_by_one(model, tokens, prefill=7)
     assert calls[0] == 12 * model.args.num_layers  # every decode step, every layer; not the prefill
+    assert rope_calls[0] == (calls[0] if rope and not model.args.qk_norm else 0)
 
     want = _hf_logits(hf, tokens)
     err = (fused - want).abs().max().item()
@@ -90,13 +104,24 @@ def test_one_row_path_needs_dense_weights(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("more", [False, True])
 @pytest.mark.parametrize("eager", [False, True])
 @pytest.mark.parametrize("arch", ["llama_gqa_llama3rope", "qwen2_bias", "qwen3_qknorm"])
 def test_one_row_path_greedy_parity_gpu(
-    arch: str, eager: bool, make_tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+    arch: str,
+    eager: bool,
+    more: bool,
+    make_tiny_model: Callable[[str], Path],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One request at a time on the GPU in bf16 (CUDA graphs or eager): every decode step takes the
-    one-row path, and the tokens equal transformers' up to its first near-tie."""
+    one-row path, and the tokens equal transformers' up to its first near-tie. ``more``: also the
+    rotary embedding and KV write in the q/k/v GEMV (``HOTLOOP_ONE_ROW_ROPE``) and the split merge
+    in the decode kernel (``HOTLOOP_DECODE_FUSED_MERGE``), both off by default."""
+    from hotloop.kernels import paged_decode_attention as dec
+
+    monkeypatch.setitem(ops._state, "one_row_rope", more)
+    monkeypatch.setattr(dec, "FUSE_MERGE", more)
     from test_engine_parity import MAX_NEW, VARIANTS, make_prompts, run_engine
     from test_gpu_parity import hf_greedy_with_margins
 
