@@ -16,6 +16,9 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR pdl      # every GPU test, batch 1 fp16 / int8 KV on GPU 0;
 #                                                 # batch 1 and the batch-256 step with
 #                                                 # HOTLOOP_PDL=1 then 0 on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR fusions  # every GPU test on GPU 0; batch 1 with
+#                                                 # HOTLOOP_ONE_ROW_ROPE / HOTLOOP_DECODE_FUSED_MERGE
+#                                                 # off, each on, both on, on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -143,6 +146,27 @@ pdl_ab() {  # batch 1 (8B, SmolLM2) and the batch-256 step, PDL on then off
     echo "[b256 HOTLOOP_PDL=$p] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*' "$out/b256_pdl$p.json")"
   done
 }
+fusion_tests() {  # the kernel and one-row tests, then every GPU test
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 300 python3 -m pytest -m gpu -n 8 tests --ignore=tests/cli -q -rfE -p no:cacheprovider \
+    >"$out/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?"
+  tail -15 "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+}
+fusion_ab() {  # batch 1 (8B, SmolLM2): default, + rope in the qkv GEMV, + fused merge, + both
+  export CUDA_VISIBLE_DEVICES=$g1
+  local m v
+  for m in llama3-8b smollm2-135m; do
+    for v in "base 0 0" "rope 1 0" "merge 0 1" "both 1 1"; do
+      set -- $v
+      HOTLOOP_ONE_ROW_ROPE=$2 HOTLOOP_DECODE_FUSED_MERGE=$3 timeout 150 python3 -m hotloop.bench.offline \
+        latency --model "$m" --load-format dummy --dtype bfloat16 --batch-size 1 --input-len 128 \
+        --output-len 512 --num-iters 3 --session-len 2048 --max-batch-size 8 \
+        --output-json "$out/bs1_${m}_$1.json" >"$out/bs1_${m}_$1.log" 2>&1
+      echo "[bs1 $m $1] rc=$? $(grep -o '"decode_tokens_per_s": [0-9.]*' "$out/bs1_${m}_$1.json" 2>/dev/null)"
+    done
+  done
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -169,6 +193,10 @@ case $what in
     ;;
   one_row_table)
     lanes one_row_rows one_row_kv
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  fusions)
+    lanes fusion_tests fusion_ab
     cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   pdl)
