@@ -166,7 +166,7 @@ def compile_w4a16_gemv(
     sig.update({n: "i32" for n in ("M", "N", "K", "n8", "stride_xm", "stride_xk", "split_k")})
     aligned = [n for n in sig if n.endswith("_ptr")] + ["N", "K", "n8", "stride_xm"]
     consts: dict[str, Any] = {"GROUP_SIZE": 128, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT": True,
-                              "FIXUP": True, "NUM_STAGES": num_stages}  # fmt: skip
+                              "FIXUP": True, "NUM_STAGES": num_stages, "PDL": True}  # fmt: skip
     if unpack == "half2":
         fn = gemv._w4a16_gemv_half2_kernel
         consts.update(ROWS=gemm.HALF2_ROWS[getattr(torch, dtype)], ASM=1)

@@ -16,10 +16,16 @@ import triton.language as tl
 
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
+from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
 
 
 @triton.jit
-def _gather_kernel(ids_ptr, table_ptr, out_ptr, hidden, stride_i, stride_t, stride_o, BLOCK: tl.constexpr):
+def _gather_kernel(
+    ids_ptr, table_ptr, out_ptr, hidden, stride_i, stride_t, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    if PDL:  # programmatic dependent launch (kernels/pdl.py)
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -51,6 +57,7 @@ def embedding_gather(ids: torch.Tensor, table: torch.Tensor, out: torch.Tensor |
     if T:
         block = min(1024, next_power_of_2(hidden))
         _gather_kernel[(T, cdiv(hidden, block))](
-            ids, table, out, hidden, ids.stride(0), table.stride(0), out.stride(0), BLOCK=block, num_warps=4
-        )
+            ids, table, out, hidden, ids.stride(0), table.stride(0), out.stride(0), BLOCK=block,
+            PDL=pdl(ids.device), num_warps=4, **launch_kwargs(ids.device),
+        )  # fmt: skip
     return out

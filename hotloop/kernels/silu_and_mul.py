@@ -8,10 +8,14 @@ import triton.language as tl
 
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
+from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # programmatic dependent launch (kernels/pdl.py)
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
@@ -34,6 +38,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x2.shape[0]:
         block = min(2048, next_power_of_2(inter))
         _silu_and_mul_kernel[(x2.shape[0], cdiv(inter, block))](
-            x2, out, x2.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4
+            x2,
+            out,
+            x2.stride(0),
+            out.stride(0),
+            inter,
+            BLOCK=block,
+            PDL=pdl(x.device),
+            num_warps=4,
+            **launch_kwargs(x.device),
         )
     return out.view(*x.shape[:-1], inter)

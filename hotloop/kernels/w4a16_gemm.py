@@ -54,6 +54,7 @@ import triton.language as tl
 
 from hotloop.kernels import counters, tuning_cache
 from hotloop.kernels.launch_math import cdiv
+from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
 from hotloop.kernels.w4a16_gemv import lop3_and_or
 from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
 
@@ -241,7 +242,11 @@ def _w4a16_dot_kernel(
     SPLIT: tl.constexpr,
     FIXUP: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()  # programmatic dependent launch (kernels/pdl.py): x is written by the kernel before
+        gdc_launch_dependents()
     BLOCK_N8: tl.constexpr = BLOCK_N // 8
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -558,8 +563,10 @@ def _launch(
             SPLIT=cfg.split_k > 1,
             FIXUP=fixup,
             NUM_STAGES=cfg.num_stages,
+            PDL=pdl(x2.device),
             num_warps=cfg.num_warps,
             **extra,
+            **launch_kwargs(x2.device),
         )
     else:
         sixteen = x2.dtype != torch.float32
@@ -595,8 +602,10 @@ def _launch(
             SPLIT=cfg.split_k > 1,
             FIXUP=fixup,
             PRECISION="tf32" if sixteen else "ieee",
+            PDL=pdl(x2.device),
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
+            **launch_kwargs(x2.device),
         )
     if cfg.split_k > 1 and not fixup:
         out = ws.sum(dim=0).to(x2.dtype)

@@ -24,6 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait
+
 _F32_MAGIC = tl.constexpr(0x4B000000)  # the bits of 2^23; the low 23 bits are the mantissa
 
 
@@ -112,7 +114,11 @@ def _w4a16_gemv_kernel(
     FIXUP: tl.constexpr,
     LOP3: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()  # programmatic dependent launch (kernels/pdl.py): x is written by the kernel before
+        gdc_launch_dependents()
     BLOCK_N8: tl.constexpr = BLOCK_N // 8
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -194,6 +200,7 @@ def _w4a16_gemv_mask_kernel(
     FIXUP: tl.constexpr,
     LOP3: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One row of ``x`` (the ``unpack="mask"`` GEMV): nibbles are masked in place, not shifted.
 
@@ -204,6 +211,9 @@ def _w4a16_gemv_mask_kernel(
     (a power of two: exact). Per word: one shift (the high half), then per weight one mask-and-OR
     and one subtraction, where the shift-per-column kernel above spends a shift, a mask and an OR.
     The even and odd columns stay apart to the end and are stored interleaved."""
+    if PDL:
+        gdc_wait()  # programmatic dependent launch (kernels/pdl.py): x is written by the kernel before
+        gdc_launch_dependents()
     BLOCK_N8: tl.constexpr = BLOCK_N // 8
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -512,6 +522,7 @@ def _w4a16_gemv_half2_kernel(
     FIXUP: tl.constexpr,
     ASM: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One row of 16-bit ``x`` (the ``unpack="half2"`` GEMV): dequantization and multiply-add of two
     columns per instruction in packed 16-bit arithmetic, over ``ROWS`` k rows at a time.
@@ -531,6 +542,9 @@ def _w4a16_gemv_half2_kernel(
     ``ASM`` 0 runs the same arithmetic in Triton, with the same 16-bit roundings (the interpreter,
     where inline PTX does not run). ``BLOCK_K`` divides the group; x's K stride is 1; split K as in
     the other GEMV kernels."""
+    if PDL:
+        gdc_wait()  # programmatic dependent launch (kernels/pdl.py): x is written by the kernel before
+        gdc_launch_dependents()
     BLOCK_N8: tl.constexpr = BLOCK_N // 8
     C: tl.constexpr = BLOCK_K // ROWS
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
