@@ -15,6 +15,15 @@ SLOTS = 16384  # counters kept per device and family
 _buffers: dict[tuple[str, int], torch.Tensor] = {}
 
 
+def _key(device: torch.device, family: str) -> tuple[str, int]:
+    return family, device.index if device.index is not None else torch.cuda.current_device()
+
+
+def buffer(device: torch.device, family: str) -> torch.Tensor:
+    """``family``'s counter buffer on a CUDA ``device`` (tests: it is all zeros between launches)."""
+    return _buffers[_key(device, family)]
+
+
 def counters(device: torch.device, family: str, needed: int) -> torch.Tensor | None:
     """``needed`` zeroed counters for ``family`` on ``device``, or ``None`` (use the unfused path)
     where there are more than ``SLOTS``, or where the buffer would first be made inside a CUDA-graph
@@ -23,10 +32,10 @@ def counters(device: torch.device, family: str, needed: int) -> torch.Tensor | N
         return None
     if device.type != "cuda":
         return torch.zeros(needed, dtype=torch.int32, device=device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    buf = _buffers.get((family, index))
+    key = _key(device, family)
+    buf = _buffers.get(key)
     if buf is None:
         if torch.cuda.is_current_stream_capturing():
             return None
-        buf = _buffers[(family, index)] = torch.zeros(SLOTS, dtype=torch.int32, device=device)
+        buf = _buffers[key] = torch.zeros(SLOTS, dtype=torch.int32, device=device)
     return buf

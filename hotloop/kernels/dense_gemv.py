@@ -7,7 +7,12 @@ are spread over ``N / BLOCK_N`` programs. W is read once per row, so this is the
 (decode at batch 1), where cuBLAS' skinny GEMMs add a split-K reduction kernel per call and the
 neighbouring RMSNorm and SiLU kernels are launches of their own.
 
-What can be fused, each matching the rounding of the unfused kernels (``kernels/reference.py``):
+The weights (and bias, norm weight) must not be written by the kernel launched just before: on
+Hopper the first weight tiles are read before the wait for it (below). Every decoder weight is
+static, which is what the one-row path passes.
+
+What can be fused, each rounding where the unfused kernels round (``kernels/reference.py``; the
+order of the float32 sums differs, so a bit can differ):
 
 - prologue ``norm_weight``: ``x -> rms_norm(x) * norm_weight``. Every program reads the whole row
   (``K <= MAX_NORM_K``) for its sum of squares; the row is a few KB, from L2.
@@ -188,8 +193,9 @@ def _dense_gemv_kernel(
         rotate = hv < H + KV  # q and k heads; v passes through
         c = tl.load(cos_ptr + row * stride_cs + pair, mask=rotate, other=1.0)
         s = tl.load(sin_ptr + row * stride_cs + pair, mask=rotate, other=0.0)
-        r1 = (x1 * c - x2 * s).to(dt)
-        r2 = (x2 * c + x1 * s).to(dt)
+        # v is stored as projected (as rotary_kv_write stores it; no 1 * x - 0 * y arithmetic)
+        r1 = tl.where(rotate, x1 * c - x2 * s, x1).to(dt)
+        r2 = tl.where(rotate, x2 * c + x1 * s, x2).to(dt)
         q_dst = out_ptr + row * stride_om + offs_n
         tl.store(q_dst, r1, mask=hv < H)
         tl.store(q_dst + second, r2, mask=hv < H)
@@ -368,11 +374,10 @@ def dense_gemv(
 
 
 def rope_pairs(head_dim: int, block_n: int) -> int:
-    """Rotation pairs per program for ``dense_gemv_qkv_rope``: ``block_n`` cut to divide ``head_dim / 2``."""
-    pairs = min(block_n, head_dim // 2)
-    while (head_dim // 2) % pairs:
-        pairs //= 2
-    return max(pairs, 1)
+    """Rotation pairs per program for ``dense_gemv_qkv_rope``: the largest power of two that is at
+    most ``block_n`` and divides ``head_dim / 2``."""
+    half = head_dim // 2
+    return min(half & -half, 1 << (max(block_n, 1).bit_length() - 1))
 
 
 def dense_gemv_qkv_rope(
@@ -399,7 +404,17 @@ def dense_gemv_qkv_rope(
     The same roundings as the projection followed by ``rotary_kv_write``. Full rotary only
     (``cos``/``sin`` ``[M, D / 2]`` float32: every dim of a head is rotated).
     """
-    m, k, rows = _check_common(x, weight, bias, norm_weight, cos=cos, sin=sin, k_cache=k_cache)
+    m, k, rows = _check_common(
+        x,
+        weight,
+        bias,
+        norm_weight,
+        cos=cos,
+        sin=sin,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        slot_mapping=slot_mapping,
+    )
     H, KV = num_heads, num_kv_heads
     check(rows % (H + 2 * KV) == 0, f"weight rows {rows} are not (H + 2 KV) = {H + 2 * KV} heads")
     D = rows // (H + 2 * KV)
@@ -408,7 +423,10 @@ def dense_gemv_qkv_rope(
         check(t.shape == (m, D // 2), f"{name} must be [{m}, {D // 2}] (full rotary), got {tuple(t.shape)}")
         check(t.dtype == torch.float32 and t.stride(-1) == 1, f"{name}: float32, last dim contiguous")
     check(cos.stride() == sin.stride(), "cos and sin must have the same strides")
-    check(slot_mapping.shape == (m,) and slot_mapping.dtype == torch.int64, "slot_mapping: int64 [M]")
+    check(
+        slot_mapping.shape == (m,) and slot_mapping.dtype == torch.int64 and slot_mapping.stride(0) == 1,
+        "slot_mapping: int64 [M], contiguous",
+    )
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         check(c.dim() == 4 and c.shape[2:] == (KV, D), f"{name} must be [blocks, block_size, {KV}, {D}]")
         check(c.dtype == x.dtype, f"{name} dtype {c.dtype} != x dtype {x.dtype} (a float cache only)")

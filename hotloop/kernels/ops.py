@@ -39,10 +39,15 @@ def set_one_row_fusion(enabled: bool) -> None:
     _state["one_row"] = enabled
 
 
+# The fused norm prologue holds the row in registers: wider models keep the unfused layer.
+ONE_ROW_MAX_HIDDEN = 8192
+
+
 def one_row_fusion(x: torch.Tensor) -> bool:
     """Whether a decoder should run the one-row ``x [1, hidden]`` through ``fused_linear`` (batch-1
-    decode on CUDA): the norms, SiLU and residual adds ride in the projections' launches."""
-    return x.shape[0] == 1 and use_triton(x) and _state["one_row"]
+    decode on CUDA, ``hidden <= ONE_ROW_MAX_HIDDEN``): the norms, SiLU and residual adds ride in the
+    projections' launches."""
+    return x.shape[0] == 1 and x.shape[-1] <= ONE_ROW_MAX_HIDDEN and use_triton(x) and _state["one_row"]
 
 
 def set_one_row_rope(enabled: bool) -> None:
@@ -93,7 +98,8 @@ def fused_linear(
     silu: bool = False,
 ) -> torch.Tensor:
     """A dense projection with its RMSNorm before and its SiLU-and-mul or residual add after: one
-    ``dense_gemv`` launch on CUDA (meant for one row), the unfused reference elsewhere."""
+    ``dense_gemv`` launch on CUDA (meant for one row), the unfused reference elsewhere. ``weight``
+    must be static (not written by the kernel just before: see ``kernels/dense_gemv.py``)."""
     fn = _kernel("dense_gemv").dense_gemv if use_triton(x) else reference.fused_linear
     return fn(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual, silu=silu)
 

@@ -24,9 +24,10 @@ def test_off_on_cpu_and_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.mark.gpu
-def test_on_for_hopper_gpus() -> None:
+def test_on_for_hopper_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     from hotloop.kernels import pdl
 
+    monkeypatch.delenv("HOTLOOP_PDL", raising=False)
     pdl.reset()
     dev = torch.device("cuda", 0)
     hopper = torch.cuda.get_device_capability(dev)[0] >= 9

@@ -122,6 +122,14 @@ def test_one_row_path_greedy_parity_gpu(
 
     monkeypatch.setitem(ops._state, "one_row_rope", more)
     monkeypatch.setattr(dec, "FUSE_MERGE", more)
+    rope_calls = [0]
+    real_rope = QKVLinear.forward_rope
+
+    def spy_rope(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        rope_calls[0] += 1
+        return real_rope(self, *args, **kwargs)
+
+    monkeypatch.setattr(QKVLinear, "forward_rope", spy_rope)
     from test_engine_parity import MAX_NEW, VARIANTS, make_prompts, run_engine
     from test_gpu_parity import hf_greedy_with_margins
 
@@ -137,5 +145,11 @@ def test_one_row_path_greedy_parity_gpu(
     )
     got, _stats = run_engine(path, cfg, prompts, MAX_NEW)
     assert calls[0] > 0  # (graph replays do not call it: capture and eager steps do)
+    assert (rope_calls[0] > 0) == (more and arch != "qwen3_qknorm")  # Qwen3's q/k norm keeps the rotary
+    if more:
+        from hotloop.kernels import counters
+
+        torch.cuda.synchronize()
+        assert int(counters.buffer(torch.device("cuda"), "decode_merge").abs().sum()) == 0
     for i, (g, (e, tie)) in enumerate(zip(got, expected, strict=True)):
         assert g[:tie] == e[:tie], f"prompt {i}: {g} != {e} (first near-tie at {tie})"
