@@ -186,3 +186,51 @@ def test_dense_gemv_qkv_rope_checks() -> None:
     with pytest.raises(ValueError, match="float cache"):
         dense_gemv_qkv_rope(x, w, None, cos=torch.ones(1, 4), sin=torch.zeros(1, 4),
                             **{**kw, "k_cache": cache.to(torch.uint8)})  # type: ignore[arg-type]  # fmt: skip
+
+
+@interpret
+def test_fused_roundings_equal_the_unfused_kernels_bf16() -> None:
+    """bf16, interpreted: each fusion gives the same bits as the unfused Triton kernels it replaces
+    (rms_norm -> GEMV -> silu_and_mul; GEMV -> residual add; GEMV -> rotary_kv_write), with the same
+    K step so that every dot sums in the same order. Catches a missing or extra rounding, which the
+    float32-reference comparisons above are too loose to see."""
+    from hotloop.kernels.dense_gemv import GemvConfig, dense_gemv, dense_gemv_qkv_rope
+    from hotloop.kernels.rms_norm import rms_norm
+    from hotloop.kernels.rotary_kv_write import rotary_kv_write
+    from hotloop.kernels.silu_and_mul import silu_and_mul
+
+    bf = torch.bfloat16
+    gen = torch.Generator().manual_seed(7)
+    k, n = 64, 24
+    cfg = GemvConfig(block_n=4, block_k=32, num_warps=1)
+    x = (torch.randn(2, k, generator=gen) * 3).to(bf)
+    nw = (torch.rand(k, generator=gen) + 0.5).to(bf)
+    w = (torch.randn(2 * n, k, generator=gen) / 8).to(bf)
+    r = torch.randn(2, n, generator=gen).to(bf)
+
+    normed = rms_norm(x, nw, 1e-5)[0]
+    unfused = silu_and_mul(dense_gemv(normed, w, config=cfg))
+    assert torch.equal(dense_gemv(x, w, norm_weight=nw, eps=1e-5, silu=True, config=cfg), unfused)
+
+    y = dense_gemv(x, w[:n], config=cfg)
+    added = rms_norm(y, torch.ones(n, dtype=bf), 1e-5, r)[1]  # its residual output: y + r, rounded
+    assert added is not None
+    assert torch.equal(dense_gemv(x, w[:n], residual=r, config=cfg), added)
+
+    h, kv, d = 2, 1, 8
+    wq = (torch.randn((h + 2 * kv) * d, k, generator=gen) / 8).to(bf)
+    ang = torch.rand(2, d // 2, generator=gen) * 50
+    cos, sin = ang.cos(), ang.sin()
+    slots = torch.tensor([3, 6])
+    kc, vc = torch.zeros(2, 4, kv, d, dtype=bf), torch.zeros(2, 4, kv, d, dtype=bf)
+    qkv = dense_gemv(x, wq, norm_weight=nw, eps=1e-5, config=cfg)
+    q, kk, v = (t.reshape(2, -1, d) for t in qkv.split([h * d, kv * d, kv * d], dim=-1))
+    q = q.clone()
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    rotary_kv_write(q, kk, v, cos, sin, kc_ref, vc_ref, slots)
+    got = dense_gemv_qkv_rope(
+        x, wq, None, norm_weight=nw, eps=1e-5, cos=cos, sin=sin, slot_mapping=slots, k_cache=kc,
+        v_cache=vc, num_heads=h, num_kv_heads=kv, config=cfg,
+    )  # fmt: skip
+    assert torch.equal(got, q.reshape(2, h * d))
+    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
