@@ -18,7 +18,8 @@
 #                                                 # HOTLOOP_PDL=1 then 0 on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR fusions  # every GPU test on GPU 0; batch 1 with
 #                                                 # HOTLOOP_ONE_ROW_ROPE / HOTLOOP_DECODE_FUSED_MERGE
-#                                                 # off, each on, both on, on GPU 1
+#                                                 # off, each on, both on, then W4A16 batch 1 with
+#                                                 # HOTLOOP_PDL=1 and 0, on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -165,6 +166,13 @@ fusion_ab() {  # batch 1 (8B, SmolLM2): default, + rope in the qkv GEMV, + fused
         --output-json "$out/bs1_${m}_$1.json" >"$out/bs1_${m}_$1.log" 2>&1
       echo "[bs1 $m $1] rc=$? $(grep -o '"decode_tokens_per_s": [0-9.]*' "$out/bs1_${m}_$1.json" 2>/dev/null)"
     done
+  done
+  local p  # W4A16 batch 1 with PDL in its GEMVs (on by default since 2026-11-30, not yet timed), then off
+  for p in 1 0; do
+    HOTLOOP_PDL=$p timeout 200 python3 -m hotloop.bench.offline latency --model llama3-8b --load-format dummy \
+      --dtype bfloat16 --model-format awq --batch-size 1 --input-len 128 --output-len 512 --num-iters 3 \
+      --session-len 2048 --max-batch-size 8 --output-json "$out/awq_bs1_pdl$p.json" >"$out/awq_bs1_pdl$p.log" 2>&1
+    echo "[awq bs1 HOTLOOP_PDL=$p] rc=$? $(grep -o '"decode_tokens_per_s": [0-9.]*' "$out/awq_bs1_pdl$p.json")"
   done
 }
 serve_plain() { serve 0 plain; }
