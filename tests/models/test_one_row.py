@@ -8,6 +8,7 @@ projection; on the GPU it is taken by itself at batch 1 and runs ``kernels/dense
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,7 @@ def test_one_row_path_greedy_parity_gpu(
         return real_rope(self, *args, **kwargs)
 
     monkeypatch.setattr(QKVLinear, "forward_rope", spy_rope)
+    sys.path.insert(0, str(Path(__file__).parents[1] / "api"))  # when this file runs on its own
     from test_engine_parity import MAX_NEW, VARIANTS, make_prompts, run_engine
     from test_gpu_parity import hf_greedy_with_margins
 
