@@ -18,6 +18,9 @@ order of the float32 sums differs, so a bit can differ):
   (``K <= MAX_NORM_K``) for its sum of squares; the row is a few KB, from L2.
 - epilogue ``silu``: W holds ``[gate; up]``; ``y = silu(gate) * up`` (``silu_and_mul``).
 - epilogue ``residual``: ``y = round(W x + b) + residual`` (the decoder's residual add).
+- epilogue ``rope`` (``dense_gemv_qkv_rope``): W is the fused ``[q; k; v]`` projection; a program
+  computes rotation pairs (rows j and j + D/2 of one head), rotates q and k as ``rotary_kv_write``
+  does, writes k and v into a float KV cache at the token's slot and returns the rotated q.
 
 On Hopper the launches are programmatic dependents (``kernels/pdl.py``): a GEMV may start while the
 kernel before it drains, requesting its first weight tiles before it waits for that kernel's output.
