@@ -97,22 +97,10 @@ class PagedAttention(nn.Module):
         if cos_sin is not None:
             q = apply_rotary(q, cos_sin[0], cos_sin[1], self.head_dim)
             k = apply_rotary(k, cos_sin[0], cos_sin[1], self.head_dim)
-        q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        k_cache, v_cache = kv_cache
-        reference.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        o = reference.paged_attention(
-            q,
-            k_cache,
-            v_cache,
-            meta.block_tables,
-            meta.query_lens,
-            meta.seq_lens,
-            self.scale,
-            self.sliding_window,
-        )
-        return o.reshape(T, self.num_heads * self.head_dim)
+        reference.write_kv_cache(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
+        return self.attend(q, kv_cache, meta)  # (no device metadata here: the reference)
 
     def attend(
         self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
