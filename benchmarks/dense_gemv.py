@@ -14,6 +14,11 @@ For the Llama-3-8B and SmolLM2-135M decoder shapes at M = 1 (batch-1 decode), in
    (gate/up by cuBLAS with its norm and SiLU kernels, the rest fused), over 8 distinct layers
    captured in one CUDA graph, per layer.
 
+3. The rotary embedding and KV write fused into the q/k/v GEMV (``dense_gemv_qkv_rope``, over a
+   grid of launches) against the q/k/v GEMV followed by ``rotary_kv_write``.
+4. The LM head: ``F.linear(x, W).float()`` (cuBLAS and a cast) against ``dense_gemv`` storing
+   float32 logits, over a few launches (2 distinct weights per graph: each is larger than the L2).
+
 Launches use programmatic dependent launch where the GPU and Triton have it (``HOTLOOP_PDL``);
 the fused layer chain is also timed without it.
 
@@ -22,7 +27,7 @@ L2, as a decode step's do. (An L2 flush before each call, as ``w4a16_gemm.graph_
 added about 10 us to a 56 us call in an earlier version of this script: the flush's dirty lines
 are written back while the next kernel runs.)
 
-    python benchmarks/dense_gemv.py OUT.json
+    python benchmarks/dense_gemv.py OUT.json [--sections proj,layer,rope,lm_head]
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ import torch.nn.functional as F
 
 # model -> hidden, qkv out, ffn
 MODELS = {"llama3-8b": (4096, 6144, 14336), "smollm2-135m": (576, 960, 1536)}
+# model -> query heads, KV heads, head dim, vocabulary
+HEADS = {"llama3-8b": (32, 8, 128, 128256), "smollm2-135m": (9, 3, 64, 49152)}
+ROPE_GRID = [(p, bk, w) for p in (2, 4, 8, 16) for bk, w in ((256, 2), (512, 4), (1024, 4), (512, 8))]
+LM_HEAD_GRID = [(bn, bk, w) for bn in (2, 4, 8, 16) for bk, w in ((256, 2), (512, 4), (1024, 4), (1024, 8))]
 GRID = [
     (bn, bk, w)
     for bn, (bk, w) in itertools.product((2, 4, 8, 16), ((256, 2), (512, 4), (1024, 4), (1024, 8), (2048, 8)))
@@ -222,10 +231,126 @@ def time_layers(
     return out
 
 
+def time_rope(model: str, dev: torch.device, bw: float, copies: int = 8) -> dict[str, Any]:
+    """q/k/v with the input norm, then ``rotary_kv_write`` (two launches), against
+    ``dense_gemv_qkv_rope`` (one), per call over ``copies`` distinct weights; decode at position 300."""
+    from hotloop.kernels import reference
+    from hotloop.kernels.dense_gemv import GemvConfig, dense_gemv, dense_gemv_qkv_rope, rope_default_config
+    from hotloop.kernels.rotary_kv_write import rotary_kv_write
+
+    dt = torch.bfloat16
+    hidden = MODELS[model][0]
+    H, KV, D, _ = HEADS[model]
+    rows = (H + 2 * KV) * D
+    x = torch.randn(1, hidden, device=dev).to(dt)
+    ws = [(torch.randn(rows, hidden, device=dev) / hidden**0.5).to(dt) for _ in range(copies)]
+    nw = (torch.rand(hidden, device=dev) + 0.5).to(dt)
+    inv = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device=dev).float() / D))
+    ang = torch.tensor([[300.0]], device=dev) * inv[None, :]
+    cos, sin = ang.cos().contiguous(), ang.sin().contiguous()
+    slots = torch.tensor([300], dtype=torch.int64, device=dev)
+    kc = torch.zeros(8, 64, KV, D, dtype=dt, device=dev)
+    vc = torch.zeros_like(kc)
+    kw: dict[str, Any] = {"norm_weight": nw, "eps": 1e-5, "cos": cos, "sin": sin, "slot_mapping": slots,
+                          "k_cache": kc, "v_cache": vc, "num_heads": H, "num_kv_heads": KV}  # fmt: skip
+    kr, vr = torch.zeros_like(kc), torch.zeros_like(vc)
+    q_ref = reference.fused_qkv_rope(x, ws[0], None, **{**kw, "k_cache": kr, "v_cache": vr})
+
+    def unfused() -> None:
+        for w in ws:
+            qkv = dense_gemv(x, w, norm_weight=nw, eps=1e-5)
+            q, k, v = qkv.split([H * D, KV * D, KV * D], dim=-1)
+            rotary_kv_write(q.view(1, H, D), k.view(1, KV, D), v.view(1, KV, D), cos, sin, kc, vc, slots)
+
+    timed = []
+    for p, bk, warps in ROPE_GRID:
+        cfg = GemvConfig(p, bk, warps)
+        q = dense_gemv_qkv_rope(x, ws[0], None, config=cfg, **kw)
+        err = float((q.float() - q_ref.float()).abs().max() / q_ref.float().abs().max())
+
+        def fused(cfg: GemvConfig = cfg) -> None:
+            for w in ws:
+                dense_gemv_qkv_rope(x, w, None, config=cfg, **kw)
+
+        timed.append(
+            {"pairs": p, "block_k": bk, "num_warps": warps, "rel_err": err, "us": graph_us(fused, copies)}
+        )
+    d = rope_default_config(hidden)
+    default = next(
+        t for t in timed if (t["pairs"], t["block_k"], t["num_warps"]) == (d.block_n, d.block_k, d.num_warps)
+    )
+    return {
+        "floor_us": rows * hidden * 2 / bw * 1e6,
+        "qkv_then_rotary_kv_write_us": graph_us(unfused, copies),
+        "best": min(timed, key=lambda t: t["us"]),
+        "default": default,
+        "grid": timed,
+    }
+
+
+def time_lm_head(model: str, dev: torch.device, bw: float, copies: int = 2) -> dict[str, Any]:
+    """The LM head at M = 1: cuBLAS then a cast to float32, against ``dense_gemv`` storing float32."""
+    from hotloop.kernels.dense_gemv import GemvConfig, default_config, dense_gemv
+
+    dt = torch.bfloat16
+    hidden = MODELS[model][0]
+    vocab = HEADS[model][3]
+    x = torch.randn(1, hidden, device=dev).to(dt)
+    ws = [(torch.randn(vocab, hidden, device=dev) / hidden**0.5).to(dt) for _ in range(copies)]
+    ref = torch.nn.functional.linear(x, ws[0]).float()
+
+    def cublas() -> None:
+        for w in ws:
+            torch.nn.functional.linear(x, w).float()
+
+    grid = (
+        LM_HEAD_GRID
+        if hidden > 2048
+        else [(bn, next_pow2(hidden), w) for bn in (2, 4, 8, 16) for w in (4, 8)]
+    )
+    timed = []
+    for bn, bk, warps in grid:
+        cfg = GemvConfig(bn, bk, warps)
+        got = dense_gemv(x, ws[0], config=cfg, out_dtype=torch.float32)
+        err = float((got - ref).abs().max() / ref.abs().max())
+
+        def fused(cfg: GemvConfig = cfg) -> None:
+            for w in ws:
+                dense_gemv(x, w, config=cfg, out_dtype=torch.float32)
+
+        timed.append(
+            {"block_n": bn, "block_k": bk, "num_warps": warps, "rel_err": err, "us": graph_us(fused, copies)}
+        )
+    d = default_config(vocab, hidden, False)
+    default = next(
+        (
+            t
+            for t in timed
+            if (t["block_n"], t["block_k"], t["num_warps"]) == (d.block_n, d.block_k, d.num_warps)
+        ),
+        None,
+    )
+    return {
+        "floor_us": vocab * hidden * 2 / bw * 1e6,
+        "cublas_and_cast_us": graph_us(cublas, copies),
+        "best": min(timed, key=lambda t: t["us"]),
+        "default": default,
+        "grid": timed,
+    }
+
+
+def next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
+    ap.add_argument(
+        "--sections", default="proj,layer,rope,lm_head", help="comma-separated: proj,layer,rope,lm_head"
+    )
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev)
     result: dict[str, Any] = {
@@ -238,7 +363,31 @@ def main() -> None:
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     for model, (hidden, qkv, ffn) in MODELS.items():
         rows = []
-        for name, n, k, f in projections(hidden, qkv, ffn):
+        entry: dict[str, Any] = {}
+        result["models"][model] = entry
+        if "rope" in sections:
+            rope = entry["rope"] = time_rope(model, dev, bw)
+            b, d = rope["best"], rope["default"]
+            print(
+                f"{model:13s} qkv+rope floor {rope['floor_us']:6.1f} us  qkv then rotary_kv_write "
+                f"{rope['qkv_then_rotary_kv_write_us']:6.1f}  fused default {d['us']:6.1f} "
+                f"({d['pairs']},{d['block_k']},{d['num_warps']})  best {b['us']:6.1f} "
+                f"({b['pairs']},{b['block_k']},{b['num_warps']}) err {b['rel_err']:.1e}",
+                flush=True,
+            )
+        if "lm_head" in sections:
+            head = entry["lm_head"] = time_lm_head(model, dev, bw)
+            b, d = head["best"], head["default"]
+            dtxt = "-" if d is None else f"{d['us']:6.1f} ({d['block_n']},{d['block_k']},{d['num_warps']})"
+            print(
+                f"{model:13s} lm_head floor {head['floor_us']:6.1f} us  cuBLAS + cast "
+                f"{head['cublas_and_cast_us']:6.1f}  dense_gemv default {dtxt}  best {b['us']:6.1f} "
+                f"({b['block_n']},{b['block_k']},{b['num_warps']}) err {b['rel_err']:.1e}",
+                flush=True,
+            )
+        if "proj" not in sections and "layer" not in sections:
+            continue
+        for name, n, k, f in projections(hidden, qkv, ffn) if "proj" in sections else []:
             row = time_projection(name, n, k, f, dev, bw)
             rows.append(row)
             b, d = row["best"], row["default"]
@@ -250,7 +399,10 @@ def main() -> None:
                 f"err {b['rel_err']:.1e}",
                 flush=True,
             )
-        layer = time_layers(hidden, qkv, ffn, dev, bw)
+        entry["projections"] = rows
+        if "layer" not in sections:
+            continue
+        layer = entry["layer"] = time_layers(hidden, qkv, ffn, dev, bw)
         print(
             f"{model:13s} layer: unfused {layer['unfused_us_per_layer']:.1f} us, fused "
             f"{layer['fused_us_per_layer']:.1f} us (PDL {layer['pdl']}; "
@@ -259,7 +411,6 @@ def main() -> None:
             f" us, floor {layer['floor_us_per_layer']:.1f} us",
             flush=True,
         )
-        result["models"][model] = {"projections": rows, "layer": layer}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)

@@ -20,6 +20,10 @@
 #                                                 # HOTLOOP_ONE_ROW_ROPE / HOTLOOP_DECODE_FUSED_MERGE
 #                                                 # off, each on, both on, then W4A16 batch 1 with
 #                                                 # HOTLOOP_PDL=1 and 0, on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR head     # dense_gemv / one-row GPU tests, the rope and LM-head
+#                                                 # launch grids, batch 1 with HOTLOOP_ONE_ROW_ROPE /
+#                                                 # HOTLOOP_ONE_ROW_LM_HEAD on GPU 0; the W4A16 offline
+#                                                 # row, then serving, on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -175,6 +179,30 @@ fusion_ab() {  # batch 1 (8B, SmolLM2): default, + rope in the qkv GEMV, + fused
     echo "[awq bs1 HOTLOOP_PDL=$p] rc=$? $(grep -o '"decode_tokens_per_s": [0-9.]*' "$out/awq_bs1_pdl$p.json")"
   done
 }
+head_tests() {  # the dense_gemv tests, the rope / LM-head launch grids, then batch 1 A/B
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 150 python3 -m pytest -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_dense_gemv.py \
+    tests/models/test_one_row.py >"$out/one_row_tests.log" 2>&1
+  echo "dense_gemv + one-row GPU tests rc=$?"
+  tail -15 "$out/one_row_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  timeout 200 python3 "$here/dense_gemv.py" "$out/dense_gemv_rope_head.json" --sections rope,lm_head 2>&1
+  local m v
+  for m in llama3-8b smollm2-135m; do
+    for v in "base 0 0" "rope 1 0" "head 0 1" "both 1 1"; do
+      set -- $v
+      HOTLOOP_ONE_ROW_ROPE=$2 HOTLOOP_ONE_ROW_LM_HEAD=$3 timeout 150 python3 -m hotloop.bench.offline \
+        latency --model "$m" --load-format dummy --dtype bfloat16 --batch-size 1 --input-len 128 \
+        --output-len 512 --num-iters 3 --session-len 2048 --max-batch-size 8 \
+        --output-json "$out/bs1_${m}_$1.json" >"$out/bs1_${m}_$1.log" 2>&1
+      echo "[bs1 $m $1] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*\|"decode_tokens_per_s": [0-9.]*' "$out/bs1_${m}_$1.json" 2>/dev/null | tr '\n' ' ')"
+    done
+  done
+}
+serve_awq() {  # the W4A16 offline row (issue 5), then the issue-3 serving run again
+  CUDA_VISIBLE_DEVICES=$g1 timeout 320 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf \
+    --only llama3_awq_offline 2>&1 | tail -4
+  serve "$g1" plain
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -201,6 +229,10 @@ case $what in
     ;;
   one_row_table)
     lanes one_row_rows one_row_kv
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  head)
+    lanes head_tests serve_awq
     cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   fusions)

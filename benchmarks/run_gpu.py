@@ -136,6 +136,11 @@ def main() -> int:
                                             str(n_req), "--input-len", "1024", "--output-len", "256" if q else "1024",
                                             "--session-len", "2048", "--max-batch-size", "512",
                                             "--max-prefill-token-num", "16384"), 500),
+        # issue 5: the offline row with W4A16 weights (target: no lower than bf16's)
+        "llama3_awq_offline": (hotloop_cmd("throughput", "llama3-8b", out, "llama3_awq_offline", "--model-format",
+                                           "awq", "--num-prompts", str(n_req), "--input-len", "1024",
+                                           "--output-len", "256" if q else "1024", "--session-len", "2048",
+                                           "--max-batch-size", "256", "--max-prefill-token-num", "16384"), 500),
     }  # fmt: skip
     if not args.skip_hf:
         plan["hf_llama3_bs1"] = (hf_cmd("llama3-8b", out, "hf_llama3_bs1", 1, 128, 64 if q else 256), 300)
@@ -166,6 +171,8 @@ def main() -> int:
         (f"Llama-3-8B offline {n_req}x1024/{256 if q else 1024} out tok/s", get("llama3_offline", "output_tokens_per_s"),
          None, ">= 10000", get("hf_llama3_b64", "output_tokens_per_s"), 8235),
         ("  the same, --max-batch-size 512", get("llama3_offline_b512", "output_tokens_per_s"), None, ">= 10000",
+         None, None),
+        ("  the same, W4A16 weights", get("llama3_awq_offline", "output_tokens_per_s"), None, ">= bf16's",
          None, None),
         ("Llama-3-8B decode step b256 1k ctx ms", get("llama3_b256_1k", "decode_ms_p50"), floor_b256 * 1e3,
          f"<= {1.3 * floor_b256 * 1e3:.1f}", None, None),

@@ -195,20 +195,22 @@ def _gemv_variants() -> dict[str, tuple[str, dict[str, Any]]]:
     return out
 
 
-def compile_dense_gemv(mode: str, dtype: str = "bfloat16", k: int = 4096) -> Any:
+def compile_dense_gemv(mode: str, dtype: str = "bfloat16", k: int = 4096, out: str | None = None) -> Any:
     """The one-row dense GEMV (``kernels/dense_gemv.py``) with its default launch for a Llama-3-8B
     shape: ``mode`` ``plain``, ``norm`` (qkv), ``res`` (o, down), ``silu`` (gate/up) or ``rope``
-    (qkv with the rotary embedding and the KV-cache write)."""
+    (qkv with the rotary embedding and the KV-cache write); ``out`` the output dtype (float32: the
+    LM head's logits)."""
     from hotloop.kernels import dense_gemv as dg
 
     t = _TYPES[dtype]
     silu, rope = mode == "silu", mode == "rope"
     norm = mode in ("norm", "silu", "rope")
-    cfg = dg.default_config(4096, k, silu or rope, norm)
+    cfg = dg.default_config(4096, k, silu, norm)
     if rope:
-        cfg = dg.GemvConfig(dg.rope_pairs(128, cfg.block_n), cfg.block_k, cfg.num_warps)
+        base = dg.rope_default_config(k)
+        cfg = dg.GemvConfig(dg.rope_pairs(128, base.block_n), base.block_k, base.num_warps)
     sig = {"x_ptr": f"*{t}", "w_ptr": f"*{t}", "b_ptr": f"*{t}", "nw_ptr": f"*{t}", "r_ptr": f"*{t}",
-           "out_ptr": f"*{t}", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64", "kc_ptr": f"*{t}",
+           "out_ptr": f"*{_TYPES[out or dtype]}", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64", "kc_ptr": f"*{t}",
            "vc_ptr": f"*{t}", "N": "i32", "K": "i32", "eps": "fp32"}  # fmt: skip
     strides = ["stride_xm", "stride_wn", "stride_rm", "stride_om", "stride_cs", "stride_kcs", "stride_kch",
                "stride_vcs", "stride_vch"]  # fmt: skip
@@ -242,6 +244,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     **{f"dense-gemv-{m}-bfloat16": ("dense", {"mode": m}) for m in ("plain", "norm", "res", "silu", "rope")},
     "dense-gemv-rope-float32": ("dense", {"mode": "rope", "dtype": "float32"}),
     "dense-gemv-silu-bfloat16-k576": ("dense", {"mode": "silu", "k": 576}),
+    "dense-gemv-lm-head-bfloat16": ("dense", {"mode": "plain", "out": "float32"}),
 }  # fmt: skip
 VARIANTS.update(_gemv_variants())
 _COMPILERS: dict[str, Callable[..., Any]] = {

@@ -4,7 +4,8 @@ The choice follows the tensor's device (fixed when the model is built on it), so
 imports Triton and the GPU path never falls back silently. ``set_triton_enabled(False)`` forces the
 reference everywhere (parity debugging). The environment switches read here: ``HOTLOOP_DENSE_GEMV=0``
 turns off the one-row decode path (``one_row_fusion``); ``HOTLOOP_ONE_ROW_ROPE=1`` fuses its
-rotary embedding and KV write into the q/k/v GEMV (``one_row_rope``).
+rotary embedding and KV write into the q/k/v GEMV (``one_row_rope``); ``HOTLOOP_ONE_ROW_LM_HEAD=1``
+runs its LM head through the same GEMV, float32 logits out (``lm_head_logits``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 from types import ModuleType
 
 import torch
+import torch.nn.functional as F
 
 from hotloop.kernels import reference
 
@@ -22,6 +24,8 @@ _state = {
     "one_row": os.environ.get("HOTLOOP_DENSE_GEMV", "1") != "0",
     # off until timed on a GPU: the rotary embedding and the KV write fused into the q/k/v GEMV
     "one_row_rope": os.environ.get("HOTLOOP_ONE_ROW_ROPE", "0") == "1",
+    # off until timed on a GPU: the one-row LM head through dense_gemv instead of cuBLAS + a cast
+    "one_row_lm_head": os.environ.get("HOTLOOP_ONE_ROW_LM_HEAD", "0") == "1",
 }
 
 
@@ -58,6 +62,26 @@ def set_one_row_rope(enabled: bool) -> None:
 
 def one_row_rope() -> bool:
     return _state["one_row_rope"]
+
+
+def set_one_row_lm_head(enabled: bool) -> None:
+    """Run the one-row LM head through ``dense_gemv`` (off by default; ``HOTLOOP_ONE_ROW_LM_HEAD=1``
+    starts it on)."""
+    _state["one_row_lm_head"] = enabled
+
+
+def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``hidden [N, hidden]`` -> float32 logits ``[N, vocab]``, rounded to hidden's dtype first (as
+    ``F.linear(hidden, weight).float()``). One row on CUDA with ``one_row_lm_head`` on: one
+    ``dense_gemv`` launch that stores float32, instead of cuBLAS and a cast kernel."""
+    if (
+        one_row_fusion(hidden)
+        and _state["one_row_lm_head"]
+        and weight.is_cuda
+        and weight.dtype == hidden.dtype
+    ):
+        return _kernel("dense_gemv").dense_gemv(hidden, weight, out_dtype=torch.float32)
+    return F.linear(hidden, weight).float()
 
 
 def _kernel(name: str) -> ModuleType:

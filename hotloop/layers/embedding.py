@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hotloop.kernels import ops
 from hotloop.layers.linear import default_weight_loader, set_weight_loader
 
 
@@ -70,4 +71,4 @@ class LMHead(nn.Module):
             set_weight_loader(self.weight, default_weight_loader)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight).float()
+        return ops.lm_head_logits(hidden, self.weight)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from kernel_checks import TOL, interpret, rel_err
 
 from hotloop.kernels import reference
@@ -234,3 +235,50 @@ def test_fused_roundings_equal_the_unfused_kernels_bf16() -> None:
     )  # fmt: skip
     assert torch.equal(got, q.reshape(2, h * d))
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
+
+
+@interpret
+def test_float32_logits_are_the_rounded_output_widened() -> None:
+    """``out_dtype=float32`` (the LM head): each logit is the bf16 output widened, bit for bit, as
+    ``F.linear(x, W).float()`` rounds; masked tiles (a vocabulary that is not a multiple of
+    ``block_n``) included."""
+    from hotloop.kernels.dense_gemv import GemvConfig, dense_gemv
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 48, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(37, 48, generator=gen) / 7).to(torch.bfloat16)
+    cfg = GemvConfig(block_n=8, block_k=16, num_warps=1)
+    logits = dense_gemv(x, w, config=cfg, out_dtype=torch.float32)
+    assert logits.dtype == torch.float32 and logits.shape == (1, 37)
+    assert torch.equal(logits, dense_gemv(x, w, config=cfg).float())
+    assert rel_err(logits, F.linear(x.float(), w.float())) < TOL[torch.bfloat16] / 2
+    with pytest.raises(ValueError, match="out_dtype"):
+        dense_gemv(x, w, out_dtype=torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab,hidden", [(128256, 4096), (49152, 576), (1000, 300)])
+def test_lm_head_logits_gpu(vocab: int, hidden: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ops.lm_head_logits`` through ``dense_gemv`` against cuBLAS + cast: float32, and within one
+    bf16 rounding of it (the sums run in a different order)."""
+    from hotloop.kernels import ops
+
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randn(1, hidden, generator=gen).to(torch.bfloat16).cuda()
+    w = (torch.randn(vocab, hidden, generator=gen) / hidden**0.5).to(torch.bfloat16).cuda()
+    monkeypatch.setitem(ops._state, "one_row_lm_head", True)
+    got = ops.lm_head_logits(x, w)
+    ref = F.linear(x, w).float()
+    assert got.dtype == torch.float32 and got.shape == (1, vocab)
+    assert rel_err(got, F.linear(x.float(), w.float())) < TOL[torch.bfloat16] / 2
+    assert rel_err(got, ref) < TOL[torch.bfloat16] / 2
+    monkeypatch.setitem(ops._state, "one_row_lm_head", False)
+    assert torch.equal(ops.lm_head_logits(x, w), ref)
+
+
+def test_lm_head_logits_cpu_is_linear_then_cast() -> None:
+    from hotloop.kernels import ops
+
+    x, w = torch.randn(2, 16).to(torch.bfloat16), torch.randn(40, 16).to(torch.bfloat16)
+    got = ops.lm_head_logits(x, w)
+    assert got.dtype == torch.float32 and torch.equal(got, F.linear(x, w).float())

@@ -73,6 +73,7 @@ def test_one_row_path_matches_transformers_cpu(
     calls = _count_one_row(monkeypatch)
     monkeypatch.setattr(ops, "one_row_fusion", lambda x: x.shape[0] == 1)
     monkeypatch.setitem(ops._state, "one_row_rope", rope)
+    monkeypatch.setitem(ops._state, "one_row_lm_head", rope)  # the CPU reference: F.linear either way
     rope_calls = [0]
     real_rope = QKVLinear.forward_rope
 
@@ -117,11 +118,13 @@ def test_one_row_path_greedy_parity_gpu(
 ) -> None:
     """One request at a time on the GPU in bf16 (CUDA graphs or eager): every decode step takes the
     one-row path, and the tokens equal transformers' up to its first near-tie. ``more``: also the
-    rotary embedding and KV write in the q/k/v GEMV (``HOTLOOP_ONE_ROW_ROPE``) and the split merge
-    in the decode kernel (``HOTLOOP_DECODE_FUSED_MERGE``), both off by default."""
+    rotary embedding and KV write in the q/k/v GEMV (``HOTLOOP_ONE_ROW_ROPE``), the split merge
+    in the decode kernel (``HOTLOOP_DECODE_FUSED_MERGE``) and the LM head through ``dense_gemv``
+    (``HOTLOOP_ONE_ROW_LM_HEAD``)."""
     from hotloop.kernels import paged_decode_attention as dec
 
     monkeypatch.setitem(ops._state, "one_row_rope", more)
+    monkeypatch.setitem(ops._state, "one_row_lm_head", more)
     monkeypatch.setattr(dec, "FUSE_MERGE", more)
     rope_calls = [0]
     real_rope = QKVLinear.forward_rope
