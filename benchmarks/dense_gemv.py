@@ -290,7 +290,7 @@ def time_rope(model: str, dev: torch.device, bw: float, copies: int = 8) -> dict
 
 def time_lm_head(model: str, dev: torch.device, bw: float, copies: int = 2) -> dict[str, Any]:
     """The LM head at M = 1: cuBLAS then a cast to float32, against ``dense_gemv`` storing float32."""
-    from hotloop.kernels.dense_gemv import GemvConfig, default_config, dense_gemv
+    from hotloop.kernels.dense_gemv import GemvConfig, dense_gemv, lm_head_config
 
     dt = torch.bfloat16
     hidden = MODELS[model][0]
@@ -321,7 +321,7 @@ def time_lm_head(model: str, dev: torch.device, bw: float, copies: int = 2) -> d
         timed.append(
             {"block_n": bn, "block_k": bk, "num_warps": warps, "rel_err": err, "us": graph_us(fused, copies)}
         )
-    d = default_config(vocab, hidden, False)
+    d = lm_head_config(hidden)
     default = next(
         (
             t

@@ -24,6 +24,9 @@
 #                                                 # launch grids, batch 1 with HOTLOOP_ONE_ROW_ROPE /
 #                                                 # HOTLOOP_ONE_ROW_LM_HEAD on GPU 0; the W4A16 offline
 #                                                 # row, then serving, on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR argmax   # the new kernels' GPU tests, batch 1 with the greedy
+#                                                 # argmax kernel on / off, a profile, on GPU 0; batch 1
+#                                                 # with fp16 / int8 KV and W4A16 on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -203,6 +206,38 @@ serve_awq() {  # the W4A16 offline row (issue 5), then the issue-3 serving run a
     --only llama3_awq_offline 2>&1 | tail -4
   serve "$g1" plain
 }
+bs1() {  # name model extra-flags... (environment switches go in front of the call)
+  local name=$1 m=$2
+  shift 2
+  timeout 150 python3 -m hotloop.bench.offline latency --model "$m" --load-format dummy --dtype bfloat16 \
+    --batch-size 1 --input-len 128 --output-len 512 --num-iters 3 --session-len 2048 --max-batch-size 8 \
+    --output-json "$out/bs1_$name.json" "$@" >"$out/bs1_$name.log" 2>&1
+  echo "[bs1 $name] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*\|"decode_tokens_per_s": [0-9.]*' "$out/bs1_$name.json" 2>/dev/null | tr '\n' ' ')"
+}
+argmax_tests() {  # the new kernels' GPU tests and parity, then batch 1 with the greedy argmax on / off
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 150 python3 -m pytest -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_dense_gemv.py \
+    tests/kernels/test_greedy_argmax.py tests/models/test_one_row.py tests/api/test_gpu_parity.py \
+    >"$out/argmax_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  tail -15 "$out/argmax_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  bs1 llama3-8b llama3-8b
+  HOTLOOP_GREEDY_ARGMAX=0 bs1 llama3-8b_torch_argmax llama3-8b
+  bs1 llama3-8b_again llama3-8b
+  bs1 smollm2-135m smollm2-135m
+  HOTLOOP_GREEDY_ARGMAX=0 bs1 smollm2-135m_torch_argmax smollm2-135m
+  timeout 100 python3 "$here/profile_step.py" --out "$out/profile_bs1.json" --cases "1@128" \
+    >"$out/profile_bs1.log" 2>&1
+  echo "profile decode 1@128 rc=$?"
+  grep -A12 "decode 1@128" "$out/profile_bs1.log"
+}
+argmax_kv() {  # batch 1 with fp16 and int8 KV (issue 6), then W4A16 batch 1 (issue 5)
+  export CUDA_VISIBLE_DEVICES=$g1
+  bash "$here/run_capacity.sh" bs1 "$out/cap" 80
+  bash "$here/run_capacity.sh" bs1 "$out/cap2" 80
+  bs1 awq llama3-8b --model-format awq
+  for f in "$out"/cap*/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -229,6 +264,10 @@ case $what in
     ;;
   one_row_table)
     lanes one_row_rows one_row_kv
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  argmax)
+    lanes argmax_tests argmax_kv
     cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   head)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from hotloop.executor.gpu_inputs import InputBuffers
+from hotloop.kernels import ops
 from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -67,7 +68,7 @@ class DecodeGraphs:
             buf.input_ids[:batch], buf.positions[:batch], self.kv_caches, buf.graph_meta(batch)
         )
         logits = self.model.compute_logits(hidden)
-        return logits, logits.argmax(dim=-1)
+        return logits, ops.greedy_argmax(logits)
 
     @torch.inference_mode()
     def _capture(self, progress: bool) -> None:

@@ -222,6 +222,16 @@ def compile_dense_gemv(mode: str, dtype: str = "bfloat16", k: int = 4096, out: s
     return compile_for_target(dg._dense_gemv_kernel, sig, consts, aligned, num_warps=cfg.num_warps)
 
 
+def compile_greedy_argmax() -> Any:
+    """The few-row greedy argmax (``kernels/greedy_argmax.py``) for a 128k vocabulary."""
+    from hotloop.kernels import greedy_argmax as ga
+
+    sig = {"x_ptr": "*fp32", "part_v_ptr": "*fp32", "part_i_ptr": "*i32", "out_ptr": "*i64", "cnt_ptr": "*i32",
+           "V": "i32", "P": "i32", "stride_x": "i32"}  # fmt: skip
+    consts = {"CHUNK": ga.CHUNK, "P_POW2": 64, "PDL": True}
+    return compile_for_target(ga._greedy_argmax_kernel, sig, consts, [n for n in sig if n.endswith("_ptr")])
+
+
 _FORMATS = [(0, "bfloat16"), (8, "bfloat16"), (4, "bfloat16"), (0, "float32"), (8, "float32"), (4, "float32")]
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     **{f"decode-q{q}-{d}": ("decode", {"quant": q, "dtype": d}) for q, d in _FORMATS},
@@ -245,6 +255,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dense-gemv-rope-float32": ("dense", {"mode": "rope", "dtype": "float32"}),
     "dense-gemv-silu-bfloat16-k576": ("dense", {"mode": "silu", "k": 576}),
     "dense-gemv-lm-head-bfloat16": ("dense", {"mode": "plain", "out": "float32"}),
+    "greedy-argmax": ("argmax", {}),
 }  # fmt: skip
 VARIANTS.update(_gemv_variants())
 _COMPILERS: dict[str, Callable[..., Any]] = {
@@ -252,6 +263,7 @@ _COMPILERS: dict[str, Callable[..., Any]] = {
     "prefill": compile_prefill,
     "gemv": compile_w4a16_gemv,
     "dense": compile_dense_gemv,
+    "argmax": compile_greedy_argmax,
 }
 
 

@@ -250,6 +250,15 @@ def default_config(n: int, k: int, silu: bool, norm: bool = False) -> GemvConfig
     return GemvConfig(2, block_k, 8 if block_k >= 2048 else 4)
 
 
+def lm_head_config(k: int) -> GemvConfig:
+    """The LM head's launch (``ops.lm_head_logits``), from ``benchmarks/dense_gemv.py --sections
+    lm_head`` on an H200 (2026-11-30): Llama-3-8B's 128256 x 4096 239.1 us (the default launch
+    247.5, cuBLAS + the cast 254.4); SmolLM2-135M's 49152 x 576 25.8 us (default 33.0)."""
+    if k > 2048:
+        return GemvConfig(4, 256, 2)
+    return GemvConfig(4, min(2048, max(16, next_power_of_2(k))), 4)
+
+
 def rope_default_config(k: int) -> GemvConfig:
     """``dense_gemv_qkv_rope``'s launch (``block_n``: rotation pairs, two weight rows each).
 
