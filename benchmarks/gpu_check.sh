@@ -27,6 +27,8 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR argmax   # the new kernels' GPU tests, batch 1 with the greedy
 #                                                 # argmax kernel on / off, a profile, on GPU 0; batch 1
 #                                                 # with fp16 / int8 KV and W4A16 on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR late     # 8B batch 1 with the rope fusion on / off (twice) on
+#                                                 # GPU 0; SmolLM2 the same, then serving, on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -238,6 +240,27 @@ argmax_kv() {  # batch 1 with fp16 and int8 KV (issue 6), then W4A16 batch 1 (is
   bs1 awq llama3-8b --model-format awq
   for f in "$out"/cap*/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
 }
+late_8b() {  # the rope GEMV's late launch trigger: dense_gemv GPU tests, then 8B batch 1 rope on / off
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 100 python3 -m pytest -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_dense_gemv.py \
+    tests/models/test_one_row.py >"$out/late_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  tail -15 "$out/late_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  local i
+  for i in 1 2; do
+    HOTLOOP_ONE_ROW_ROPE=1 bs1 "llama3-8b_rope_$i" llama3-8b
+    HOTLOOP_ONE_ROW_ROPE=0 bs1 "llama3-8b_norope_$i" llama3-8b
+  done
+}
+late_small() {  # SmolLM2 batch 1 rope on / off, then serving alone on its GPU
+  export CUDA_VISIBLE_DEVICES=$g1
+  local i
+  for i in 1 2; do
+    HOTLOOP_ONE_ROW_ROPE=1 bs1 "smollm2-135m_rope_$i" smollm2-135m
+    HOTLOOP_ONE_ROW_ROPE=0 bs1 "smollm2-135m_norope_$i" smollm2-135m
+  done
+  serve "$g1" plain
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -264,6 +287,10 @@ case $what in
     ;;
   one_row_table)
     lanes one_row_rows one_row_kv
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  late)
+    lanes late_8b late_small
     cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   argmax)

@@ -24,6 +24,7 @@ order of the float32 sums differs, so a bit can differ):
 
 On Hopper the launches are programmatic dependents (``kernels/pdl.py``): a GEMV may start while the
 kernel before it drains, requesting its first weight tiles before it waits for that kernel's output.
+The rope variant lets the next launch (decode attention) start only after its K loop.
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ def _dense_gemv_kernel(
 
     if PDL:
         gdc_wait()  # the kernel before this one is done: x and the residual are written
-        gdc_launch_dependents()  # the next launch may start requesting its weights
+        if not ROPE:
+            gdc_launch_dependents()  # the next launch may start requesting its weights
     rstd = 1.0
     if NORM:
         offs_all = tl.arange(0, K_POW2)
@@ -182,6 +184,10 @@ def _dense_gemv_kernel(
         w = w_next
         wu = wu_next
 
+    if PDL and ROPE:
+        # after the loop: the next kernel (decode attention) has no weights to prefetch, and its
+        # programs, resident early and waiting, would take SM slots from this GEMV's later ones
+        gdc_launch_dependents()
     y = tl.sum(acc, 1)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
