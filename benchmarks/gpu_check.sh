@@ -29,6 +29,8 @@
 #                                                 # with fp16 / int8 KV and W4A16 on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR late     # 8B batch 1 with the rope fusion on / off (twice) on
 #                                                 # GPU 0; SmolLM2 the same, then serving, on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR final    # batch 1 with every default: 8B twice and SmolLM2 on
+#                                                 # GPU 0; fp16 / int8 KV and W4A16 on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -261,6 +263,18 @@ late_small() {  # SmolLM2 batch 1 rope on / off, then serving alone on its GPU
   done
   serve "$g1" plain
 }
+final_bs1() {  # batch 1 with every default: Llama-3-8B twice, SmolLM2-135M
+  export CUDA_VISIBLE_DEVICES=0
+  bs1 llama3-8b_1 llama3-8b
+  bs1 llama3-8b_2 llama3-8b
+  bs1 smollm2-135m smollm2-135m
+}
+final_kv() {  # batch 1 with fp16 and int8 KV (issue 6), then W4A16 (issue 5)
+  export CUDA_VISIBLE_DEVICES=$g1
+  bash "$here/run_capacity.sh" bs1 "$out/cap" 80 >/dev/null 2>&1
+  for f in "$out"/cap/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
+  bs1 awq llama3-8b --model-format awq
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -287,6 +301,10 @@ case $what in
     ;;
   one_row_table)
     lanes one_row_rows one_row_kv
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  final)
+    lanes final_bs1 final_kv
     cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   late)

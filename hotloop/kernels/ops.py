@@ -2,12 +2,13 @@
 
 The choice follows the tensor's device (fixed when the model is built on it), so the CPU path never
 imports Triton and the GPU path never falls back silently. ``set_triton_enabled(False)`` forces the
-reference everywhere (parity debugging). The environment switches read here: ``HOTLOOP_DENSE_GEMV=0``
-turns off the one-row decode path (``one_row_fusion``); ``HOTLOOP_ONE_ROW_ROPE=1`` / ``0`` forces
-the fusion of its rotary embedding and KV write into the q/k/v GEMV on / off (``one_row_rope``; by
-default on for narrow models); ``HOTLOOP_ONE_ROW_LM_HEAD=0`` keeps its LM head on cuBLAS
-(``lm_head_logits``); ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for few rows
-(``greedy_argmax``).
+reference everywhere (parity debugging). The environment switches read here, all on by default:
+
+- ``HOTLOOP_DENSE_GEMV=0`` turns off the one-row decode path (``one_row_fusion``);
+- ``HOTLOOP_ONE_ROW_ROPE=0`` keeps its rotary embedding and KV write out of the q/k/v GEMV
+  (``one_row_rope``);
+- ``HOTLOOP_ONE_ROW_LM_HEAD=0`` keeps its LM head on cuBLAS (``lm_head_logits``);
+- ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``).
 """
 
 from __future__ import annotations
@@ -21,22 +22,17 @@ import torch.nn.functional as F
 
 from hotloop.kernels import reference
 
-_state: dict[str, bool | None] = {
+_state: dict[str, bool] = {
     "enabled": importlib.util.find_spec("triton") is not None,
     "one_row": os.environ.get("HOTLOOP_DENSE_GEMV", "1") != "0",
-    # the rotary embedding and the KV write fused into the q/k/v GEMV: None is "where it was
-    # measured to pay" (``one_row_rope``); HOTLOOP_ONE_ROW_ROPE=1 / 0 forces it on / off
-    "one_row_rope": {"1": True, "0": False}.get(os.environ.get("HOTLOOP_ONE_ROW_ROPE", "")),
+    # the rotary embedding and the KV write fused into the q/k/v GEMV (measured on an H200 at batch
+    # 1, 2026-11-30: Llama-3-8B 254.0 -> 256.1 tokens/s, SmolLM2-135M 2,129 -> 2,175)
+    "one_row_rope": os.environ.get("HOTLOOP_ONE_ROW_ROPE", "1") != "0",
     # the one-row LM head through dense_gemv instead of cuBLAS + a cast
     "one_row_lm_head": os.environ.get("HOTLOOP_ONE_ROW_LM_HEAD", "1") != "0",
     # the greedy argmax of a few rows in one Triton launch instead of torch.argmax
     "greedy_argmax": os.environ.get("HOTLOOP_GREEDY_ARGMAX", "1") != "0",
 }
-
-# The rope fusion pays where the one-row layer is bound by launch latency: measured on an H200 at
-# batch 1 (2026-11-30), SmolLM2-135M (hidden 576) 2,063 -> 2,097 tokens/s with it (1,996 -> 2,072
-# alone), Llama-3-8B (hidden 4,096) 248.0 -> 246.8 (a little slower).
-ONE_ROW_ROPE_MAX_HIDDEN = 2048
 
 
 def set_triton_enabled(enabled: bool) -> None:
@@ -64,17 +60,14 @@ def one_row_fusion(x: torch.Tensor) -> bool:
     return x.shape[0] == 1 and x.shape[-1] <= ONE_ROW_MAX_HIDDEN and use_triton(x) and bool(_state["one_row"])
 
 
-def set_one_row_rope(enabled: bool | None) -> None:
-    """Fuse the rotary embedding and the KV-cache write into the one-row q/k/v GEMV: on, off, or
-    ``None`` for where it pays (``hidden <= ONE_ROW_ROPE_MAX_HIDDEN``, the default;
-    ``HOTLOOP_ONE_ROW_ROPE=1`` / ``0`` starts it on / off)."""
+def set_one_row_rope(enabled: bool) -> None:
+    """Fuse the rotary embedding and the KV-cache write into the one-row q/k/v GEMV (on by
+    default; ``HOTLOOP_ONE_ROW_ROPE=0`` starts it off)."""
     _state["one_row_rope"] = enabled
 
 
-def one_row_rope(hidden: int) -> bool:
-    """Whether the one-row q/k/v GEMV of a model of width ``hidden`` takes the rope fusion."""
-    forced = _state["one_row_rope"]
-    return hidden <= ONE_ROW_ROPE_MAX_HIDDEN if forced is None else bool(forced)
+def one_row_rope() -> bool:
+    return _state["one_row_rope"]
 
 
 def set_one_row_lm_head(enabled: bool) -> None:

@@ -206,7 +206,7 @@ class LlamaDecoderLayer(nn.Module):
         a decode-only batch."""
         attn = self.self_attn
         return (
-            ops.one_row_rope(h.shape[-1])
+            ops.one_row_rope()
             and attn.q_norm is None
             and 2 * cos_sin[0].shape[-1] == attn.head_dim
             and kv_cache[0].dtype == h.dtype
