@@ -8,6 +8,11 @@ The engine runs with an executor that does no model work: ``launch`` builds the 
 GPU runner's persistent buffers (on the CPU) exactly as on the GPU, ``collect`` returns random token
 ids. The tokenizer is the default model's (SmolLM2), so detokenization costs what it costs in serving.
 Reports the median per step of each phase (cProfile-free timing) and the total.
+
+``--runner gpu`` runs the real ``GpuModelRunner`` instead (on the CPU): its graph-bucket checks,
+input staging, pending-token patching, greedy shortcut and ``collect``, with only the graph
+replay replaced by a stand-in that returns pre-drawn ids (``StandInGraphs``). That is the runner's
+own host code; the CUDA calls themselves (copies, replay, event) are not in it.
 """
 
 from __future__ import annotations
@@ -67,12 +72,88 @@ class HostOnlyExecutor:
         raise RuntimeError("the host-only executor runs no model: it cannot score tokens")
 
 
+class StandInGraphs:
+    """``DecodeGraphs``' interface without a GPU: ``run`` returns ids drawn in advance."""
+
+    def __init__(self, max_batch: int, vocab: int) -> None:
+        self.buckets = batch_buckets(max_batch)
+        g = torch.Generator().manual_seed(0)
+        self.ids = [torch.randint(3, vocab, (b,), generator=g) for b in range(max_batch + 1)]
+        self.logits = torch.zeros(max_batch, 1)
+
+    @property
+    def max_batch(self) -> int:
+        return self.buckets[-1]
+
+    def bucket_for(self, batch: int) -> int:
+        return next(b for b in self.buckets if b >= batch)
+
+    def run(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.logits[:bucket], self.ids[bucket]
+
+
+class RunnerExecutor:
+    """The executor's launch / collect around a runner, timing the runner's launch."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.prepare_s: list[float] = []
+
+    def launch(self, out: SchedulerOutput) -> Any:
+        t0 = time.perf_counter()
+        handle = self.runner.launch(out)
+        self.prepare_s.append(time.perf_counter() - t0)
+        return handle
+
+    def collect(self, handle: Any) -> list[SampledToken]:
+        return self.runner.collect(handle)
+
+    def execute(self, out: SchedulerOutput) -> list[SampledToken]:
+        return self.collect(self.launch(out))
+
+    def score(self, request: Any, start: int, num_tokens: int) -> list[float]:
+        raise RuntimeError("the stand-in runner runs no model: it cannot score tokens")
+
+
+class StandInModel(torch.nn.Module):
+    """Runs the prefill steps (eager) without a model: hidden states of width 1, random logits."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros(input_ids.shape[0], 1)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.randn(hidden.shape[0], self.vocab)
+
+
+def gpu_runner_executor(vocab: int, max_batch: int, max_tokens: int, session: int, block_size: int) -> Any:
+    from hotloop.executor.gpu_runner import GpuModelRunner
+
+    runner = GpuModelRunner(
+        StandInModel(vocab),  # type: ignore[arg-type]  # decode steps take the stand-in graphs
+        [],
+        block_size,
+        torch.device("cpu"),
+        max_batch,
+        max_tokens,
+        session,
+        use_cuda_graph=False,
+    )
+    runner.graphs = StandInGraphs(max_batch, vocab)  # type: ignore[assignment]
+    return RunnerExecutor(runner)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--runner", choices=("host-only", "gpu"), default="host-only",
+                    help="gpu: the real GpuModelRunner's host code with a stand-in graph replay")  # fmt: skip
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -96,7 +177,11 @@ def main() -> int:
         dtype="float32",
         eos_token_ids=(2,),
     )
-    ex = HostOnlyExecutor(vocab, args.batch, args.batch * args.prompt_len + args.batch, width, bs)
+    max_tokens = args.batch * args.prompt_len + args.batch
+    if args.runner == "gpu":
+        ex = gpu_runner_executor(vocab, args.batch, max_tokens, session, bs)
+    else:
+        ex = HostOnlyExecutor(vocab, args.batch, max_tokens, width, bs)
     engine = Engine(
         ex,
         tok,
@@ -120,6 +205,7 @@ def main() -> int:
         assert len(outs) == args.batch
     ms = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
     result = {
+        "runner": args.runner,
         "batch": args.batch,
         "steps": args.steps,
         "host_ms_per_step_p50": ms(step_s),

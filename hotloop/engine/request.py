@@ -97,12 +97,17 @@ class Request:
     # Penalties read the output history on the device: such a request's pending token must reach
     # the host before the next step is scheduled (set from ``params``).
     needs_output_history: bool = field(init=False, default=False)
+    # Plain greedy (no bias, penalties or logprobs): the argmax is the token once this many output
+    # tokens are known (``min_new_tokens`` masks EOS before that); None: never (set from ``params``).
+    greedy_from: int | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         p = self.params
         self.needs_output_history = (
             p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
         )
+        if p.greedy and not p.logit_bias and p.logprobs is None and not self.needs_output_history:
+            self.greedy_from = p.min_new_tokens or 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -24,19 +24,7 @@ from hotloop.executor.model_runner import CausalLM, ModelRunner, StepHandle
 from hotloop.executor.piecewise_graph import PiecewiseGraphs
 from hotloop.executor.sampler import SamplerOutput
 from hotloop.layers.attention import AttentionMetadata
-from hotloop.messages import GenerationConfig
 from hotloop.vl import merge, mrope
-
-
-def _plain_greedy(p: GenerationConfig) -> bool:
-    return (
-        p.greedy
-        and not p.logit_bias
-        and p.logprobs is None
-        and p.repetition_penalty == 1.0
-        and p.presence_penalty == 0.0
-        and p.frequency_penalty == 0.0
-    )
 
 
 class GpuModelRunner(ModelRunner):
@@ -91,19 +79,24 @@ class GpuModelRunner(ModelRunner):
             self.patch_pending(step.input_ids, step.pending_dst, step.pending_reqs)
 
     def _graph_bucket(self, out: SchedulerOutput) -> int | None:
-        """The decode graph that runs ``out``, or None (an eager or piecewise step)."""
+        """The decode graph that runs ``out``, or None (an eager or piecewise step): every row one
+        sampled token whose block table fits the buffers, no image token, no 3-D positions. One
+        pass over the rows (this runs every step, at batch 256 too)."""
         g = self.graphs
-        b = len(out.scheduled)
-        if (
-            g is not None
-            and b <= g.max_batch
-            and all(s.num_tokens == 1 and s.samples for s in out.scheduled)
-            and self.buffers.fits(out)
-            and not merge.has_images(out.scheduled)
-            and not mrope.needs_3d(out.scheduled)
-        ):
-            return g.bucket_for(b)
-        return None
+        scheduled = out.scheduled
+        b = len(scheduled)
+        buffers = self.buffers
+        if g is None or b > g.max_batch or b > buffers.max_seqs or b > buffers.max_tokens:
+            return None
+        width = buffers.width
+        images = False
+        for s in scheduled:
+            if s.num_tokens != 1 or not s.samples or len(s.request.block_ids) > width:
+                return None
+            images = images or bool(s.request.mm_inputs)
+        if images and (merge.has_images(scheduled) or mrope.needs_3d(scheduled)):
+            return None
+        return g.bucket_for(b)
 
     def _step_kind(self, out: SchedulerOutput, bucket: int | None) -> tuple[str, int]:
         if bucket is not None:
@@ -169,8 +162,8 @@ class GpuModelRunner(ModelRunner):
     def _sample(self, logits: torch.Tensor, greedy: torch.Tensor | None, reqs: list[Request]) -> StepHandle:
         """Sample on the device and start copying the result to pinned host memory."""
         if all(
-            _plain_greedy(r.params)
-            and r.num_output_tokens + r.num_pending_tokens >= (r.params.min_new_tokens or 0)
+            r.greedy_from is not None
+            and (not r.greedy_from or len(r.output_token_ids) + r.num_pending_tokens >= r.greedy_from)
             for r in reqs
         ):
             ids = greedy if greedy is not None else logits.argmax(dim=-1)
