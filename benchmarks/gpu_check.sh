@@ -31,6 +31,8 @@
 #                                                 # GPU 0; SmolLM2 the same, then serving, on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR final    # batch 1 with every default: 8B twice and SmolLM2 on
 #                                                 # GPU 0; fp16 / int8 KV and W4A16 on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR qrope    # the rope GEMV into quantized caches: GPU tests on
+#                                                 # GPU 0; batch 1 with fp16 / int8 KV on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -275,6 +277,18 @@ final_kv() {  # batch 1 with fp16 and int8 KV (issue 6), then W4A16 (issue 5)
   for f in "$out"/cap/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
   bs1 awq llama3-8b --model-format awq
 }
+qrope_tests() {  # the rope GEMV into int8 / int4 caches: kernel and one-row GPU tests
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 150 python3 -m pytest -n 6 -q -rfE -p no:cacheprovider tests/kernels/test_dense_gemv.py \
+    tests/models/test_one_row.py -k "quantized or rope or lm_head" >"$out/qrope_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  tail -15 "$out/qrope_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+}
+qrope_kv() {  # batch 1 with fp16 and int8 KV (issue 6)
+  export CUDA_VISIBLE_DEVICES=$g1
+  bash "$here/run_capacity.sh" bs1 "$out/cap" 80 >/dev/null 2>&1
+  for f in "$out"/cap/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -301,6 +315,10 @@ case $what in
     ;;
   one_row_table)
     lanes one_row_rows one_row_kv
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  qrope)
+    lanes qrope_tests qrope_kv
     cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   final)

@@ -195,11 +195,13 @@ def _gemv_variants() -> dict[str, tuple[str, dict[str, Any]]]:
     return out
 
 
-def compile_dense_gemv(mode: str, dtype: str = "bfloat16", k: int = 4096, out: str | None = None) -> Any:
+def compile_dense_gemv(
+    mode: str, dtype: str = "bfloat16", k: int = 4096, out: str | None = None, quant: int = 0
+) -> Any:
     """The one-row dense GEMV (``kernels/dense_gemv.py``) with its default launch for a Llama-3-8B
     shape: ``mode`` ``plain``, ``norm`` (qkv), ``res`` (o, down), ``silu`` (gate/up) or ``rope``
-    (qkv with the rotary embedding and the KV-cache write); ``out`` the output dtype (float32: the
-    LM head's logits)."""
+    (qkv with the rotary embedding and the KV-cache write; ``quant`` 8 / 4: into a quantized
+    cache); ``out`` the output dtype (float32: the LM head's logits)."""
     from hotloop.kernels import dense_gemv as dg
 
     t = _TYPES[dtype]
@@ -210,14 +212,17 @@ def compile_dense_gemv(mode: str, dtype: str = "bfloat16", k: int = 4096, out: s
         base = dg.rope_default_config(k)
         cfg = dg.GemvConfig(dg.rope_pairs(128, base.block_n), base.block_k, base.num_warps)
     sig = {"x_ptr": f"*{t}", "w_ptr": f"*{t}", "b_ptr": f"*{t}", "nw_ptr": f"*{t}", "r_ptr": f"*{t}",
-           "out_ptr": f"*{_TYPES[out or dtype]}", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64", "kc_ptr": f"*{t}",
-           "vc_ptr": f"*{t}", "N": "i32", "K": "i32", "eps": "fp32"}  # fmt: skip
+           "out_ptr": f"*{_TYPES[out or dtype]}", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64",
+           "kc_ptr": "*u8" if quant else f"*{t}", "vc_ptr": "*u8" if quant else f"*{t}", "stage_ptr": f"*{t}",
+           "cnt_ptr": "*i32", "N": "i32", "K": "i32", "eps": "fp32"}  # fmt: skip
     strides = ["stride_xm", "stride_wn", "stride_rm", "stride_om", "stride_cs", "stride_kcs", "stride_kch",
-               "stride_vcs", "stride_vch"]  # fmt: skip
+               "stride_vcs", "stride_vch", "stride_kb", "stride_vb"]  # fmt: skip
     sig.update({s: "i32" for s in strides})
     consts = {"NORM": norm, "SILU": silu, "ROPE": rope, "H": 32, "KV": 8, "HD": 128, "RES": mode == "res",
               "HAS_BIAS": False, "EVEN": k % cfg.block_k == 0, "K_POW2": 1 << (k - 1).bit_length() if norm else 16,
-              "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVICT": "evict_first", "PDL": True}  # fmt: skip
+              "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVICT": "evict_first", "PDL": True,
+              "QUANT": quant, "BS": 64 if quant else 1, "NPACK": 128 if quant == 8 else 64 if quant else 1,
+              "BLOCK_P": 128 if quant == 8 else 64 if quant else 2, "SCALE_BITS": 8 * (2 if dtype == "bfloat16" else 4)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")] + ["N", "K", *strides]
     return compile_for_target(dg._dense_gemv_kernel, sig, consts, aligned, num_warps=cfg.num_warps)
 
@@ -256,6 +261,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dense-gemv-silu-bfloat16-k576": ("dense", {"mode": "silu", "k": 576}),
     "dense-gemv-lm-head-bfloat16": ("dense", {"mode": "plain", "out": "float32"}),
     "greedy-argmax": ("argmax", {}),
+    "dense-gemv-rope-q8-bfloat16": ("dense", {"mode": "rope", "quant": 8}),
+    "dense-gemv-rope-q4-bfloat16": ("dense", {"mode": "rope", "quant": 4}),
 }  # fmt: skip
 VARIANTS.update(_gemv_variants())
 _COMPILERS: dict[str, Callable[..., Any]] = {

@@ -35,9 +35,12 @@ import torch
 import triton
 import triton.language as tl
 
+from hotloop.kernels import counters, kv_quant
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous, check_same_device
+from hotloop.kernels.kv_quant_triton import block_packed, quant_rows
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
 from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
+from hotloop.kernels.rotary_kv_write import quant_write
 
 # The norm prologue holds the whole row in registers.
 MAX_NORM_K = 16384
@@ -70,8 +73,10 @@ def _dense_gemv_kernel(
     cos_ptr,  # ROPE: [M, HD / 2] float32, and sin
     sin_ptr,
     slot_ptr,  # ROPE: [M] int64 cache slots (negative: not written)
-    kc_ptr,  # ROPE: the K and V caches, [slots, KV, HD] in x's dtype
+    kc_ptr,  # ROPE: the K and V caches, [slots, KV, HD] in x's dtype, or uint8 blocks (QUANT)
     vc_ptr,
+    stage_ptr,  # ROPE + QUANT: [M, 2 KV, HD] in x's dtype, k (rotated) and v before quantization
+    cnt_ptr,  # ROPE + QUANT: [M * 2 KV] int32 arrival counters, zero between launches
     N,
     K,
     stride_xm,
@@ -83,6 +88,8 @@ def _dense_gemv_kernel(
     stride_kch,
     stride_vcs,
     stride_vch,
+    stride_kb,  # QUANT: the caches' block strides (kv_quant.py addresses a quantized cache per block)
+    stride_vb,
     eps,
     NORM: tl.constexpr,
     SILU: tl.constexpr,
@@ -98,6 +105,11 @@ def _dense_gemv_kernel(
     BLOCK_K: tl.constexpr,
     EVICT: tl.constexpr,  # the weights' eviction policy ("evict_first" or "")
     PDL: tl.constexpr,  # launched as a programmatic dependent: wait before reading x
+    QUANT: tl.constexpr = 0,  # ROPE: 0 (float cache), 8 or 4 (kv_quant.py)
+    BS: tl.constexpr = 1,  # QUANT: block size, packed bytes per row, their tile, model dtype bits
+    NPACK: tl.constexpr = 1,
+    BLOCK_P: tl.constexpr = 2,
+    SCALE_BITS: tl.constexpr = 16,
 ):
     pid_n = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -208,15 +220,52 @@ def _dense_gemv_kernel(
         q_dst = out_ptr + row * stride_om + offs_n
         tl.store(q_dst, r1, mask=hv < H)
         tl.store(q_dst + second, r2, mask=hv < H)
-        slot = tl.load(slot_ptr + row) + tl.zeros_like(pair).to(tl.int64)
-        is_k = (slot >= 0) & (hv >= H) & rotate
-        k_dst = kc_ptr + slot * stride_kcs + (hv - H) * stride_kch + pair
-        tl.store(k_dst, r1, mask=is_k)
-        tl.store(k_dst + second, r2, mask=is_k)
-        is_v = (slot >= 0) & (hv >= H + KV)
-        v_dst = vc_ptr + slot * stride_vcs + (hv - H - KV) * stride_vch + pair
-        tl.store(v_dst, r1, mask=is_v)
-        tl.store(v_dst + second, r2, mask=is_v)
+        if QUANT == 0:
+            slot = tl.load(slot_ptr + row) + tl.zeros_like(pair).to(tl.int64)
+            is_k = (slot >= 0) & (hv >= H) & rotate
+            k_dst = kc_ptr + slot * stride_kcs + (hv - H) * stride_kch + pair
+            tl.store(k_dst, r1, mask=is_k)
+            tl.store(k_dst + second, r2, mask=is_k)
+            is_v = (slot >= 0) & (hv >= H + KV)
+            v_dst = vc_ptr + slot * stride_vcs + (hv - H - KV) * stride_vch + pair
+            tl.store(v_dst, r1, mask=is_v)
+            tl.store(v_dst + second, r2, mask=is_v)
+        elif head >= H:
+            # A quantized row needs the whole head (its minimum and maximum): each program stages
+            # its pairs of k (rotated, rounded) or v, and the head's last program to arrive
+            # quantizes the staged row as rotary_kv_write does (the same quant_write).
+            kvs = head - H  # 0 .. 2 KV - 1: k heads, then v heads
+            row_stage = stage_ptr + (row * (2 * KV) + kvs) * HD
+            tl.store(row_stage + pair, r1)
+            tl.store(row_stage + pair + second, r2)
+            tl.debug_barrier()  # every thread's values are stored before the release below
+            cnt = cnt_ptr + row * (2 * KV) + kvs
+            arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if arrived == per_head - 1:
+                slot_s = tl.load(slot_ptr + row)
+                if slot_s >= 0:
+                    kvh = kvs % KV + tl.arange(0, 1)
+                    if kvs < KV:
+                        blk = kc_ptr + (slot_s // BS) * stride_kb
+                    else:
+                        blk = vc_ptr + (slot_s // BS) * stride_vb
+                    codes, params = quant_rows(blk, slot_s % BS, kvh, stage_ptr, BS, KV, NPACK)
+                    src = row_stage + tl.zeros([1], dtype=tl.int32)
+                    quant_write(
+                        src,
+                        cos_ptr,
+                        sin_ptr,
+                        codes,
+                        params,
+                        kvh < KV,
+                        HD,
+                        0,
+                        QUANT,
+                        NPACK,
+                        BLOCK_P,
+                        SCALE_BITS,
+                    )
+                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
     else:
         if SILU:
             up = tl.sum(acc_up, 1)
@@ -324,12 +373,16 @@ def _launch(
     silu: bool = False,
     rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     heads: tuple[int, int, int] = (1, 1, 2),
+    quant: tuple[int, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
+    """``quant``: (policy, stage, counters) for a quantized cache (``dense_gemv_qkv_rope``)."""
     k = x.shape[1]
     cos, sin, slots, k_cache, v_cache = rope if rope is not None else (out, out, out, out, out)
-    # a cache [blocks, block_size, KV, D], dense over tokens: a flat slot's stride, a head's stride
-    kc_st = (k_cache.stride(1), k_cache.stride(2)) if rope is not None else (0, 0)
-    vc_st = (v_cache.stride(1), v_cache.stride(2)) if rope is not None else (0, 0)
+    policy, stage, cnt = quant if quant is not None else (0, out, out)
+    npack = kv_quant.packed_bytes(heads[2], policy) if policy else 1
+    # a float cache [blocks, block_size, KV, D], dense over tokens: a flat slot's stride, a head's
+    kc_st = (k_cache.stride(1), k_cache.stride(2)) if rope is not None and not policy else (0, 0)
+    vc_st = (v_cache.stride(1), v_cache.stride(2)) if rope is not None and not policy else (0, 0)
     _dense_gemv_kernel[grid](
         x,
         weight,
@@ -342,6 +395,8 @@ def _launch(
         slots,
         k_cache,
         v_cache,
+        stage,
+        cnt,
         n,
         k,
         x.stride(0),
@@ -353,6 +408,8 @@ def _launch(
         kc_st[1],
         vc_st[0],
         vc_st[1],
+        k_cache.stride(0) if policy else 0,
+        v_cache.stride(0) if policy else 0,
         eps,
         NORM=norm_weight is not None,
         SILU=silu,
@@ -368,6 +425,11 @@ def _launch(
         BLOCK_K=cfg.block_k,
         EVICT="evict_first" if cfg.evict_first else "",
         PDL=pdl(x.device),
+        QUANT=policy,
+        BS=k_cache.shape[1] if policy else 1,
+        NPACK=npack,
+        BLOCK_P=block_packed(npack),
+        SCALE_BITS=8 * x.element_size(),
         num_warps=cfg.num_warps,
         **launch_kwargs(x.device),
     )
@@ -436,10 +498,14 @@ def dense_gemv_qkv_rope(
     """The fused q/k/v projection of ``x [M, K]`` (``weight [(H + 2 KV) * D, K]``, the input norm
     fused in front) with the rotary embedding and the KV-cache write fused behind: k (rotated) and
     v go to ``k_cache`` / ``v_cache`` ``[num_blocks, block_size, KV, D]`` (a float cache in x's
-    dtype) at ``slot_mapping [M]`` (negative: not written); returns the rotated q ``[M, H * D]``.
+    dtype, or a ``uint8`` int8 / int4 cache in ``kv_quant``'s format, quantized as written) at
+    ``slot_mapping [M]`` (negative: not written); returns the rotated q ``[M, H * D]``.
 
     The same roundings as the projection followed by ``rotary_kv_write``. Full rotary only
-    (``cos``/``sin`` ``[M, D / 2]`` float32: every dim of a head is rotated).
+    (``cos``/``sin`` ``[M, D / 2]`` float32: every dim of a head is rotated). A quantized cache
+    is written by the last of a head's programs to arrive (arrival counters, ``kernels/counters.py``);
+    where no counters can be had (a first call inside a CUDA-graph capture) the projection and
+    ``rotary_kv_write`` run as two launches instead.
     """
     m, k, rows = _check_common(
         x,
@@ -464,10 +530,32 @@ def dense_gemv_qkv_rope(
         slot_mapping.shape == (m,) and slot_mapping.dtype == torch.int64 and slot_mapping.stride(0) == 1,
         "slot_mapping: int64 [M], contiguous",
     )
+    check(v_cache.dtype == k_cache.dtype and v_cache.shape == k_cache.shape, "k_cache and v_cache differ")
+    policy = kv_quant.cache_policy(k_cache, D, x.dtype)  # a uint8 row of the wrong width raises
+    if policy:
+        kv_quant.check_head_dim(D, policy)
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check(c.dim() == 4 and c.shape[2:] == (KV, D), f"{name} must be [blocks, block_size, {KV}, {D}]")
-        check(c.dtype == x.dtype, f"{name} dtype {c.dtype} != x dtype {x.dtype} (a float cache only)")
-        check(c.stride(3) == 1 and c.stride(0) == c.shape[1] * c.stride(1), f"{name}: dense over tokens")
+        check(c.dim() == 4 and c.shape[2] == KV, f"{name} must be [blocks, block_size, {KV}, row]")
+        if policy:  # addressed per block (kv_quant.py): each block's bytes must be dense
+            check(c.stride()[1:] == (KV * c.shape[3], c.shape[3], 1), f"{name}: blocks must be dense")
+        else:
+            check(c.shape[3] == D, f"{name} must be [blocks, block_size, {KV}, {D}]")
+            check(c.dtype == x.dtype, f"{name} dtype {c.dtype} != x dtype {x.dtype}")
+            check(c.stride(3) == 1 and c.stride(0) == c.shape[1] * c.stride(1), f"{name}: dense over tokens")
+    quant = None
+    if policy:
+        cnt = counters.counters(x.device, "rope_quant", m * 2 * KV)
+        if cnt is None:  # no counters here: the two launches
+            from hotloop.kernels.rotary_kv_write import rotary_kv_write
+
+            qkv = dense_gemv(x, weight, bias, norm_weight=norm_weight, eps=eps, config=config)
+            q, kk, v = qkv.split([H * D, KV * D, KV * D], dim=-1)
+            q = q.reshape(m, H, D)
+            rotary_kv_write(
+                q, kk.reshape(m, KV, D), v.reshape(m, KV, D), cos, sin, k_cache, v_cache, slot_mapping
+            )
+            return q.reshape(m, H * D)
+        quant = (policy, torch.empty(m, 2 * KV, D, dtype=x.dtype, device=x.device), cnt)
     base = config or rope_default_config(k)
     pairs = rope_pairs(D, base.block_n)
     cfg = GemvConfig(pairs, base.block_k, base.num_warps, base.evict_first)
@@ -477,5 +565,19 @@ def dense_gemv_qkv_rope(
     grid = ((H + 2 * KV) * (D // 2 // pairs), m)
     even = k % cfg.block_k == 0
     rope = (cos, sin, slot_mapping, k_cache, v_cache)
-    _launch(grid, cfg, x, weight, bias, norm_weight, eps, out, rows, even, rope=rope, heads=(H, KV, D))
+    _launch(
+        grid,
+        cfg,
+        x,
+        weight,
+        bias,
+        norm_weight,
+        eps,
+        out,
+        rows,
+        even,
+        rope=rope,
+        heads=(H, KV, D),
+        quant=quant,
+    )
     return out

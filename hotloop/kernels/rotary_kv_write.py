@@ -55,7 +55,7 @@ def _row_values(src, cos_ptr, sin_ptr, offs, mask_kv, D: tl.constexpr, HALF: tl.
 
 
 @triton.jit
-def _quant_write(
+def quant_write(
     src,  # [BLOCK_KV] pointers: each head's source row (model dtype)
     cos_ptr,  # this token's cos / sin row (HALF > 0 only)
     sin_ptr,
@@ -197,7 +197,7 @@ def _rotary_kv_kernel(
                     cs = t * stride_cs
                     blk = k_cache_ptr + (slot // BS) * stride_kb
                     codes, params = quant_rows(blk, slot % BS, offs_kv, k_ptr, BS, KV, NPACK)
-                    _quant_write(
+                    quant_write(
                         kt + offs_kv * stride_kh,
                         cos_ptr + cs,
                         sin_ptr + cs,
@@ -224,7 +224,7 @@ def _rotary_kv_kernel(
                 else:
                     blk = v_cache_ptr + (slot // BS) * stride_vb
                     codes, params = quant_rows(blk, slot % BS, offs_kv, v_ptr, BS, KV, NPACK)
-                    _quant_write(
+                    quant_write(
                         vt + offs_kv * stride_vh,
                         cos_ptr,
                         sin_ptr,

@@ -184,9 +184,13 @@ def test_dense_gemv_qkv_rope_checks() -> None:
           "v_cache": cache, "num_heads": 4, "num_kv_heads": 2}  # fmt: skip
     with pytest.raises(ValueError, match="full rotary"):
         dense_gemv_qkv_rope(x, w, None, cos=torch.ones(1, 2), sin=torch.zeros(1, 2), **kw)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="float cache"):
+    with pytest.raises(ValueError, match="k_cache and v_cache differ"):
         dense_gemv_qkv_rope(x, w, None, cos=torch.ones(1, 4), sin=torch.zeros(1, 4),
                             **{**kw, "k_cache": cache.to(torch.uint8)})  # type: ignore[arg-type]  # fmt: skip
+    u8 = cache.to(torch.uint8)  # 8 bytes a row: neither int8 (8 + 2 x 4) nor int4 (4 + 2 x 4) at D=8
+    with pytest.raises(ValueError, match="fits neither int8 nor int4"):
+        dense_gemv_qkv_rope(x, w, None, cos=torch.ones(1, 4), sin=torch.zeros(1, 4),
+                            **{**kw, "k_cache": u8, "v_cache": u8})  # type: ignore[arg-type]  # fmt: skip
 
 
 @interpret
@@ -282,3 +286,83 @@ def test_lm_head_logits_cpu_is_linear_then_cast() -> None:
     x, w = torch.randn(2, 16).to(torch.bfloat16), torch.randn(40, 16).to(torch.bfloat16)
     got = ops.lm_head_logits(x, w)
     assert got.dtype == torch.float32 and torch.equal(got, F.linear(x, w).float())
+
+
+def _quant_rope_pair(
+    policy: int,
+    h: int,
+    kv: int,
+    d: int,
+    k: int,
+    m: int,
+    dtype: torch.dtype,
+    device: str,
+    config: object = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused rope GEMV writing a quantized cache, and the two launches it replaces (the q/k/v
+    GEMV, then ``rotary_kv_write``) on the same inputs: (q, k cache, v cache) of each."""
+    from hotloop.kernels import kv_quant
+    from hotloop.kernels.dense_gemv import dense_gemv, dense_gemv_qkv_rope
+    from hotloop.kernels.rotary_kv_write import rotary_kv_write
+
+    gen = torch.Generator().manual_seed(policy * 100 + d + k)
+    x = (torch.randn(m, k, generator=gen) * 3).to(dtype).to(device)
+    w = (torch.randn((h + 2 * kv) * d, k, generator=gen) / k**0.5).to(dtype).to(device)
+    nw = (torch.rand(k, generator=gen) + 0.5).to(dtype).to(device)
+    ang = torch.rand(m, d // 2, generator=gen) * 50
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    row = kv_quant.row_bytes(d, policy, x.element_size())
+    kc = torch.randint(0, 256, (3, 4, kv, row), generator=gen, dtype=torch.uint8).to(device)
+    vc = torch.randint(0, 256, (3, 4, kv, row), generator=gen, dtype=torch.uint8).to(device)
+    slots = torch.tensor([5, -1, 9][:m], dtype=torch.int64, device=device)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    q = dense_gemv_qkv_rope(
+        x, w, None, norm_weight=nw, eps=1e-5, cos=cos, sin=sin, slot_mapping=slots, k_cache=kc, v_cache=vc,
+        num_heads=h, num_kv_heads=kv, config=config,  # type: ignore[arg-type]
+    )  # fmt: skip
+    qkv = dense_gemv(x, w, norm_weight=nw, eps=1e-5, config=config)  # type: ignore[arg-type]
+    qr, kr, vr = (t.reshape(m, -1, d) for t in qkv.split([h * d, kv * d, kv * d], dim=-1))
+    qr = qr.clone()
+    rotary_kv_write(qr, kr, vr, cos, sin, kc_ref, vc_ref, slots)
+    return q, kc, vc, qr.reshape(m, h * d), kc_ref, vc_ref
+
+
+@interpret
+@pytest.mark.parametrize("policy", [8, 4])
+def test_rope_gemv_quantized_cache_equals_the_two_launches_interpreted(policy: int) -> None:
+    """bf16, interpreted: the rope GEMV into an int8 / int4 cache writes the same bytes as the q/k/v
+    GEMV followed by ``rotary_kv_write`` (each head quantized by its last program), padding rows
+    (slot -1) write nothing, and the arrival counters are back at zero."""
+    from hotloop.kernels.dense_gemv import GemvConfig
+
+    for cfg in (
+        GemvConfig(block_n=2, block_k=32, num_warps=1),
+        GemvConfig(block_n=8, block_k=64, num_warps=1),
+    ):
+        q, kc, vc, q_ref, kc_ref, vc_ref = _quant_rope_pair(
+            policy, 2, 2, 16, 64, 3, torch.bfloat16, "cpu", cfg
+        )
+        assert torch.equal(q, q_ref)
+        assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref), cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", [8, 4])
+@pytest.mark.parametrize("h,kv,d,k", [(32, 8, 128, 4096), (9, 3, 64, 576), (28, 4, 128, 3584)])
+def test_rope_gemv_quantized_cache_gpu(policy: int, h: int, kv: int, d: int, k: int) -> None:
+    """On the GPU the fused dot and rotation may contract into fmas where the two launches do not,
+    so a value can land one rounding away: q within bf16 noise, the caches' dequantized rows within
+    one quantization step of the two launches', almost every code equal; the counters end at zero."""
+    from hotloop.kernels import counters, kv_quant
+
+    for m in (1, 3):
+        q, kc, vc, q_ref, kc_ref, vc_ref = _quant_rope_pair(policy, h, kv, d, k, m, torch.bfloat16, "cuda")
+        assert rel_err(q, q_ref) < TOL[torch.bfloat16] / 2
+        written = [s for s in (5, -1, 9)[:m] if s >= 0]
+        for got, ref in ((kc, kc_ref), (vc, vc_ref)):
+            assert (got != ref).float().mean().item() < 0.01, (m, policy)
+            a = kv_quant.dequantize_cache(got, d, torch.bfloat16).reshape(-1, kv, d)[written].float()
+            b = kv_quant.dequantize_cache(ref, d, torch.bfloat16).reshape(-1, kv, d)[written].float()
+            step = (b.amax(-1, keepdim=True) - b.amin(-1, keepdim=True)) / ((1 << policy) - 1)
+            assert ((a - b).abs() <= step * 1.01 + 1e-3).all(), (m, policy)
+    assert int(counters.buffer(torch.device("cuda"), "rope_quant").abs().sum()) == 0

@@ -94,6 +94,50 @@ def test_one_row_path_matches_transformers_cpu(
     assert torch.equal(fused, unfused)
 
 
+@pytest.mark.parametrize("policy", [8, 4])
+def test_one_row_rope_into_a_quantized_cache_cpu(
+    policy: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an int8 / int4 KV cache the rope fusion quantizes k and v as it writes them: the same
+    logits, bit for bit, as the unfused layer writing the same cache (CPU: the torch reference)."""
+    from hotloop.kernels import kv_quant
+
+    hf = _hf_model(CONFIGS["llama-gqa"]())
+    hf.save_pretrained(tmp_path)
+    model: Any = load_model(tmp_path, torch.float32, "cpu")
+    args = model.args
+    tokens = torch.randint(0, args.vocab_size, (12,), generator=torch.Generator().manual_seed(5)).tolist()
+
+    def run() -> torch.Tensor:
+        runner = PagedRunner(model)
+        nb, bs = runner.kv_caches[0][0].shape[:2]
+        row = kv_quant.row_bytes(args.head_dim, policy, 4)
+        shape = (nb, bs, args.num_kv_heads, row)
+        runner.kv_caches = [
+            (torch.zeros(shape, dtype=torch.uint8), torch.zeros(shape, dtype=torch.uint8))
+            for _ in range(args.num_layers)
+        ]
+        parts = [runner.step([("s", tokens[:5])])["s"][1]]
+        for i in range(5, len(tokens)):
+            parts.append(runner.step([("s", tokens[i : i + 1])])["s"][1])
+        return torch.cat(parts)
+
+    unfused = run()
+    monkeypatch.setattr(ops, "one_row_fusion", lambda x: x.shape[0] == 1)
+    monkeypatch.setitem(ops._state, "one_row_rope", True)
+    rope_calls = [0]
+    real_rope = QKVLinear.forward_rope
+
+    def spy_rope(self: Any, *a: Any, **kw: Any) -> torch.Tensor:
+        rope_calls[0] += 1
+        return real_rope(self, *a, **kw)
+
+    monkeypatch.setattr(QKVLinear, "forward_rope", spy_rope)
+    fused = run()
+    assert rope_calls[0] == 7 * args.num_layers
+    assert torch.equal(fused, unfused)
+
+
 def test_one_row_path_needs_dense_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model whose projections are not all dense (AWQ on a GPU) keeps the unfused layer."""
     hf = _hf_model(CONFIGS["llama-gqa"]())
@@ -158,3 +202,43 @@ def test_one_row_path_greedy_parity_gpu(
         assert int(counters.buffer(torch.device("cuda"), "decode_merge").abs().sum()) == 0
     for i, (g, (e, tie)) in enumerate(zip(got, expected, strict=True)):
         assert g[:tie] == e[:tie], f"prompt {i}: {g} != {e} (first near-tie at {tie})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", [8, 4])
+def test_one_row_rope_quantized_cache_gpu(
+    policy: int, make_tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One request at a time with an int8 / int4 KV cache: the rope fusion (quantizing k and v in
+    the q/k/v GEMV) runs, and the tokens follow those of the unfused path. The two may round a
+    rotated value differently (fma contraction), so a code can move by one step and a near-tie
+    can flip: the test asks for long common prefixes, which a wrong cache write would not give."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
+    from test_engine_parity import MAX_NEW, VARIANTS, make_prompts, run_engine
+
+    from hotloop.config import EngineConfig
+
+    path = make_tiny_model("llama_gqa_llama3rope")
+    prompts = make_prompts(seed=13, n=3)
+    cfg = EngineConfig(
+        device="cuda", dtype="bfloat16", max_batch_size=1, quant_policy=policy, **VARIANTS["plain"]
+    )
+    runs = []
+    rope_calls = [0]
+    real_rope = QKVLinear.forward_rope
+
+    def spy_rope(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        rope_calls[0] += 1
+        return real_rope(self, *args, **kwargs)
+
+    monkeypatch.setattr(QKVLinear, "forward_rope", spy_rope)
+    for rope in (False, True):
+        monkeypatch.setitem(ops._state, "one_row_rope", rope)
+        got, _stats = run_engine(path, cfg, prompts, MAX_NEW)
+        runs.append(got)
+    assert rope_calls[0] > 0
+    common = 0
+    for a, b in zip(runs[0], runs[1], strict=True):
+        n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        common += n
+    assert common >= len(prompts) * MAX_NEW * 3 // 4, runs
