@@ -33,6 +33,8 @@
 #                                                 # GPU 0; fp16 / int8 KV and W4A16 on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR qrope    # the rope GEMV into quantized caches: GPU tests on
 #                                                 # GPU 0; batch 1 with fp16 / int8 KV on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR qrope_ab # batch 1 with int8 (GPU 0) / int4 (GPU 1) KV, the rope
+#                                                 # fusion into quantized caches on / off, alternating
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -289,6 +291,16 @@ qrope_kv() {  # batch 1 with fp16 and int8 KV (issue 6)
   bash "$here/run_capacity.sh" bs1 "$out/cap" 80 >/dev/null 2>&1
   for f in "$out"/cap/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
 }
+qrope_ab_lane() {  # GPU policy: batch 1 with that KV policy, the quantized rope fusion on / off, twice
+  export CUDA_VISIBLE_DEVICES=$1
+  local i
+  for i in 1 2; do
+    HOTLOOP_ONE_ROW_ROPE_QUANT=1 bs1 "q$2_on_$i" llama3-8b --quant-policy "$2"
+    HOTLOOP_ONE_ROW_ROPE_QUANT=0 bs1 "q$2_off_$i" llama3-8b --quant-policy "$2"
+  done
+}
+qrope_ab8() { qrope_ab_lane 0 8; }
+qrope_ab4() { qrope_ab_lane "$g1" 4; }
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -315,6 +327,10 @@ case $what in
     ;;
   one_row_table)
     lanes one_row_rows one_row_kv
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  qrope_ab)
+    lanes qrope_ab8 qrope_ab4
     cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   qrope)

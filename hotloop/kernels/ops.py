@@ -2,11 +2,13 @@
 
 The choice follows the tensor's device (fixed when the model is built on it), so the CPU path never
 imports Triton and the GPU path never falls back silently. ``set_triton_enabled(False)`` forces the
-reference everywhere (parity debugging). The environment switches read here, all on by default:
+reference everywhere (parity debugging). The environment switches read here:
 
 - ``HOTLOOP_DENSE_GEMV=0`` turns off the one-row decode path (``one_row_fusion``);
 - ``HOTLOOP_ONE_ROW_ROPE=0`` keeps its rotary embedding and KV write out of the q/k/v GEMV
   (``one_row_rope``);
+- ``HOTLOOP_ONE_ROW_ROPE_QUANT=1`` lets that fusion write int8 / int4 caches too (off by default:
+  ``one_row_rope_quant``);
 - ``HOTLOOP_ONE_ROW_LM_HEAD=0`` keeps its LM head on cuBLAS (``lm_head_logits``);
 - ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``).
 """
@@ -28,6 +30,9 @@ _state: dict[str, bool] = {
     # the rotary embedding and the KV write fused into the q/k/v GEMV (measured on an H200 at batch
     # 1, 2026-11-30: Llama-3-8B 254.0 -> 256.1 tokens/s, SmolLM2-135M 2,129 -> 2,175)
     "one_row_rope": os.environ.get("HOTLOOP_ONE_ROW_ROPE", "1") != "0",
+    # the same into an int8 / int4 cache (each head quantized by its last program): correct on the
+    # GPU (2026-11-30) but not yet timed against the separate quantized write on one host
+    "one_row_rope_quant": os.environ.get("HOTLOOP_ONE_ROW_ROPE_QUANT", "0") == "1",
     # the one-row LM head through dense_gemv instead of cuBLAS + a cast
     "one_row_lm_head": os.environ.get("HOTLOOP_ONE_ROW_LM_HEAD", "1") != "0",
     # the greedy argmax of a few rows in one Triton launch instead of torch.argmax
@@ -68,6 +73,16 @@ def set_one_row_rope(enabled: bool) -> None:
 
 def one_row_rope() -> bool:
     return _state["one_row_rope"]
+
+
+def set_one_row_rope_quant(enabled: bool) -> None:
+    """Let the rope fusion write int8 / int4 KV caches too (off by default;
+    ``HOTLOOP_ONE_ROW_ROPE_QUANT=1`` starts it on)."""
+    _state["one_row_rope_quant"] = enabled
+
+
+def one_row_rope_quant() -> bool:
+    return _state["one_row_rope_quant"]
 
 
 def set_one_row_lm_head(enabled: bool) -> None:

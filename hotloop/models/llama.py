@@ -202,14 +202,17 @@ class LlamaDecoderLayer(nn.Module):
         self, h: torch.Tensor, cos_sin: CosSin, kv_cache: KVCache, meta: AttentionMetadata
     ) -> bool:
         """Whether ``forward_one_row`` may fuse the rotary embedding and the KV write into the q/k/v
-        projection (``ops.one_row_rope``): no q/k norm, full rotary, a float or quantized cache, and
-        (on CUDA) a decode-only batch."""
+        projection (``ops.one_row_rope``): no q/k norm, full rotary, a float cache (or a quantized
+        one with ``ops.one_row_rope_quant``), and (on CUDA) a decode-only batch."""
         attn = self.self_attn
         return (
             ops.one_row_rope()
             and attn.q_norm is None
             and 2 * cos_sin[0].shape[-1] == attn.head_dim
-            and kv_cache[0].dtype in (h.dtype, torch.uint8)  # a float cache, or int8 / int4
+            and (
+                kv_cache[0].dtype == h.dtype
+                or (kv_cache[0].dtype == torch.uint8 and ops.one_row_rope_quant())
+            )
             and (meta.decode_only or meta.seq_lens_t is None)
         )
 

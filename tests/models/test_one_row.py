@@ -125,6 +125,7 @@ def test_one_row_rope_into_a_quantized_cache_cpu(
     unfused = run()
     monkeypatch.setattr(ops, "one_row_fusion", lambda x: x.shape[0] == 1)
     monkeypatch.setitem(ops._state, "one_row_rope", True)
+    monkeypatch.setitem(ops._state, "one_row_rope_quant", True)
     rope_calls = [0]
     real_rope = QKVLinear.forward_rope
 
@@ -232,6 +233,7 @@ def test_one_row_rope_quantized_cache_gpu(
         return real_rope(self, *args, **kwargs)
 
     monkeypatch.setattr(QKVLinear, "forward_rope", spy_rope)
+    monkeypatch.setitem(ops._state, "one_row_rope_quant", True)
     for rope in (False, True):
         monkeypatch.setitem(ops._state, "one_row_rope", rope)
         got, _stats = run_engine(path, cfg, prompts, MAX_NEW)
