@@ -93,7 +93,7 @@ class GpuModelRunner(ModelRunner):
         for s in scheduled:
             if s.num_tokens != 1 or not s.samples or len(s.request.block_ids) > width:
                 return None
-            images = images or bool(s.request.mm_inputs)
+            images = images or bool(s.request.mm_inputs) or s.request.mrope_positions is not None
         if images and (merge.has_images(scheduled) or mrope.needs_3d(scheduled)):
             return None
         return g.bucket_for(b)

@@ -16,11 +16,13 @@ _buffers: dict[tuple[str, int], torch.Tensor] = {}
 
 
 def _key(device: torch.device, family: str) -> tuple[str, int]:
+    if device.type != "cuda":
+        return family, -1
     return family, device.index if device.index is not None else torch.cuda.current_device()
 
 
 def buffer(device: torch.device, family: str) -> torch.Tensor:
-    """``family``'s counter buffer on a CUDA ``device`` (tests: it is all zeros between launches)."""
+    """``family``'s counter buffer on ``device`` (tests: it is all zeros between launches)."""
     return _buffers[_key(device, family)]
 
 
@@ -30,12 +32,12 @@ def counters(device: torch.device, family: str, needed: int) -> torch.Tensor | N
     capture (its zeroing would only run at replay)."""
     if needed > SLOTS:
         return None
-    if device.type != "cuda":
-        return torch.zeros(needed, dtype=torch.int32, device=device)
     key = _key(device, family)
     buf = _buffers.get(key)
     if buf is None:
-        if torch.cuda.is_current_stream_capturing():
+        # (the CPU keeps one too: kernels run there under the Triton interpreter, and a launch that
+        # forgot to reset its counters then shows in the next one, as it would on a GPU)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
         buf = _buffers[key] = torch.zeros(SLOTS, dtype=torch.int32, device=device)
     return buf

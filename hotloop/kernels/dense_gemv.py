@@ -554,7 +554,7 @@ def dense_gemv_qkv_rope(
             rotary_kv_write(
                 q, kk.reshape(m, KV, D), v.reshape(m, KV, D), cos, sin, k_cache, v_cache, slot_mapping
             )
-            return q.reshape(m, H * D)
+            return q.reshape(m, H * D).contiguous()
         quant = (policy, torch.empty(m, 2 * KV, D, dtype=x.dtype, device=x.device), cnt)
     base = config or rope_default_config(k)
     pairs = rope_pairs(D, base.block_n)

@@ -5,8 +5,8 @@ last kernel.
 a batch-1 decode step, ``benchmarks/profile_step.py``). Here each row is cut into ``CHUNK``-wide
 pieces, one program each; a program stores its piece's maximum and the first index holding it,
 then counts itself in (``kernels/counters.py``); the last program of the row to arrive reduces the
-row's partials and stores the index. Ties go to the lowest index, as ``torch.argmax``; a NaN counts
-as +inf (``torch.argmax`` returns the NaN's index; the two agree unless a row holds +inf and a NaN).
+row's partials and stores the index. As ``torch.argmax``: ties go to the lowest index, and a row
+holding a NaN gives its first NaN's index.
 """
 
 from __future__ import annotations
@@ -46,19 +46,26 @@ def _greedy_argmax_kernel(
     pid = tl.program_id(1)
     offs = pid * CHUNK + tl.arange(0, CHUNK)
     v = tl.load(x_ptr + row.to(tl.int64) * stride_x + offs, mask=offs < V, other=float("-inf"))
-    v = tl.where(v != v, float("inf"), v)  # NaN as +inf
+    isnan = v != v
+    nan_idx = tl.min(tl.where(isnan, offs, V), 0)  # the first NaN, if any
+    v = tl.where(isnan, float("-inf"), v)
     m = tl.max(v, 0)
     idx = tl.min(tl.where(v == m, offs, V), 0)  # the first index holding the maximum
-    tl.store(part_v_ptr + row * P + pid, m)
-    tl.store(part_i_ptr + row * P + pid, idx)
+    has_nan = nan_idx < V
+    tl.store(part_v_ptr + row * P + pid, tl.where(has_nan, float("nan"), m))  # a NaN piece wins
+    tl.store(part_i_ptr + row * P + pid, tl.where(has_nan, nan_idx, idx))
     tl.debug_barrier()  # the partial is stored before the release below
     arrived = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu")
     if arrived == P - 1:  # the last of the row: every partial is visible (acquire)
         po = tl.arange(0, P_POW2)
         pv = tl.load(part_v_ptr + row * P + po, mask=po < P, other=float("-inf"), cache_modifier=".cg")
         pi = tl.load(part_i_ptr + row * P + po, mask=po < P, other=V, cache_modifier=".cg")
+        pnan = pv != pv
+        first_nan = tl.min(tl.where(pnan, pi, V), 0)
+        pv = tl.where(pnan, float("-inf"), pv)
         mm = tl.max(pv, 0)
         best = tl.min(tl.where(pv == mm, pi, V), 0)  # chunks are in index order: the first wins
+        best = tl.where(first_nan < V, first_nan, best)
         tl.store(out_ptr + row, best.to(tl.int64))
         tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed", scope="gpu")
 

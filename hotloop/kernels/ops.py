@@ -116,8 +116,7 @@ def set_greedy_argmax(enabled: bool) -> None:
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     """``logits [M, V]`` float32 -> int64 ``[M]``: ``torch.argmax(dim=-1)``, through
-    ``kernels/greedy_argmax.py`` on CUDA for up to its ``MAX_ROWS`` rows (a NaN counts as +inf
-    there)."""
+    ``kernels/greedy_argmax.py`` on CUDA for up to its ``MAX_ROWS`` rows."""
     if use_triton(logits) and _state["greedy_argmax"] and logits.dim() == 2 and logits.dtype == torch.float32:
         ids = _kernel("greedy_argmax").greedy_argmax(logits.contiguous())
         if ids is not None:

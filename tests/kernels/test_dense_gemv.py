@@ -333,17 +333,36 @@ def test_rope_gemv_quantized_cache_equals_the_two_launches_interpreted(policy: i
     """bf16, interpreted: the rope GEMV into an int8 / int4 cache writes the same bytes as the q/k/v
     GEMV followed by ``rotary_kv_write`` (each head quantized by its last program), padding rows
     (slot -1) write nothing, and the arrival counters are back at zero."""
+    from hotloop.kernels import counters
     from hotloop.kernels.dense_gemv import GemvConfig
 
     for cfg in (
         GemvConfig(block_n=2, block_k=32, num_warps=1),
         GemvConfig(block_n=8, block_k=64, num_warps=1),
     ):
-        q, kc, vc, q_ref, kc_ref, vc_ref = _quant_rope_pair(
-            policy, 2, 2, 16, 64, 3, torch.bfloat16, "cpu", cfg
-        )
-        assert torch.equal(q, q_ref)
-        assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref), cfg
+        for _ in range(2):  # twice: a launch that left a counter set would break the next one
+            q, kc, vc, q_ref, kc_ref, vc_ref = _quant_rope_pair(
+                policy, 2, 2, 16, 64, 3, torch.bfloat16, "cpu", cfg
+            )
+            assert torch.equal(q, q_ref)
+            assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref), cfg
+            assert int(counters.buffer(torch.device("cpu"), "rope_quant").abs().sum()) == 0
+
+
+@interpret
+def test_rope_gemv_quantized_cache_without_counters_takes_two_launches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where no counters can be had (a first call inside a graph capture), the launcher runs the
+    q/k/v GEMV and ``rotary_kv_write``: the same bytes, and a contiguous q."""
+    from hotloop.kernels import counters
+    from hotloop.kernels.dense_gemv import GemvConfig
+
+    monkeypatch.setattr(counters, "counters", lambda *a: None)
+    cfg = GemvConfig(block_n=2, block_k=32, num_warps=1)
+    q, kc, vc, q_ref, kc_ref, vc_ref = _quant_rope_pair(8, 2, 2, 16, 64, 3, torch.bfloat16, "cpu", cfg)
+    assert q.is_contiguous() and torch.equal(q, q_ref)
+    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
 
 
 @pytest.mark.gpu
@@ -360,7 +379,12 @@ def test_rope_gemv_quantized_cache_gpu(policy: int, h: int, kv: int, d: int, k: 
         assert rel_err(q, q_ref) < TOL[torch.bfloat16] / 2
         written = [s for s in (5, -1, 9)[:m] if s >= 0]
         for got, ref in ((kc, kc_ref), (vc, vc_ref)):
-            assert (got != ref).float().mean().item() < 0.01, (m, policy)
+            # the slots nobody wrote keep their bytes; the written rows' codes nearly all agree
+            flat_got, flat_ref = got.reshape(-1, kv, got.shape[-1]), ref.reshape(-1, kv, ref.shape[-1])
+            untouched = [i for i in range(flat_got.shape[0]) if i not in written]
+            assert torch.equal(flat_got[untouched], flat_ref[untouched])
+            codes = kv_quant.packed_bytes(d, policy)
+            assert (flat_got[written][..., :codes] != flat_ref[written][..., :codes]).float().mean() < 0.01
             a = kv_quant.dequantize_cache(got, d, torch.bfloat16).reshape(-1, kv, d)[written].float()
             b = kv_quant.dequantize_cache(ref, d, torch.bfloat16).reshape(-1, kv, d)[written].float()
             step = (b.amax(-1, keepdim=True) - b.amin(-1, keepdim=True)) / ((1 << policy) - 1)

@@ -14,7 +14,11 @@ def _cases(m: int, v: int, gen: torch.Generator) -> list[torch.Tensor]:
     flat = torch.zeros(m, v)  # every logit tied: index 0
     neg = torch.full((m, v), float("-inf"))
     neg[:, -1] = -1e30  # the only finite logit is the last one, in the last (masked) chunk
-    return [x, tied, flat, neg]
+    nan = x.clone()
+    nan[:, v // 2] = float("inf")
+    nan[:, -1] = float("nan")  # NaN wins over +inf, as in torch.argmax
+    nan[0, 1] = float("nan")  # and the first NaN of a row wins
+    return [x, tied, flat, neg, nan]
 
 
 def _check(device: str, m: int, v: int, chunk: int) -> None:
@@ -24,11 +28,11 @@ def _check(device: str, m: int, v: int, chunk: int) -> None:
     gen = torch.Generator().manual_seed(m * 1000 + v)
     for x in _cases(m, v, gen):
         x = x.to(device)
-        got = greedy_argmax(x, chunk=chunk)
-        assert got is not None and got.dtype == torch.int64
-        assert torch.equal(got, x.argmax(dim=-1)), (m, v, chunk)
-    if device == "cuda":
-        assert int(counters.buffer(torch.device("cuda"), "greedy_argmax").abs().sum()) == 0
+        for _ in range(2):  # twice: a launch that left a counter set would break the next one
+            got = greedy_argmax(x, chunk=chunk)
+            assert got is not None and got.dtype == torch.int64
+            assert torch.equal(got, x.argmax(dim=-1)), (m, v, chunk, got, x.argmax(dim=-1))
+        assert int(counters.buffer(torch.device(device), "greedy_argmax").abs().sum()) == 0
 
 
 @interpret
@@ -43,8 +47,7 @@ def test_greedy_argmax_interpreted(m: int, v: int, chunk: int) -> None:
 def test_greedy_argmax_gpu(m: int, v: int) -> None:
     from hotloop.kernels.greedy_argmax import CHUNK
 
-    for _ in range(2):  # twice: the counters are back at zero after a launch
-        _check("cuda", m, v, CHUNK)
+    _check("cuda", m, v, CHUNK)
 
 
 def test_greedy_argmax_declines_many_rows_and_checks_input() -> None:
@@ -58,8 +61,23 @@ def test_greedy_argmax_declines_many_rows_and_checks_input() -> None:
         greedy_argmax(torch.zeros(1, 8), chunk=24)
 
 
-def test_ops_greedy_argmax_is_torch_argmax_on_cpu() -> None:
+@interpret
+def test_ops_greedy_argmax_dispatches_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ops.greedy_argmax`` takes the kernel where Triton runs (forced here on CPU tensors, under
+    the interpreter) for up to ``MAX_ROWS`` rows, and ``torch.argmax`` beyond."""
+    from hotloop.kernels import greedy_argmax as ga
     from hotloop.kernels import ops
 
-    x = torch.randn(4, 50)
-    assert torch.equal(ops.greedy_argmax(x), x.argmax(dim=-1))
+    calls = [0]
+    real = ga.greedy_argmax
+
+    def spy(x: torch.Tensor, chunk: int = ga.CHUNK) -> torch.Tensor | None:
+        calls[0] += 1
+        return real(x, chunk)
+
+    monkeypatch.setattr(ga, "greedy_argmax", spy)
+    monkeypatch.setattr(ops, "use_triton", lambda x: True)
+    x = torch.randn(4, 3000)
+    assert torch.equal(ops.greedy_argmax(x), x.argmax(dim=-1)) and calls[0] == 1
+    big = torch.randn(ga.MAX_ROWS + 1, 50)
+    assert torch.equal(ops.greedy_argmax(big), big.argmax(dim=-1)) and calls[0] == 2  # declined
