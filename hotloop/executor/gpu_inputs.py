@@ -31,6 +31,9 @@ class StepInputs:
     num_seqs: int  # real sequences (the graph may run a padded batch)
     pending_dst: torch.Tensor | None = None  # [P] rows of input_ids that take a pending token
     pending_reqs: list[Request] | None = None  # whose pending token, per row of pending_dst
+    # pending_dst is rows 0 .. P-1 (every row of a decode step): the copy can skip the index, and
+    # pending_dst's device copy is then not made
+    pending_dense: bool = False
 
 
 class _HostSet:
@@ -205,10 +208,13 @@ class InputBuffers:
             prefill_qs = self.prefill_query_start[: b - nd + 1]
             prefill_qs.copy_(h.qsp_h[: b - nd + 1], non_blocking=True)
         pending_dst = None
+        dense = False
         if fix:
-            h.fix[: len(fix)] = fix
             pending_dst = self.pending_dst[: len(fix)]
-            pending_dst.copy_(h.fix_h[: len(fix)], non_blocking=True)
+            dense = fix[0] == 0 and fix[-1] == len(fix) - 1  # increasing, so rows 0 .. P-1
+            if not dense:
+                h.fix[: len(fix)] = fix
+                pending_dst.copy_(h.fix_h[: len(fix)], non_blocking=True)
         meta = AttentionMetadata(
             slot_mapping=self.slots[:ntok],
             block_tables=self.block_tables[:nseq, :width],
@@ -222,7 +228,7 @@ class InputBuffers:
             prefill_query_start_t=prefill_qs,
         )
         return StepInputs(
-            self.input_ids[:ntok], self.positions[:ntok], meta, rows, b, pending_dst, fix_reqs or None
+            self.input_ids[:ntok], self.positions[:ntok], meta, rows, b, pending_dst, fix_reqs or None, dense
         )
 
     def stage_indices(self, values: list[int], slot: int) -> torch.Tensor:

@@ -76,7 +76,7 @@ class GpuModelRunner(ModelRunner):
 
     def _patch(self, step: StepInputs) -> None:
         if step.pending_dst is not None and step.pending_reqs:
-            self.patch_pending(step.input_ids, step.pending_dst, step.pending_reqs)
+            self.patch_pending(step.input_ids, step.pending_dst, step.pending_reqs, step.pending_dense)
 
     def _graph_bucket(self, out: SchedulerOutput) -> int | None:
         """The decode graph that runs ``out``, or None (an eager or piecewise step): every row one

@@ -10,7 +10,7 @@ engine): its id is copied on the device from that launch's sampled ids into this
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import torch
@@ -46,11 +46,18 @@ class StepHandle:
 
     reqs: list[Request]
     result: SamplerOutput | None
-    rows: dict[int, int] = field(default_factory=dict)  # id(request) -> row of result.token_ids
+    rows: dict[int, int] | None = None  # id(request) -> row of result.token_ids (``row_of``)
     host: SamplerOutput | None = None  # pinned host copies, when the step ran on a GPU
     event: Any = None  # CUDA event recorded after the copies
     start_event: Any = None  # CUDA timing event recorded before the step's first kernel (jit scheduling)
     kind: Any = None  # the step's kind for the runner's step-time averages
+
+    def row_of(self) -> dict[int, int]:
+        """``id(request) -> row of result.token_ids``, made on first use (steady decode steps,
+        whose requests come in the previous step's order, never need it)."""
+        if self.rows is None:
+            self.rows = {id(r): i for i, r in enumerate(self.reqs)}
+        return self.rows
 
 
 def pending_index(req: Request, start: int, num_tokens: int) -> int | None:
@@ -130,13 +137,25 @@ class ModelRunner:
             self.patch_pending(ids, dst, [r for _, r in fix])
         return ids, pos, meta, logits_rows
 
-    def patch_pending(self, ids: torch.Tensor, dst: torch.Tensor, reqs: list[Request]) -> None:
-        """``ids[dst[i]] = `` the id ``reqs[i]`` sampled in the previous launch (on the device)."""
+    def patch_pending(
+        self, ids: torch.Tensor, dst: torch.Tensor, reqs: list[Request], dense: bool = False
+    ) -> None:
+        """``ids[dst[i]] = `` the id ``reqs[i]`` sampled in the previous launch (on the device).
+        ``dense``: ``dst`` is ``0 .. len(reqs) - 1`` (its contents are then not read)."""
         last = self._last
         if last is None or last.result is None:
             raise RuntimeError("a request has a pending token but no step was launched before")
-        src = self.index_tensor([last.rows[id(r)] for r in reqs], 0)
-        ids.index_copy_(0, dst, last.result.token_ids.index_select(0, src).to(ids.dtype))
+        n = len(reqs)
+        prev = last.reqs
+        if n <= len(prev) and all(a is b for a, b in zip(reqs, prev, strict=False)):
+            vals = last.result.token_ids[:n]  # the same requests in the same order (steady decode)
+        else:
+            src = self.index_tensor([last.row_of()[id(r)] for r in reqs], 0)
+            vals = last.result.token_ids.index_select(0, src)
+        if dense:
+            ids[:n].copy_(vals)
+        else:
+            ids.index_copy_(0, dst, vals.to(ids.dtype))
 
     def index_tensor(self, values: list[int], slot: int) -> torch.Tensor:
         """A small list of row indices on the device (the GPU runner stages it through pinned memory)."""
@@ -187,7 +206,7 @@ class ModelRunner:
         return self._launched(reqs, result)
 
     def _launched(self, reqs: list[Request], result: SamplerOutput | None) -> StepHandle:
-        handle = StepHandle(reqs, result, {id(r): i for i, r in enumerate(reqs)})
+        handle = StepHandle(reqs, result)
         self._last = handle
         return handle
 
