@@ -27,9 +27,11 @@ class RequestOutput:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SampledToken:
-    """What the executor returns for one request that sampled this step."""
+    """What the executor returns for one request that sampled this step. (Not frozen: one is made
+    per request per step, and a frozen dataclass's ``__init__`` costs 2.6x: 82 against 31 us for
+    256.)"""
 
     token_id: int
     logprob: TokenLogprob | None = None
