@@ -46,6 +46,19 @@ def _count_one_row(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+def _count_rope(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count ``QKVLinear.forward_rope`` calls (the rope fusion taken)."""
+    calls = [0]
+    real = QKVLinear.forward_rope
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls[0] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(QKVLinear, "forward_rope", spy)
+    return calls
+
+
 def _decode_one_by_one(model: Any, tokens: list[int], prefill: int) -> torch.Tensor:
     """Prefill ``tokens[:prefill]`` in one step, then feed the rest one token per step; the logits
     of every position."""
@@ -74,14 +87,7 @@ def test_one_row_path_matches_transformers_cpu(
     calls = _count_one_row(monkeypatch)
     monkeypatch.setattr(ops, "one_row_fusion", lambda x: x.shape[0] == 1)
     monkeypatch.setitem(ops._state, "one_row_rope", rope)
-    rope_calls = [0]
-    real_rope = QKVLinear.forward_rope
-
-    def spy_rope(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        rope_calls[0] += 1
-        return real_rope(self, *args, **kwargs)
-
-    monkeypatch.setattr(QKVLinear, "forward_rope", spy_rope)
+    rope_calls = _count_rope(monkeypatch)
     fused = _decode_one_by_one(model, tokens, prefill=7)
     assert calls[0] == 12 * model.args.num_layers  # every decode step, every layer; not the prefill
     assert rope_calls[0] == (calls[0] if rope and not model.args.qk_norm else 0)
@@ -126,14 +132,7 @@ def test_one_row_rope_into_a_quantized_cache_cpu(
     monkeypatch.setattr(ops, "one_row_fusion", lambda x: x.shape[0] == 1)
     monkeypatch.setitem(ops._state, "one_row_rope", True)
     monkeypatch.setitem(ops._state, "one_row_rope_quant", True)
-    rope_calls = [0]
-    real_rope = QKVLinear.forward_rope
-
-    def spy_rope(self: Any, *a: Any, **kw: Any) -> torch.Tensor:
-        rope_calls[0] += 1
-        return real_rope(self, *a, **kw)
-
-    monkeypatch.setattr(QKVLinear, "forward_rope", spy_rope)
+    rope_calls = _count_rope(monkeypatch)
     fused = run()
     assert rope_calls[0] == 7 * args.num_layers
     assert torch.equal(fused, unfused)  # the torch reference of the fusion: the same arithmetic
@@ -184,14 +183,7 @@ def test_one_row_path_greedy_parity_gpu(
     monkeypatch.setitem(ops._state, "one_row_rope", more)
     monkeypatch.setitem(ops._state, "one_row_lm_head", more)
     monkeypatch.setattr(dec, "FUSE_MERGE", more)
-    rope_calls = [0]
-    real_rope = QKVLinear.forward_rope
-
-    def spy_rope(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        rope_calls[0] += 1
-        return real_rope(self, *args, **kwargs)
-
-    monkeypatch.setattr(QKVLinear, "forward_rope", spy_rope)
+    rope_calls = _count_rope(monkeypatch)
     sys.path.insert(0, str(Path(__file__).parents[1] / "api"))  # when this file runs on its own
     from test_engine_parity import MAX_NEW, VARIANTS, make_prompts, run_engine
     from test_gpu_parity import hf_greedy_with_margins
@@ -238,14 +230,7 @@ def test_one_row_rope_quantized_cache_gpu(
         device="cuda", dtype="bfloat16", max_batch_size=1, quant_policy=policy, **VARIANTS["plain"]
     )
     runs = []
-    rope_calls = [0]
-    real_rope = QKVLinear.forward_rope
-
-    def spy_rope(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        rope_calls[0] += 1
-        return real_rope(self, *args, **kwargs)
-
-    monkeypatch.setattr(QKVLinear, "forward_rope", spy_rope)
+    rope_calls = _count_rope(monkeypatch)
     monkeypatch.setitem(ops._state, "one_row_rope_quant", True)
     for rope in (False, True):
         monkeypatch.setitem(ops._state, "one_row_rope", rope)
