@@ -318,9 +318,10 @@ def rope_default_config(k: int) -> GemvConfig:
     """``dense_gemv_qkv_rope``'s launch (``block_n``: rotation pairs, two weight rows each).
 
     A long K takes the q/k/v-with-norm launch of ``default_config`` (16 weight rows, 512-wide steps,
-    4 warps): Llama-3-8B's 6,144 rows then give 384 programs. (gate/up's launch, 4 pairs at 256 and
-    2 warps, measured 243.5 tokens/s at batch 1 against 248.0 without the rope fusion, on 2026-11-30.)
-    A short K (SmolLM2-135M) keeps gate/up's short-K launch, measured 2,063 against 1,996 tokens/s.
+    4 warps): Llama-3-8B's 6,144 rows then give 384 programs. On an H200 at batch 1 (2026-11-30),
+    with the late launch trigger, 256.1 tokens/s against 254.0 without the rope fusion; gate/up's
+    launch (4 pairs at 256, 2 warps) and the early trigger had given 243.5 against 248.0. A short K
+    (SmolLM2-135M) keeps gate/up's short-K launch: 2,175 against 2,129 tokens/s.
     """
     if k > 2048:
         return GemvConfig(8, 512, 4)
