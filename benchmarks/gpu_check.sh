@@ -35,6 +35,9 @@
 #                                                 # GPU 0; batch 1 with fp16 / int8 KV on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR qrope_ab # batch 1 with int8 (GPU 0) / int4 (GPU 1) KV, the rope
 #                                                 # fusion into quantized caches on / off, alternating
+#   bash benchmarks/gpu_check.sh OUT_DIR next     # every GPU test, then the int8 quantized-rope A/B, on
+#                                                 # GPU 0; batch 1 with every default (8B, SmolLM2,
+#                                                 # W4A16), then the int4 A/B, on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -301,6 +304,22 @@ qrope_ab_lane() {  # GPU policy: batch 1 with that KV policy, the quantized rope
 }
 qrope_ab8() { qrope_ab_lane 0 8; }
 qrope_ab4() { qrope_ab_lane "$g1" 4; }
+next_tests() {  # every GPU test, then the int8 A/B of the quantized rope fusion
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 300 python3 -m pytest -m gpu -n 8 tests --ignore=tests/cli -q -rfE -p no:cacheprovider \
+    >"$out/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?"
+  tail -15 "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  qrope_ab_lane 0 8
+}
+next_rows() {  # batch 1 with every default (8B twice, SmolLM2), then the int4 A/B
+  export CUDA_VISIBLE_DEVICES=$g1
+  bs1 llama3-8b_1 llama3-8b
+  bs1 llama3-8b_2 llama3-8b
+  bs1 smollm2-135m smollm2-135m
+  bs1 awq llama3-8b --model-format awq
+  qrope_ab_lane "$g1" 4
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -327,6 +346,10 @@ case $what in
     ;;
   one_row_table)
     lanes one_row_rows one_row_kv
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  next)
+    lanes next_tests next_rows
     cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   qrope_ab)
