@@ -178,19 +178,12 @@ fusion_ab() {  # batch 1 (8B, SmolLM2): default, + rope in the qkv GEMV, + fused
   for m in llama3-8b smollm2-135m; do
     for v in "base 0 0" "rope 1 0" "merge 0 1" "both 1 1"; do
       set -- $v
-      HOTLOOP_ONE_ROW_ROPE=$2 HOTLOOP_DECODE_FUSED_MERGE=$3 timeout 150 python3 -m hotloop.bench.offline \
-        latency --model "$m" --load-format dummy --dtype bfloat16 --batch-size 1 --input-len 128 \
-        --output-len 512 --num-iters 3 --session-len 2048 --max-batch-size 8 \
-        --output-json "$out/bs1_${m}_$1.json" >"$out/bs1_${m}_$1.log" 2>&1
-      echo "[bs1 $m $1] rc=$? $(grep -o '"decode_tokens_per_s": [0-9.]*' "$out/bs1_${m}_$1.json" 2>/dev/null)"
+      HOTLOOP_ONE_ROW_ROPE=$2 HOTLOOP_DECODE_FUSED_MERGE=$3 bs1 "${m}_$1" "$m"
     done
   done
-  local p  # W4A16 batch 1 with PDL in its GEMVs (on by default since 2026-11-30, not yet timed), then off
+  local p  # W4A16 batch 1 with PDL in its GEMVs, then without
   for p in 1 0; do
-    HOTLOOP_PDL=$p timeout 200 python3 -m hotloop.bench.offline latency --model llama3-8b --load-format dummy \
-      --dtype bfloat16 --model-format awq --batch-size 1 --input-len 128 --output-len 512 --num-iters 3 \
-      --session-len 2048 --max-batch-size 8 --output-json "$out/awq_bs1_pdl$p.json" >"$out/awq_bs1_pdl$p.log" 2>&1
-    echo "[awq bs1 HOTLOOP_PDL=$p] rc=$? $(grep -o '"decode_tokens_per_s": [0-9.]*' "$out/awq_bs1_pdl$p.json")"
+    HOTLOOP_PDL=$p bs1 "awq_pdl$p" llama3-8b --model-format awq
   done
 }
 head_tests() {  # the dense_gemv tests, the rope / LM-head launch grids, then batch 1 A/B
@@ -204,11 +197,7 @@ head_tests() {  # the dense_gemv tests, the rope / LM-head launch grids, then ba
   for m in llama3-8b smollm2-135m; do
     for v in "base 0 0" "rope 1 0" "head 0 1" "both 1 1"; do
       set -- $v
-      HOTLOOP_ONE_ROW_ROPE=$2 HOTLOOP_ONE_ROW_LM_HEAD=$3 timeout 150 python3 -m hotloop.bench.offline \
-        latency --model "$m" --load-format dummy --dtype bfloat16 --batch-size 1 --input-len 128 \
-        --output-len 512 --num-iters 3 --session-len 2048 --max-batch-size 8 \
-        --output-json "$out/bs1_${m}_$1.json" >"$out/bs1_${m}_$1.log" 2>&1
-      echo "[bs1 $m $1] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*\|"decode_tokens_per_s": [0-9.]*' "$out/bs1_${m}_$1.json" 2>/dev/null | tr '\n' ' ')"
+      HOTLOOP_ONE_ROW_ROPE=$2 HOTLOOP_ONE_ROW_LM_HEAD=$3 bs1 "${m}_$1" "$m"
     done
   done
 }
