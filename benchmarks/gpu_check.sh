@@ -38,6 +38,9 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR next     # every GPU test, then the int8 quantized-rope A/B, on
 #                                                 # GPU 0; batch 1 with every default (8B, SmolLM2,
 #                                                 # W4A16), then the int4 A/B, on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR splits   # the batch-256 row and 8B batch 1 with the decode
+#                                                 # splits capped (HOTLOOP_DECODE_MAX_SPLITS) on GPU 0;
+#                                                 # SmolLM2 batch 1 the same on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -309,6 +312,18 @@ next_rows() {  # batch 1 with every default (8B twice, SmolLM2), then the int4 A
   bs1 awq llama3-8b --model-format awq
   qrope_ab_lane "$g1" 4
 }
+splits_8b() {  # the batch-256 row (its host time), then 8B batch 1 with the decode splits capped
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf --only llama3_b256_1k 2>&1 | tail -6
+  local s
+  for s in 16 4 1 16; do HOTLOOP_DECODE_MAX_SPLITS=$s bs1 "llama3-8b_s${s}_$RANDOM" llama3-8b; done
+}
+splits_small() {  # SmolLM2 batch 1 with the decode splits capped, and the fused merge at 4 splits
+  export CUDA_VISIBLE_DEVICES=$g1
+  local s
+  for s in 16 8 4 2 1 16; do HOTLOOP_DECODE_MAX_SPLITS=$s bs1 "smollm2_s${s}_$RANDOM" smollm2-135m; done
+  HOTLOOP_DECODE_MAX_SPLITS=4 HOTLOOP_DECODE_FUSED_MERGE=1 bs1 smollm2_s4_fused smollm2-135m
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -339,6 +354,10 @@ case $what in
     ;;
   next)
     lanes next_tests next_rows
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  splits)
+    lanes splits_8b splits_small
     cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   qrope_ab)

@@ -352,11 +352,27 @@ def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
 def num_decode_splits(batch: int, num_kv_heads: int) -> int:
     """How many context splits per (sequence, KV head): enough programs to fill the GPU. A power of
     two, so that only five kernel variants exist (each is compiled once, see ``SPLIT_CHOICES``)."""
-    want = max(1, min(_MAX_SPLITS, cdiv(_TARGET_PROGRAMS, batch * num_kv_heads)))
+    want = max(1, min(MAX_SPLITS, cdiv(_TARGET_PROGRAMS, batch * num_kv_heads)))
     return 1 << (want.bit_length() - 1)
 
 
 SPLIT_CHOICES = tuple(1 << i for i in range(_MAX_SPLITS.bit_length()))  # 1, 2, 4, 8, 16
+
+
+def _max_splits_from_env() -> int:
+    """``HOTLOOP_DECODE_MAX_SPLITS`` (a power of two up to 16) caps the splits: one split writes the
+    output directly and needs no merge launch, at the cost of a longer chain per program."""
+    raw = os.environ.get("HOTLOOP_DECODE_MAX_SPLITS", str(_MAX_SPLITS))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value not in SPLIT_CHOICES:
+        raise ValueError(f"HOTLOOP_DECODE_MAX_SPLITS={raw!r} must be one of {SPLIT_CHOICES}")
+    return value
+
+
+MAX_SPLITS = _max_splits_from_env()
 
 
 # int8 codes read as 16-bit pairs: 0.420 against 0.484 ms per layer with bytes (B=256 x 1k, H200)
