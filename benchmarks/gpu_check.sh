@@ -41,6 +41,9 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR splits   # the batch-256 row and 8B batch 1 with the decode
 #                                                 # splits capped (HOTLOOP_DECODE_MAX_SPLITS) on GPU 0;
 #                                                 # SmolLM2 batch 1 the same on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR hostprof # where a batch-256 decode step's host time goes:
+#                                                 # host_profile.py, 8B on GPU 0; host_step.py (CPU
+#                                                 # only) and SmolLM2's profile on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -324,6 +327,26 @@ splits_small() {  # SmolLM2 batch 1 with the decode splits capped, and the fused
   for s in 16 8 4 2 1 16; do HOTLOOP_DECODE_MAX_SPLITS=$s bs1 "smollm2_s${s}_$RANDOM" smollm2-135m; done
   HOTLOOP_DECODE_MAX_SPLITS=4 HOTLOOP_DECODE_FUSED_MERGE=1 bs1 smollm2_s4_fused smollm2-135m
 }
+hostprof() {  # MODEL TAG: where a batch-256 decode step's host time goes (host_profile.py)
+  timeout 200 python3 "$here/host_profile.py" --model "$1" --load-format dummy --dtype bfloat16 \
+    --batch-size 256 --input-len 1024 --output-len 96 --steps 40 --session-len 2048 --max-batch-size 256 \
+    --max-prefill-token-num 16384 --out "$out/hostprof_$2.txt" >"$out/hostprof_$2.log" 2>&1
+  echo "[hostprof $2] rc=$? $(head -9 "$out/hostprof_$2.txt" 2>/dev/null | tr -d '\n ')"
+}
+hostprof_8b() {
+  export CUDA_VISIBLE_DEVICES=0
+  hostprof llama3-8b 8b
+}
+hostprof_cpu() {  # the same host code without a GPU (host_step.py), then SmolLM2's batch-256 profile
+  export CUDA_VISIBLE_DEVICES=$g1
+  local r
+  for r in host-only gpu; do
+    CUDA_VISIBLE_DEVICES= timeout 120 python3 "$here/host_step.py" --batch 256 --steps 200 --runner $r \
+      >"$out/host_step_$r.log" 2>&1
+    echo "[host_step $r] rc=$? $(grep -o '"host_ms_per_step_p50": [0-9.]*' "$out/host_step_$r.log")"
+  done
+  hostprof smollm2-135m smollm2
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -354,6 +377,10 @@ case $what in
     ;;
   next)
     lanes next_tests next_rows
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  hostprof)
+    lanes hostprof_8b hostprof_cpu
     cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   splits)

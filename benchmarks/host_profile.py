@@ -1,0 +1,97 @@
+"""Where the host time of a decode step goes, on the machine that runs the model (the GPU host).
+
+    python benchmarks/host_profile.py --model llama3-8b --load-format dummy --batch-size 256 \
+        --input-len 1024 --output-len 96 --session-len 2048 --max-batch-size 256 --out prof.txt
+
+Runs one batch as ``hotloop bench latency`` does, waits until every request has its first token,
+then times ``--steps`` decode steps (``engine.step()``'s wall time less the runner's wait for the
+GPU, as the latency benchmark reports it) twice: once plain, once under cProfile. The profile's
+tables (by own time and by cumulative time) go to ``--out``; the runner's wait for the GPU shows
+there as ``Event.synchronize``, so what is left above it is host work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import random
+import statistics
+import time
+from typing import Any
+
+from hotloop.bench.offline import _engine, _params, _prompt, add_latency_parser
+
+
+def _steps(engine: Any, n: int) -> tuple[list[float], list[float]]:
+    runner = getattr(engine.executor, "runner", None)
+    wall: list[float] = []
+    host: list[float] = []
+    for _ in range(n):
+        if not engine.has_unfinished():
+            break
+        w0 = getattr(runner, "wait_s", 0.0)
+        t0 = time.perf_counter()
+        engine.step()
+        dt = time.perf_counter() - t0
+        wall.append(dt * 1e3)
+        host.append((dt - (getattr(runner, "wait_s", 0.0) - w0)) * 1e3)
+    return wall, host
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="host_profile")
+    sub = parser.add_subparsers(dest="cmd")
+    p = add_latency_parser(sub)
+    p.add_argument("--steps", type=int, default=40, help="decode steps timed per phase")
+    p.add_argument("--out", default=None, help="write the profile tables here")
+    args = parser.parse_args(["latency", *(argv if argv is not None else __import__("sys").argv[1:])])
+    if args.output_len < 2 * args.steps + 8:
+        parser.error(
+            f"--output-len {args.output_len} must be at least 2 * --steps + 8 = {2 * args.steps + 8}"
+        )
+    built, load_s = _engine(args)
+    engine = built.engine
+    rng = random.Random(args.bench_seed)
+    vocab = built.model_config.vocab_size
+    for i in range(args.batch_size):
+        engine.add_request(f"r{i}", _prompt(rng, vocab, args.input_len), _params(args, args.output_len))
+    seen: set[str] = set()
+    while len(seen) < args.batch_size:  # prefill: until every request has its first token
+        for o in engine.step():
+            if o.new_token_ids:
+                seen.add(o.request_id)
+    _steps(engine, 4)  # a few decode steps to settle
+    wall, host = _steps(engine, args.steps)
+    prof = cProfile.Profile()
+    prof.enable()
+    pwall, phost = _steps(engine, args.steps)
+    prof.disable()
+    while engine.has_unfinished():
+        engine.step()
+    buf = io.StringIO()
+    for key in ("tottime", "cumulative"):
+        buf.write(f"\n==== sorted by {key} ({len(pwall)} decode steps at batch {args.batch_size}) ====\n")
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(45)
+    result = {
+        "batch_size": args.batch_size,
+        "steps": len(wall),
+        "step_ms_p50": statistics.median(wall),
+        "host_ms_p50": statistics.median(host),
+        "profiled_step_ms_p50": statistics.median(pwall),
+        "profiled_host_ms_p50": statistics.median(phost),
+        "load_s": load_s,
+    }
+    print(json.dumps(result, indent=2))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(json.dumps(result, indent=2) + "\n" + buf.getvalue())
+    else:
+        print(buf.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
