@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": len(wall),
         "step_ms_p50": statistics.median(wall),
         "host_ms_p50": statistics.median(host),
+        "host_ms_mean": statistics.fmean(host),
         "profiled_step_ms_p50": statistics.median(pwall),
         "profiled_host_ms_p50": statistics.median(phost),
         "load_s": load_s,

@@ -33,6 +33,7 @@ from hotloop.engine.scheduler import SchedulerOutput
 from hotloop.executor.cuda_graph import batch_buckets
 from hotloop.executor.gpu_inputs import InputBuffers
 from hotloop.messages import GenerationConfig
+from hotloop.utils.gc_tuning import settle_after_startup
 
 
 class HostOnlyExecutor:
@@ -152,6 +153,13 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--gc",
+        choices=("settled", "python"),
+        default="settled",
+        help="settled: the collector settings hotloop serve / bench use (utils/gc_tuning.py); "
+        "python: CPython's defaults",
+    )
     ap.add_argument("--runner", choices=("host-only", "gpu"), default="host-only",
                     help="gpu: the real GpuModelRunner's host code with a stand-in graph replay")  # fmt: skip
     args = ap.parse_args()
@@ -197,6 +205,8 @@ def main() -> int:
     engine.step()  # the prefill of everything
     engine.step()
     ex.prepare_s.clear()
+    if args.gc == "settled":
+        settle_after_startup()
     step_s = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -208,7 +218,10 @@ def main() -> int:
         "runner": args.runner,
         "batch": args.batch,
         "steps": args.steps,
+        "gc": args.gc,
         "host_ms_per_step_p50": ms(step_s),
+        "host_ms_per_step_mean": statistics.fmean(step_s) * 1e3,
+        "host_ms_per_step_p90": sorted(step_s)[int(0.9 * len(step_s))] * 1e3,
         "prepare_ms_p50": ms(ex.prepare_s),
         "rest_ms_p50 (schedule + update + detokenize)": ms(step_s) - ms(ex.prepare_s),
     }

@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from hotloop.api.build import build_engine
     from hotloop.serve.api_server import ServerArgs, run_server
     from hotloop.serve.chat_template import load_chat_template
+    from hotloop.utils.gc_tuning import settle_after_startup
     from hotloop.utils.logging import set_log_level
 
     _command, model = split_positionals(args.positionals)
@@ -137,5 +138,6 @@ def run(args: argparse.Namespace) -> int:
     set_log_level(args.log_level)
     load_chat_template(args.chat_template)  # fail on a bad path before loading the model
     built = build_engine(model, engine_config_from_args(args))
+    settle_after_startup()
     run_server(built, server_args)
     return 0
