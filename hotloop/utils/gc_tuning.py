@@ -5,8 +5,9 @@ short-lived and acyclic.
 With CPython's defaults, a batch-256 decode step allocates enough containers (one sampled-token and
 one output object per request, lists) to trigger a young-generation collection every step, and every
 few hundred steps a full collection walks every object made at start-up (torch, transformers and
-the model's modules): ``benchmarks/host_step.py --gc`` measured 1.44 ms of host time per step on
-average against 0.78 ms with the settings below (2-core machine, 2026-11-30).
+the model's modules): ``benchmarks/host_step.py --runner gpu --gc python`` measured 1.17-1.44 ms of
+host time per step on average, against 0.80-0.87 ms with the settings below (2-core machine,
+2026-11-30).
 
 :func:`settle_after_startup` runs one collection, moves every surviving object to the permanent
 generation (``gc.freeze``, as vLLM and SGLang do after start-up) and raises the young-generation
