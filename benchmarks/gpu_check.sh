@@ -44,6 +44,9 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR hostprof # where a batch-256 decode step's host time goes:
 #                                                 # host_profile.py, 8B on GPU 0; host_step.py (CPU
 #                                                 # only) and SmolLM2's profile on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR gc       # the batch-256 row, its host profile and the offline
+#                                                 # row on GPU 0; serving, then batch 1 with fp16 /
+#                                                 # int8 KV alternating, on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -347,6 +350,21 @@ hostprof_cpu() {  # the same host code without a GPU (host_step.py), then SmolLM
   done
   hostprof smollm2-135m smollm2
 }
+gc_rows() {  # after the GC settings: the batch-256 row, its host profile, then the offline row
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 500 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf --only llama3_b256_1k,llama3_offline \
+    2>&1 | tail -12
+  hostprof llama3-8b 8b
+}
+gc_serve() {  # the issue-3 serving run, then batch 1 with fp16 / int8 KV alternating on one GPU
+  serve "$g1" plain
+  export CUDA_VISIBLE_DEVICES=$g1
+  local i
+  for i in 1 2; do
+    bs1 "kv16_$i" llama3-8b
+    bs1 "kv8_$i" llama3-8b --quant-policy 8
+  done
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -377,6 +395,10 @@ case $what in
     ;;
   next)
     lanes next_tests next_rows
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  gc)
+    lanes gc_rows gc_serve
     cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   hostprof)
