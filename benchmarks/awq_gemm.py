@@ -2,7 +2,7 @@
 
 For M in (1, 16, 64, 256, 2048) and each projection shape, checks and times the Triton W4A16
 kernel -- the ``auto`` launch (tuned on first use, see ``kernels/w4a16_gemm.py``) and each path's
-static launch (``gemv`` where M <= 4, ``splitk``, ``tiled``) -- against ``x @ W`` with a dense
+static launch (``gemv`` where M <= 4, ``splitk``, ``tiled``, ``dequant``) -- against ``x @ W`` with a dense
 bf16 weight, and names per shape the smallest M at which int4 stops winning.
 
 Times are GPU times: ``w4a16_gemm.graph_time_us`` captures 8 calls in a CUDA graph, each after a
@@ -63,7 +63,7 @@ def _launches(m: int, k: int, n: int, dev: torch.device) -> list[Any]:
     """Every launch the run will use at (m, k, n): the static paths and the tuner's candidates."""
     from hotloop.kernels import w4a16_gemm as g
 
-    paths = ["splitk", "tiled"] + (["gemv"] if m <= g.GEMV_MAX_M else [])
+    paths = ["splitk", "tiled", "dequant"] + (["gemv"] if m <= g.GEMV_MAX_M else [])
     cfgs = [g.choose_config(m, n, k, GROUP, dev, p) for p in paths]
     cfgs += [g.fit_config(t, m, n, k, GROUP, dev, w) for t, w in g.candidates(m)]
     return cfgs
@@ -245,7 +245,7 @@ def main() -> None:
         out_path.write_text(json.dumps(report, indent=2) + "\n")
 
     header = (
-        f"{'shape':<14}{'M':>6}{'bf16 us':>9}{'w4a16':>8}{'eager':>8}{'gemv':>8}{'splitk':>8}{'tiled':>8}"
+        f"{'shape':<14}{'M':>6}{'bf16 us':>9}{'w4a16':>8}{'eager':>8}{'gemv':>8}{'splitk':>8}{'tiled':>8}{'dequant':>8}"
         f"{'speedup':>8}{'TB/s':>6}  auto launch"
     )
     lines = [header]
@@ -260,7 +260,7 @@ def main() -> None:
             w_t = w_dense.t()
             times: dict[str, float] = {"bf16": gpu_time(partial(torch.matmul, x, w_t))}
             errors: dict[str, float] = {}
-            paths = ["auto", "splitk", "tiled"] + (["gemv"] if m <= g.GEMV_MAX_M else [])
+            paths = ["auto", "splitk", "tiled", "dequant"] + (["gemv"] if m <= g.GEMV_MAX_M else [])
             for path in paths:
                 key = "w4a16" if path == "auto" else path
                 try:
@@ -293,7 +293,7 @@ def main() -> None:
             line = (
                 f"{name:<14}{m:>6}{us['bf16']:>9.1f}{us.get('w4a16', nan):>8.1f}{us.get('eager', nan):>8.1f}"
                 f"{us.get('gemv', nan):>8.1f}{us.get('splitk', nan):>8.1f}{us.get('tiled', nan):>8.1f}"
-                f"{row['speedup_vs_bf16'] or nan:>8.2f}{row['w4a16_weight_tbps'] or nan:>6.2f}  {_short(auto)}"
+                f"{us.get('dequant', nan):>8.1f}{row['speedup_vs_bf16'] or nan:>8.2f}{row['w4a16_weight_tbps'] or nan:>6.2f}  {_short(auto)}"
                 + ("  (check failed!)" if bad else "")
             )
             lines.append(line)

@@ -64,7 +64,7 @@ def compile_for_target(
 # cache's token and head strides (rows of head_dim + 4 bytes for bf16; the kernels address a
 # quantized cache per block, whose stride is divisible by 16)
 D, G, BS, KV = 128, 4, 64, 8
-_TYPES = {"bfloat16": "bf16", "float32": "fp32"}
+_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 _TORCH = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -237,6 +237,17 @@ def compile_greedy_argmax() -> Any:
     return compile_for_target(ga._greedy_argmax_kernel, sig, consts, [n for n in sig if n.endswith("_ptr")])
 
 
+def compile_w4a16_dequant(dtype: str = "bfloat16") -> Any:
+    """The AWQ dequantization to a dense matrix (``kernels/w4a16_dequant.py``), group 128."""
+    from hotloop.kernels import w4a16_dequant as wd
+
+    sig = {"qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": f"*{_TYPES[dtype]}", "out_ptr": f"*{_TYPES[dtype]}",
+           "K": "i32", "N": "i32"}  # fmt: skip
+    consts = {"GROUP": 128, "BLOCK_K": wd.BLOCK_K, "BLOCK_N": wd.BLOCK_N}
+    aligned = [n for n in sig if n.endswith("_ptr")] + ["K", "N"]
+    return compile_for_target(wd._w4a16_dequant_kernel, sig, consts, aligned)
+
+
 _FORMATS = [(0, "bfloat16"), (8, "bfloat16"), (4, "bfloat16"), (0, "float32"), (8, "float32"), (4, "float32")]
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     **{f"decode-q{q}-{d}": ("decode", {"quant": q, "dtype": d}) for q, d in _FORMATS},
@@ -263,6 +274,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "greedy-argmax": ("argmax", {}),
     "dense-gemv-rope-q8-bfloat16": ("dense", {"mode": "rope", "quant": 8}),
     "dense-gemv-rope-q4-bfloat16": ("dense", {"mode": "rope", "quant": 4}),
+    "w4a16-dequant-bfloat16": ("dequant", {"dtype": "bfloat16"}),
+    "w4a16-dequant-float16": ("dequant", {"dtype": "float16"}),
 }  # fmt: skip
 VARIANTS.update(_gemv_variants())
 _COMPILERS: dict[str, Callable[..., Any]] = {
@@ -271,6 +284,7 @@ _COMPILERS: dict[str, Callable[..., Any]] = {
     "gemv": compile_w4a16_gemv,
     "dense": compile_dense_gemv,
     "argmax": compile_greedy_argmax,
+    "dequant": compile_w4a16_dequant,
 }
 
 

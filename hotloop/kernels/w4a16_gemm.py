@@ -1,6 +1,6 @@
 """W4A16 GEMM in Triton: ``y = x @ W`` with ``W`` in the AutoAWQ int4 layout, dequantized in registers.
 
-Three launches:
+Four launches:
 
 - ``gemv`` (M of 1 to 4, ``kernels/w4a16_gemv.py``): CUDA cores only, float32 arithmetic (the
   fastest launch at M = 1 on an H200); for one row also ``unpack="half2"``, packed 16-bit
@@ -12,6 +12,10 @@ Three launches:
   GPU.
 - ``tiled`` (prefill, large M): classic M x N output tiles (grouped for L2 reuse), each walking all
   of K.
+
+- ``dequant`` (large M): dequantize the weight into a scratch matrix (``kernels/w4a16_dequant.py``,
+  one pass over the weight) and multiply with ``torch.matmul`` (cuBLAS), as vLLM's AWQ path does
+  from 256 tokens. Only the tuner picks it (it is a candidate above 64 rows), where it is faster.
 
 ``splitk`` and ``tiled`` share one kernel. A K step loads a ``[BLOCK_K, BLOCK_N / 8]`` tile of
 packed words once and unpacks it in registers (:func:`_unpack_awq`): ORing a nibble into the
@@ -58,8 +62,8 @@ from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, 
 from hotloop.kernels.w4a16_gemv import lop3_and_or
 from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
 
-PATHS = ("auto", "gemv", "splitk", "tiled")
-KINDS = ("gemv", "dot")
+PATHS = ("auto", "gemv", "splitk", "tiled", "dequant")
+KINDS = ("gemv", "dot", "dequant")
 UNPACK_MODES = ("nibble", "pair", "lop3", "mask", "half2")  # "mask", "half2": the one-row GEMV only
 ONE_ROW_UNPACK = ("mask", "half2")
 GEMV_MAX_M = 4  # the CUDA-core GEMV takes at most this many rows
@@ -369,6 +373,8 @@ def fit_config(
     """``template`` with ``block_k`` made to divide the group and K split until the launch has about
     ``waves`` programs per multiprocessor (``waves`` 0: no split)."""
     block_k = _block_k(group_size, template.block_k)
+    if template.kind == "dequant":
+        return replace(template, block_k=block_k)
     if template.kind == "gemv":
         block_m, tiles = m, cdiv(n, template.block_n)
     else:
@@ -422,12 +428,17 @@ LARGE_TEMPLATES: tuple[Template, ...] = (  # M > 64
     (_dot(128, 128, 64, 4, 4, False), 0.0),
     (_dot(128, 128, 64, 8, 4, False), 0.0),
 )
+# M > 64: dequantize the weight into a scratch matrix (``kernels/w4a16_dequant.py``), then cuBLAS.
+# The dequantization is one pass over the weight whatever M is, so it pays only at large M; the
+# tuner times it beside the in-register launches (block sizes here are not used by the launch).
+DEQUANT_TEMPLATES: tuple[Template, ...] = ((GemmConfig("dequant", 1, 256, 32), 0.0),)
 
 # The static choice per path: (largest M, template), from the same run.
 TUNED: dict[str, tuple[tuple[int, Template], ...]] = {
     "gemv": ((GEMV_MAX_M, GEMV_TEMPLATES[0]),),
     "splitk": ((16, SMALL_TEMPLATES[0]), (32, MID_TEMPLATES[1]), (1 << 62, MID_TEMPLATES[0])),
     "tiled": ((1 << 62, LARGE_TEMPLATES[0]),),
+    "dequant": ((1 << 62, DEQUANT_TEMPLATES[0]),),
 }
 AUTO_GEMV_MAX_M = 1  # the static ``auto`` choice: the CUDA-core GEMV at or below this many rows
 AUTO_SPLITK_MAX_M = SPLITK_MAX_M
@@ -470,8 +481,8 @@ def candidates(m: int) -> tuple[Template, ...]:
     if m <= 64:
         return MID_TEMPLATES
     if m <= 256:
-        return MID_TEMPLATES[:1] + LARGE_TEMPLATES
-    return LARGE_TEMPLATES
+        return MID_TEMPLATES[:1] + LARGE_TEMPLATES + DEQUANT_TEMPLATES
+    return LARGE_TEMPLATES + DEQUANT_TEMPLATES
 
 
 def m_bucket(m: int) -> int:
@@ -512,6 +523,12 @@ def _launch(
     n = qweight.shape[1] * PACK_FACTOR
     if k % (cfg.split_k * cfg.block_k) or group_size % cfg.block_k:
         raise ValueError(f"{cfg} does not tile K={k} with group_size={group_size}")
+    if cfg.kind == "dequant":
+        from hotloop.kernels.w4a16_dequant import w4a16_dequantize
+
+        if scales.dtype != x2.dtype:
+            raise ValueError(f"the dequant launch needs scales in x's dtype {x2.dtype}; got {scales.dtype}")
+        return torch.matmul(x2, w4a16_dequantize(qweight, qzeros, scales, group_size))
     if cfg.kind == "gemv":
         rows = 1 if cfg.unpack in ONE_ROW_UNPACK else GEMV_MAX_M
         if m > rows:

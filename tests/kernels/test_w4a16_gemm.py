@@ -28,7 +28,7 @@ pytest.importorskip("triton")
 M_VALUES = (1, 7, 16, 64, 256, 2048)
 # (in, out) of Llama-3-8B's qkv, o, gate_up and down projections
 LAYER_SHAPES = ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096))
-MODULES = ("hotloop.kernels.w4a16_gemm", "hotloop.kernels.w4a16_gemv")  # reload order
+MODULES = ("hotloop.kernels.w4a16_gemm", "hotloop.kernels.w4a16_gemv", "hotloop.kernels.w4a16_dequant")
 
 
 def _random_awq(k: int, n: int, group: int, dtype: torch.dtype, device: str, seed: int = 0):  # type: ignore[no-untyped-def]
@@ -65,7 +65,7 @@ def interpreted() -> Iterator[ModuleType]:
             importlib.reload(module)  # leave compiled kernels for later GPU tests
 
 
-@pytest.mark.parametrize("path", ["auto", "gemv", "splitk", "tiled"])
+@pytest.mark.parametrize("path", ["auto", "gemv", "splitk", "tiled", "dequant"])
 @pytest.mark.parametrize("m", [1, 3, 7, 16, 33])
 @pytest.mark.parametrize("group", [32, 64])
 def test_interpreted_paths_match_reference(interpreted: ModuleType, path: str, m: int, group: int) -> None:
@@ -286,7 +286,9 @@ def test_choose_config_per_m() -> None:
                 assert cfg.split_k == 1
             for template, waves in g.candidates(m):  # every tuning candidate fits the layer
                 c = g.fit_config(template, m, n, k, 128, cpu, waves)
-                assert k % (c.split_k * c.block_k) == 0 and (c.kind == "dot" or m <= g.GEMV_MAX_M)
+                assert k % (c.split_k * c.block_k) == 0 and (c.kind != "gemv" or m <= g.GEMV_MAX_M)
+            # dequantize-then-cuBLAS is timed only where M is large enough to pay for its pass
+            assert any(t.kind == "dequant" for t, _ in g.candidates(m)) == (m > 64)
     assert g.choose_config(3, 4096, 4096, 32, cpu, path="gemv").block_k == 32  # block_k fits the group
     assert [g.m_bucket(m) for m in (1, 2, 3, 5, 16, 17, 1024, 1025)] == [1, 2, 4, 8, 16, 32, 1024, 1 << 62]
     with pytest.raises(ValueError, match="path"):
@@ -322,7 +324,7 @@ def test_gpu_kernel_matches_reference(
     qweight, qzeros, scales = _random_awq(k, n, 128, dtype, "cuda", seed=m)
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).to(dtype)
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
-    paths = ("auto", "splitk", "tiled") + (("gemv",) if m <= GEMV_MAX_M else ())
+    paths = ("auto", "splitk", "tiled", "dequant") + (("gemv",) if m <= GEMV_MAX_M else ())
     for path in paths:
         got = w4a16_gemm(x, qweight, qzeros, scales, 128, path=path)
         assert got.dtype == dtype and got.shape == (m, n)
@@ -408,20 +410,21 @@ def test_gpu_splitk_is_deterministic_and_leaves_counters_at_zero() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["splitk", "gemv", "auto"])
+@pytest.mark.parametrize("path", ["splitk", "gemv", "auto", "dequant"])
 def test_gpu_launch_inside_cuda_graph(path: str) -> None:
     from hotloop.kernels.w4a16_gemm import w4a16_gemm
 
     k, n = 4096, 4096
+    m = 300 if path == "dequant" else 1
     qweight, qzeros, scales = _random_awq(k, n, 128, torch.bfloat16, "cuda")
-    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     w4a16_gemm(x, qweight, qzeros, scales, 128, path=path)  # warm-up: tunes, compiles, makes the counters
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = w4a16_gemm(x, qweight, qzeros, scales, 128, path=path)
     for seed in range(3):
-        x.copy_(torch.randn(1, k, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        x.copy_(torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
         graph.replay()
         want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
         assert _rel_max_err(out, want) < 2e-2
