@@ -47,6 +47,8 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR gc       # the batch-256 row, its host profile and the offline
 #                                                 # row on GPU 0; serving, then batch 1 with fp16 /
 #                                                 # int8 KV alternating, on GPU 1
+#   bash benchmarks/gpu_check.sh OUT_DIR dequant  # the W4A16 GPU tests and awq_gemm.py on GPU 0; the
+#                                                 # W4A16 offline row and batch 1 on GPU 1
 #   bash benchmarks/gpu_check.sh OUT_DIR table    # the issue-4 offline and batch-256 rows and the
 #                                                 # W4A16 batch-1 rows with and without
 #                                                 # --embeddings-on-host (run_gpu.py) on GPU 0, the
@@ -365,6 +367,21 @@ gc_serve() {  # the issue-3 serving run, then batch 1 with fp16 / int8 KV altern
     bs1 "kv8_$i" llama3-8b --quant-policy 8
   done
 }
+dq_tests() {  # the W4A16 GPU tests, then the GEMM table (dequant column) against bf16
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemm.py \
+    tests/kernels/test_w4a16_dequant.py >"$out/dq_tests.log" 2>&1
+  echo "W4A16 GPU tests rc=$?"
+  tail -15 "$out/dq_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  timeout 280 python3 "$here/awq_gemm.py" "$out/awq_gemm.json" >"$out/awq_gemm.log" 2>&1
+  echo "awq_gemm rc=$?"
+  grep -E "^(shape|qkv|o |gate|down)" "$out/awq_gemm.log" | head -30
+}
+dq_rows() {  # the W4A16 offline row, then W4A16 batch 1
+  export CUDA_VISIBLE_DEVICES=$g1
+  timeout 330 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf --only llama3_awq_offline 2>&1 | tail -12
+  bs1 awq llama3-8b --model-format awq
+}
 serve_plain() { serve 0 plain; }
 serve_plain_g1() { serve "$g1" plain; }
 serve_jit() { serve "$g1" jit --jit-schedule; }
@@ -395,6 +412,10 @@ case $what in
     ;;
   next)
     lanes next_tests next_rows
+    cat "$out/lane0.txt" "$out/lane1.txt"
+    ;;
+  dequant)
+    lanes dq_tests dq_rows
     cat "$out/lane0.txt" "$out/lane1.txt"
     ;;
   gc)
