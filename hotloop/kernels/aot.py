@@ -243,7 +243,7 @@ def compile_w4a16_dequant(dtype: str = "bfloat16") -> Any:
 
     sig = {"qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": f"*{_TYPES[dtype]}", "out_ptr": f"*{_TYPES[dtype]}",
            "K": "i32", "N": "i32"}  # fmt: skip
-    consts = {"GROUP": 128, "BLOCK_K": wd.BLOCK_K, "BLOCK_N": wd.BLOCK_N}
+    consts = {"GROUP": 128, "BLOCK_K": wd.BLOCK_K, "BLOCK_W": wd.BLOCK_W}
     aligned = [n for n in sig if n.endswith("_ptr")] + ["K", "N"]
     return compile_for_target(wd._w4a16_dequant_kernel, sig, consts, aligned)
 
