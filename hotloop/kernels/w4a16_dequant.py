@@ -86,14 +86,17 @@ def w4a16_dequantize(
     n = qweight.shape[1] * PACK_FACTOR
     if out is None:
         out = torch.empty(k, n, dtype=scales.dtype, device=scales.device)
-    elif out.shape != (k, n) or out.dtype != scales.dtype or not out.is_contiguous():
+    elif (
+        out.shape != (k, n)
+        or out.dtype != scales.dtype
+        or not out.is_contiguous()
+        or out.device != scales.device
+    ):
         raise ValueError(
-            f"w4a16_dequantize: out must be a contiguous [{k}, {n}] {scales.dtype} tensor; "
-            f"got {tuple(out.shape)} {out.dtype}"
+            f"w4a16_dequantize: out must be a contiguous [{k}, {n}] {scales.dtype} tensor on {scales.device}; "
+            f"got {tuple(out.shape)} {out.dtype} on {out.device}"
         )
-    block_k = min(BLOCK_K, group_size)
-    while group_size % block_k:
-        block_k //= 2
+    block_k = min(BLOCK_K, group_size & -group_size)  # a power of two that divides the group
     grid = (k // block_k, cdiv(n // PACK_FACTOR, BLOCK_W))
     _w4a16_dequant_kernel[grid](
         qweight, qzeros, scales, out, k, n, GROUP=group_size, BLOCK_K=block_k, BLOCK_W=BLOCK_W, num_warps=4

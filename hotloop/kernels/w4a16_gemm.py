@@ -47,6 +47,7 @@ The torch reference is ``kernels.reference.w4a16_matmul``; the layout is in ``ke
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -61,6 +62,8 @@ from hotloop.kernels.launch_math import cdiv
 from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
 from hotloop.kernels.w4a16_gemv import lop3_and_or
 from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
+
+logger = logging.getLogger(__name__)
 
 PATHS = ("auto", "gemv", "splitk", "tiled", "dequant")
 KINDS = ("gemv", "dot", "dequant")
@@ -303,8 +306,9 @@ def _w4a16_dot_kernel(
 
 @dataclass(frozen=True, slots=True)
 class GemmConfig:
-    """One launch shape. ``kind`` "gemv" (CUDA cores; ``block_m`` is the row count, at most 4) or
-    "dot" (tensor cores: the ``splitk`` and ``tiled`` paths). ``unpack``, ``swap_ab`` and
+    """One launch shape. ``kind`` "gemv" (CUDA cores; ``block_m`` is the row count, at most 4),
+    "dot" (tensor cores: the ``splitk`` and ``tiled`` paths) or "dequant" (dequantize to scratch,
+    then cuBLAS; of its fields only ``block_k`` is checked against the group, the rest are unused). ``unpack``, ``swap_ab`` and
     ``group_m`` apply to "dot" only, save the one-row GEMV kernels ``unpack="mask"`` and
     ``unpack="half2"`` (the latter for 16-bit activations only); ``fixup`` (in-kernel split-K reduction) to both."""
 
@@ -447,7 +451,8 @@ AUTO_SPLITK_MAX_M = SPLITK_MAX_M
 def choose_config(
     m: int, n: int, k: int, group_size: int, device: torch.device, path: str = "auto"
 ) -> GemmConfig:
-    """The static launch for an ``[m, k] @ [k, n]`` product; ``path`` is auto, gemv, splitk or tiled."""
+    """The static launch for an ``[m, k] @ [k, n]`` product; ``path`` is auto, gemv, splitk, tiled or
+    dequant (the static ``auto`` choice never takes dequant: only the tuner does, where it times faster)."""
     if path not in PATHS:
         raise ValueError(f"path={path!r} must be one of {PATHS}")
     if path == "auto":
@@ -510,6 +515,20 @@ def _check_half2(cfg: GemmConfig, dtype: torch.dtype) -> None:
         )
 
 
+_dequant_oom_warned = False
+
+
+def _warn_dequant_oom(n: int, k: int) -> None:
+    global _dequant_oom_warned
+    _dequant_oom_warned = True
+    logger.warning(
+        "W4A16: no memory for the dequant launch's %d x %d scratch weight; using the tiled kernel "
+        "(a lower --cache-max-entry-count leaves room for it)",
+        k,
+        n,
+    )
+
+
 def _launch(
     cfg: GemmConfig,
     x2: torch.Tensor,
@@ -528,7 +547,23 @@ def _launch(
 
         if scales.dtype != x2.dtype:
             raise ValueError(f"the dequant launch needs scales in x's dtype {x2.dtype}; got {scales.dtype}")
-        return torch.matmul(x2, w4a16_dequantize(qweight, qzeros, scales, group_size))
+        try:
+            # cuBLAS may reduce split-K partials in 16 bits (torch's allow_*_reduced_precision_reduction);
+            # the Triton launches always accumulate in float32. Both stay within the tests' bounds.
+            return torch.matmul(x2, w4a16_dequantize(qweight, qzeros, scales, group_size))
+        except torch.OutOfMemoryError:
+            # The scratch weight ([K, N] in 16 bits) comes out of the memory the KV cache leaves; a
+            # choice tuned (and stored on disk) with more headroom falls back to the tiled kernel.
+            if not _dequant_oom_warned:
+                _warn_dequant_oom(n, k)
+            return _launch(
+                choose_config(m, n, k, group_size, x2.device, "tiled"),
+                x2,
+                qweight,
+                qzeros,
+                scales,
+                group_size,
+            )
     if cfg.kind == "gemv":
         rows = 1 if cfg.unpack in ONE_ROW_UNPACK else GEMV_MAX_M
         if m > rows:
@@ -816,7 +851,7 @@ def w4a16_gemm(
 
     ``qweight`` int32 ``[in, out // 8]``, ``qzeros`` int32 ``[in // group_size, out // 8]``,
     ``scales`` ``[in // group_size, out]`` (AutoAWQ GEMM layout). ``path`` forces a launch
-    (auto, gemv, splitk, tiled); ``config`` overrides the whole launch shape.
+    (auto, gemv, splitk, tiled, dequant); ``config`` overrides the whole launch shape.
     """
     check_awq_shapes(qweight, qzeros, scales, group_size)
     k, n = qweight.shape[0], qweight.shape[1] * PACK_FACTOR

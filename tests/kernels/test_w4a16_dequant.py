@@ -46,11 +46,12 @@ def interpreted() -> Iterator[ModuleType]:
 @pytest.mark.parametrize(
     "dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"]
 )
-@pytest.mark.parametrize(("k", "n", "group"), [(64, 8, 32), (128, 264, 64), (96, 512, 32)])
+@pytest.mark.parametrize(("k", "n", "group"), [(64, 8, 32), (128, 264, 64), (96, 512, 32), (72, 16, 24)])
 def test_interpreted_matches_reference_exactly(
     interpreted: ModuleType, dtype: torch.dtype, k: int, n: int, group: int
 ) -> None:
-    # n = 264: one full 256-column tile and a masked one; k = 96: a masked K tile
+    # n = 8: one word (a mostly masked tile); n = 264: a full 256-column tile and a masked one;
+    # group 24: 8-row K tiles (the largest power of two dividing the group)
     qweight, qzeros, scales = _random_awq(k, n, group, dtype, "cpu", seed=k + n)
     got = interpreted.w4a16_dequantize(qweight, qzeros, scales, group)
     want = reference.w4a16_dequantize(qweight, qzeros, scales, group)
@@ -68,7 +69,7 @@ def test_interpreted_writes_into_out_and_checks_it(interpreted: ModuleType) -> N
     out = torch.full((64, 16), float("nan"), dtype=torch.float16)
     assert interpreted.w4a16_dequantize(qweight, qzeros, scales, 32, out=out) is out
     assert torch.equal(out, reference.w4a16_dequantize(qweight, qzeros, scales, 32))
-    with pytest.raises(ValueError, match=r"out must be a contiguous \[64, 16\] torch.float16"):
+    with pytest.raises(ValueError, match=r"out must be a contiguous \[64, 16\] torch.float16 tensor on cpu"):
         interpreted.w4a16_dequantize(qweight, qzeros, scales, 32, out=torch.empty(64, 16))
     with pytest.raises(ValueError, match="contiguous"):
         interpreted.w4a16_dequantize(qweight, qzeros, scales.t().contiguous().t(), 32)

@@ -259,6 +259,27 @@ def test_interpreted_kernel_float16_and_batch_dims(interpreted: ModuleType) -> N
         torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=2e-2)
 
 
+def test_interpreted_dequant_falls_back_when_out_of_memory(
+    interpreted: ModuleType, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No memory for the dequant launch's scratch weight: the tiled kernel answers, with a warning."""
+    dequant = sys.modules["hotloop.kernels.w4a16_dequant"]
+
+    def no_memory(*args: object, **kwargs: object) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(dequant, "w4a16_dequantize", no_memory)
+    monkeypatch.setattr(interpreted, "_dequant_oom_warned", False)
+    qweight, qzeros, scales = _random_awq(128, 64, 64, torch.float32, "cpu")
+    x = torch.randn(70, 128)
+    with caplog.at_level("WARNING", logger=interpreted.__name__):
+        got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, 64, path="dequant")
+    torch.testing.assert_close(
+        got, reference.w4a16_matmul(x, qweight, qzeros, scales, 64), rtol=1e-4, atol=1e-4
+    )
+    assert "tiled kernel" in caplog.text and "--cache-max-entry-count" in caplog.text
+
+
 def test_launcher_rejects_bad_shapes(interpreted: ModuleType) -> None:
     qweight, qzeros, scales = _random_awq(128, 64, 64, torch.float32, "cpu")
     with pytest.raises(ValueError, match="input features"):
