@@ -25,3 +25,16 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 # bf16 operands land between 1e-3 and 1e-2; float32 through tf32 dots near 3e-4.
 TOL = {torch.float32: 2e-3, torch.float16: 4e-3, torch.bfloat16: 1.6e-2}
+
+
+def random_awq(
+    k: int, n: int, group: int, dtype: torch.dtype, device: str, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random AutoAWQ GEMM tensors ``(qweight, qzeros, scales)`` for a ``[k, n]`` weight."""
+    from hotloop.kernels.w4a16_layout import pack_int4
+
+    gen = torch.Generator().manual_seed(seed)
+    qweight = pack_int4(torch.randint(0, 16, (k, n), generator=gen)).to(device)
+    qzeros = pack_int4(torch.randint(0, 16, (k // group, n), generator=gen)).to(device)
+    scales = (torch.rand(k // group, n, generator=gen) * 0.02 + 0.001).to(device=device, dtype=dtype)
+    return qweight, qzeros, scales

@@ -11,19 +11,11 @@ from types import ModuleType
 
 import pytest
 import torch
+from kernel_checks import random_awq
 
 from hotloop.kernels import reference
-from hotloop.kernels.w4a16_layout import pack_int4
 
 pytest.importorskip("triton")
-
-
-def _random_awq(k: int, n: int, group: int, dtype: torch.dtype, device: str, seed: int = 0):  # type: ignore[no-untyped-def]
-    gen = torch.Generator().manual_seed(seed)
-    qweight = pack_int4(torch.randint(0, 16, (k, n), generator=gen)).to(device)
-    qzeros = pack_int4(torch.randint(0, 16, (k // group, n), generator=gen)).to(device)
-    scales = (torch.rand(k // group, n, generator=gen) * 0.02 + 0.001).to(device=device, dtype=dtype)
-    return qweight, qzeros, scales
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +44,7 @@ def test_interpreted_matches_reference_exactly(
 ) -> None:
     # n = 8: one word (a mostly masked tile); n = 264: a full 256-column tile and a masked one;
     # group 24: 8-row K tiles (the largest power of two dividing the group)
-    qweight, qzeros, scales = _random_awq(k, n, group, dtype, "cpu", seed=k + n)
+    qweight, qzeros, scales = random_awq(k, n, group, dtype, "cpu", seed=k + n)
     got = interpreted.w4a16_dequantize(qweight, qzeros, scales, group)
     want = reference.w4a16_dequantize(qweight, qzeros, scales, group)
     assert got.dtype == dtype and got.shape == (k, n)
@@ -65,7 +57,7 @@ def test_interpreted_matches_reference_exactly(
 
 
 def test_interpreted_writes_into_out_and_checks_it(interpreted: ModuleType) -> None:
-    qweight, qzeros, scales = _random_awq(64, 16, 32, torch.float16, "cpu")
+    qweight, qzeros, scales = random_awq(64, 16, 32, torch.float16, "cpu")
     out = torch.full((64, 16), float("nan"), dtype=torch.float16)
     assert interpreted.w4a16_dequantize(qweight, qzeros, scales, 32, out=out) is out
     assert torch.equal(out, reference.w4a16_dequantize(qweight, qzeros, scales, 32))
@@ -85,7 +77,7 @@ def test_gpu_matches_reference_exactly(dtype: torch.dtype, k: int, n: int) -> No
         pytest.skip("needs a GPU")
     from hotloop.kernels.w4a16_dequant import w4a16_dequantize
 
-    qweight, qzeros, scales = _random_awq(k, n, 128, dtype, "cuda", seed=k)
+    qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=k)
     assert torch.equal(
         w4a16_dequantize(qweight, qzeros, scales, 128),
         reference.w4a16_dequantize(qweight, qzeros, scales, 128),

@@ -19,6 +19,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from kernel_checks import random_awq
 
 from hotloop.kernels import reference
 from hotloop.kernels.w4a16_layout import pack_int4, unpack_int4
@@ -29,14 +30,6 @@ M_VALUES = (1, 7, 16, 64, 256, 2048)
 # (in, out) of Llama-3-8B's qkv, o, gate_up and down projections
 LAYER_SHAPES = ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096))
 MODULES = ("hotloop.kernels.w4a16_gemm", "hotloop.kernels.w4a16_gemv", "hotloop.kernels.w4a16_dequant")
-
-
-def _random_awq(k: int, n: int, group: int, dtype: torch.dtype, device: str, seed: int = 0):  # type: ignore[no-untyped-def]
-    gen = torch.Generator().manual_seed(seed)
-    qweight = pack_int4(torch.randint(0, 16, (k, n), generator=gen)).to(device)
-    qzeros = pack_int4(torch.randint(0, 16, (k // group, n), generator=gen)).to(device)
-    scales = (torch.rand(k // group, n, generator=gen) * 0.02 + 0.001).to(device=device, dtype=dtype)
-    return qweight, qzeros, scales
 
 
 def _rel_max_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -72,7 +65,7 @@ def test_interpreted_paths_match_reference(interpreted: ModuleType, path: str, m
     if path == "gemv" and m > interpreted.GEMV_MAX_M:
         pytest.skip("the gemv path takes at most GEMV_MAX_M rows")
     k, n = 256, 80  # n not a multiple of any tile: masked columns
-    qweight, qzeros, scales = _random_awq(k, n, group, torch.float32, "cpu", seed=m)
+    qweight, qzeros, scales = random_awq(k, n, group, torch.float32, "cpu", seed=m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + 1))
     got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, group, path=path)
     want = reference.w4a16_matmul(x, qweight, qzeros, scales, group)
@@ -88,7 +81,7 @@ DOT_VARIANTS = list(itertools.product(("nibble", "pair", "lop3"), (False, True))
 def test_interpreted_dot_variants(interpreted: ModuleType, variant: tuple, dtype: torch.dtype) -> None:
     unpack, swap = variant
     k, n, group = 256, 80, 64
-    qweight, qzeros, scales = _random_awq(k, n, group, dtype, "cpu", seed=3)
+    qweight, qzeros, scales = random_awq(k, n, group, dtype, "cpu", seed=3)
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(4)).to(dtype)
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), group)
     for block_m, block_n, split, fixup in ((16, 64, 1, True), (16, 32, 2, True), (32, 64, 4, False)):
@@ -103,7 +96,7 @@ def test_interpreted_dot_variants(interpreted: ModuleType, variant: tuple, dtype
 def test_interpreted_unaligned_inputs(interpreted: ModuleType) -> None:
     """Views that start at an odd element (the kernels read 16-bit values as 32-bit words)."""
     k, n, group = 128, 64, 32
-    qweight, qzeros, scales = _random_awq(k, n, group, torch.float16, "cpu", seed=5)
+    qweight, qzeros, scales = random_awq(k, n, group, torch.float16, "cpu", seed=5)
     big_scales = torch.cat([torch.zeros(1, dtype=torch.float16), scales.flatten()])
     scales_view = big_scales[1:].view_as(scales)
     x = torch.randn(3, k + 1).half()[:, 1:]
@@ -116,7 +109,7 @@ def test_interpreted_unaligned_inputs(interpreted: ModuleType) -> None:
 @pytest.mark.parametrize("m", [1, 2, 4])
 def test_interpreted_gemv_splits(interpreted: ModuleType, m: int) -> None:
     k, n, group = 256, 72, 32
-    qweight, qzeros, scales = _random_awq(k, n, group, torch.float32, "cpu", seed=m)
+    qweight, qzeros, scales = random_awq(k, n, group, torch.float32, "cpu", seed=m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     want = reference.w4a16_matmul(x, qweight, qzeros, scales, group)
     for block_n, block_k, split, fixup in ((64, 32, 1, True), (32, 32, 4, True), (64, 16, 2, False)):
@@ -130,7 +123,7 @@ def test_interpreted_gemv_mask(interpreted: ModuleType, dtype: torch.dtype) -> N
     # the one-row GEMV that masks nibbles in place: whole and partial column tiles, split K with
     # the in-kernel fixup and with the two-kernel reduction
     k, n, group = 256, 72, 32
-    qweight, qzeros, scales = _random_awq(k, n, group, dtype, "cpu", seed=5)
+    qweight, qzeros, scales = random_awq(k, n, group, dtype, "cpu", seed=5)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(5)).to(dtype)
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), group)
     for block_n, block_k, split, fixup in ((64, 32, 1, True), (32, 32, 4, True), (64, 16, 2, False)):
@@ -178,7 +171,7 @@ def test_interpreted_gemv_half2(interpreted: ModuleType, dtype: torch.dtype) -> 
     # partial column tiles, split K with the in-kernel fixup and with the two-kernel reduction; the
     # result equals a torch model of the arithmetic (to the output's rounding) and the reference
     k, n, group = 128, 72, 32
-    qweight, qzeros, scales = _random_awq(k, n, group, dtype, "cpu", seed=6)
+    qweight, qzeros, scales = random_awq(k, n, group, dtype, "cpu", seed=6)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(6)).to(dtype)
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), group)
     rows = interpreted.HALF2_ROWS[dtype]
@@ -235,21 +228,21 @@ def test_interpreted_gemv_half2_fp16_headroom(interpreted: ModuleType) -> None:
 
 def test_interpreted_gemv_half2_block_k_rules(interpreted: ModuleType) -> None:
     # K steps of a power of two of 8-row chunks: one chunk (block_k 8) runs, six (48) is refused
-    qweight, qzeros, scales = _random_awq(64, 64, 32, torch.float16, "cpu", seed=9)
+    qweight, qzeros, scales = random_awq(64, 64, 32, torch.float16, "cpu", seed=9)
     x = torch.randn(1, 64, generator=torch.Generator().manual_seed(9)).half()
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 32)
     got = interpreted.w4a16_gemm(
         x, qweight, qzeros, scales, 32, config=interpreted.GemmConfig("gemv", 1, 64, 8, unpack="half2")
     )
     assert _rel_max_err(got, want) < 2e-3
-    qweight, qzeros, scales = _random_awq(96, 64, 48, torch.float16, "cpu", seed=9)  # 48 tiles K = 96
+    qweight, qzeros, scales = random_awq(96, 64, 48, torch.float16, "cpu", seed=9)  # 48 tiles K = 96
     bad = interpreted.GemmConfig("gemv", 1, 64, 48, unpack="half2")
     with pytest.raises(ValueError, match="power of two"):
         interpreted.w4a16_gemm(torch.ones(1, 96).half(), qweight, qzeros, scales, 48, config=bad)
 
 
 def test_interpreted_kernel_float16_and_batch_dims(interpreted: ModuleType) -> None:
-    qweight, qzeros, scales = _random_awq(128, 64, 64, torch.float16, "cpu")
+    qweight, qzeros, scales = random_awq(128, 64, 64, torch.float16, "cpu")
     x = torch.randn(2, 3, 128).half()
     for path in ("auto", "gemv", "splitk", "tiled"):
         xp = x[:1, :2] if path == "gemv" else x
@@ -270,7 +263,7 @@ def test_interpreted_dequant_falls_back_when_out_of_memory(
 
     monkeypatch.setattr(dequant, "w4a16_dequantize", no_memory)
     monkeypatch.setattr(interpreted, "_dequant_oom_warned", False)
-    qweight, qzeros, scales = _random_awq(128, 64, 64, torch.float32, "cpu")
+    qweight, qzeros, scales = random_awq(128, 64, 64, torch.float32, "cpu")
     x = torch.randn(70, 128)
     with caplog.at_level("WARNING", logger=interpreted.__name__):
         got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, 64, path="dequant")
@@ -281,7 +274,7 @@ def test_interpreted_dequant_falls_back_when_out_of_memory(
 
 
 def test_launcher_rejects_bad_shapes(interpreted: ModuleType) -> None:
-    qweight, qzeros, scales = _random_awq(128, 64, 64, torch.float32, "cpu")
+    qweight, qzeros, scales = random_awq(128, 64, 64, torch.float32, "cpu")
     with pytest.raises(ValueError, match="input features"):
         interpreted.w4a16_gemm(torch.randn(2, 64), qweight, qzeros, scales, 64)
     with pytest.raises(ValueError, match="dtype"):
@@ -321,7 +314,7 @@ def test_choose_config_per_m() -> None:
 def test_plan_on_cpu_is_static() -> None:
     from hotloop.kernels import w4a16_gemm as g
 
-    qweight, qzeros, scales = _random_awq(256, 64, 64, torch.float32, "cpu")
+    qweight, qzeros, scales = random_awq(256, 64, 64, torch.float32, "cpu")
     x = torch.randn(3, 256)
     assert g.plan(x, qweight, qzeros, scales, 64) == g.choose_config(3, 64, 256, 64, x.device)
     assert g.plan(x, qweight, qzeros, scales, 64, path="tiled") == g.choose_config(
@@ -342,7 +335,7 @@ def test_gpu_kernel_matches_reference(
     monkeypatch.setenv(TUNE_ENV, "0")
 
     k, n = shape
-    qweight, qzeros, scales = _random_awq(k, n, 128, dtype, "cuda", seed=m)
+    qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=m)
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).to(dtype)
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
     paths = ("auto", "splitk", "tiled", "dequant") + (("gemv",) if m <= GEMV_MAX_M else ())
@@ -363,7 +356,7 @@ def test_gpu_every_candidate_and_variant(m: int) -> None:
 
     k, n = 4096, 6144 + 64
     dev = torch.device("cuda")
-    qweight, qzeros, scales = _random_awq(k, n, 128, torch.bfloat16, "cuda", seed=m)
+    qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=m)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
     templates = list(g.candidates(m)) + [(t, w) for entries in g.TUNED.values() for _, (t, w) in entries]
@@ -393,7 +386,7 @@ def test_gpu_auto_tuning(shape: tuple[int, int], m: int, monkeypatch: pytest.Mon
     monkeypatch.setattr(g, "_from_disk", lambda tkey: None)
     monkeypatch.setattr(g, "_to_disk", lambda tkey, cfg: None)
     k, n = shape
-    qweight, qzeros, scales = _random_awq(k, n, 128, torch.bfloat16, "cuda", seed=m)
+    qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=m)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     got = g.w4a16_gemm(x, qweight, qzeros, scales, 128)
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
@@ -418,7 +411,7 @@ def test_gpu_splitk_is_deterministic_and_leaves_counters_at_zero() -> None:
     from hotloop.kernels import w4a16_gemm as g
 
     k, n = 14336, 4096
-    qweight, qzeros, scales = _random_awq(k, n, 128, torch.bfloat16, "cuda")
+    qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda")
     x = torch.randn(4, k, device="cuda").to(torch.bfloat16)
     for path in ("splitk", "gemv"):
         cfg = g.choose_config(4, n, k, 128, x.device, path=path)
@@ -437,7 +430,7 @@ def test_gpu_launch_inside_cuda_graph(path: str) -> None:
 
     k, n = 4096, 4096
     m = 300 if path == "dequant" else 1
-    qweight, qzeros, scales = _random_awq(k, n, 128, torch.bfloat16, "cuda")
+    qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda")
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     w4a16_gemm(x, qweight, qzeros, scales, 128, path=path)  # warm-up: tunes, compiles, makes the counters
     torch.cuda.synchronize()
@@ -464,7 +457,7 @@ def test_gpu_gemv_half2(shape: tuple[int, int], dtype: torch.dtype) -> None:
 
     k, n = shape
     dev = torch.device("cuda")
-    qweight, qzeros, scales = _random_awq(k, n, 128, dtype, "cuda", seed=k + n)
+    qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=k + n)
     gen = torch.Generator("cuda").manual_seed(n)
     x = torch.randn(1, k, device="cuda", generator=gen)
     spikes = torch.randint(0, k, (8,), device="cuda", generator=gen)
