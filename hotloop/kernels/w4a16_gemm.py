@@ -12,7 +12,6 @@ Four launches:
   GPU.
 - ``tiled`` (prefill, large M): classic M x N output tiles (grouped for L2 reuse), each walking all
   of K.
-
 - ``dequant`` (large M): dequantize the weight into a scratch matrix (``kernels/w4a16_dequant.py``,
   one pass over the weight) and multiply with ``torch.matmul`` (cuBLAS), as vLLM's AWQ path does
   from 256 tokens. Only the tuner picks it (it is a candidate above 64 rows), where it is faster.

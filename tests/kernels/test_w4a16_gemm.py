@@ -265,8 +265,13 @@ def test_interpreted_dequant_falls_back_when_out_of_memory(
     monkeypatch.setattr(interpreted, "_dequant_oom_warned", False)
     qweight, qzeros, scales = random_awq(128, 64, 64, torch.float32, "cpu")
     x = torch.randn(70, 128)
-    with caplog.at_level("WARNING", logger=interpreted.__name__):
-        got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, 64, path="dequant")
+    # the handler goes on the module's logger itself: the CLI's log setup may stop propagation
+    interpreted.logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("WARNING", logger=interpreted.__name__):
+            got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, 64, path="dequant")
+    finally:
+        interpreted.logger.removeHandler(caplog.handler)
     torch.testing.assert_close(
         got, reference.w4a16_matmul(x, qweight, qzeros, scales, 64), rtol=1e-4, atol=1e-4
     )
