@@ -347,6 +347,7 @@ hostprof_cpu() {  # the same host code without a GPU (host_step.py), then SmolLM
   local r
   for r in host-only gpu; do
     CUDA_VISIBLE_DEVICES= timeout 120 python3 "$here/host_step.py" --batch 256 --steps 200 --runner $r \
+      --tokenizer smollm2-135m \
       >"$out/host_step_$r.log" 2>&1
     echo "[host_step $r] rc=$? $(grep -o '"host_ms_per_step_p50": [0-9.]*' "$out/host_step_$r.log")"
   done
