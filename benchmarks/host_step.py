@@ -153,9 +153,12 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--tokenizer", default=None,
-                    help="model folder or preset whose tokenizer detokenizes (default: the embedded default "
-                    "model; a preset such as smollm2-135m where it is not installed)")
+    ap.add_argument(
+        "--tokenizer",
+        default=None,
+        help="model folder or preset whose tokenizer detokenizes (default: the embedded default "
+        "model; a preset such as smollm2-135m where it is not installed)",
+    )
     ap.add_argument(
         "--gc",
         choices=("settled", "python"),
