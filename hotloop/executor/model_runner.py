@@ -151,11 +151,15 @@ class ModelRunner:
             vals = last.result.token_ids[:n]  # the same requests in the same order (steady decode)
         else:
             src = self.index_tensor([last.row_of()[id(r)] for r in reqs], 0)
-            vals = last.result.token_ids.index_select(0, src)
+            vals = self.gather_rows(last.result.token_ids, src)
         if dense:
             ids[:n].copy_(vals)
         else:
             ids.index_copy_(0, dst, vals.to(ids.dtype))
+
+    def gather_rows(self, values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """``values[index]`` (1-D); the GPU runner writes it into a persistent buffer."""
+        return values.index_select(0, index)
 
     def index_tensor(self, values: list[int], slot: int) -> torch.Tensor:
         """A small list of row indices on the device (the GPU runner stages it through pinned memory)."""

@@ -17,6 +17,7 @@ def _runner(prev: list[Any], sampled: list[int]) -> Any:
     runner = SimpleNamespace(device=torch.device("cpu"))
     runner._last = StepHandle(prev, SamplerOutput(torch.tensor(sampled), None, None, None))
     runner.index_tensor = lambda values, slot: torch.tensor(values, dtype=torch.long)
+    runner.gather_rows = lambda values, index: ModelRunner.gather_rows(runner, values, index)  # type: ignore[arg-type]
     return runner
 
 
@@ -39,3 +40,20 @@ def test_patch_pending_in_order_and_reordered() -> None:
         assert torch.equal(ids, want), (pending, dst, dense)
         # the id -> row map is made only where the order differs
         assert (runner._last.rows is None) == all(a is b for a, b in zip(pending, reqs, strict=False))
+
+
+def test_gpu_runner_gathers_into_its_persistent_buffer() -> None:
+    """The GPU runner's ``gather_rows`` writes ``values[index]`` into one buffer it keeps (no
+    allocation per step), and falls back to a plain gather for another dtype or a longer index."""
+    from hotloop.executor.gpu_runner import GpuModelRunner
+
+    runner = SimpleNamespace(_gathered=torch.full((4,), -1, dtype=torch.long))
+    values = torch.tensor([10, 11, 12, 13, 14])
+    got = GpuModelRunner.gather_rows(runner, values, torch.tensor([3, 0, 4]))  # type: ignore[arg-type]
+    assert torch.equal(got, torch.tensor([13, 10, 14]))
+    assert got.data_ptr() == runner._gathered.data_ptr()
+    assert torch.equal(runner._gathered, torch.tensor([13, 10, 14, -1]))
+    long_index = torch.tensor([0, 1, 2, 3, 4])
+    assert torch.equal(GpuModelRunner.gather_rows(runner, values, long_index), values)  # type: ignore[arg-type]
+    as_int32 = GpuModelRunner.gather_rows(runner, values.int(), torch.tensor([1]))  # type: ignore[arg-type]
+    assert as_int32.dtype == torch.int32 and as_int32.tolist() == [11]
