@@ -19,6 +19,7 @@ import json
 import pstats
 import random
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p = add_latency_parser(sub)
     p.add_argument("--steps", type=int, default=40, help="decode steps timed per phase")
     p.add_argument("--out", default=None, help="write the profile tables here")
-    args = parser.parse_args(["latency", *(argv if argv is not None else __import__("sys").argv[1:])])
+    args = parser.parse_args(["latency", *(argv if argv is not None else sys.argv[1:])])
     if args.output_len < 2 * args.steps + 8:
         parser.error(
             f"--output-len {args.output_len} must be at least 2 * --steps + 8 = {2 * args.steps + 8}"
