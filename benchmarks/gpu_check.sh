@@ -15,6 +15,9 @@
 #   kv       GPU 0: every GPU test, then the attention launch sweep (kv_attention_sweep.py).
 #            GPU 1: the KV-bound int8 offline run (run_capacity.sh), then batch 1 fp16 / int8 KV.
 #   serve    the issue-3 serving run, plain on GPU 0 and with --jit-schedule on GPU 1.
+#   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
+#            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
+#            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
 #   hostprof GPU 0: host_profile.py, 8B at batch 256. GPU 1: host_step.py (CPU only), then SmolLM2's
 #            batch-256 host profile.
 #
@@ -118,6 +121,27 @@ kv_lane1() {
   bash "$here/run_capacity.sh" kv_int8 "$out/cap" 430
   bash "$here/run_capacity.sh" bs1 "$out/cap" 80
 }
+offline() {  # tag extra-flags...: the 8B offline row, 1000 x 1024 / 1024
+  local tag=$1
+  shift
+  timeout 250 python3 -m hotloop.bench.offline throughput --model llama3-8b --load-format dummy --dtype bfloat16 \
+    --num-prompts 1000 --input-len 1024 --output-len 1024 --session-len 2048 --max-prefill-token-num 16384 \
+    --output-json "$out/offline_$tag.json" "$@" >"$out/offline_$tag.log" 2>&1
+  echo "[offline $tag] rc=$? $(grep -o '"output_tokens_per_s": [0-9.]*\|"steps": [0-9]*\|"kv_blocks": [0-9]*' "$out/offline_$tag.json" 2>/dev/null | tr '\n' ' ')"
+}
+batch_lane0() {
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 150 python3 "$here/dense_gemm.py" "$out/dense_gemm.json" >"$out/dense_gemm.log" 2>&1
+  echo "dense_gemm rc=$?"
+  cat "$out/dense_gemm.log"
+  offline b384 --max-batch-size 384
+  offline b320 --max-batch-size 320
+}
+batch_lane1() {
+  export CUDA_VISIBLE_DEVICES=$g1
+  offline awq_b384 --max-batch-size 384 --model-format awq
+  offline b448_c092 --max-batch-size 448 --cache-max-entry-count 0.92
+}
 serve_lane0() { serve 0 plain; }
 serve_lane1() { serve "$g1" jit --jit-schedule; }
 hostprof_lane0() {
@@ -136,9 +160,9 @@ hostprof_lane1() {
 }
 
 case $what in
-  tests | rows | w4a16 | kv | serve | hostprof) ;;
+  tests | rows | w4a16 | kv | serve | hostprof | batch) ;;
   *)
-    echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof)" >&2
+    echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch)" >&2
     exit 2
     ;;
 esac
