@@ -206,3 +206,74 @@ def test_launch_config_overrides_are_checked() -> None:
     with pytest.raises(ValueError, match="num_stages=0"):
         paged_prefill_attention(q, cache, cache, tables, seq, torch.tensor([0, 1], dtype=torch.int32), 1, 1.0,
                                 config=(64, 64, 4, 0))  # fmt: skip
+
+
+# -- deferred merge: the decode kernel's split partials, merged elsewhere --------------------------
+def _deferred_case(
+    lens: list[int], h: int, kv: int, d: int, splits: int, dtype: torch.dtype, device: str
+) -> None:
+    """``paged_decode_attention_deferred`` hands back the split partials (the heads are few enough),
+    and ``reference.merge_splits`` of them is the attention; padding rows merge to zero."""
+    from hotloop.kernels.decode_partials import DecodePartials
+    from hotloop.kernels.paged_decode_attention import paged_decode_attention_deferred
+
+    seed = random.randrange(1 << 30)
+    k, v, tables = _pool(lens, kv, d, 16, dtype, device, seed)
+    q = torch.randn(len(lens), h, d, generator=torch.Generator().manual_seed(seed + 1)).to(dtype).to(device)
+    seq = torch.tensor(lens, dtype=torch.int32, device=device)
+    got = paged_decode_attention_deferred(q, k, v, tables, seq, d**-0.5, None, splits)
+    assert isinstance(got, DecodePartials) and got.shape == (len(lens), h, d) and got.dtype == dtype
+    out = reference.merge_splits(got.part, got.lse)
+    ref = reference.paged_attention(q.float(), k.float(), v.float(), tables, [1] * len(lens), lens, d**-0.5)
+    live = seq > 0
+    assert rel_err(out[live], ref[live]) < TOL[dtype]
+    assert (out[~live] == 0).all()
+    # one split: nothing to merge, the output comes back
+    assert isinstance(paged_decode_attention_deferred(q, k, v, tables, seq, d**-0.5, None, 1), torch.Tensor)
+
+
+@interpret
+def test_decode_deferred_interpreted() -> None:
+    _deferred_case([1, 0, 37, 70], 6, 3, 16, 4, torch.float32, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_deferred_gpu(dtype: torch.dtype) -> None:
+    _deferred_case([1, 0, 300, 1031], 9, 3, 64, 16, dtype, "cuda")  # SmolLM2's heads
+
+
+def test_deferred_merge_only_for_small_partials() -> None:
+    """Partials are handed on only while a row's are at most ``DEFER_MERGE_MAX_BYTES``: Llama-3-8B's
+    (32 heads x 16 splits x 128 x 4 B) keep the merge kernel, SmolLM2-135M's qualify."""
+    from hotloop.kernels import paged_decode_attention as dec
+
+    assert 9 * 16 * 64 * 4 <= dec.DEFER_MERGE_MAX_BYTES < 32 * 16 * 128 * 4
+
+
+def test_merge_splits_equals_attention_over_all_keys() -> None:
+    """``reference.merge_splits`` of per-split softmax attention (each split's output normalised over
+    its own keys, its base-2 log-sum-exp) equals softmax attention over all keys; an empty split
+    (lse -inf) adds nothing."""
+    g = torch.Generator().manual_seed(0)
+    h, d, n, bounds = 3, 8, 50, [0, 7, 7, 30, 50]  # split 1 is empty
+    q, k, v = (
+        torch.randn(h, d, generator=g),
+        torch.randn(n, h, d, generator=g),
+        torch.randn(n, h, d, generator=g),
+    )
+    scores = torch.einsum("hd,nhd->hn", q, k) * d**-0.5
+    full = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
+    parts, lses = [], []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        if a == b:
+            parts.append(torch.zeros(h, d))
+            lses.append(torch.full((h,), float("-inf")))
+            continue
+        s = scores[:, a:b]
+        parts.append(torch.einsum("hn,nhd->hd", s.softmax(-1), v[a:b]))
+        lses.append(torch.logsumexp(s, -1) / torch.log(torch.tensor(2.0)))
+    part = torch.stack(parts, 1)[None]  # [1, H, S, D]
+    lse = torch.stack(lses, 1)[None]
+    torch.testing.assert_close(reference.merge_splits(part, lse)[0], full, rtol=1e-5, atol=1e-6)
+    assert (reference.merge_splits(part, torch.full_like(lse, float("-inf"))) == 0).all()

@@ -390,3 +390,77 @@ def test_rope_gemv_quantized_cache_gpu(policy: int, h: int, kv: int, d: int, k: 
             step = (b.amax(-1, keepdim=True) - b.amin(-1, keepdim=True)) / ((1 << policy) - 1)
             assert ((a - b).abs() <= step * 1.01 + 1e-3).all(), (m, policy)
     assert int(counters.buffer(torch.device("cuda"), "rope_quant").abs().sum()) == 0
+
+
+def _merge_case(
+    b: int, h: int, s: int, d: int, n: int, dtype: torch.dtype, device: str, config: object = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dense_gemv_merge`` over random split partials (some splits, and one whole row of heads,
+    empty) and the reference: ``reference.merge_splits``, rounded to the dtype, then o_proj with a
+    bias and the residual in float32."""
+    from hotloop.kernels.decode_partials import DecodePartials
+    from hotloop.kernels.dense_gemv import dense_gemv_merge
+
+    gen = torch.Generator().manual_seed(b * 100 + h * 10 + s)
+    part = torch.randn(b, h, s, d, generator=gen)
+    lse = torch.randn(b, h, s, generator=gen) * 4
+    lse[0, 0, s // 2 :] = float("-inf")  # a short context: the later splits saw no key
+    lse[-1, -1, :] = float("-inf")  # an empty head (a padding row) merges to zero
+    w = (torch.randn(n, h * d, generator=gen) / (h * d) ** 0.5).to(dtype)
+    bias = (torch.randn(n, generator=gen) * 0.1).to(dtype)
+    r = torch.randn(b, n, generator=gen).to(dtype)
+    partials = DecodePartials(part.to(device), lse.to(device), dtype)
+    out = dense_gemv_merge(partials, w.to(device), bias.to(device), residual=r.to(device), config=config)
+    x = reference.merge_splits(part, lse).to(dtype).reshape(b, h * d)
+    ref = reference.fused_linear(x.float(), w.float(), bias.float(), residual=r.float())
+    assert out.shape == (b, n) and out.dtype == dtype
+    return out.cpu(), ref
+
+
+@interpret
+@pytest.mark.parametrize("s,d", [(4, 16), (16, 8)])
+def test_dense_gemv_merge_interpreted(s: int, d: int) -> None:
+    from hotloop.kernels.dense_gemv import GemvConfig
+
+    out, ref = _merge_case(2, 3, s, d, 24, torch.float32, "cpu", GemvConfig(8, 32, 1))
+    assert rel_err(out, ref) < 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("h,s,d,n", [(9, 16, 64, 576), (15, 16, 64, 960), (4, 8, 128, 1000), (3, 2, 32, 96)])
+def test_dense_gemv_merge_gpu(h: int, s: int, d: int, n: int, dtype: torch.dtype) -> None:
+    out, ref = _merge_case(1, h, s, d, n, dtype, "cuda")
+    assert rel_err(out, ref) < TOL[dtype] / 2
+    out, ref = _merge_case(3, h, s, d, n, dtype, "cuda")
+    assert rel_err(out, ref) < TOL[dtype] / 2
+
+
+@interpret
+def test_dense_gemv_merge_checks() -> None:
+    from hotloop.kernels.decode_partials import DecodePartials
+    from hotloop.kernels.dense_gemv import dense_gemv_merge
+
+    part, lse = torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4)
+    with pytest.raises(ValueError, match="K=16"):
+        dense_gemv_merge(DecodePartials(part, lse, torch.float32), torch.zeros(8, 32))
+    with pytest.raises(ValueError, match="partials are for"):
+        dense_gemv_merge(DecodePartials(part, lse, torch.bfloat16), torch.zeros(8, 16))
+    with pytest.raises(ValueError, match="lse"):
+        dense_gemv_merge(DecodePartials(part, torch.zeros(1, 2, 2), torch.float32), torch.zeros(8, 16))
+
+
+def test_fused_linear_merges_partials_on_the_cpu() -> None:
+    """``ops.fused_linear`` over ``DecodePartials`` off the GPU: the reference merge, then the
+    projection (and it refuses a norm or SiLU, which the merge launch does not fuse)."""
+    from hotloop.kernels import ops
+    from hotloop.kernels.decode_partials import DecodePartials
+
+    gen = torch.Generator().manual_seed(3)
+    part, lse = torch.randn(2, 3, 4, 8, generator=gen), torch.randn(2, 3, 4, generator=gen)
+    w, r = torch.randn(5, 24, generator=gen), torch.randn(2, 5, generator=gen)
+    got = ops.fused_linear(DecodePartials(part, lse, torch.float32), w, residual=r)
+    want = F.linear(reference.merge_splits(part, lse).reshape(2, 24), w) + r
+    torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="norm_weight or silu"):
+        ops.fused_linear(DecodePartials(part, lse, torch.float32), w, silu=True)
