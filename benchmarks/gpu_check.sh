@@ -18,10 +18,6 @@
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
-#   merge    GPU 0: the GPU tests of the decode-split merge in o_proj's GEMV (dense_gemv, attention
-#            kernels, one-row path), then Llama-3-8B batch 1 (its partials are too big to defer).
-#            GPU 1: SmolLM2 batch 1 with HOTLOOP_GEMV_MERGE off / on alternating, twice, then on with
-#            4 and 8 outputs per program (HOTLOOP_GEMV_MERGE_BLOCK_N).
 #   hostprof GPU 0: host_profile.py, 8B at batch 256. GPU 1: host_step.py (CPU only), then SmolLM2's
 #            batch-256 host profile.
 #
@@ -146,24 +142,6 @@ batch_lane1() {
   offline awq_b384 --max-batch-size 384 --model-format awq
   offline b448_c092 --max-batch-size 448 --cache-max-entry-count 0.92
 }
-merge_lane0() {
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 330 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_dense_gemv.py \
-    tests/kernels/test_attention_kernels.py tests/models/test_one_row.py >"$out/merge_tests.log" 2>&1
-  echo "merge GPU tests rc=$?"
-  tail -15 "$out/merge_tests.log" | grep -E "passed|failed|FAILED|ERROR"
-  bs1 llama3-8b llama3-8b
-}
-merge_lane1() {
-  export CUDA_VISIBLE_DEVICES=$g1
-  local i
-  for i in 1 2; do
-    HOTLOOP_GEMV_MERGE=0 bs1 "smollm2_off_$i" smollm2-135m
-    HOTLOOP_GEMV_MERGE=1 bs1 "smollm2_on_$i" smollm2-135m
-  done
-  HOTLOOP_GEMV_MERGE_BLOCK_N=4 bs1 smollm2_on_n4 smollm2-135m
-  HOTLOOP_GEMV_MERGE_BLOCK_N=8 bs1 smollm2_on_n8 smollm2-135m
-}
 serve_lane0() { serve 0 plain; }
 serve_lane1() { serve "$g1" jit --jit-schedule; }
 hostprof_lane0() {
@@ -182,9 +160,9 @@ hostprof_lane1() {
 }
 
 case $what in
-  tests | rows | w4a16 | kv | serve | hostprof | batch | merge) ;;
+  tests | rows | w4a16 | kv | serve | hostprof | batch) ;;
   *)
-    echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, merge)" >&2
+    echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch)" >&2
     exit 2
     ;;
 esac

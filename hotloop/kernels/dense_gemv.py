@@ -29,7 +29,6 @@ The rope variant lets the next launch (decode attention) start only after its K 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +37,6 @@ import triton.language as tl
 
 from hotloop.kernels import counters, kv_quant
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous, check_same_device
-from hotloop.kernels.decode_partials import DecodePartials
 from hotloop.kernels.kv_quant_triton import block_packed, quant_rows
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
 from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
@@ -65,28 +63,6 @@ class GemvConfig:
 
 
 @triton.jit
-def _merged_chunk(part_ptr, lse_ptr, row, kk, K, H: tl.constexpr, HD: tl.constexpr, S: tl.constexpr, dt):
-    """Elements ``kk`` of one row's attention output, merged from its ``S`` split-KV partials as
-    ``paged_decode_attention``'s merge kernel does (``reference.merge_splits``: weights
-    ``2^(lse - max)``, normalised) and rounded to ``dt``, as that kernel stores them."""
-    km = kk < K
-    head = kk // HD
-    lrow = lse_ptr + (row * H + head) * S
-    prow = part_ptr + (row * H + head) * (S * HD) + kk % HD
-    m = tl.full(kk.shape, float("-inf"), tl.float32)
-    for s in tl.static_range(S):
-        m = tl.maximum(m, tl.load(lrow + s, mask=km, other=float("-inf")))
-    m = tl.where(m == float("-inf"), 0.0, m)
-    den = tl.zeros(kk.shape, tl.float32)
-    acc = tl.zeros(kk.shape, tl.float32)
-    for s in tl.static_range(S):
-        w = tl.exp2(tl.load(lrow + s, mask=km, other=float("-inf")) - m)
-        den += w
-        acc += tl.load(prow + s * HD, mask=km, other=0.0) * w
-    return (acc / tl.where(den > 0.0, den, 1.0)).to(dt)
-
-
-@triton.jit
 def _dense_gemv_kernel(
     x_ptr,  # [M, K]
     w_ptr,  # [N, K] ([2N, K] with SILU: gate rows, then up rows)
@@ -101,8 +77,6 @@ def _dense_gemv_kernel(
     vc_ptr,
     stage_ptr,  # ROPE + QUANT: [M, 2 KV, HD] in x's dtype, k (rotated) and v before quantization
     cnt_ptr,  # ROPE + QUANT: [M * 2 KV] int32 arrival counters, zero between launches
-    part_ptr,  # MERGE: [M, H, SPLITS, HD] float32 split-KV partials, and their lse [M, H, SPLITS]
-    lse_ptr,
     N,
     K,
     stride_xm,
@@ -136,8 +110,6 @@ def _dense_gemv_kernel(
     NPACK: tl.constexpr = 1,
     BLOCK_P: tl.constexpr = 2,
     SCALE_BITS: tl.constexpr = 16,
-    MERGE: tl.constexpr = False,  # x is merged from split-KV partials (H heads of HD)
-    SPLITS: tl.constexpr = 1,
 ):
     pid_n = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -206,9 +178,7 @@ def _dense_gemv_kernel(
         wu_next = w_next
         if TWO:
             wu_next = tl.load(up_rows + kn[None, :], mask=next_mask, other=0.0, eviction_policy=EVICT)
-        if MERGE:
-            xk = _merged_chunk(part_ptr, lse_ptr, row, kk, K, H, HD, SPLITS, dt)
-        elif EVEN:
+        if EVEN:
             xk = tl.load(x_row + kk)
         else:
             xk = tl.load(x_row + kk, mask=kk < K, other=0.0)
@@ -406,11 +376,8 @@ def _launch(
     rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     heads: tuple[int, int, int] = (1, 1, 2),
     quant: tuple[int, torch.Tensor, torch.Tensor] | None = None,
-    merge: DecodePartials | None = None,
 ) -> None:
-    """``quant``: (policy, stage, counters) for a quantized cache (``dense_gemv_qkv_rope``);
-    ``merge``: x's rows come from these split-KV partials (``x`` is then only read for its shape
-    and dtype)."""
+    """``quant``: (policy, stage, counters) for a quantized cache (``dense_gemv_qkv_rope``)."""
     k = x.shape[1]
     cos, sin, slots, k_cache, v_cache = rope if rope is not None else (out, out, out, out, out)
     policy, stage, cnt = quant if quant is not None else (0, out, out)
@@ -432,8 +399,6 @@ def _launch(
         v_cache,
         stage,
         cnt,
-        merge.part if merge is not None else out,
-        merge.lse if merge is not None else out,
         n,
         k,
         x.stride(0),
@@ -467,8 +432,6 @@ def _launch(
         NPACK=npack,
         BLOCK_P=block_packed(npack),
         SCALE_BITS=8 * x.element_size(),
-        MERGE=merge is not None,
-        SPLITS=merge.part.shape[2] if merge is not None else 1,
         num_warps=cfg.num_warps,
         **launch_kwargs(x.device),
     )
@@ -508,50 +471,6 @@ def dense_gemv(
         return out
     even = n % cfg.block_n == 0 and k % cfg.block_k == 0
     _launch((cdiv(n, cfg.block_n), m), cfg, x, weight, bias, norm_weight, eps, out, n, even, residual, silu)
-    return out
-
-
-def merge_config(k: int) -> GemvConfig:
-    """``dense_gemv_merge``'s launch: ``default_config``'s for ``k``, or ``HOTLOOP_GEMV_MERGE_BLOCK_N``
-    outputs per program (each program reads all of a row's partials: fewer, wider programs read
-    them fewer times)."""
-    base = default_config(0, k, False)
-    raw = os.environ.get("HOTLOOP_GEMV_MERGE_BLOCK_N")
-    return GemvConfig(int(raw), base.block_k, base.num_warps) if raw else base
-
-
-def dense_gemv_merge(
-    partials: DecodePartials,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    residual: torch.Tensor | None = None,
-    config: GemvConfig | None = None,
-) -> torch.Tensor:
-    """The attention's output projection over unmerged split-KV partials (o_proj at batch 1):
-    ``weight @ merge(partials) + bias (+ residual)`` in one launch, where the decode kernel's merge
-    launch would otherwise run first. Every program merges the whole row (``_merged_chunk``) in its
-    K loop, rounding it to the weight's dtype as the merge kernel does. ``weight [N, H * D]``;
-    ``residual [B, N]``. Returns ``[B, N]`` in the weight's dtype."""
-    b, h, d = partials.shape
-    k = h * d
-    check(partials.dtype == weight.dtype, f"partials are for {partials.dtype}, the weight is {weight.dtype}")
-    check(partials.part.dtype == torch.float32 and partials.lse.dtype == torch.float32, "partials: float32")
-    check(partials.part.is_contiguous() and partials.lse.is_contiguous(), "partials must be contiguous")
-    check(partials.lse.shape == partials.part.shape[:3], f"lse {tuple(partials.lse.shape)} vs part")
-    shape_x = weight.new_empty(b, k)  # the launch reads x's shape, strides and dtype, never its values
-    m, _k, n = _check_common(shape_x, weight, bias, None, residual=residual, part=partials.part)
-    if residual is not None:
-        check(residual.shape == (m, n), f"residual must be [{m}, {n}], got {tuple(residual.shape)}")
-        check(residual.dtype == weight.dtype, f"residual dtype {residual.dtype} != weight {weight.dtype}")
-        check_last_contiguous("residual", residual)
-    cfg = config or merge_config(k)
-    out = torch.empty(m, n, dtype=weight.dtype, device=weight.device)
-    if m == 0 or n == 0:
-        return out
-    even = n % cfg.block_n == 0 and k % cfg.block_k == 0
-    _launch((cdiv(n, cfg.block_n), m), cfg, shape_x, weight, bias, None, 0.0, out, n, even, residual,
-            heads=(h, 1, d), merge=partials)  # fmt: skip
     return out
 
 

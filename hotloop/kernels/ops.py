@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from hotloop.kernels import reference
-from hotloop.kernels.decode_partials import DecodePartials
 
 _state: dict[str, bool] = {
     "enabled": importlib.util.find_spec("triton") is not None,
@@ -153,7 +152,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def fused_linear(
-    x: torch.Tensor | DecodePartials,
+    x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
@@ -164,17 +163,7 @@ def fused_linear(
 ) -> torch.Tensor:
     """A dense projection with its RMSNorm before and its SiLU-and-mul or residual add after: one
     ``dense_gemv`` launch on CUDA (meant for one row), the unfused reference elsewhere. ``weight``
-    must be static (not written by the kernel just before: see ``kernels/dense_gemv.py``). ``x`` may
-    be unmerged split-KV partials (``PagedAttention.attend(defer_merge=True)``), which the launch
-    merges (``dense_gemv_merge``; no norm or SiLU then)."""
-    if isinstance(x, DecodePartials):
-        if norm_weight is not None or silu:
-            raise ValueError("fused_linear over DecodePartials takes no norm_weight or silu")
-        if x.part.is_cuda and _state["enabled"]:
-            return _kernel("dense_gemv").dense_gemv_merge(x, weight, bias, residual=residual)
-        b, h, d = x.shape
-        merged = reference.merge_splits(x.part, x.lse).to(x.dtype).reshape(b, h * d)
-        return reference.fused_linear(merged, weight, bias, residual=residual)
+    must be static (not written by the kernel just before: see ``kernels/dense_gemv.py``)."""
     fn = _kernel("dense_gemv").dense_gemv if use_triton(x) else reference.fused_linear
     return fn(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual, silu=silu)
 

@@ -35,7 +35,6 @@ from hotloop.kernels.checks import (
     check_last_contiguous,
     check_launch_config,
 )
-from hotloop.kernels.decode_partials import DecodePartials
 from hotloop.kernels.kv_quant_triton import (
     code_mode,
     load_kv_params,
@@ -402,14 +401,6 @@ def decode_config(quant: int, block_d: int, splits: int = 1) -> tuple[int, int, 
     return (32 if block_d > 128 else 64), 4, 3
 
 
-# The next projection may merge the splits (``paged_decode_attention_deferred``) when a row's
-# partials are at most this many bytes: each of that projection's programs reads all of them (from
-# L2). SmolLM2-135M at batch 1 (9 heads x 16 splits x 64 x 4 B = 36 KiB) qualifies; Llama-3-8B's
-# 256 KiB would be read by each of ~1,000 programs, and keeps the merge kernel.
-DEFER_MERGE_MAX_BYTES = 64 << 10
-DEFER_MERGE = os.environ.get("HOTLOOP_GEMV_MERGE", "1") != "0"
-
-
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -423,45 +414,6 @@ def paged_decode_attention(
     config: tuple[int, ...] | None = None,
     fuse_merge: bool | None = None,
 ) -> torch.Tensor:
-    """One new query per sequence attends over its paged context (``_decode``'s contract)."""
-    o = _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, config,
-                fuse_merge, defer=False)  # fmt: skip
-    assert isinstance(o, torch.Tensor)
-    return o
-
-
-def paged_decode_attention_deferred(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-    num_splits: int | None = None,
-) -> torch.Tensor | DecodePartials:
-    """As ``paged_decode_attention``, but where the context is split and a row's partials are
-    small (``DEFER_MERGE_MAX_BYTES``; ``HOTLOOP_GEMV_MERGE=0`` never), returns the unmerged
-    ``DecodePartials`` for the next projection to merge (one launch fewer); else the output."""
-    return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, None, None,
-                   None, defer=True)  # fmt: skip
-
-
-def _decode(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-    config: tuple[int, ...] | None = None,
-    fuse_merge: bool | None = None,
-    *,
-    defer: bool,
-) -> torch.Tensor | DecodePartials:
     """One new query per sequence attends over its paged context.
 
     q ``[B, H, D]``; k_cache / v_cache ``[num_blocks, block_size, KV, D]`` in q's dtype, or
@@ -511,9 +463,6 @@ def _decode(
     use_pdl = pdl(q.device)
     if fuse_merge is None:
         fuse_merge = FUSE_MERGE
-    defer = defer and DEFER_MERGE and splits > 1 and H * splits * D * 4 <= DEFER_MERGE_MAX_BYTES
-    if defer:
-        fuse_merge = False
     arrivals = counters.counters(q.device, "decode_merge", B * kv) if fuse_merge and splits > 1 else None
     merge = arrivals is not None
     _decode_kernel[(B, kv, splits)](
@@ -559,8 +508,6 @@ def _decode(
         maxnreg=maxnreg,
         **launch_kwargs(q.device),
     )
-    if defer:
-        return DecodePartials(part, lse, q.dtype)
     if splits > 1 and not merge:
         _merge_kernel[(B, H)](
             part,

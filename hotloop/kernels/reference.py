@@ -140,20 +140,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def merge_splits(part: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """Split-KV (flash-decoding) partials -> the attention output, float32 ``[B, H, D]``.
-
-    ``part [B, H, S, D]``: each split's output, normalised over its own keys; ``lse [B, H, S]``: the
-    base-2 log-sum-exp of its scaled scores, ``-inf`` where the split saw no key. The output weighs
-    split ``s`` by ``2^(lse_s - max lse)``, normalised; a row whose splits are all empty is zero."""
-    m = lse.float().amax(-1, keepdim=True)
-    m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
-    w = torch.exp2(lse.float() - m)  # [B, H, S]
-    den = w.sum(-1, keepdim=True)
-    o = (part.float() * w[..., None]).sum(-2)
-    return o / torch.where(den > 0, den, torch.ones_like(den))
-
-
 def fused_linear(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from hotloop.kernels import ops, reference
-from hotloop.kernels.decode_partials import DecodePartials
 from hotloop.layers.rotary import apply_rotary
 
 
@@ -101,41 +100,25 @@ class PagedAttention(nn.Module):
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         reference.write_kv_cache(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
-        o = self.attend(q, kv_cache, meta)  # (no device metadata here: the reference)
-        assert isinstance(o, torch.Tensor)  # nothing deferred without defer_merge
-        return o
+        return self.attend(q, kv_cache, meta)  # (no device metadata here: the reference)
 
     def attend(
-        self,
-        q: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-        defer_merge: bool = False,
-    ) -> torch.Tensor | DecodePartials:
+        self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+    ) -> torch.Tensor:
         """Attention of ``q [T, H*D]``, already rotated, over caches that already hold this step's
         K/V (written by ``QKVLinear.forward_rope``). On CUDA a decode-only batch (the decode
-        kernel); elsewhere the reference. ``defer_merge``: where the decode kernel splits the
-        context and the partials are small, return them unmerged (``DecodePartials``) for the output
-        projection to merge (``Linear.forward_fused``); otherwise ``[T, H*D]``."""
+        kernel); elsewhere the reference."""
         T = q.shape[0]
         qv = q.view(T, self.num_heads, self.head_dim)
         k_cache, v_cache = kv_cache
         if ops.use_triton(q) and meta.seq_lens_t is not None:
-            from hotloop.kernels.paged_decode_attention import (
-                paged_decode_attention,
-                paged_decode_attention_deferred,
-            )
+            from hotloop.kernels.paged_decode_attention import paged_decode_attention
 
             if not meta.decode_only:
                 raise ValueError("PagedAttention.attend on CUDA serves decode-only batches")
-            args = (qv, k_cache, v_cache, meta.block_tables, meta.seq_lens_t, self.scale, self.sliding_window)
-            if defer_merge:
-                deferred = paged_decode_attention_deferred(*args)
-                if isinstance(deferred, DecodePartials):
-                    return deferred
-                o = deferred
-            else:
-                o = paged_decode_attention(*args)
+            o = paged_decode_attention(
+                qv, k_cache, v_cache, meta.block_tables, meta.seq_lens_t, self.scale, self.sliding_window
+            )
         else:
             o = reference.paged_attention(
                 qv,

@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from hotloop.kernels import ops, reference
-from hotloop.kernels.decode_partials import DecodePartials
 from hotloop.kernels.w4a16_layout import PACK_FACTOR
 
 ShardId = str | int
@@ -207,7 +206,7 @@ class Linear(nn.Module):
 
     def forward_fused(
         self,
-        x: torch.Tensor | DecodePartials,
+        x: torch.Tensor,
         *,
         norm_weight: torch.Tensor | None = None,
         eps: float = 1e-6,
@@ -215,8 +214,7 @@ class Linear(nn.Module):
         silu: bool = False,
     ) -> torch.Tensor:
         """This projection with an RMSNorm before it and a SiLU-and-mul or residual add after it, in
-        one launch (``ops.fused_linear``; ``x`` may be unmerged decode partials, merged in the same
-        launch). Needs ``is_dense``."""
+        one launch (``ops.fused_linear``). Needs ``is_dense``."""
         if not self.is_dense:
             raise ValueError("forward_fused needs a dense weight; this layer's is quantized")
         weight = cast(torch.Tensor, self.weight)

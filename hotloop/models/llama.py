@@ -189,7 +189,7 @@ class LlamaDecoderLayer(nn.Module):
                 h, norm_weight=norm1.weight, eps=norm1.eps, cos_sin=cos_sin, slot_mapping=meta.slot_mapping,
                 kv_cache=kv_cache,
             )  # fmt: skip
-            o = attn.attn.attend(q, kv_cache, meta, defer_merge=True)  # o_proj may merge the splits
+            o = attn.attn.attend(q, kv_cache, meta)
         else:
             qkv = attn.qkv_proj.forward_fused(h, norm_weight=norm1.weight, eps=norm1.eps)
             q, k, v = attn.split_heads(qkv)
