@@ -18,9 +18,8 @@
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
-#   prefetch GPU 0: the L2-prefetch and one-row GPU tests, then Llama-3-8B batch 1 with
-#            HOTLOOP_L2_PREFETCH off / o alternating, twice, then o within 16 MB. GPU 1: SmolLM2 batch 1
-#            with off / o / o,mlp, twice.
+#   table    the whole issue-4 table (`run_gpu.py --gpus 2`, transformers baseline included), less the
+#            256-sequence offline and host-embedding rows, measured before and unchanged.
 #   hostprof GPU 0: host_profile.py, 8B at batch 256. GPU 1: host_step.py (CPU only), then SmolLM2's
 #            batch-256 host profile.
 #
@@ -145,28 +144,6 @@ batch_lane1() {
   offline awq_b384 --max-batch-size 384 --model-format awq
   offline b448_c092 --max-batch-size 448 --cache-max-entry-count 0.92
 }
-prefetch_lane0() {
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_l2_prefetch.py \
-    tests/models/test_one_row.py >"$out/prefetch_tests.log" 2>&1
-  echo "prefetch GPU tests rc=$?"
-  tail -15 "$out/prefetch_tests.log" | grep -E "passed|failed|FAILED|ERROR"
-  local i
-  for i in 1 2; do
-    HOTLOOP_L2_PREFETCH=0 bs1 "llama3_off_$i" llama3-8b
-    HOTLOOP_L2_PREFETCH=o bs1 "llama3_o_$i" llama3-8b
-  done
-  HOTLOOP_L2_PREFETCH=o HOTLOOP_L2_PREFETCH_MB=16 bs1 llama3_o16 llama3-8b
-}
-prefetch_lane1() {
-  export CUDA_VISIBLE_DEVICES=$g1
-  local i
-  for i in 1 2; do
-    HOTLOOP_L2_PREFETCH=0 bs1 "smollm2_off_$i" smollm2-135m
-    HOTLOOP_L2_PREFETCH=o bs1 "smollm2_o_$i" smollm2-135m
-    HOTLOOP_L2_PREFETCH=o,mlp bs1 "smollm2_omlp_$i" smollm2-135m
-  done
-}
 serve_lane0() { serve 0 plain; }
 serve_lane1() { serve "$g1" jit --jit-schedule; }
 hostprof_lane0() {
@@ -185,9 +162,9 @@ hostprof_lane1() {
 }
 
 case $what in
-  tests | rows | w4a16 | kv | serve | hostprof | batch | prefetch) ;;
+  tests | rows | w4a16 | kv | serve | hostprof | batch | table) ;;
   *)
-    echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, prefetch)" >&2
+    echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, table)" >&2
     exit 2
     ;;
 esac

@@ -3,6 +3,11 @@ the same workloads, the ceilings measured now and the floors they imply.
 
     PYTHONPATH=$PWD python3 benchmarks/run_gpu.py --out $OUT            # the whole table
     PYTHONPATH=$PWD python3 benchmarks/run_gpu.py --out $OUT --quick    # small sizes (smoke test)
+    PYTHONPATH=$PWD python3 benchmarks/run_gpu.py --out $OUT --gpus 2   # rows spread over two GPUs
+
+With ``--gpus N`` the rows run in N lanes, one per GPU (``CUDA_VISIBLE_DEVICES``), longest first onto
+the least-loaded lane (``EST_S``), so that the whole table fits one 10-minute device call on two
+GPUs. The ceilings are measured once, on the first GPU, before the rows start.
 
 Each run is its own process (the engine takes most of the GPU's memory for KV blocks). Prints a table
 last and writes ``gpu_table.json`` (plus each run's JSON and log) under ``--out``.
@@ -15,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -55,17 +61,37 @@ def measure_ceilings() -> dict[str, float]:
     return out
 
 
-def run(name: str, cmd: list[str], out: Path, timeout: int) -> dict[str, Any] | None:
+# Seconds each row took on an H200 (2026-11-30, dummy weights, compile caches cold), for --gpus.
+EST_S = {
+    "llama3_awq_offline": 195, "llama3_offline": 140, "llama3_offline_b256": 140, "llama3_awq_bs1": 100,
+    "llama3_awq_bs1_host_emb": 100, "hf_llama3_bs1": 90, "hf_llama3_b64": 90, "llama3_b256_1k": 70,
+    "llama3_bs1": 45, "hf_smollm2_bs1": 40, "smollm2_bs1": 30,
+}  # fmt: skip
+
+
+def lanes(names: list[str], n: int) -> list[list[str]]:
+    """``names`` over ``n`` lanes: longest first (``EST_S``), each onto the lane with the least work."""
+    work = [0] * n
+    out: list[list[str]] = [[] for _ in range(n)]
+    for name in sorted(names, key=lambda x: -EST_S.get(x, 60)):
+        i = work.index(min(work))
+        out[i].append(name)
+        work[i] += EST_S.get(name, 60)
+    return out
+
+
+def run(name: str, cmd: list[str], out: Path, timeout: int, gpu: int | None = None) -> dict[str, Any] | None:
     js = out / f"{name}.json"
     log = out / f"{name}.log"
+    env = ENV if gpu is None else {**ENV, "CUDA_VISIBLE_DEVICES": str(gpu)}
     t0 = time.perf_counter()
     with open(log, "w") as f:
         try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=ENV, timeout=timeout).returncode
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = -9
     took = time.perf_counter() - t0
-    print(f"[{name}] rc={rc} in {took:.0f} s", flush=True)
+    print(f"[{name}] rc={rc} in {took:.0f} s" + ("" if gpu is None else f" on GPU {gpu}"), flush=True)
     if rc != 0 or not js.exists():
         print(log.read_text()[-3000:], flush=True)
         return None
@@ -93,6 +119,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke test of the whole script")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--only", default=None, help="comma-separated row names")
+    ap.add_argument("--skip", default=None, help="comma-separated row names to leave out")
+    ap.add_argument("--gpus", type=int, default=1, help="run the rows in this many lanes, one per GPU")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -150,9 +178,24 @@ def main() -> int:
         plan["hf_llama3_b64"] = (hf_cmd("llama3-8b", out, "hf_llama3_b64", 64, 512, 64 if q else 256), 300)
     plan["llama3_offline"] = plan.pop("llama3_offline")  # the longest run goes last
     only = set(args.only.split(",")) if args.only else None
-    for name, (cmd, timeout) in plan.items():
-        if only is None or name in only:
-            rows[name] = run(name, cmd, out, timeout)
+    skip = set(args.skip.split(",")) if args.skip else set()
+    names = [n for n in plan if (only is None or n in only) and n not in skip]
+    if args.gpus <= 1:
+        for name in names:
+            rows[name] = run(name, plan[name][0], out, plan[name][1])
+    else:
+
+        def lane(gpu: int, lane_names: list[str]) -> None:
+            for name in lane_names:
+                rows[name] = run(name, plan[name][0], out, plan[name][1], gpu=gpu)
+
+        threads = [
+            threading.Thread(target=lane, args=(i, ns)) for i, ns in enumerate(lanes(names, args.gpus))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def get(name: str, key: str) -> float | None:
         r = rows.get(name)

@@ -248,16 +248,6 @@ def compile_w4a16_dequant(dtype: str = "bfloat16") -> Any:
     return compile_for_target(wd._w4a16_dequant_kernel, sig, consts, aligned)
 
 
-def compile_l2_prefetch(pdl: bool = True) -> Any:
-    """The L2 prefetch (``kernels/l2_prefetch.py``): its inline PTX assembles for the target."""
-    from hotloop.kernels import l2_prefetch as lp
-
-    sig = {"p0": "*u8", "n0": "i32", "p1": "*u8", "n1": "i32", "p2": "*u8", "n2": "i32", "end0": "i32",
-           "end1": "i32"}  # fmt: skip
-    consts = {"LINES": lp.LINES_PER_PROGRAM, "PDL": pdl}
-    return compile_for_target(lp._l2_prefetch_kernel, sig, consts, ["p0", "p1", "p2"])
-
-
 _FORMATS = [(0, "bfloat16"), (8, "bfloat16"), (4, "bfloat16"), (0, "float32"), (8, "float32"), (4, "float32")]
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     **{f"decode-q{q}-{d}": ("decode", {"quant": q, "dtype": d}) for q, d in _FORMATS},
@@ -286,7 +276,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dense-gemv-rope-q4-bfloat16": ("dense", {"mode": "rope", "quant": 4}),
     "w4a16-dequant-bfloat16": ("dequant", {"dtype": "bfloat16"}),
     "w4a16-dequant-float16": ("dequant", {"dtype": "float16"}),
-    "l2-prefetch": ("prefetch", {"pdl": True}),
 }  # fmt: skip
 VARIANTS.update(_gemv_variants())
 _COMPILERS: dict[str, Callable[..., Any]] = {
@@ -296,7 +285,6 @@ _COMPILERS: dict[str, Callable[..., Any]] = {
     "dense": compile_dense_gemv,
     "argmax": compile_greedy_argmax,
     "dequant": compile_w4a16_dequant,
-    "prefetch": compile_l2_prefetch,
 }
 
 

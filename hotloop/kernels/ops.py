@@ -10,10 +10,7 @@ reference everywhere (parity debugging). The environment switches read here:
 - ``HOTLOOP_ONE_ROW_ROPE_QUANT=1`` lets that fusion write int8 / int4 caches too (off by default:
   ``one_row_rope_quant``);
 - ``HOTLOOP_ONE_ROW_LM_HEAD=0`` keeps its LM head on cuBLAS (``lm_head_logits``);
-- ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``);
-- ``HOTLOOP_L2_PREFETCH`` names what the one-row path prefetches into L2 during attention: ``o``
-  (o_proj's weight), ``o,mlp`` (also gate/up and down, within ``HOTLOOP_L2_PREFETCH_MB``), or ``0``
-  (``l2_prefetch_targets``).
+- ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``).
 """
 
 from __future__ import annotations
@@ -41,10 +38,6 @@ _state: dict[str, bool] = {
     # the greedy argmax of a few rows in one Triton launch instead of torch.argmax
     "greedy_argmax": os.environ.get("HOTLOOP_GREEDY_ARGMAX", "1") != "0",
 }
-_L2_PREFETCH = os.environ.get("HOTLOOP_L2_PREFETCH", "0")
-_L2_PREFETCH_BYTES = int(float(os.environ.get("HOTLOOP_L2_PREFETCH_MB", "40")) * (1 << 20))
-if _L2_PREFETCH not in ("0", "o", "o,mlp"):
-    raise ValueError(f"HOTLOOP_L2_PREFETCH={_L2_PREFETCH!r} must be 0, o or o,mlp")
 
 
 def set_triton_enabled(enabled: bool) -> None:
@@ -96,19 +89,6 @@ def set_one_row_lm_head(enabled: bool) -> None:
     """Run the one-row LM head through ``dense_gemv`` (on by default; ``HOTLOOP_ONE_ROW_LM_HEAD=0``
     starts it off)."""
     _state["one_row_lm_head"] = enabled
-
-
-def l2_prefetch_mlp() -> bool | None:
-    """What the one-row path prefetches into L2 before attention: ``None`` nothing, ``False``
-    o_proj's weight, ``True`` also the MLP's (``HOTLOOP_L2_PREFETCH``)."""
-    return None if _L2_PREFETCH == "0" else _L2_PREFETCH == "o,mlp"
-
-
-def l2_prefetch(tensors: list[torch.Tensor]) -> None:
-    """Prefetch ``tensors`` (CUDA) into L2 in one launch, within ``HOTLOOP_L2_PREFETCH_MB``
-    (``kernels/l2_prefetch.py``); nothing elsewhere."""
-    if tensors and use_triton(tensors[0]):
-        _kernel("l2_prefetch").l2_prefetch(tensors, _L2_PREFETCH_BYTES)
 
 
 def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

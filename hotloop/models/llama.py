@@ -176,20 +176,6 @@ class LlamaDecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
-    def _prefetch_after_attention(self) -> None:
-        """Ask L2 for the weights read after attention (``ops.l2_prefetch_mlp``): attention over a
-        short context leaves the memory mostly idle, and the GEMVs after it then hit L2."""
-        mlp_too = ops.l2_prefetch_mlp()
-        if mlp_too is None:
-            return
-        ws = [cast(torch.Tensor, self.self_attn.o_proj.weight)]
-        if mlp_too:
-            ws += [
-                cast(torch.Tensor, self.mlp.gate_up_proj.weight),
-                cast(torch.Tensor, self.mlp.down_proj.weight),
-            ]
-        ops.l2_prefetch(ws)
-
     def forward_one_row(
         self, h: torch.Tensor, cos_sin: CosSin, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
@@ -203,12 +189,10 @@ class LlamaDecoderLayer(nn.Module):
                 h, norm_weight=norm1.weight, eps=norm1.eps, cos_sin=cos_sin, slot_mapping=meta.slot_mapping,
                 kv_cache=kv_cache,
             )  # fmt: skip
-            self._prefetch_after_attention()
             o = attn.attn.attend(q, kv_cache, meta)
         else:
             qkv = attn.qkv_proj.forward_fused(h, norm_weight=norm1.weight, eps=norm1.eps)
             q, k, v = attn.split_heads(qkv)
-            self._prefetch_after_attention()
             o = attn.attn(q, k, v, kv_cache, meta, cos_sin)
         h = attn.o_proj.forward_fused(o, residual=h)
         act = mlp.gate_up_proj.forward_fused(h, norm_weight=norm2.weight, eps=norm2.eps, silu=True)

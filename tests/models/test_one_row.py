@@ -176,15 +176,13 @@ def test_one_row_path_greedy_parity_gpu(
     """One request at a time on the GPU in bf16 (CUDA graphs or eager): every decode step takes the
     one-row path, and the tokens equal transformers' up to its first near-tie. ``more``: also the
     rotary embedding and KV write in the q/k/v GEMV (``HOTLOOP_ONE_ROW_ROPE``), the split merge
-    in the decode kernel (``HOTLOOP_DECODE_FUSED_MERGE``), the LM head through ``dense_gemv``
-    (``HOTLOOP_ONE_ROW_LM_HEAD``) and the L2 prefetch of the weights after attention
-    (``HOTLOOP_L2_PREFETCH``)."""
+    in the decode kernel (``HOTLOOP_DECODE_FUSED_MERGE``) and the LM head through ``dense_gemv``
+    (``HOTLOOP_ONE_ROW_LM_HEAD``)."""
     from hotloop.kernels import paged_decode_attention as dec
 
     monkeypatch.setitem(ops._state, "one_row_rope", more)
     monkeypatch.setitem(ops._state, "one_row_lm_head", more)
     monkeypatch.setattr(dec, "FUSE_MERGE", more)
-    monkeypatch.setattr(ops, "_L2_PREFETCH", "o,mlp" if more else "0")
     rope_calls = _count_rope(monkeypatch)
     sys.path.insert(0, str(Path(__file__).parents[1] / "api"))  # when this file runs on its own
     from test_engine_parity import MAX_NEW, VARIANTS, make_prompts, run_engine
