@@ -161,8 +161,15 @@ hostprof_lane1() {
   hostprof smollm2-135m smollm2
 }
 
+if [ "$what" = table ]; then
+  timeout 540 python3 "$here/run_gpu.py" --out "$out/table" --gpus "$ngpu" \
+    --skip llama3_offline_b256,llama3_awq_bs1_host_emb >"$out/table.txt" 2>&1
+  echo "run_gpu rc=$?"
+  cat "$out/table.txt"
+  exit 0
+fi
 case $what in
-  tests | rows | w4a16 | kv | serve | hostprof | batch | table) ;;
+  tests | rows | w4a16 | kv | serve | hostprof | batch) ;;
   *)
     echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, table)" >&2
     exit 2
