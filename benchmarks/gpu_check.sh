@@ -18,8 +18,6 @@
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
-#   large    GPU 0: the W4A16 GPU tests, then awq_gemm.py. GPU 1: the W4A16 offline row at 384 sequences
-#            per step, then W4A16 batch 1 (larger tiles for the in-register W4A16 GEMM).
 #   table    the whole issue-4 table (`run_gpu.py --gpus 2`, transformers baseline included), less the
 #            256-sequence offline and host-embedding rows, measured before and unchanged.
 #   hostprof GPU 0: host_profile.py, 8B at batch 256. GPU 1: host_step.py (CPU only), then SmolLM2's
@@ -146,12 +144,6 @@ batch_lane1() {
   offline awq_b384 --max-batch-size 384 --model-format awq
   offline b448_c092 --max-batch-size 448 --cache-max-entry-count 0.92
 }
-large_lane0() { w4a16_lane0; }
-large_lane1() {
-  export CUDA_VISIBLE_DEVICES=$g1
-  offline awq_b384 --max-batch-size 384 --model-format awq
-  bs1 awq llama3-8b --model-format awq
-}
 serve_lane0() { serve 0 plain; }
 serve_lane1() { serve "$g1" jit --jit-schedule; }
 hostprof_lane0() {
@@ -177,9 +169,9 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | hostprof | batch | large) ;;
+  tests | rows | w4a16 | kv | serve | hostprof | batch) ;;
   *)
-    echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, large, table)" >&2
+    echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, table)" >&2
     exit 2
     ;;
 esac

@@ -430,11 +430,6 @@ MID_TEMPLATES: tuple[Template, ...] = (  # 16 < M <= 64, and split tiles up to 2
 LARGE_TEMPLATES: tuple[Template, ...] = (  # M > 64
     (_dot(128, 128, 64, 4, 4, False), 0.0),
     (_dot(128, 128, 64, 8, 4, False), 0.0),
-    # larger tiles dequantize each weight tile for more rows (M = 256-512: batched decode), or
-    # reuse each activation tile over more columns; not yet timed on an H200 (2026-11-30)
-    (_dot(256, 128, 64, 8, 3, False), 0.0),
-    (_dot(128, 256, 64, 8, 3, False), 0.0),
-    (_dot(128, 128, 128, 8, 3, False), 0.0),
 )
 # M > 64: dequantize the weight into a scratch matrix (``kernels/w4a16_dequant.py``), then cuBLAS.
 # The dequantization is one pass over the weight whatever M is, so it pays only at large M; the
