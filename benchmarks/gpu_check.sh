@@ -18,6 +18,8 @@
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
+#   steady   GPU 0: the GPU tests that run the engine (greedy parity, one-row path, runner). GPU 1: the 8B
+#            batch-256 host profile, then 8B and SmolLM2 batch 1 (the steady-decode input path).
 #   table    the whole issue-4 table (`run_gpu.py --gpus 2`, transformers baseline included), less the
 #            256-sequence offline and host-embedding rows, measured before and unchanged.
 #   hostprof GPU 0: host_profile.py, 8B at batch 256. GPU 1: host_step.py (CPU only), then SmolLM2's
@@ -144,6 +146,19 @@ batch_lane1() {
   offline awq_b384 --max-batch-size 384 --model-format awq
   offline b448_c092 --max-batch-size 448 --cache-max-entry-count 0.92
 }
+steady_lane0() {
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/api/test_gpu_parity.py \
+    tests/models/test_one_row.py tests/executor >"$out/steady_tests.log" 2>&1
+  echo "engine GPU tests rc=$?"
+  tail -15 "$out/steady_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+}
+steady_lane1() {
+  export CUDA_VISIBLE_DEVICES=$g1
+  hostprof llama3-8b 8b
+  bs1 llama3-8b llama3-8b
+  bs1 smollm2-135m smollm2-135m
+}
 serve_lane0() { serve 0 plain; }
 serve_lane1() { serve "$g1" jit --jit-schedule; }
 hostprof_lane0() {
@@ -169,9 +184,9 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | hostprof | batch) ;;
+  tests | rows | w4a16 | kv | serve | hostprof | batch | steady) ;;
   *)
-    echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, table)" >&2
+    echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, steady, table)" >&2
     exit 2
     ;;
 esac

@@ -166,6 +166,13 @@ def main() -> int:
         help="settled: the collector settings hotloop serve / bench use (utils/gc_tuning.py); "
         "python: CPython's defaults",
     )
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the timed steps, N more under cProfile; print the top functions by own time",
+    )
     ap.add_argument("--runner", choices=("host-only", "gpu"), default="host-only",
                     help="gpu: the real GpuModelRunner's host code with a stand-in graph replay")  # fmt: skip
     args = ap.parse_args()
@@ -179,7 +186,7 @@ def main() -> int:
     tok = AutoTokenizer.from_pretrained(str(resolve_model_path(args.tokenizer)))
     vocab = len(tok)
     bs = 64
-    session = args.prompt_len + args.steps + 64
+    session = args.prompt_len + args.steps + args.profile + 64
     width = -(-session // bs) + 1
     blocks = args.batch * width
     mc = ModelConfig(
@@ -208,7 +215,7 @@ def main() -> int:
         overlap=True,
     )
     rng = random.Random(1)
-    params = GenerationConfig(max_new_tokens=args.steps + 8, ignore_eos=True)
+    params = GenerationConfig(max_new_tokens=args.steps + args.profile + 8, ignore_eos=True)
     for i in range(args.batch):
         engine.add_request(str(i), [rng.randrange(3, vocab) for _ in range(args.prompt_len)], params)
     engine.step()  # the prefill of everything
@@ -235,6 +242,16 @@ def main() -> int:
         "rest_ms_p50 (schedule + update + detokenize)": ms(step_s) - ms(ex.prepare_s),
     }
     print(json.dumps(result, indent=1))
+    if args.profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.profile):
+            engine.step()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

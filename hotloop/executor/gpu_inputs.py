@@ -19,6 +19,9 @@ from hotloop.engine.scheduler import SchedulerOutput
 from hotloop.executor.model_runner import known_token_ids, pending_index
 from hotloop.layers.attention import AttentionMetadata
 
+# ``InputBuffers.prepare``'s steady-decode path (tests turn it off to compare with the general loop)
+STEADY_DECODE = True
+
 
 @dataclass
 class StepInputs:
@@ -54,6 +57,11 @@ class _HostSet:
         self.fix_h, self.fix = host((max_seqs,), torch.int64)
         self.idx_h, self.idx = host((2, max_seqs), torch.int64)  # small index lists (see stage_indices)
         self.rows: list[tuple[tuple[int, int], int]] = []  # per table row: ((serial, block epoch), blocks)
+        # the last batch prepared in this set, for the steady-decode path: its requests, their block
+        # epochs and the blocks of each that the table rows hold
+        self.steady_reqs: list[Request] = []
+        self.steady_epochs: list[int] = []
+        self.steady_nb: np.ndarray = np.zeros(0, dtype=np.int64)
 
 
 class InputBuffers:
@@ -99,6 +107,10 @@ class InputBuffers:
         h = self._sets[self._turn]
         self._current = h
         self._turn ^= 1
+        if STEADY_DECODE:
+            steady = self._steady_decode(out, h, padded_seqs)
+            if steady is not None:
+                return steady
         ids, pos, slots, lens, qs, bt = h.ids, h.pos, h.slots, h.lens, h.qs, h.bt
         fix: list[int] = []
         fix_reqs: list[Request] = []
@@ -114,6 +126,7 @@ class InputBuffers:
         one_pos: list[int] = []
         one_slots: list[int] = []
         starts: list[int] = []
+        row_nb: list[int] = []
         for i, s in enumerate(out.scheduled):
             req = s.request
             n = s.num_tokens
@@ -121,6 +134,7 @@ class InputBuffers:
             end = start + n
             blocks = req.block_ids
             nb = len(blocks)
+            row_nb.append(nb)
             # Block-table rows persist across steps: write only what changed since this row's last step.
             rid = (req.serial, req.block_epoch)
             rows_seen = h.rows
@@ -167,6 +181,9 @@ class InputBuffers:
             if s.samples:
                 rows.append(t - 1)
         b = len(out.scheduled)
+        h.steady_reqs = [s.request for s in out.scheduled]
+        h.steady_epochs = [r.block_epoch for r in h.steady_reqs]
+        h.steady_nb = np.asarray(row_nb, dtype=np.int64)
         if one_t:
             if len(one_t) == t:  # all rows are single tokens: they are rows 0..t-1 in order
                 ids[:t] = one_ids
@@ -189,12 +206,8 @@ class InputBuffers:
             slots[t : t + pad] = -1
             lens[b:padded_seqs] = 0
             nseq = ntok = padded_seqs
-        self.input_ids[:ntok].copy_(h.ids_h[:ntok], non_blocking=True)
-        self.positions[:ntok].copy_(h.pos_h[:ntok], non_blocking=True)
-        self.slots[:ntok].copy_(h.slots_h[:ntok], non_blocking=True)
-        self.seq_lens[:nseq].copy_(h.lens_h[:nseq], non_blocking=True)
-        self.query_start[: b + 1].copy_(h.qs_h[: b + 1], non_blocking=True)
-        width = max(len(s.request.block_ids) for s in out.scheduled) if b else 1
+        self._copy_common(h, b, ntok, nseq)
+        width = max(row_nb) if b else 1
         if padded_seqs is not None:
             width = self.width  # a graph was captured over the full table
         self.block_tables[:b, :width].copy_(h.bt_h[:b, :width], non_blocking=True)
@@ -229,6 +242,83 @@ class InputBuffers:
         )
         return StepInputs(
             self.input_ids[:ntok], self.positions[:ntok], meta, rows, b, pending_dst, fix_reqs or None, dense
+        )
+
+    def _copy_common(self, h: _HostSet, b: int, ntok: int, nseq: int) -> None:
+        """The step's flat inputs from host set ``h`` to the device (asynchronous)."""
+        self.input_ids[:ntok].copy_(h.ids_h[:ntok], non_blocking=True)
+        self.positions[:ntok].copy_(h.pos_h[:ntok], non_blocking=True)
+        self.slots[:ntok].copy_(h.slots_h[:ntok], non_blocking=True)
+        self.seq_lens[:nseq].copy_(h.lens_h[:nseq], non_blocking=True)
+        self.query_start[: b + 1].copy_(h.qs_h[: b + 1], non_blocking=True)
+
+    def _steady_decode(self, out: SchedulerOutput, h: _HostSet, padded_seqs: int | None) -> StepInputs | None:
+        """``prepare`` for the steady state of overlapped decoding: the batch this host set last
+        held (same requests, same order, same block lists but for blocks appended since), each row
+        one token that is still pending on the device. The rows are then written by a few list
+        comprehensions and numpy operations instead of the general per-row loop; the buffers and the
+        returned inputs are the loop's (``tests/executor/test_gpu_inputs.py`` compares them). Returns
+        ``None`` where the step is anything else."""
+        sched = out.scheduled
+        b = len(sched)
+        reqs = [s.request for s in sched]
+        if not b or reqs != h.steady_reqs:
+            return None
+        starts = [s.start for s in sched]
+        # one token per row, sampled, and it is the request's pending token (the one after the
+        # host-known tokens): its id is patched on the device, so nothing of it is written here
+        if (
+            not all(s.num_tokens == 1 and s.samples for s in sched)
+            or not all(r.num_pending_tokens for r in reqs)
+            or [len(r.prompt_token_ids) + len(r.output_token_ids) for r in reqs] != starts
+            or [r.block_epoch for r in reqs] != h.steady_epochs
+        ):
+            return None
+        nb = np.asarray([len(r.block_ids) for r in reqs], dtype=np.int64)
+        grew = np.nonzero(nb != h.steady_nb)[0]
+        if grew.size and bool((nb[grew] < h.steady_nb[grew]).any()):
+            return None  # a block list shrank without a new epoch: leave it to the general loop
+        bs = self.block_size
+        bt = h.bt
+        rows_seen = h.rows
+        for i in grew.tolist():  # rows that crossed into a new block since this set's last step
+            req = reqs[i]
+            done, now = int(h.steady_nb[i]), int(nb[i])
+            bt[i, done:now] = req.block_ids[done:now]
+            rows_seen[i] = ((req.serial, req.block_epoch), now)
+        h.steady_nb = nb
+        st = np.asarray(starts, dtype=np.int64)
+        h.ids[:b] = 0
+        h.pos[:b] = st + np.asarray([r.position_delta for r in reqs], dtype=np.int64)
+        h.slots[:b] = bt[np.arange(b), st // bs].astype(np.int64) * bs + st % bs
+        h.lens[:b] = st + 1
+        h.qs[: b + 1] = np.arange(b + 1, dtype=np.int32)
+        nseq = ntok = b
+        if padded_seqs is not None and padded_seqs > b:
+            h.ids[b:padded_seqs] = 0
+            h.pos[b:padded_seqs] = 0
+            h.slots[b:padded_seqs] = -1
+            h.lens[b:padded_seqs] = 0
+            nseq = ntok = padded_seqs
+        self._copy_common(h, b, ntok, nseq)
+        width = self.width if padded_seqs is not None else int(nb.max())
+        self.block_tables[:b, :width].copy_(h.bt_h[:b, :width], non_blocking=True)
+        seq_lens = (st + 1).tolist()
+        meta = AttentionMetadata(
+            slot_mapping=self.slots[:ntok],
+            block_tables=self.block_tables[:nseq, :width],
+            query_lens=[1] * b,
+            seq_lens=seq_lens,
+            seq_lens_t=self.seq_lens[:nseq],
+            query_start_t=self.query_start[: b + 1],
+            max_query_len=1,
+            decode_only=True,
+            num_decodes=0,
+            prefill_query_start_t=None,
+        )
+        rows = list(range(b))
+        return StepInputs(
+            self.input_ids[:ntok], self.positions[:ntok], meta, rows, b, self.pending_dst[:b], reqs, True
         )
 
     def stage_indices(self, values: list[int], slot: int) -> torch.Tensor:

@@ -3,6 +3,7 @@ request's blocks change, even when only the tail would differ by count."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hotloop.engine.block_manager import BlockManager
@@ -48,3 +49,90 @@ def test_a_new_request_in_the_same_row_is_written_whole() -> None:
         assert _decode_step(bufs, req) == req.block_ids
         bm.free(req)
         req.num_computed_tokens = 0
+
+
+def _snapshot(bufs: InputBuffers, step: object) -> dict[str, object]:
+    """Everything ``prepare`` hands on: the device buffers the step reads and the host-side fields."""
+    s = step  # StepInputs
+    meta = s.meta  # type: ignore[attr-defined]
+    ntok = s.input_ids.shape[0]  # type: ignore[attr-defined]
+    return {
+        "input_ids": s.input_ids.tolist(),  # type: ignore[attr-defined]
+        "positions": s.positions.tolist(),  # type: ignore[attr-defined]
+        "slots": meta.slot_mapping.tolist(),
+        "block_tables": meta.block_tables.tolist(),
+        "seq_lens_t": meta.seq_lens_t.tolist(),
+        "query_start_t": meta.query_start_t.tolist(),
+        "query_lens": meta.query_lens,
+        "seq_lens": meta.seq_lens,
+        "max_query_len": meta.max_query_len,
+        "decode_only": meta.decode_only,
+        "num_decodes": meta.num_decodes,
+        "prefill_qs": meta.prefill_query_start_t is None,
+        "rows": s.logits_rows,  # type: ignore[attr-defined]
+        "num_seqs": s.num_seqs,  # type: ignore[attr-defined]
+        "pending_dense": s.pending_dense,  # type: ignore[attr-defined]
+        "pending_n": None if s.pending_dst is None else s.pending_dst.shape[0],  # type: ignore[attr-defined]
+        "pending_reqs": None if s.pending_reqs is None else [id(r) for r in s.pending_reqs],  # type: ignore[attr-defined]
+        "ntok": ntok,
+    }
+
+
+def test_steady_decode_path_equals_the_general_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Overlapped decoding of a batch for many steps, prepared twice, with the steady-decode path
+    and without (``STEADY_DECODE``): the same device inputs and host fields every step, through
+    block crossings (block size 4), a position offset, graph padding, a request that leaves the batch,
+    one whose pending token is collected early, and a preemption (new block epoch)."""
+    import random
+
+    from hotloop.executor import gpu_inputs
+
+    bs = 4
+    rng = random.Random(0)
+    bm = BlockManager(400, bs)
+    reqs = [Request(f"r{i}", [rng.randrange(5, 99) for _ in range(3 + 2 * i)], GenerationConfig(max_new_tokens=99))
+            for i in range(6)]  # fmt: skip
+    reqs[2].position_delta = 7  # (multimodal rope offsets shift every later position)
+    for r in reqs:
+        bm.allocate(r, r.num_tokens + 1)
+        r.num_computed_tokens = r.num_tokens  # prefilled; its first sampled token is pending
+        r.num_pending_tokens = 1
+    fast = InputBuffers(64, 8, 32, bs, torch.device("cpu"))
+    slow = InputBuffers(64, 8, 32, bs, torch.device("cpu"))
+    batch = list(reqs)
+    taken = {"steady": 0}
+    real = InputBuffers._steady_decode
+
+    def counting(self: InputBuffers, *a: object) -> object:
+        got = real(self, *a)  # type: ignore[arg-type]
+        taken["steady"] += got is not None
+        return got
+
+    monkeypatch.setattr(InputBuffers, "_steady_decode", counting)
+    for step in range(40):
+        if step == 15:
+            batch.remove(reqs[4])  # finished: the batch changes
+        if step == 22:  # the engine collected r1's pending token early (no pending token this step)
+            reqs[1].output_token_ids.append(rng.randrange(5, 99))
+            reqs[1].num_pending_tokens = 0
+        if step == 23:
+            reqs[1].num_pending_tokens = 1
+        if step == 30:  # preempted and re-admitted: a new block list (epoch) for r3
+            bm.free(reqs[3])
+            bm.allocate(reqs[3], reqs[3].num_computed_tokens + 1)
+        for r in batch:
+            bm.allocate(r, 1)  # room for this step's token
+        out = SchedulerOutput([ScheduledRequest.of(r, 1) for r in batch])
+        pad = 8 if step % 3 == 0 else None
+        monkeypatch.setattr(gpu_inputs, "STEADY_DECODE", True)
+        a = _snapshot(fast, fast.prepare(out, pad))
+        monkeypatch.setattr(gpu_inputs, "STEADY_DECODE", False)
+        b = _snapshot(slow, slow.prepare(out, pad))
+        assert a == b, f"step {step}: {[(k, a[k], b[k]) for k in a if a[k] != b[k]]}"
+        for r in batch:  # the step ran; the older pending token is collected, this one's is pending
+            r.num_computed_tokens += 1
+            if r.num_pending_tokens:
+                r.output_token_ids.append(rng.randrange(5, 99))
+            else:
+                r.num_pending_tokens = 1
+    assert taken["steady"] > 20  # the steady path did most steps
