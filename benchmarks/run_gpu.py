@@ -156,12 +156,13 @@ def main() -> int:
                                                 "--input-len", "128", "--output-len", "128" if q else "512",
                                                 "--num-iters", "2" if q else "3", *gp), 300),
         # 384 sequences per step: 1000 equal requests run in three waves (256 takes four; 2026-11-30
-        # H200: 384 10,198 tokens/s, 320 9,789, 256 9,617, 448 9,329). The KV cache holds 384 x 2048.
+        # H200: 384 10,198 tokens/s, 320 9,789, 448 9,329 on one host; 256 9,617 on another). The KV cache
+        # holds 384 x 2048.
         "llama3_offline": (hotloop_cmd("throughput", "llama3-8b", out, "llama3_offline", "--num-prompts", str(n_req),
                                        "--input-len", "1024", "--output-len", "256" if q else "1024",
                                        "--session-len", "2048", "--max-batch-size", "384",
                                        "--max-prefill-token-num", "16384"), 500),
-        # the same at 256 sequences per step (LMDeploy's default batch)
+        # the same at 256 sequences per step (this row's setting before 2026-11-30)
         "llama3_offline_b256": (hotloop_cmd("throughput", "llama3-8b", out, "llama3_offline_b256", "--num-prompts",
                                             str(n_req), "--input-len", "1024", "--output-len", "256" if q else "1024",
                                             "--session-len", "2048", "--max-batch-size", "256",
@@ -179,6 +180,11 @@ def main() -> int:
     plan["llama3_offline"] = plan.pop("llama3_offline")  # the longest run goes last
     only = set(args.only.split(",")) if args.only else None
     skip = set(args.skip.split(",")) if args.skip else set()
+    unknown = ((only or set()) | skip) - set(plan)
+    if unknown:
+        ap.error(f"--only / --skip: unknown rows {sorted(unknown)}; rows: {', '.join(plan)}")
+    if not 1 <= args.gpus <= max(1, torch.cuda.device_count()):
+        ap.error(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()} GPU(s)")
     names = [n for n in plan if (only is None or n in only) and n not in skip]
     if args.gpus <= 1:
         for name in names:
