@@ -62,6 +62,7 @@ class EngineConfig:
     embeddings_on_host: bool = False
     disable_overlap_schedule: bool = False
     jit_schedule: bool = False
+    num_scheduler_steps: int = 1
     load_format: str = "auto"
     seed: int = 0
     vision_max_batch_size: int = 16
@@ -109,6 +110,10 @@ class EngineConfig:
         _check(
             self.load_format in LOAD_FORMATS,
             f"load_format={self.load_format!r} must be one of {LOAD_FORMATS}",
+        )
+        _check(
+            isinstance(self.num_scheduler_steps, int) and 1 <= self.num_scheduler_steps <= 64,
+            f"num_scheduler_steps={self.num_scheduler_steps!r} must be an integer in [1, 64]",
         )
         _check(
             isinstance(self.vision_max_batch_size, int) and self.vision_max_batch_size >= 1,

@@ -72,6 +72,7 @@ def build_engine(model: str | None, config: EngineConfig | None = None) -> Built
         ),
         overlap=not config.disable_overlap_schedule,
         jit_schedule=config.jit_schedule,
+        num_scheduler_steps=config.num_scheduler_steps,
     )
     if device.type == "cuda":
         warm_up(engine)

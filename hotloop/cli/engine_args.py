@@ -26,6 +26,9 @@ _HELP = {
     "disable_overlap_schedule": "collect each step before scheduling the next (by default the host prepares step N+1 while the GPU runs step N)",
     "jit_schedule": "(experimental) with overlap, schedule the next step just before the GPU is expected to finish "
     "the current one, so that requests arriving meanwhile join it (lower TTFT; timing only, outputs unchanged)",
+    "num_scheduler_steps": "multi-step decode: with overlap, run up to this many decode steps per host round trip "
+    "when every running request is decoding (less host time per token; streamed tokens then arrive in bursts "
+    "of this many)",
     "load_format": f"weights: {', '.join(LOAD_FORMATS)} (dummy: random weights from the config)",
     "seed": "engine-wide random seed",
     "vision_max_batch_size": "most images the vision encoder runs at once, counting each tile of a tiled model "

@@ -78,11 +78,18 @@ class Engine:
         scheduler_config: SchedulerConfig,
         overlap: bool = False,
         jit_schedule: bool = False,
+        num_scheduler_steps: int = 1,
     ) -> None:
         self.executor = executor
         self.overlap = overlap and hasattr(executor, "launch") and hasattr(executor, "collect")
         self.jit_schedule = self.overlap and jit_schedule and hasattr(executor, "estimate_s")
-        self._inflight: tuple[SchedulerOutput, Any] | None = None
+        # Multi-step decode (with overlap): up to this many decode steps per launch and host round trip.
+        self.num_scheduler_steps = (
+            num_scheduler_steps if self.overlap and hasattr(executor, "collect_steps") else 1
+        )
+        self.num_multi_step_launches = 0
+        # the step in flight: what was scheduled, the executor's handle, the decode steps it runs
+        self._inflight: tuple[SchedulerOutput, Any, int] | None = None
         # Just-in-time scheduling: when the step in flight started on the device (the host saw the
         # step before it end), and an average of the host's schedule-to-launch time.
         self._inflight_started_at: float | None = None
@@ -213,23 +220,61 @@ class Engine:
             self.scheduler.advance(out)
             self.num_steps += 1
             return outputs + self._update(out, sampled)
-        handle = self.executor.launch(out)  # type: ignore[attr-defined]
+        k = self._round_steps(out) if self.num_scheduler_steps > 1 else 1
+        if k > 1:
+            handle = self.executor.launch(out, k)  # type: ignore[attr-defined]
+            k = getattr(handle, "steps", 1)
+            self.num_multi_step_launches += k > 1
+        else:
+            handle = self.executor.launch(out)  # type: ignore[attr-defined]
         self._host_launch_s.append(time.perf_counter() - t_host)
-        self.scheduler.advance(out)
-        self.num_steps += 1
+        self.scheduler.advance(out, k)
+        self.num_steps += k
         started: float | None = None
         if self._inflight is not None:
             outputs += self._collect()
             started = time.perf_counter()  # the collected step ended: the new one runs from now
             self.num_overlapped_steps += 1
-        self._inflight = (out, handle)
+        self._inflight = (out, handle, k)
         self._inflight_started_at = started
         return outputs
+
+    def _round_steps(self, out: SchedulerOutput) -> int:
+        """How many decode steps to launch for ``out`` (multi-step decode), allocating the blocks of
+        the extra ones; 1 where a single step is the answer. More than one only when every row is a
+        plain decode (``multi_step_ok``), no waiting request could join the batch meanwhile, no
+        row would pass ``max_new_tokens`` or ``session_len`` within the round (so no token is
+        computed past a request's end) and the free blocks cover the round. A row that samples a stop
+        token mid-round wastes the rest of the round's steps; its extra tokens are dropped."""
+        from hotloop.executor.model_runner import multi_step_ok
+
+        sched = self.scheduler
+        if (sched.waiting and sched.num_running < self.scheduler_config.max_batch_size) or self._inbox:
+            return 1
+        if not multi_step_ok(out):
+            return 1
+        k = self.num_scheduler_steps
+        session_len = self.session_len
+        for s in out.scheduled:
+            req = s.request
+            known = len(req.prompt_token_ids) + len(req.output_token_ids) + req.num_pending_tokens
+            n_out = known - len(req.prompt_token_ids)
+            k = min(k, req.params.max_new_tokens - n_out, session_len - known)
+            if k <= 1:
+                return 1
+        bm = self.block_manager
+        if sum(bm.num_new_blocks(s.request, k) for s in out.scheduled) > bm.num_free_blocks:
+            return 1
+        for s in out.scheduled:
+            bm.allocate(s.request, k)
+        return k
 
     def _wait_until_due(self) -> None:
         """Sleep until the step in flight is expected to end, less the host's lead time."""
         if self._inflight is None or self._inflight_started_at is None:
             return
+        if self._inflight[2] > 1:
+            return  # no estimate for a multi-step launch
         est = self.executor.estimate_s(self._inflight[0])  # type: ignore[attr-defined]
         if not est:
             return
@@ -245,8 +290,10 @@ class Engine:
     def _collect(self) -> list[RequestOutput]:
         """Wait for the step in flight and apply its sampled tokens."""
         assert self._inflight is not None
-        out, handle = self._inflight
+        out, handle, steps = self._inflight
         self._inflight = None
+        if steps > 1:
+            return self._update_steps(out, self.executor.collect_steps(handle))  # type: ignore[attr-defined]
         return self._update(out, self.executor.collect(handle))  # type: ignore[attr-defined]
 
     def _may_overlap(self) -> bool:
@@ -260,7 +307,7 @@ class Engine:
                 continue
             if req.needs_output_history:
                 return False
-            if req.num_computed_tokens % bs == 0:
+            if req.num_computed_tokens >= len(req.block_ids) * bs:  # the next token opens a block
                 free -= 1
         return free >= 0
 
@@ -332,6 +379,62 @@ class Engine:
                         len(output_ids),
                         req.num_cached_tokens,
                         lps,
+                    )
+                )
+        return outputs
+
+    def _update_steps(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]:
+        """``_update`` for a multi-step launch: each request's ids of every step, applied in order
+        up to the first that finishes it (the rest were computed past its end and are dropped);
+        one output per request with all its new ids and text."""
+        samplers = [s.request for s in out.scheduled if s.samples]
+        assert len(samplers) == len(sampled), f"executor returned {len(sampled)} rows for {len(samplers)}"
+        now = time.monotonic()
+        outputs = []
+        session_len = self.session_len
+        for req, ids in zip(samplers, sampled, strict=True):
+            if req.is_finished:
+                continue
+            output_ids = req.output_token_ids
+            if req.first_token_time is None:
+                req.first_token_time = now
+            detok: IncrementalDetokenizer = req.detokenizer
+            params = req.params
+            stop_ids = req.stop_token_ids
+            max_new = params.max_new_tokens
+            room = session_len - len(req.prompt_token_ids)
+            pieces: list[str] = []
+            status = None
+            taken = 0
+            for token_id in ids:
+                taken += 1
+                req.num_pending_tokens -= 1
+                output_ids.append(token_id)
+                is_stop_token = token_id in stop_ids
+                if not (is_stop_token and not params.include_stop_str_in_output):
+                    pieces.append(detok.add_token(token_id))
+                if is_stop_token or detok.stopped:
+                    status = RequestStatus.FINISHED_STOPPED
+                elif len(output_ids) >= max_new or len(output_ids) >= room:
+                    status = RequestStatus.FINISHED_LENGTH
+                if status is not None:
+                    break
+            new_ids = ids[:taken]
+            text = "".join(pieces)
+            if status is not None:
+                outputs.append(self._finish(req, status, new_ids, text))
+            else:
+                outputs.append(
+                    RequestOutput(
+                        req.request_id,
+                        new_ids,
+                        text,
+                        False,
+                        None,
+                        len(req.prompt_token_ids),
+                        len(output_ids),
+                        req.num_cached_tokens,
+                        [],
                     )
                 )
         return outputs

@@ -174,15 +174,16 @@ class Scheduler:
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
-    def advance(self, out: SchedulerOutput) -> None:
+    def advance(self, out: SchedulerOutput, steps: int = 1) -> None:
         """Record that the executor computed (or, overlapped, was handed) this step's tokens; a
-        request that samples now has a pending token until the engine collects it."""
+        request that samples now has a pending token until the engine collects it. ``steps`` > 1:
+        a multi-step decode launch (every row one token per step) ran that many steps."""
         bm = self.block_manager
         caching = bm.prefix_cache is not None
         for s in out.scheduled:
             req = s.request
-            req.num_computed_tokens += s.num_tokens
+            req.num_computed_tokens += s.num_tokens * steps
             if s.samples:
-                req.num_pending_tokens += 1
+                req.num_pending_tokens += steps
             if caching:
                 bm.cache_full_blocks(req)

@@ -110,12 +110,17 @@ class LocalExecutor:
     def execute(self, out: SchedulerOutput) -> list[SampledToken]:
         return self.runner.execute(out)
 
-    def launch(self, out: SchedulerOutput) -> StepHandle:
-        """Start a step without waiting for it (see ``Engine`` for overlapped scheduling)."""
-        return self.runner.launch(out)
+    def launch(self, out: SchedulerOutput, steps: int = 1) -> StepHandle:
+        """Start a step without waiting for it (see ``Engine`` for overlapped scheduling); ``steps``
+        > 1 asks for a multi-step decode launch (``handle.steps`` says how many ran)."""
+        return self.runner.launch(out, steps)
 
     def collect(self, handle: StepHandle) -> list[SampledToken]:
         return self.runner.collect(handle)
+
+    def collect_steps(self, handle: StepHandle) -> list[list[int]]:
+        """A multi-step launch's ids: per sampling request, one per step."""
+        return self.runner.collect_steps(handle)
 
     def estimate_s(self, out: SchedulerOutput) -> float | None:
         """Expected device time of step ``out`` (None where the runner does not measure steps)."""

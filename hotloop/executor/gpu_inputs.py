@@ -153,8 +153,10 @@ class InputBuffers:
             if n == 1:
                 p0 = len(req.prompt_token_ids)
                 one_t.append(t)
-                # ``pending_index`` inlined for one token: the pending token sits at num_tokens
-                if req.num_pending_tokens and p0 + len(req.output_token_ids) == start:
+                # ``pending_index`` inlined for one token: the last pending token sits at
+                # num_tokens + num_pending_tokens - 1
+                pending = req.num_pending_tokens
+                if pending and p0 + len(req.output_token_ids) + pending - 1 == start:
                     fix.append(t)
                     fix_reqs.append(req)
                     one_ids.append(0)
@@ -265,12 +267,13 @@ class InputBuffers:
         if not b or reqs != h.steady_reqs:
             return None
         starts = [s.start for s in sched]
-        # one token per row, sampled, and it is the request's pending token (the one after the
+        # one token per row, sampled, and it is the request's last pending token (after the
         # host-known tokens): its id is patched on the device, so nothing of it is written here
         if (
             not all(s.num_tokens == 1 and s.samples for s in sched)
             or not all(r.num_pending_tokens for r in reqs)
-            or [len(r.prompt_token_ids) + len(r.output_token_ids) for r in reqs] != starts
+            or [len(r.prompt_token_ids) + len(r.output_token_ids) + r.num_pending_tokens - 1 for r in reqs]
+            != starts
             or [r.block_epoch for r in reqs] != h.steady_epochs
         ):
             return None

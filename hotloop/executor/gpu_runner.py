@@ -20,9 +20,10 @@ from hotloop.engine.scheduler import SchedulerOutput
 from hotloop.executor import piecewise_graph
 from hotloop.executor.cuda_graph import DecodeGraphs
 from hotloop.executor.gpu_inputs import InputBuffers, StepInputs
-from hotloop.executor.model_runner import CausalLM, ModelRunner, StepHandle
+from hotloop.executor.model_runner import CausalLM, ModelRunner, StepHandle, multi_step_ok
 from hotloop.executor.piecewise_graph import PiecewiseGraphs
 from hotloop.executor.sampler import SamplerOutput
+from hotloop.kernels import ops
 from hotloop.layers.attention import AttentionMetadata
 from hotloop.vl import merge, mrope
 
@@ -67,6 +68,7 @@ class GpuModelRunner(ModelRunner):
         self.num_eager_steps = 0
         self.wait_s = 0.0  # host time spent waiting for the sampled ids (the GPU's share of a step)
         self._kind: tuple[str, int] | None = None
+        self._history: torch.Tensor | None = None  # [steps, max_seqs] ids of a multi-step launch
 
     def prepare(
         self, out: SchedulerOutput
@@ -115,28 +117,32 @@ class GpuModelRunner(ModelRunner):
         return self.step_time_s.get(self._step_kind(out, self._graph_bucket(out)))
 
     @torch.inference_mode()
-    def launch(self, out: SchedulerOutput) -> StepHandle:
+    def launch(self, out: SchedulerOutput, steps: int = 1) -> StepHandle:
+        """``ModelRunner.launch``; a multi-step launch (``steps`` > 1) runs only on the decode-graph
+        path (elsewhere one step runs, and the handle says so)."""
         start_event = None
-        if self.measure_step_time:
+        if self.measure_step_time and steps == 1:
             start_event = torch.cuda.Event(enable_timing=True)
             start_event.record()
-        handle = self._launch(out)
+        handle = self._launch(out, steps)
         if start_event is not None and handle.event is not None:
             handle.start_event = start_event
         return handle
 
-    def _launch(self, out: SchedulerOutput) -> StepHandle:
+    def _launch(self, out: SchedulerOutput, steps: int = 1) -> StepHandle:
         mrope.ensure_positions(out.scheduled)
         reqs = [s.request for s in out.scheduled if s.samples]
         g = self.graphs
         b = len(out.scheduled)
         bucket = self._graph_bucket(out)
-        self._kind = self._step_kind(out, bucket) if self.measure_step_time else None
+        self._kind = self._step_kind(out, bucket) if self.measure_step_time and steps == 1 else None
         if g is not None and bucket is not None:
             self._staged = True
             self._patch(self.buffers.prepare(out, padded_seqs=bucket))
             logits, greedy = g.run(bucket)
             self.num_graph_steps += 1
+            if steps > 1 and multi_step_ok(out):
+                return self._graph_steps(g, bucket, logits, greedy, reqs, steps)
             return self._sample(logits[:b], greedy[:b], reqs)
         self.num_eager_steps += 1
         ids, pos, meta, rows = self.prepare(out)
@@ -158,6 +164,58 @@ class GpuModelRunner(ModelRunner):
         logits = self.model.compute_logits(hidden[self.index_tensor(rows, 1)])
         return self._sample(logits, None, reqs)
 
+    def _graph_steps(
+        self,
+        g: DecodeGraphs,
+        bucket: int,
+        logits: torch.Tensor,
+        greedy: torch.Tensor,
+        reqs: list[Request],
+        steps: int,
+    ) -> StepHandle:
+        """Decode steps 2 .. ``steps`` of a multi-step launch: between two replays of the decode graph
+        one launch (``kernels/decode_advance.py``) turns the step's sampled ids into the next step's
+        inputs in the graph's buffers. Sampling is the graph's argmax when every row is plain greedy,
+        else the sampler on the graph's logits. One copy of every step's ids to the host at the end."""
+        b = len(reqs)
+        if self._history is None or self._history.shape[0] < steps:
+            self._history = torch.empty(steps, self.buffers.max_seqs, dtype=torch.long, device=self.device)
+        history = self._history[:steps, :b]
+        md = None if self._all_greedy(reqs) else self._sampling_metadata(reqs)
+        buf = self.buffers
+        for j in range(steps):
+            sampled = greedy[:b] if md is None else self.sampler(logits[:b], md).token_ids
+            if j == steps - 1:
+                history[j].copy_(sampled)
+                break
+            ops.decode_advance(
+                sampled,
+                buf.input_ids,
+                buf.positions,
+                buf.slots,
+                buf.seq_lens,
+                buf.block_tables,
+                self.block_size,
+                history[j],
+            )
+            logits, greedy = g.run(bucket)
+            self.num_graph_steps += 1
+        handle = self._launched_steps(reqs, history)
+        if history.is_cuda:
+            handle.host_history = _to_pinned(history)
+            handle.event = torch.cuda.Event()
+            handle.event.record()
+        return handle
+
+    @staticmethod
+    def _all_greedy(reqs: list[Request]) -> bool:
+        """Every row's token is the argmax (plain greedy, past any ``min_new_tokens`` mask)."""
+        return all(
+            r.greedy_from is not None
+            and (not r.greedy_from or len(r.output_token_ids) + r.num_pending_tokens >= r.greedy_from)
+            for r in reqs
+        )
+
     def gather_rows(self, values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         n = index.shape[0]
         if values.dtype != self._gathered.dtype or n > self._gathered.shape[0]:
@@ -171,11 +229,7 @@ class GpuModelRunner(ModelRunner):
 
     def _sample(self, logits: torch.Tensor, greedy: torch.Tensor | None, reqs: list[Request]) -> StepHandle:
         """Sample on the device and start copying the result to pinned host memory."""
-        if all(
-            r.greedy_from is not None
-            and (not r.greedy_from or len(r.output_token_ids) + r.num_pending_tokens >= r.greedy_from)
-            for r in reqs
-        ):
+        if self._all_greedy(reqs):
             ids = greedy if greedy is not None else logits.argmax(dim=-1)
             result = SamplerOutput(ids, None, None, None)
         else:
@@ -196,6 +250,14 @@ class GpuModelRunner(ModelRunner):
         return handle
 
     def collect(self, handle: StepHandle) -> list[SampledToken]:
+        self._wait(handle)
+        return super().collect(handle)
+
+    def collect_steps(self, handle: StepHandle) -> list[list[int]]:
+        self._wait(handle)
+        return super().collect_steps(handle)
+
+    def _wait(self, handle: StepHandle) -> None:
         if handle.event is not None:
             t0 = time.perf_counter()
             handle.event.synchronize()
@@ -204,7 +266,6 @@ class GpuModelRunner(ModelRunner):
                 took = handle.start_event.elapsed_time(handle.event) / 1e3
                 old = self.step_time_s.get(handle.kind)
                 self.step_time_s[handle.kind] = took if old is None else old + 0.3 * (took - old)
-        return super().collect(handle)
 
 
 def precompile_attention(

@@ -10,6 +10,7 @@ engine): its id is copied on the device from that launch's sampled ids into this
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -19,6 +20,7 @@ from hotloop.engine.outputs import SampledToken
 from hotloop.engine.request import Request
 from hotloop.engine.scheduler import ScheduledRequest, SchedulerOutput
 from hotloop.executor.sampler import Sampler, SamplerOutput, SamplingMetadata
+from hotloop.kernels import ops
 from hotloop.layers.attention import AttentionMetadata
 from hotloop.messages import TokenLogprob
 from hotloop.vl import merge, mrope
@@ -51,6 +53,11 @@ class StepHandle:
     event: Any = None  # CUDA event recorded after the copies
     start_event: Any = None  # CUDA timing event recorded before the step's first kernel (jit scheduling)
     kind: Any = None  # the step's kind for the runner's step-time averages
+    # Multi-step decode: the decode steps this launch ran, and the ids each sampled (``[steps, b]``,
+    # on the device; ``host_history`` its pinned copy). ``result`` then holds the last step's ids.
+    steps: int = 1
+    history: torch.Tensor | None = None
+    host_history: torch.Tensor | None = None
 
     def row_of(self) -> dict[int, int]:
         """``id(request) -> row of result.token_ids``, made on first use (steady decode steps,
@@ -61,10 +68,11 @@ class StepHandle:
 
 
 def pending_index(req: Request, start: int, num_tokens: int) -> int | None:
-    """Offset within ``start .. start+num_tokens`` of ``req``'s pending token, if it falls there."""
+    """Offset within ``start .. start+num_tokens`` of ``req``'s last pending token (the one the
+    previous launch sampled last), if it falls there."""
     if not req.num_pending_tokens:
         return None
-    i = req.num_tokens - start  # the pending token is the one after the host-known tokens
+    i = req.num_tokens + req.num_pending_tokens - 1 - start  # after the host-known tokens
     return i if 0 <= i < num_tokens else None
 
 
@@ -197,7 +205,10 @@ class ModelRunner:
         return self.collect(self.launch(out))
 
     @torch.inference_mode()
-    def launch(self, out: SchedulerOutput) -> StepHandle:
+    def launch(self, out: SchedulerOutput, steps: int = 1) -> StepHandle:
+        """Start ``out``. ``steps`` > 1 (multi-step decode; every row one sampled token, blocks for
+        ``steps`` tokens already allocated): run that many decode steps, each step's sampled ids the
+        next one's inputs, without the host in between. The handle's ``steps`` says how many ran."""
         mrope.ensure_positions(out.scheduled)
         ids, pos, meta, rows = self.prepare(out)
         pos = mrope.step_positions(out.scheduled, pos)
@@ -206,8 +217,49 @@ class ModelRunner:
         result = None
         if reqs:
             logits = self.model.compute_logits(hidden[self.index_tensor(rows, 1)])
-            result = self.sampler(logits, self._sampling_metadata(reqs))
+            md = self._sampling_metadata(reqs)
+            result = self.sampler(logits, md)
+            if steps > 1 and multi_step_ok(out):
+                return self._more_steps(reqs, result.token_ids, ids, pos, meta, md, steps)
         return self._launched(reqs, result)
+
+    def _more_steps(
+        self,
+        reqs: list[Request],
+        sampled: torch.Tensor,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        meta: AttentionMetadata,
+        md: SamplingMetadata,
+        steps: int,
+    ) -> StepHandle:
+        """Decode steps 2 .. ``steps`` of a multi-step launch, eagerly (the reference path; the GPU
+        runner replays its decode graph instead)."""
+        b = len(reqs)
+        history = torch.empty(steps, b, dtype=torch.long, device=sampled.device)
+        seq_lens_t = torch.tensor(meta.seq_lens, dtype=torch.int32, device=sampled.device)
+        for j in range(1, steps):
+            ops.decode_advance(
+                sampled,
+                ids,
+                pos,
+                meta.slot_mapping,
+                seq_lens_t,
+                meta.block_tables,
+                self.block_size,
+                history[j - 1],
+            )
+            meta = dataclasses.replace(meta, seq_lens=[n + 1 for n in meta.seq_lens])
+            hidden = self.model(ids, pos, self.kv_caches, meta)
+            sampled = self.sampler(self.model.compute_logits(hidden[:b]), md).token_ids
+        history[steps - 1] = sampled
+        return self._launched_steps(reqs, history)
+
+    def _launched_steps(self, reqs: list[Request], history: torch.Tensor) -> StepHandle:
+        handle = self._launched(reqs, SamplerOutput(history[-1], None, None, None))
+        handle.steps = history.shape[0]
+        handle.history = history
+        return handle
 
     def _launched(self, reqs: list[Request], result: SamplerOutput | None) -> StepHandle:
         handle = StepHandle(reqs, result)
@@ -219,6 +271,13 @@ class ModelRunner:
         if handle.result is None:
             return []
         return _to_tokens(handle.host or handle.result, handle.reqs)
+
+    def collect_steps(self, handle: StepHandle) -> list[list[int]]:
+        """A multi-step launch's sampled ids: per sampling request (in order), one id per step."""
+        if handle.history is None:
+            return [[t.token_id] for t in self.collect(handle)]
+        hist = handle.host_history if handle.host_history is not None else handle.history
+        return [list(col) for col in zip(*hist.tolist(), strict=True)]
 
     @torch.inference_mode()
     def score(self, request: Request, start: int, num_tokens: int) -> list[float]:
@@ -236,6 +295,27 @@ class ModelRunner:
         targets = torch.tensor(request.token_ids(start + 1, end + 1), device=logits.device)
         lp = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None])[:, 0]
         return lp.tolist()
+
+
+def multi_step_ok(out: SchedulerOutput) -> bool:
+    """Whether ``out`` can run as a multi-step decode launch: every row one token that samples, no
+    images or 3-D positions, and nothing a later step would need from the host (logprobs, penalties
+    over the output history, a ``min_new_tokens`` mask that changes with the step). The engine
+    checks this before it allocates a round's blocks; the runner checks again."""
+    for s in out.scheduled:
+        req = s.request
+        p = req.params
+        if (
+            s.num_tokens != 1
+            or not s.samples
+            or p.logprobs is not None
+            or req.needs_output_history
+            or req.mm_inputs
+            or req.mrope_positions is not None
+            or len(req.output_token_ids) + req.num_pending_tokens < (p.min_new_tokens or 0)
+        ):
+            return False
+    return bool(out.scheduled)
 
 
 def _to_tokens(result: SamplerOutput, reqs: list[Request]) -> list[SampledToken]:

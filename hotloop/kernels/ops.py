@@ -124,6 +124,27 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
+def decode_advance(
+    sampled: torch.Tensor,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    history: torch.Tensor,
+) -> None:
+    """The next decode step's inputs from this one's sampled ids, in place (multi-step decode)."""
+    if use_triton(sampled):
+        _kernel("decode_advance").decode_advance(
+            sampled, input_ids, positions, slots, seq_lens, block_tables, block_size, history
+        )
+        return
+    reference.decode_advance(
+        sampled, input_ids, positions, slots, seq_lens, block_tables, block_size, history
+    )
+
+
 def _kernel(name: str) -> ModuleType:
     return importlib.import_module(f"hotloop.kernels.{name}")
 

@@ -29,6 +29,32 @@ def write_kv_cache(
     v_cache.view(nb * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
+def decode_advance(
+    sampled: torch.Tensor,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    history: torch.Tensor,
+) -> None:
+    """A decode step's inputs -> the next step's, rows ``0 .. b-1`` (``kernels/decode_advance.py``):
+    the sampled ids become the inputs (and ``history``), positions and ``seq_lens`` grow by one, and
+    each slot is the next token's: ``block_tables[row, p // bs] * bs + p % bs``, ``p`` the old length."""
+    b = sampled.shape[0]
+    if b == 0:
+        return
+    p = seq_lens[:b].long()
+    rows = torch.arange(b, device=p.device)
+    blocks = block_tables[rows, p // block_size].long()
+    history[:b] = sampled
+    input_ids[:b] = sampled
+    positions[:b] += 1
+    slots[:b] = blocks * block_size + p % block_size
+    seq_lens[:b] += 1
+
+
 def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``table[ids]``: ``[T]`` ids -> ``[T, hidden]`` rows (``kernels/embedding_gather.py``)."""
     return F.embedding(ids.to(table.device), table).to(ids.device)

@@ -1,0 +1,224 @@
+"""Multi-step decode (``num_scheduler_steps``) gives the same tokens, text and finish reasons as one
+step per launch, really runs several steps per launch, and leaks no blocks: with stop ids and stop
+strings that end a request mid-round, ``max_new_tokens`` and ``session_len`` limits, aborts,
+preemption and prefix caching. On the CPU the runner's eager path runs the rounds (the GPU runner
+replays its decode graph instead; ``tests/executor`` and the GPU tests cover that path)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TINY_VOCAB
+
+from hotloop.api.build import build_engine
+from hotloop.config import ConfigError, EngineConfig
+from hotloop.engine.engine import Engine
+from hotloop.messages import GenerationConfig
+
+ARCH = "llama_gqa_llama3rope"
+
+
+def _params(i: int) -> GenerationConfig:
+    kinds: list[dict[str, Any]] = [
+        dict(max_new_tokens=23, ignore_eos=True),
+        dict(
+            max_new_tokens=19, do_sample=True, temperature=0.9, top_k=20, random_seed=7 + i, ignore_eos=True
+        ),
+        dict(max_new_tokens=26, stop_token_ids=[5, 9, 11, 13]),
+        dict(max_new_tokens=24, min_new_tokens=6, stop_token_ids=[5, 9, 11, 13]),
+        dict(max_new_tokens=17, stop_words=["e", "a"], ignore_eos=True),
+        dict(max_new_tokens=21, do_sample=True, top_p=0.8, min_p=0.05, random_seed=3 + i, ignore_eos=True),
+    ]
+    return GenerationConfig(**kinds[i % len(kinds)])
+
+
+def _prompts(n: int, seed: int = 11) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, TINY_VOCAB) for _ in range(rng.randrange(3, 30))] for _ in range(n)]
+
+
+def _run(
+    engine: Engine,
+    prompts: list[list[int]],
+    params: Callable[[int], GenerationConfig] = _params,
+    abort: dict[int, int] | None = None,
+    join_every: int = 2,
+) -> dict[str, tuple[list[int], str, str | None, int]]:
+    """Drive the engine (request i joins at step i // join_every); per request: all its tokens, all
+    its text, its finish reason and its final token count."""
+    abort = abort or {}
+    toks: dict[str, list[int]] = {}
+    text: dict[str, str] = {}
+    last: dict[str, tuple[str | None, int]] = {}
+    step = 0
+    while len(last) < len(prompts) or engine.has_unfinished():
+        for i, p in enumerate(prompts):
+            if i // join_every == step:
+                engine.add_request(str(i), p, params(i))
+            if abort.get(i) == step:
+                engine.abort_request(str(i))
+        for o in engine.step():
+            toks.setdefault(o.request_id, []).extend(o.new_token_ids)
+            text[o.request_id] = text.get(o.request_id, "") + o.new_text
+            if o.finished:
+                last[o.request_id] = (o.finish_reason, o.num_generated_tokens)
+        step += 1
+        assert step < 1000
+    assert engine.num_free_blocks == engine.num_total_blocks
+    engine.block_manager.check_consistency()
+    return {rid: (toks.get(rid, []), text.get(rid, ""), *last[rid]) for rid in last}
+
+
+def _record_round_ends(engine: Engine) -> list[tuple[str | None, int, int]]:
+    """Wrap the engine's multi-step update: per request that finished in a round, its finish reason,
+    the ids it kept and the ids the round computed for it."""
+    ends: list[tuple[str | None, int, int]] = []
+    update = engine._update_steps
+
+    def wrapped(out: Any, sampled: list[list[int]]) -> Any:
+        outs = update(out, sampled)
+        live = [
+            ids
+            for s, ids in zip([s for s in out.scheduled if s.samples], sampled, strict=True)
+            if s.request.request_id in {o.request_id for o in outs}
+        ]
+        for o, ids in zip(outs, live, strict=True):
+            if o.finished:
+                ends.append((o.finish_reason, len(o.new_token_ids), len(ids)))
+        return outs
+
+    engine._update_steps = wrapped  # type: ignore[method-assign]
+    return ends
+
+
+def _engine(path: Path, steps: int, **kw: Any) -> Engine:
+    cfg = dict(
+        device="cpu", dtype="float32", max_batch_size=8, cache_block_seq_len=4, cache_max_entry_count=512
+    )
+    cfg.update(kw)
+    return build_engine(str(path), EngineConfig(num_scheduler_steps=steps, **cfg)).engine
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"max_prefill_token_num": 7},  # chunked prefill between the rounds
+        {"cache_max_entry_count": 30, "max_prefill_token_num": 64},  # preemption
+        {"enable_prefix_caching": True},
+        {"session_len": 40},  # rounds cut short by the session
+    ],
+    ids=["plain", "chunked", "preempt", "prefix", "session"],
+)
+def test_multi_step_equals_one_step(variant: dict[str, Any], make_tiny_model: Callable[[str], Path]) -> None:
+    path = make_tiny_model(ARCH)
+    prompts = _prompts(12)
+    if "session_len" in variant:
+        prompts = [p[:12] for p in prompts]
+    one = _engine(path, 1, **variant)
+    # a burst: 12 requests for 8 slots, so the rest wait for a full batch to free one
+    expected = _run(one, prompts, join_every=100)
+    assert one.num_multi_step_launches == 0
+    multi = _engine(path, 4, **variant)
+    ends = _record_round_ends(multi)
+    got = _run(multi, prompts, join_every=100)
+    assert got == expected
+    assert any(kept == ran for _, kept, ran in ends), ends  # requests also end inside rounds
+    if "cache_max_entry_count" in variant:  # the pool is short: fewer rounds fit
+        assert multi.scheduler.num_preemptions > 0
+        assert multi.num_multi_step_launches > 0
+    else:
+        assert multi.num_multi_step_launches > 5, multi.num_multi_step_launches
+    finish = {v[2] for v in got.values()}
+    assert {"stop", "length"} <= finish, "the mix should end some requests on a stop and some on length"
+
+
+def test_rounds_are_long_and_end_exactly_at_max_new_tokens(make_tiny_model: Callable[[str], Path]) -> None:
+    """All requests at once, no stops: after the prefill every launch is a full round but the last,
+    which is cut to what the requests have left (no token is computed past max_new_tokens)."""
+    path = make_tiny_model(ARCH)
+    prompts = _prompts(6, seed=3)
+    multi = _engine(path, 8)
+    got = _run(multi, prompts, lambda i: GenerationConfig(max_new_tokens=30, ignore_eos=True), join_every=100)
+    assert all(len(v[0]) == 30 and v[2] == "length" for v in got.values())
+    # 1 prefill step (its token) + 29 decode steps in rounds of 8, 8, 8, 5: 5 launches in all
+    assert multi.num_multi_step_launches == 4
+    assert multi.num_steps == 30
+    expected = _run(
+        _engine(path, 1),
+        prompts,
+        lambda i: GenerationConfig(max_new_tokens=30, ignore_eos=True),
+        join_every=100,
+    )
+    assert got == expected
+
+
+def test_stop_token_and_stop_string_mid_round(make_tiny_model: Callable[[str], Path]) -> None:
+    """Stops chosen from a plain greedy run so that they fall inside rounds: the stop id (or the stop
+    string's token) is the 11th (or 8th) token of the request's own greedy output."""
+    path = make_tiny_model(ARCH)
+    prompts = _prompts(6, seed=21)
+    plain = _run(
+        _engine(path, 1),
+        prompts,
+        lambda i: GenerationConfig(max_new_tokens=40, ignore_eos=True),
+        join_every=100,
+    )
+    tok = _engine(path, 1).tokenizer
+
+    def params(i: int) -> GenerationConfig:
+        ids = plain[str(i)][0]
+        if i % 2:
+            return GenerationConfig(max_new_tokens=40, stop_token_ids=[ids[10]])
+        word = tok.decode([ids[7]]).strip()
+        return GenerationConfig(max_new_tokens=40, stop_words=[word] if word else None, ignore_eos=True)
+
+    expected = _run(_engine(path, 1), prompts, params, join_every=100)
+    multi = _engine(path, 4)
+    ends = _record_round_ends(multi)
+    got = _run(multi, prompts, params, join_every=100)
+    assert got == expected
+    assert sum(v[2] == "stop" for v in got.values()) >= 4
+    # requests stopped before their round's last step: their later ids were computed and dropped
+    assert sum(reason == "stop" and kept < ran for reason, kept, ran in ends) >= 2, ends
+
+
+def test_rows_that_need_the_host_fall_back_to_one_step(make_tiny_model: Callable[[str], Path]) -> None:
+    """A batch with a logprobs or penalty row runs one step per launch (and gives the same output)."""
+    path = make_tiny_model(ARCH)
+    prompts = _prompts(4, seed=9)
+
+    def params(i: int) -> GenerationConfig:
+        if i == 0:
+            return GenerationConfig(max_new_tokens=20, logprobs=2, ignore_eos=True)
+        if i == 1:
+            return GenerationConfig(max_new_tokens=20, repetition_penalty=1.2, ignore_eos=True)
+        return GenerationConfig(max_new_tokens=20, ignore_eos=True)
+
+    multi = _engine(path, 4)
+    got = _run(multi, prompts, params, join_every=100)
+    assert multi.num_multi_step_launches == 0
+    assert got == _run(_engine(path, 1), prompts, params, join_every=100)
+
+
+def test_abort_mid_round_frees_blocks_and_keeps_other_outputs(make_tiny_model: Callable[[str], Path]) -> None:
+    path = make_tiny_model(ARCH)
+    prompts = _prompts(8, seed=5)
+    baseline = _run(_engine(path, 4), prompts)
+    got = _run(_engine(path, 4), prompts, abort={0: 6, 3: 7, 6: 9})
+    for rid in ("0", "3", "6"):
+        assert got[rid][2] == "abort"
+        assert got[rid][0] == baseline[rid][0][: len(got[rid][0])]
+    for rid in set(baseline) - {"0", "3", "6"}:
+        assert got[rid] == baseline[rid]
+
+
+def test_num_scheduler_steps_is_validated() -> None:
+    with pytest.raises(ConfigError, match="num_scheduler_steps"):
+        EngineConfig(num_scheduler_steps=0)
+    with pytest.raises(ConfigError, match="num_scheduler_steps"):
+        EngineConfig(num_scheduler_steps=65)
