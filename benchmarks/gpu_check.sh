@@ -24,6 +24,9 @@
 #            256-sequence offline and host-embedding rows, measured before and unchanged.
 #   hostprof GPU 0: host_profile.py, 8B at batch 256. GPU 1: host_step.py (CPU only), then SmolLM2's
 #            batch-256 host profile.
+#   multistep GPU 0: the GPU tests that run the engine (multi-step decode's included), then the 8B
+#            batch-256 host profile with 1 and 8 decode steps per launch. GPU 1: batch 1 (SmolLM2, 8B)
+#            and SmolLM2 at batch 256, each with 1 and 8 steps per launch.
 #
 # One-off A/B modes of earlier sessions (fusions, pdl, qrope_ab, splits, ...) are in this file's
 # history: each results README under benchmarks/results/ names the commit its calls ran at.
@@ -61,11 +64,13 @@ serve() {  # gpu tag extra-flags...
   echo "[serve_$tag] rc=$?"
   grep -E "Median TTFT|P99 TTFT|Median TPOT|P99 TPOT|Output token throughput|Failed" "$out/serve_$tag.log"
 }
-hostprof() {  # model tag: where a batch-256 decode step's host time goes
-  timeout 200 python3 "$here/host_profile.py" --model "$1" --load-format dummy --dtype bfloat16 \
+hostprof() {  # model tag extra-flags...: where a batch-256 decode step's host time goes
+  local m=$1 tag=$2
+  shift 2
+  timeout 200 python3 "$here/host_profile.py" --model "$m" --load-format dummy --dtype bfloat16 \
     --batch-size 256 --input-len 1024 --output-len 96 --steps 40 --session-len 2048 --max-batch-size 256 \
-    --max-prefill-token-num 16384 --out "$out/hostprof_$2.txt" >"$out/hostprof_$2.log" 2>&1
-  echo "[hostprof $2] rc=$? $(head -9 "$out/hostprof_$2.txt" 2>/dev/null | tr -d '\n ')"
+    --max-prefill-token-num 16384 --out "$out/hostprof_$tag.txt" "$@" >"$out/hostprof_$tag.log" 2>&1
+  echo "[hostprof $tag] rc=$? $(head -9 "$out/hostprof_$tag.txt" 2>/dev/null | tr -d '\n ')"
 }
 
 tests_lane0() {
@@ -175,6 +180,31 @@ hostprof_lane1() {
   done
   hostprof smollm2-135m smollm2
 }
+multistep_lane0() {
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_decode_advance.py \
+    tests/engine/test_multi_step.py tests/api/test_gpu_parity.py tests/models/test_one_row.py tests/executor \
+    >"$out/multistep_tests.log" 2>&1
+  echo "engine GPU tests rc=$?"
+  tail -15 "$out/multistep_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  hostprof llama3-8b 8b_k1
+  hostprof llama3-8b 8b_k8 --num-scheduler-steps 8
+}
+multistep_lane1() {
+  export CUDA_VISIBLE_DEVICES=$g1
+  bs1 smollm2_k1 smollm2-135m
+  bs1 smollm2_k8 smollm2-135m --num-scheduler-steps 8
+  bs1 llama3_k1 llama3-8b
+  bs1 llama3_k8 llama3-8b --num-scheduler-steps 8
+  local k
+  for k in 1 8; do  # SmolLM2 at batch 256: a step short enough for the host to matter
+    timeout 150 python3 -m hotloop.bench.offline latency --model smollm2-135m --load-format dummy --dtype bfloat16 \
+      --batch-size 256 --input-len 1024 --output-len 256 --num-iters 2 --session-len 2048 --max-batch-size 256 \
+      --max-prefill-token-num 16384 --num-scheduler-steps $k --output-json "$out/b256_smollm2_k$k.json" \
+      >"$out/b256_smollm2_k$k.log" 2>&1
+    echo "[b256 smollm2 k$k] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*\|"decode_tokens_per_s": [0-9.]*\|"host_ms_per_step_p50": [0-9.]*\|"output_tokens_per_s": [0-9.]*' "$out/b256_smollm2_k$k.json" 2>/dev/null | tr '\n' ' ')"
+  done
+}
 
 if [ "$what" = table ]; then
   timeout 540 python3 "$here/run_gpu.py" --out "$out/table" --gpus "$ngpu" \
@@ -184,9 +214,9 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | hostprof | batch | steady) ;;
+  tests | rows | w4a16 | kv | serve | hostprof | batch | steady | multistep) ;;
   *)
-    echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, steady, table)" >&2
+    echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, steady, multistep, table)" >&2
     exit 2
     ;;
 esac

@@ -5,7 +5,8 @@
 
 Runs one batch as ``hotloop bench latency`` does, waits until every request has its first token,
 then times ``--steps`` decode steps (``engine.step()``'s wall time less the runner's wait for the
-GPU, as the latency benchmark reports it) twice: once plain, once under cProfile. The profile's
+GPU, as the latency benchmark reports it; with ``--num-scheduler-steps`` a call's time over the
+decode steps it launched) twice: once plain, once under cProfile. The profile's
 tables (by own time and by cumulative time) go to ``--out``; the runner's wait for the GPU shows
 there as ``Event.synchronize``, so what is left above it is host work.
 """
@@ -30,15 +31,21 @@ def _steps(engine: Any, n: int) -> tuple[list[float], list[float]]:
     runner = getattr(engine.executor, "runner", None)
     wall: list[float] = []
     host: list[float] = []
-    for _ in range(n):
+    done = 0
+    while done < n:
         if not engine.has_unfinished():
             break
         w0 = getattr(runner, "wait_s", 0.0)
+        n0 = engine.num_steps
         t0 = time.perf_counter()
         engine.step()
         dt = time.perf_counter() - t0
-        wall.append(dt * 1e3)
-        host.append((dt - (getattr(runner, "wait_s", 0.0) - w0)) * 1e3)
+        k = engine.num_steps - n0  # decode steps this call launched (more than one: multi-step decode)
+        if not k:
+            continue
+        wall += [dt * 1e3 / k] * k
+        host += [(dt - (getattr(runner, "wait_s", 0.0) - w0)) * 1e3 / k] * k
+        done += k
     return wall, host
 
 

@@ -100,14 +100,17 @@ class RunnerExecutor:
         self.runner = runner
         self.prepare_s: list[float] = []
 
-    def launch(self, out: SchedulerOutput) -> Any:
+    def launch(self, out: SchedulerOutput, steps: int = 1) -> Any:
         t0 = time.perf_counter()
-        handle = self.runner.launch(out)
+        handle = self.runner.launch(out, steps)
         self.prepare_s.append(time.perf_counter() - t0)
         return handle
 
     def collect(self, handle: Any) -> list[SampledToken]:
         return self.runner.collect(handle)
+
+    def collect_steps(self, handle: Any) -> list[list[int]]:
+        return self.runner.collect_steps(handle)
 
     def execute(self, out: SchedulerOutput) -> list[SampledToken]:
         return self.collect(self.launch(out))
@@ -175,6 +178,9 @@ def main() -> int:
     )
     ap.add_argument("--runner", choices=("host-only", "gpu"), default="host-only",
                     help="gpu: the real GpuModelRunner's host code with a stand-in graph replay")  # fmt: skip
+    ap.add_argument("--num-scheduler-steps", type=int, default=1,
+                    help="multi-step decode (with --runner gpu): decode steps per launch; times are then "
+                    "per decode step (a call's time over the steps it ran)")  # fmt: skip
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -186,7 +192,8 @@ def main() -> int:
     tok = AutoTokenizer.from_pretrained(str(resolve_model_path(args.tokenizer)))
     vocab = len(tok)
     bs = 64
-    session = args.prompt_len + args.steps + args.profile + 64
+    extra = 8 + 2 * args.num_scheduler_steps  # the requests outlast the timed steps
+    session = args.prompt_len + args.steps + args.profile + extra + 64
     width = -(-session // bs) + 1
     blocks = args.batch * width
     mc = ModelConfig(
@@ -213,9 +220,10 @@ def main() -> int:
         CacheConfig(block_size=bs, num_blocks=blocks),
         SchedulerConfig(args.batch, args.batch * args.prompt_len, session),
         overlap=True,
+        num_scheduler_steps=args.num_scheduler_steps if args.runner == "gpu" else 1,
     )
     rng = random.Random(1)
-    params = GenerationConfig(max_new_tokens=args.steps + args.profile + 8, ignore_eos=True)
+    params = GenerationConfig(max_new_tokens=args.steps + args.profile + extra, ignore_eos=True)
     for i in range(args.batch):
         engine.add_request(str(i), [rng.randrange(3, vocab) for _ in range(args.prompt_len)], params)
     engine.step()  # the prefill of everything
@@ -223,23 +231,31 @@ def main() -> int:
     ex.prepare_s.clear()
     if args.gc == "settled":
         settle_after_startup()
-    step_s = []
-    for _ in range(args.steps):
+    step_s = []  # per decode step: each engine.step() call's time over the decode steps it launched
+    prep_s = []
+    done = 0
+    while done < args.steps:
+        n0 = engine.num_steps
         t0 = time.perf_counter()
         outs = engine.step()
-        step_s.append(time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        k = engine.num_steps - n0
+        step_s += [dt / k] * k
+        prep_s += [ex.prepare_s[-1] / k] * k
+        done += k
         assert len(outs) == args.batch
     ms = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
     result = {
         "runner": args.runner,
         "batch": args.batch,
-        "steps": args.steps,
+        "steps": len(step_s),
+        "num_scheduler_steps": engine.num_scheduler_steps,
         "gc": args.gc,
         "host_ms_per_step_p50": ms(step_s),
         "host_ms_per_step_mean": statistics.fmean(step_s) * 1e3,
         "host_ms_per_step_p90": sorted(step_s)[int(0.9 * len(step_s))] * 1e3,
-        "prepare_ms_p50": ms(ex.prepare_s),
-        "rest_ms_p50 (schedule + update + detokenize)": ms(step_s) - ms(ex.prepare_s),
+        "prepare_ms_p50": ms(prep_s),
+        "rest_ms_p50 (schedule + update + detokenize)": ms(step_s) - ms(prep_s),
     }
     print(json.dumps(result, indent=1))
     if args.profile:

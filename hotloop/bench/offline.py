@@ -107,6 +107,8 @@ def _runner_stats(engine: Any) -> dict[str, Any]:
         "graph_steps": getattr(runner, "num_graph_steps", None),
         "eager_steps": getattr(runner, "num_eager_steps", None),
         "wait_s": getattr(runner, "wait_s", None),
+        "num_scheduler_steps": engine.num_scheduler_steps,
+        "multi_step_launches": engine.num_multi_step_launches,
     }
 
 
@@ -178,12 +180,15 @@ def run_latency(args: argparse.Namespace) -> int:
         first_token_s = None
         wait_s: list[float] = []
         full: list[bool] = []  # a pure decode step: every request of the batch got a token
+        launched: list[int] = []  # decode steps each call launched (several: multi-step decode)
         runner = getattr(engine.executor, "runner", None)
         while engine.has_unfinished():
             w0 = getattr(runner, "wait_s", 0.0)
+            n0 = engine.num_steps
             ts = time.perf_counter()
             outs = engine.step()
             step_s.append(time.perf_counter() - ts)
+            launched.append(engine.num_steps - n0)
             wait_s.append(getattr(runner, "wait_s", 0.0) - w0)
             full.append(sum(1 for o in outs if o.new_token_ids) == args.batch_size)
             if first_token_s is None and any(o.new_token_ids for o in outs):
@@ -193,11 +198,12 @@ def run_latency(args: argparse.Namespace) -> int:
             continue
         # decode steps: every sequence got a token, after the step that finished the last prefill
         first_full = full.index(True) if True in full else len(full)
-        idx = [k for k in range(first_full + 1, len(step_s)) if full[k]]
-        dec = [step_s[k] * 1e3 for k in idx]
+        # (with multi-step decode a call's time is spread over the steps it launched)
+        idx = [k for k in range(first_full + 1, len(step_s)) if full[k] and launched[k]]
+        dec = [step_s[k] * 1e3 / launched[k] for k in idx for _ in range(launched[k])]
         decode_ms += dec
         # host time of a decode step: its wall time less the wait for the GPU's sampled ids
-        host_ms += [(step_s[k] - wait_s[k]) * 1e3 for k in idx]
+        host_ms += [(step_s[k] - wait_s[k]) * 1e3 / launched[k] for k in idx for _ in range(launched[k])]
         iters.append(
             {
                 "total_s": total,

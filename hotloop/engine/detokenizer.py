@@ -213,6 +213,33 @@ class IncrementalDetokenizer:
             self._pieces.append(piece)
         return piece
 
+    @property
+    def plain(self) -> bool:
+        """The short path applies: a byte-level tokenizer's table and no stop strings (so nothing
+        is ever held back or taken back and ``stopped`` stays False)."""
+        return self._fast
+
+    def add_plain_tokens(self, token_ids: list[int]) -> str:
+        """``add_tokens`` on the ``plain`` path, for several ids at once (a multi-step decode round):
+        when no character is in progress and every id is whole characters, one lookup per id and
+        one join; otherwise token by token."""
+        if not self._fast:
+            return self.add_tokens(token_ids)
+        if self._flushed:
+            return ""
+        texts = self._texts
+        assert texts is not None
+        n = len(texts)
+        if token_ids and not self._utf8.getstate()[0] and min(token_ids) >= 0 and max(token_ids) < n:
+            pieces = [texts[t] for t in token_ids]
+            if None not in pieces:
+                self._ids.extend(token_ids)
+                text = "".join(pieces)  # type: ignore[arg-type]
+                if text:
+                    self._pieces.append(text)
+                return text
+        return "".join([self.add_token(t) for t in token_ids])
+
     def add_tokens(self, new_token_ids: Sequence[int]) -> str:
         """Decode the new tokens and return the text that is now safe to emit (may be '').
 

@@ -33,7 +33,7 @@ from hotloop.engine.block_manager import BlockManager
 from hotloop.engine.detokenizer import IncrementalDetokenizer
 from hotloop.engine.outputs import RequestOutput, SampledToken
 from hotloop.engine.request import Request, RequestStatus
-from hotloop.engine.scheduler import Scheduler, SchedulerOutput
+from hotloop.engine.scheduler import Scheduler, SchedulerOutput, multi_step_ok
 from hotloop.messages import GenerationConfig, RequestError
 
 
@@ -246,8 +246,6 @@ class Engine:
         row would pass ``max_new_tokens`` or ``session_len`` within the round (so no token is
         computed past a request's end) and the free blocks cover the round. A row that samples a stop
         token mid-round wastes the rest of the round's steps; its extra tokens are dropped."""
-        from hotloop.executor.model_runner import multi_step_ok
-
         sched = self.scheduler
         if (sched.waiting and sched.num_running < self.scheduler_config.max_batch_size) or self._inbox:
             return 1
@@ -263,10 +261,19 @@ class Engine:
             if k <= 1:
                 return 1
         bm = self.block_manager
-        if sum(bm.num_new_blocks(s.request, k) for s in out.scheduled) > bm.num_free_blocks:
-            return 1
+        bs = bm.block_size
+        short = []  # rows whose blocks end before the round's last token, and how many they lack
+        total = 0
         for s in out.scheduled:
-            bm.allocate(s.request, k)
+            req = s.request
+            need = -(-(req.num_computed_tokens + k) // bs) - len(req.block_ids)
+            if need > 0:
+                short.append(req)
+                total += need
+        if total > bm.num_free_blocks:
+            return 1
+        for req in short:
+            bm.allocate(req, k)
         return k
 
     def _wait_until_due(self) -> None:
@@ -403,6 +410,31 @@ class Engine:
             stop_ids = req.stop_token_ids
             max_new = params.max_new_tokens
             room = session_len - len(req.prompt_token_ids)
+            n = len(ids)
+            if (
+                detok.plain
+                and len(output_ids) + n < max_new
+                and len(output_ids) + n < room
+                and stop_ids.isdisjoint(ids)
+            ):
+                # the common case, per request rather than per token: no stop id, no stop string,
+                # and the request goes on after the round
+                req.num_pending_tokens -= n
+                output_ids.extend(ids)
+                outputs.append(
+                    RequestOutput(
+                        req.request_id,
+                        ids,
+                        detok.add_plain_tokens(ids),
+                        False,
+                        None,
+                        len(req.prompt_token_ids),
+                        len(output_ids),
+                        req.num_cached_tokens,
+                        [],
+                    )
+                )
+                continue
             pieces: list[str] = []
             status = None
             taken = 0

@@ -16,11 +16,11 @@ import torch
 
 from hotloop.engine.outputs import SampledToken
 from hotloop.engine.request import Request
-from hotloop.engine.scheduler import SchedulerOutput
+from hotloop.engine.scheduler import SchedulerOutput, multi_step_ok
 from hotloop.executor import piecewise_graph
 from hotloop.executor.cuda_graph import DecodeGraphs
 from hotloop.executor.gpu_inputs import InputBuffers, StepInputs
-from hotloop.executor.model_runner import CausalLM, ModelRunner, StepHandle, multi_step_ok
+from hotloop.executor.model_runner import CausalLM, ModelRunner, StepHandle
 from hotloop.executor.piecewise_graph import PiecewiseGraphs
 from hotloop.executor.sampler import SamplerOutput
 from hotloop.kernels import ops

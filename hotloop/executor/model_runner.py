@@ -18,7 +18,7 @@ import torch
 
 from hotloop.engine.outputs import SampledToken
 from hotloop.engine.request import Request
-from hotloop.engine.scheduler import ScheduledRequest, SchedulerOutput
+from hotloop.engine.scheduler import ScheduledRequest, SchedulerOutput, multi_step_ok
 from hotloop.executor.sampler import Sampler, SamplerOutput, SamplingMetadata
 from hotloop.kernels import ops
 from hotloop.layers.attention import AttentionMetadata
@@ -295,27 +295,6 @@ class ModelRunner:
         targets = torch.tensor(request.token_ids(start + 1, end + 1), device=logits.device)
         lp = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None])[:, 0]
         return lp.tolist()
-
-
-def multi_step_ok(out: SchedulerOutput) -> bool:
-    """Whether ``out`` can run as a multi-step decode launch: every row one token that samples, no
-    images or 3-D positions, and nothing a later step would need from the host (logprobs, penalties
-    over the output history, a ``min_new_tokens`` mask that changes with the step). The engine
-    checks this before it allocates a round's blocks; the runner checks again."""
-    for s in out.scheduled:
-        req = s.request
-        p = req.params
-        if (
-            s.num_tokens != 1
-            or not s.samples
-            or p.logprobs is not None
-            or req.needs_output_history
-            or req.mm_inputs
-            or req.mrope_positions is not None
-            or len(req.output_token_ids) + req.num_pending_tokens < (p.min_new_tokens or 0)
-        ):
-            return False
-    return bool(out.scheduled)
 
 
 def _to_tokens(result: SamplerOutput, reqs: list[Request]) -> list[SampledToken]:

@@ -222,3 +222,25 @@ def test_num_scheduler_steps_is_validated() -> None:
         EngineConfig(num_scheduler_steps=0)
     with pytest.raises(ConfigError, match="num_scheduler_steps"):
         EngineConfig(num_scheduler_steps=65)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "variant", [{}, {"enable_prefix_caching": True}, {"quant_policy": 8}], ids=["plain", "prefix", "int8"]
+)
+def test_multi_step_graph_rounds_equal_one_step_gpu(
+    variant: dict[str, Any], make_tiny_model: Callable[[str], Path]
+) -> None:
+    """On the GPU a round replays the decode graph with ``kernels/decode_advance.py`` between the
+    replays (greedy rows take the graph's argmax, sampled rows the sampler): the same outputs as one
+    step per launch, and the rounds really ran from the graphs."""
+    path = make_tiny_model(ARCH)
+    prompts = _prompts(12)
+    kw = dict(device="cuda", dtype="bfloat16", cache_max_entry_count=0.05, **variant)
+    expected = _run(_engine(path, 1, **kw), prompts, join_every=100)
+    multi = _engine(path, 4, **kw)
+    runner = multi.executor.runner  # type: ignore[attr-defined]
+    got = _run(multi, prompts, join_every=100)
+    assert got == expected
+    assert multi.num_multi_step_launches > 5 and runner.num_graph_steps > 3 * multi.num_multi_step_launches
+    assert runner._history is not None
