@@ -65,7 +65,8 @@ def measure_ceilings() -> dict[str, float]:
 EST_S = {
     "llama3_awq_offline": 195, "llama3_offline": 140, "llama3_offline_b256": 140, "llama3_awq_bs1": 100,
     "llama3_awq_bs1_host_emb": 100, "hf_llama3_bs1": 90, "hf_llama3_b64": 90, "llama3_b256_1k": 70,
-    "llama3_bs1": 45, "hf_smollm2_bs1": 40, "smollm2_bs1": 30,
+    "llama3_bs1": 45, "hf_smollm2_bs1": 40, "smollm2_bs1": 30, "llama3_bs1_ms8": 45, "smollm2_bs1_ms8": 30,
+    "llama3_b256_1k_ms8": 70,
 }  # fmt: skip
 
 
@@ -147,6 +148,17 @@ def main() -> int:
                                        "--input-len", str(b256_ctx), "--output-len", "32", "--num-iters", "1",
                                        "--session-len", "2048", "--max-batch-size", "256",
                                        "--max-prefill-token-num", "16384"), 300),
+        # multi-step decode (--num-scheduler-steps 8): eight decode steps per launch and host round trip
+        "llama3_bs1_ms8": (hotloop_cmd("latency", "llama3-8b", out, "llama3_bs1_ms8", "--batch-size", "1",
+                                       "--input-len", "128", "--output-len", "128" if q else "512", "--num-iters",
+                                       "2" if q else "3", "--num-scheduler-steps", "8", *gp), 300),
+        "smollm2_bs1_ms8": (hotloop_cmd("latency", "smollm2-135m", out, "smollm2_bs1_ms8", "--batch-size", "1",
+                                        "--input-len", "128", "--output-len", "512", "--num-iters", "3",
+                                        "--num-scheduler-steps", "8", *gp), 200),
+        "llama3_b256_1k_ms8": (hotloop_cmd("latency", "llama3-8b", out, "llama3_b256_1k_ms8", "--batch-size", "256",
+                                           "--input-len", str(b256_ctx), "--output-len", "32", "--num-iters", "1",
+                                           "--session-len", "2048", "--max-batch-size", "256",
+                                           "--max-prefill-token-num", "16384", "--num-scheduler-steps", "8"), 300),
         "llama3_awq_bs1": (hotloop_cmd("latency", "llama3-8b", out, "llama3_awq_bs1", "--model-format", "awq",
                                        "--batch-size", "1", "--input-len", "128", "--output-len", "128" if q else "512",
                                        "--num-iters", "2" if q else "3", *gp), 300),
@@ -213,12 +225,16 @@ def main() -> int:
     table = [
         ("Llama-3-8B bs1 128/512 tok/s", get("llama3_bs1", "decode_tokens_per_s"), 1 / floor_bs1, ">= 254",
          get("hf_llama3_bs1", "output_tokens_per_s"), 200),
+        ("  the same, --num-scheduler-steps 8", get("llama3_bs1_ms8", "decode_tokens_per_s"), 1 / floor_bs1,
+         ">= 254", None, None),
         ("Llama-3-8B W4A16 bs1 128/512 tok/s", get("llama3_awq_bs1", "decode_tokens_per_s"),
          1 / (LLAMA3_8B_AWQ_WEIGHT_BYTES / bw), ">= 700", None, 253),
         ("  the same, --embeddings-on-host", get("llama3_awq_bs1_host_emb", "decode_tokens_per_s"),
          1 / (LLAMA3_8B_AWQ_WEIGHT_BYTES / bw), ">= 700", None, None),
         ("SmolLM2-135M bs1 128/512 tok/s", get("smollm2_bs1", "decode_tokens_per_s"), 1 / (SMOLLM2_WEIGHT_BYTES / bw),
          ">= 2500", get("hf_smollm2_bs1", "output_tokens_per_s"), 586),
+        ("  the same, --num-scheduler-steps 8", get("smollm2_bs1_ms8", "decode_tokens_per_s"),
+         1 / (SMOLLM2_WEIGHT_BYTES / bw), ">= 2500", None, None),
         (f"Llama-3-8B offline {n_req}x1024/{256 if q else 1024} out tok/s", get("llama3_offline", "output_tokens_per_s"),
          None, ">= 10000", get("hf_llama3_b64", "output_tokens_per_s"), 8235),
         ("  the same, --max-batch-size 256", get("llama3_offline_b256", "output_tokens_per_s"), None, ">= 10000",
@@ -227,7 +243,11 @@ def main() -> int:
          None, None),
         ("Llama-3-8B decode step b256 1k ctx ms", get("llama3_b256_1k", "decode_ms_p50"), floor_b256 * 1e3,
          f"<= {1.3 * floor_b256 * 1e3:.1f}", None, None),
+        ("  the same, --num-scheduler-steps 8", get("llama3_b256_1k_ms8", "decode_ms_p50"), floor_b256 * 1e3,
+         f"<= {1.3 * floor_b256 * 1e3:.1f}", None, None),
         ("host ms per decode step b256", get("llama3_b256_1k", "host_ms_per_step_p50"), None, "<= 1", None, None),
+        ("  the same, --num-scheduler-steps 8", get("llama3_b256_1k_ms8", "host_ms_per_step_p50"), None, "<= 1",
+         None, None),
     ]  # fmt: skip
     result = {"ceilings": ceil, "runs": rows, "table": [dict(zip(
         ("row", "hotloop", "floor", "target", "transformers", "vllm"), t, strict=True)) for t in table]}  # fmt: skip
