@@ -21,7 +21,10 @@
 #   steady   GPU 0: the GPU tests that run the engine (greedy parity, one-row path, runner). GPU 1: the 8B
 #            batch-256 host profile, then 8B and SmolLM2 batch 1 (the steady-decode input path).
 #   table    the whole issue-4 table (`run_gpu.py --gpus 2`, transformers baseline included), less the
-#            256-sequence offline and host-embedding rows, measured before and unchanged.
+#            256-sequence offline, host-embedding and multi-step offline rows (measured in other calls).
+#   msrows   GPU 0: the multi-step rows beside their one-step twins (batch 1, batch 256) and the
+#            multi-step offline row. GPU 1: the 8B batch-256 host profile with 1 and 8 steps per launch,
+#            then the one-step offline row.
 #   hostprof GPU 0: host_profile.py, 8B at batch 256. GPU 1: host_step.py (CPU only), then SmolLM2's
 #            batch-256 host profile.
 #   multistep GPU 0: the GPU tests that run the engine (multi-step decode's included), then the 8B
@@ -206,9 +209,24 @@ multistep_lane1() {
   done
 }
 
+if [ "$what" = msrows ]; then
+  (
+    export CUDA_VISIBLE_DEVICES=$g1
+    hostprof llama3-8b 8b_k1
+    hostprof llama3-8b 8b_k8 --num-scheduler-steps 8
+    offline b384_k1 --max-batch-size 384  # the one-step twin of run_gpu.py's llama3_offline_ms8
+  ) >"$out/lane1.txt" 2>&1 &
+  CUDA_VISIBLE_DEVICES=0 timeout 540 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf \
+    --only llama3_b256_1k,llama3_b256_1k_ms8,llama3_bs1,llama3_bs1_ms8,smollm2_bs1,smollm2_bs1_ms8,llama3_offline_ms8 \
+    >"$out/table.txt" 2>&1
+  echo "run_gpu rc=$?"
+  wait
+  cat "$out/table.txt" "$out/lane1.txt"
+  exit 0
+fi
 if [ "$what" = table ]; then
   timeout 540 python3 "$here/run_gpu.py" --out "$out/table" --gpus "$ngpu" \
-    --skip llama3_offline_b256,llama3_awq_bs1_host_emb >"$out/table.txt" 2>&1
+    --skip llama3_offline_b256,llama3_awq_bs1_host_emb,llama3_offline_ms8 >"$out/table.txt" 2>&1
   echo "run_gpu rc=$?"
   cat "$out/table.txt"
   exit 0
