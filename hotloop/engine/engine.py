@@ -242,38 +242,38 @@ class Engine:
     def _round_steps(self, out: SchedulerOutput) -> int:
         """How many decode steps to launch for ``out`` (multi-step decode), allocating the blocks of
         the extra ones; 1 where a single step is the answer. More than one only when every row is a
-        plain decode (``multi_step_ok``), no waiting request could join the batch meanwhile, no
-        row would pass ``max_new_tokens`` or ``session_len`` within the round (so no token is
-        computed past a request's end) and the free blocks cover the round. A row that samples a stop
-        token mid-round wastes the rest of the round's steps; its extra tokens are dropped."""
+        plain decode (``multi_step_ok``), no waiting request could join the batch meanwhile, some row
+        has more than one token left to sample, and the free blocks cover the round. The round is as
+        long as the row with the most tokens left needs (at most ``num_scheduler_steps``); a row that
+        reaches ``max_new_tokens`` earlier stops writing the cache (``kernels/decode_advance.py``) and
+        one that samples a stop token keeps going: their extra tokens are computed and dropped."""
         sched = self.scheduler
         if (sched.waiting and sched.num_running < self.scheduler_config.max_batch_size) or self._inbox:
             return 1
         if not multi_step_ok(out):
             return 1
-        k = self.num_scheduler_steps
-        session_len = self.session_len
-        for s in out.scheduled:
-            req = s.request
-            known = len(req.prompt_token_ids) + len(req.output_token_ids) + req.num_pending_tokens
-            n_out = known - len(req.prompt_token_ids)
-            k = min(k, req.params.max_new_tokens - n_out, session_len - known)
-            if k <= 1:
-                return 1
+        left = [
+            s.request.params.max_new_tokens - len(s.request.output_token_ids) - s.request.num_pending_tokens
+            for s in out.scheduled
+        ]
+        k = min(self.num_scheduler_steps, max(left))
+        if k <= 1:
+            return 1
         bm = self.block_manager
         bs = bm.block_size
-        short = []  # rows whose blocks end before the round's last token, and how many they lack
+        short = []  # rows whose blocks end before their last token of the round, and what they need
         total = 0
-        for s in out.scheduled:
+        for s, n in zip(out.scheduled, left, strict=True):
             req = s.request
-            need = -(-(req.num_computed_tokens + k) // bs) - len(req.block_ids)
+            n = min(n, k)
+            need = -(-(req.num_computed_tokens + n) // bs) - len(req.block_ids)
             if need > 0:
-                short.append(req)
+                short.append((req, n))
                 total += need
         if total > bm.num_free_blocks:
             return 1
-        for req in short:
-            bm.allocate(req, k)
+        for req, n in short:
+            bm.allocate(req, n)
         return k
 
     def _wait_until_due(self) -> None:
@@ -454,6 +454,11 @@ class Engine:
             new_ids = ids[:taken]
             text = "".join(pieces)
             if status is not None:
+                # The round went on past this request's end: only the K/V of its tokens before the
+                # last is known to be written (a row past max_new_tokens writes nothing), so no more
+                # is registered in the prefix cache than a single step would have.
+                last = len(req.prompt_token_ids) + len(output_ids) - 1
+                req.num_computed_tokens = min(req.num_computed_tokens, last)
                 outputs.append(self._finish(req, status, new_ids, text))
             else:
                 outputs.append(

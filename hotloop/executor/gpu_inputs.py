@@ -56,6 +56,7 @@ class _HostSet:
         self.bt_h, self.bt = host((max_seqs, width), torch.int32)
         self.fix_h, self.fix = host((max_seqs,), torch.int64)
         self.idx_h, self.idx = host((2, max_seqs), torch.int64)  # small index lists (see stage_indices)
+        self.lim_h, self.lim = host((max_seqs,), torch.int64)  # multi-step rows' last inputs (stage_limits)
         self.rows: list[tuple[tuple[int, int], int]] = []  # per table row: ((serial, block epoch), blocks)
         # the last batch prepared in this set, for the steady-decode path: its requests, their block
         # epochs and the blocks of each that the table rows hold
@@ -88,6 +89,7 @@ class InputBuffers:
         self.block_tables = dev((max_seqs, max_blocks_per_seq), torch.int32)
         self.pending_dst = dev((max_seqs,), torch.int64)
         self.indices = dev((2, max_seqs), torch.int64)
+        self.limits = dev((max_seqs,), torch.int64)
         pin = device.type == "cuda"
         self._sets = [_HostSet(max_tokens, max_seqs, max_blocks_per_seq, pin) for _ in range(2)]
         self._turn = 0
@@ -334,6 +336,16 @@ class InputBuffers:
         h.idx[slot, :n] = values
         dev = self.indices[slot, :n]
         dev.copy_(h.idx_h[slot, :n], non_blocking=True)
+        return dev
+
+    def stage_limits(self, values: list[int]) -> torch.Tensor:
+        """A multi-step launch's per-row last input index on the device (``kernels/decode_advance.py``),
+        copied asynchronously from the pinned set of the last ``prepare``."""
+        h = self._current
+        n = len(values)
+        h.lim[:n] = values
+        dev = self.limits[:n]
+        dev.copy_(h.lim_h[:n], non_blocking=True)
         return dev
 
     def graph_meta(self, batch: int) -> AttentionMetadata:

@@ -20,7 +20,7 @@ from hotloop.engine.scheduler import SchedulerOutput, multi_step_ok
 from hotloop.executor import piecewise_graph
 from hotloop.executor.cuda_graph import DecodeGraphs
 from hotloop.executor.gpu_inputs import InputBuffers, StepInputs
-from hotloop.executor.model_runner import CausalLM, ModelRunner, StepHandle
+from hotloop.executor.model_runner import CausalLM, ModelRunner, StepHandle, last_inputs
 from hotloop.executor.piecewise_graph import PiecewiseGraphs
 from hotloop.executor.sampler import SamplerOutput
 from hotloop.kernels import ops
@@ -183,21 +183,16 @@ class GpuModelRunner(ModelRunner):
         history = self._history[:steps, :b]
         md = None if self._all_greedy(reqs) else self._sampling_metadata(reqs)
         buf = self.buffers
+        limits = buf.stage_limits(last_inputs(reqs))
         for j in range(steps):
             sampled = greedy[:b] if md is None else self.sampler(logits[:b], md).token_ids
             if j == steps - 1:
                 history[j].copy_(sampled)
                 break
             ops.decode_advance(
-                sampled,
-                buf.input_ids,
-                buf.positions,
-                buf.slots,
-                buf.seq_lens,
-                buf.block_tables,
-                self.block_size,
-                history[j],
-            )
+                sampled, buf.input_ids, buf.positions, buf.slots, buf.seq_lens, buf.block_tables,
+                self.block_size, history[j], limits,
+            )  # fmt: skip
             logits, greedy = g.run(bucket)
             self.num_graph_steps += 1
         handle = self._launched_steps(reqs, history)

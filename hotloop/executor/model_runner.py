@@ -238,18 +238,17 @@ class ModelRunner:
         b = len(reqs)
         history = torch.empty(steps, b, dtype=torch.long, device=sampled.device)
         seq_lens_t = torch.tensor(meta.seq_lens, dtype=torch.int32, device=sampled.device)
+        last = last_inputs(reqs)
+        limits = torch.tensor(last, dtype=torch.long, device=sampled.device)
         for j in range(1, steps):
             ops.decode_advance(
-                sampled,
-                ids,
-                pos,
-                meta.slot_mapping,
-                seq_lens_t,
-                meta.block_tables,
-                self.block_size,
-                history[j - 1],
+                sampled, ids, pos, meta.slot_mapping, seq_lens_t, meta.block_tables, self.block_size,
+                history[j - 1], limits,
+            )  # fmt: skip
+            # the host's copy of the lengths, as the kernel moved them (rows past their end stay)
+            meta = dataclasses.replace(
+                meta, seq_lens=[n + 1 if n <= m else n for n, m in zip(meta.seq_lens, last, strict=True)]
             )
-            meta = dataclasses.replace(meta, seq_lens=[n + 1 for n in meta.seq_lens])
             hidden = self.model(ids, pos, self.kv_caches, meta)
             sampled = self.sampler(self.model.compute_logits(hidden[:b]), md).token_ids
         history[steps - 1] = sampled
@@ -295,6 +294,12 @@ class ModelRunner:
         targets = torch.tensor(request.token_ids(start + 1, end + 1), device=logits.device)
         lp = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None])[:, 0]
         return lp.tolist()
+
+
+def last_inputs(reqs: list[Request]) -> list[int]:
+    """Per request, the index of the last input a decode step needs: the one that samples its
+    ``max_new_tokens``-th output token (a multi-step round writes nothing for a row past it)."""
+    return [len(r.prompt_token_ids) + r.params.max_new_tokens - 2 for r in reqs]
 
 
 def _to_tokens(result: SamplerOutput, reqs: list[Request]) -> list[SampledToken]:

@@ -2,11 +2,14 @@
 decode round's only work between two replays of the decode graph (``executor/gpu_runner.py``).
 
 For each of the first ``b`` rows (the real rows; a graph's padding rows after them are untouched):
-the token the step sampled becomes the next input and is recorded in ``history[hist_row]``, the
-position moves one on, the KV slot is the one of the next token (``block_tables[row, p // bs] * bs
-+ p % bs`` with ``p`` the row's old ``seq_len``, the next token's index in the sequence) and the
-sequence grows by one. The blocks of the next token must already be in the table (the engine
-allocates a round's blocks before it launches). ``reference.decode_advance`` is the same in torch.
+the token the step sampled becomes the next input and is recorded in ``history``. With ``p`` the row's
+old ``seq_len`` (the next input's index in the sequence): while ``p <= limits[row]`` the position moves
+one on, the KV slot is the next token's (``block_tables[row, p // bs] * bs + p % bs``) and the
+sequence grows by one. Past its limit a row has reached its end (``max_new_tokens``) within the round:
+its slot becomes -1 (nothing is written) and its position and length stay, so the rest of the round
+computes a token that is dropped, over the row's cache as it is. The blocks up to each row's limit must
+already be in the table (the engine allocates a round's blocks before it launches).
+``reference.decode_advance`` is the same in torch.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ def _decode_advance_kernel(
     lens_ptr,
     bt_ptr,
     hist_ptr,
+    lim_ptr,
     b,
     stride_bt,
     BS: tl.constexpr,
@@ -37,13 +41,15 @@ def _decode_advance_kernel(
     mask = rows < b
     tok = tl.load(sampled_ptr + rows, mask=mask, other=0)
     p = tl.load(lens_ptr + rows, mask=mask, other=0)
-    block = tl.load(bt_ptr + rows.to(tl.int64) * stride_bt + p // BS, mask=mask, other=0)
+    live = p.to(tl.int64) <= tl.load(lim_ptr + rows, mask=mask, other=0)
+    block = tl.load(bt_ptr + rows.to(tl.int64) * stride_bt + p // BS, mask=mask & live, other=0)
     tl.store(hist_ptr + rows, tok, mask=mask)
     tl.store(ids_ptr + rows, tok, mask=mask)
     pos = tl.load(pos_ptr + rows, mask=mask, other=0)
-    tl.store(pos_ptr + rows, pos + 1, mask=mask)
-    tl.store(slots_ptr + rows, block.to(tl.int64) * BS + (p % BS).to(tl.int64), mask=mask)
-    tl.store(lens_ptr + rows, p + 1, mask=mask)
+    tl.store(pos_ptr + rows, tl.where(live, pos + 1, pos), mask=mask)
+    slot = tl.where(live, block.to(tl.int64) * BS + (p % BS).to(tl.int64), -1)
+    tl.store(slots_ptr + rows, slot, mask=mask)
+    tl.store(lens_ptr + rows, tl.where(live, p + 1, p), mask=mask)
 
 
 def decode_advance(
@@ -55,21 +61,25 @@ def decode_advance(
     block_tables: torch.Tensor,
     block_size: int,
     history: torch.Tensor,
+    limits: torch.Tensor,
 ) -> None:
     """In place, rows ``0 .. b-1`` with ``b = sampled.shape[0]``: ``input_ids`` / ``history`` take
-    ``sampled`` (int64), ``positions`` += 1, ``slots`` = the next token's KV slot, ``seq_lens`` += 1.
+    ``sampled`` (int64); a row whose next input index (its ``seq_len``) is at most ``limits[row]``:
+    ``positions`` += 1, ``slots`` = the next token's KV slot, ``seq_lens`` += 1; other rows: slot -1.
 
     ``input_ids``, ``positions``, ``slots``: int64 ``[>= b]``; ``seq_lens``: int32 ``[>= b]``;
     ``block_tables``: int32 ``[>= b, W]`` (rows contiguous); ``history``: int64 ``[>= b]`` (one row of
-    the round's token history)."""
+    the round's token history); ``limits``: int64 ``[>= b]``, each row's last input index."""
     b = sampled.shape[0]
     check(sampled.dim() == 1, f"sampled must be [b], got {tuple(sampled.shape)}")
-    for name, t in (
+    vectors = (
         ("input_ids", input_ids),
         ("positions", positions),
         ("slots", slots),
         ("history", history),
-    ):
+        ("limits", limits),
+    )
+    for name, t in vectors:
         check_dtype(name, t, (torch.int64,))
         check(
             t.dim() == 1 and t.shape[0] >= b and t.stride(0) == 1, f"{name} must be a dense [>= {b}] vector"
@@ -96,6 +106,7 @@ def decode_advance(
         seq_lens,
         block_tables,
         history,
+        limits,
         b,
         block_tables.stride(0),
         BS=block_size,

@@ -133,16 +133,15 @@ def decode_advance(
     block_tables: torch.Tensor,
     block_size: int,
     history: torch.Tensor,
+    limits: torch.Tensor,
 ) -> None:
-    """The next decode step's inputs from this one's sampled ids, in place (multi-step decode)."""
+    """The next decode step's inputs from this one's sampled ids, in place (multi-step decode); rows
+    past ``limits`` (their last input index) stop writing the cache."""
+    args = (sampled, input_ids, positions, slots, seq_lens, block_tables, block_size, history, limits)
     if use_triton(sampled):
-        _kernel("decode_advance").decode_advance(
-            sampled, input_ids, positions, slots, seq_lens, block_tables, block_size, history
-        )
+        _kernel("decode_advance").decode_advance(*args)
         return
-    reference.decode_advance(
-        sampled, input_ids, positions, slots, seq_lens, block_tables, block_size, history
-    )
+    reference.decode_advance(*args)
 
 
 def _kernel(name: str) -> ModuleType:

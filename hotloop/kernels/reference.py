@@ -19,8 +19,12 @@ def write_kv_cache(
 ) -> None:
     """Store ``k``, ``v`` ``[T, num_kv_heads, head_dim]`` at flat slots ``slot_mapping`` ``[T]``.
 
-    A quantized (uint8) cache is written through ``kv_quant``, quantizing on the way in.
+    A quantized (uint8) cache is written through ``kv_quant``, quantizing on the way in. A slot of -1
+    writes nothing (as in the kernels: padding rows, a multi-step row past its end).
     """
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
     if kv_quant.is_quantized(k_cache):
         kv_quant.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
         return
@@ -38,21 +42,24 @@ def decode_advance(
     block_tables: torch.Tensor,
     block_size: int,
     history: torch.Tensor,
+    limits: torch.Tensor,
 ) -> None:
     """A decode step's inputs -> the next step's, rows ``0 .. b-1`` (``kernels/decode_advance.py``):
-    the sampled ids become the inputs (and ``history``), positions and ``seq_lens`` grow by one, and
-    each slot is the next token's: ``block_tables[row, p // bs] * bs + p % bs``, ``p`` the old length."""
+    the sampled ids become the inputs (and ``history``); a row whose next input index ``p`` (its old
+    length) is at most ``limits[row]`` moves one position on, grows by one and writes its next token
+    at ``block_tables[row, p // bs] * bs + p % bs``; a row past its limit writes nothing (slot -1)."""
     b = sampled.shape[0]
     if b == 0:
         return
     p = seq_lens[:b].long()
+    live = p <= limits[:b]
     rows = torch.arange(b, device=p.device)
-    blocks = block_tables[rows, p // block_size].long()
+    blocks = block_tables[rows, torch.where(live, p // block_size, 0)].long()
     history[:b] = sampled
     input_ids[:b] = sampled
-    positions[:b] += 1
-    slots[:b] = blocks * block_size + p % block_size
-    seq_lens[:b] += 1
+    positions[:b] += live.long()
+    slots[:b] = torch.where(live, blocks * block_size + p % block_size, -1)
+    seq_lens[:b] += live.int()
 
 
 def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:

@@ -244,3 +244,36 @@ def test_multi_step_graph_rounds_equal_one_step_gpu(
     assert got == expected
     assert multi.num_multi_step_launches > 5 and runner.num_graph_steps > 3 * multi.num_multi_step_launches
     assert runner._history is not None
+
+
+def test_prefix_cache_after_a_row_ends_mid_round(make_tiny_model: Callable[[str], Path]) -> None:
+    """A request that reaches max_new_tokens inside a longer round (another row keeps it going) never
+    writes its last token's K/V; its blocks must be cached only up to what was written. A follow-up
+    request whose prompt is the first one's whole text (a multi-turn chat) then gives the same tokens
+    as with one step per launch."""
+    path = make_tiny_model(ARCH)
+    rng = random.Random(4)
+    first = [rng.randrange(3, TINY_VOCAB) for _ in range(6)]  # 6 + 10 tokens: four full blocks of 4
+    other = [rng.randrange(3, TINY_VOCAB) for _ in range(9)]
+    extra = [rng.randrange(3, TINY_VOCAB) for _ in range(5)]
+    runs = []
+    for steps in (1, 8):
+        eng = _engine(path, steps, enable_prefix_caching=True)
+        a = _run(
+            eng,
+            [first, other],
+            lambda i: GenerationConfig(max_new_tokens=10 if i == 0 else 40, ignore_eos=True),
+            join_every=100,
+        )
+        follow = first + a["0"][0] + extra
+        b = _run(
+            eng, [follow], lambda i: GenerationConfig(max_new_tokens=12, ignore_eos=True), join_every=100
+        )
+        assert eng.block_manager.prefix_hits > 0
+        runs.append((a, b, eng.block_manager.prefix_hits, eng.num_multi_step_launches))
+    assert runs[1][3] > 0
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1] == runs[1][1]
+    # the follow-up hits three blocks (12 tokens) both ways: the fourth block's last token (the first
+    # request's last output) has no K/V, so that block was never registered
+    assert runs[0][2] == runs[1][2] == 12

@@ -23,6 +23,8 @@ def _inputs(b: int, pad: int, bs: int, width: int, device: str, seed: int) -> di
         "seq_lens": lens,
         "block_tables": torch.randperm(n * width, generator=gen).view(n, width).to(torch.int32),
         "history": torch.full((n,), -7, dtype=torch.int64),
+        # each row's last input index: most rows go on, every third has reached its end
+        "limits": torch.where(torch.arange(n) % 3 == 2, lens.long() - 1, lens.long() + 5),
     }
 
 
@@ -37,6 +39,7 @@ def _run(fn, t: dict[str, torch.Tensor], bs: int, device: str) -> dict[str, torc
         t["block_tables"],
         bs,
         t["history"],
+        t["limits"],
     )
     return {k: v.cpu() for k, v in t.items()}
 
@@ -45,16 +48,24 @@ def test_reference_by_hand() -> None:
     bs, width, b, pad = 16, 5, 6, 2
     t = _inputs(b, pad, bs, width, "cpu", 0)
     got = _run(reference.decode_advance, t, bs, "cpu")
+    ended = 0
     for i in range(b + pad):
         if i < b:
             p = int(t["seq_lens"][i])
             assert int(got["input_ids"][i]) == int(got["history"][i]) == int(t["sampled"][i])
-            assert int(got["positions"][i]) == int(t["positions"][i]) + 1
-            assert int(got["slots"][i]) == int(t["block_tables"][i, p // bs]) * bs + p % bs
-            assert int(got["seq_lens"][i]) == p + 1
+            if p <= int(t["limits"][i]):
+                assert int(got["positions"][i]) == int(t["positions"][i]) + 1
+                assert int(got["slots"][i]) == int(t["block_tables"][i, p // bs]) * bs + p % bs
+                assert int(got["seq_lens"][i]) == p + 1
+            else:  # past its end: writes nothing, stays where it is
+                ended += 1
+                assert int(got["slots"][i]) == -1
+                assert int(got["positions"][i]) == int(t["positions"][i])
+                assert int(got["seq_lens"][i]) == p
         else:  # padding rows are left alone
             for k in ("input_ids", "positions", "slots", "seq_lens", "history"):
                 assert int(got[k][i]) == int(t[k][i]), (k, i)
+    assert ended == 2
 
 
 def _check_kernel(device: str, b: int, pad: int, bs: int, width: int) -> None:
@@ -95,4 +106,5 @@ def test_launcher_rejects_bad_dtypes() -> None:
             t["block_tables"],
             16,
             t["history"],
+            t["limits"],
         )
