@@ -209,6 +209,13 @@ multistep_lane1() {
   done
 }
 
+if [ "$what" = probe ]; then  # which host calls block on the GPU, then the 8B batch-256 host profile, 1 and 8 steps
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 60 python3 "$here/host_block_probe.py" --out "$out/host_block_probe.json" 2>&1 | tee "$out/host_block_probe.log"
+  hostprof llama3-8b 8b_k1
+  hostprof llama3-8b 8b_k8 --num-scheduler-steps 8
+  exit 0
+fi
 if [ "$what" = msrows ]; then
   (
     export CUDA_VISIBLE_DEVICES=$g1
