@@ -212,8 +212,9 @@ multistep_lane1() {
 if [ "$what" = probe ]; then  # which host calls block on the GPU, then the 8B batch-256 host profile, 1 and 8 steps
   export CUDA_VISIBLE_DEVICES=0
   timeout 60 python3 "$here/host_block_probe.py" --out "$out/host_block_probe.json" 2>&1 | tee "$out/host_block_probe.log"
-  hostprof llama3-8b 8b_k1
   hostprof llama3-8b 8b_k8 --num-scheduler-steps 8
+  bs1 smollm2_k8 smollm2-135m --num-scheduler-steps 8
+  bs1 smollm2_k1 smollm2-135m
   exit 0
 fi
 if [ "$what" = msrows ]; then

@@ -72,6 +72,35 @@ def main() -> int:
         print(
             f"{name:40} idle {idle * 1e3:8.3f} ms   GPU busy {busy * 1e3:8.3f} ms   blocks: {result[name]['blocks']}"
         )
+    # A deep queue: graphs of many small kernels replayed back to back, as a multi-step round queues
+    # them; then the same calls again (does a kernel launch wait for queue space?)
+    nodes, per_us = 300, 50
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        for _ in range(nodes):
+            torch.cuda._sleep(int(per_us * cycles_per_ms / 1000))
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    deep = {}
+    for replays in (1, 4, 12, 24):
+        row = {}
+        for name in ("index_select(out=) staged index", "copy_ from pinned (non_blocking)", "Event.record"):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(replays):
+                g.replay()
+            queued = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            probes[name]()
+            row[name] = (time.perf_counter() - t0) * 1e3
+            row["queue_ms"] = queued * 1e3
+        torch.cuda.synchronize()
+        deep[replays] = row
+        print(f"{replays:3} graphs of {nodes} kernels queued ({replays * nodes * per_us / 1e3:.0f} ms of work): "
+              + ", ".join(f"{k} {v:.3f} ms" for k, v in row.items()))  # fmt: skip
+    result["deep_queue"] = deep  # type: ignore[assignment]
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"busy_ms": args.busy_ms, "probes": result}, f, indent=1)

@@ -27,6 +27,10 @@ from hotloop.kernels import ops
 from hotloop.layers.attention import AttentionMetadata
 from hotloop.vl import merge, mrope
 
+# Multi-step decode: the next launch is prepared once the previous one has this many steps left on
+# the GPU (enough to hide the host's launch work; more queued graphs only make launches wait).
+RUN_AHEAD_STEPS = 2
+
 
 class GpuModelRunner(ModelRunner):
     """``ModelRunner`` for CUDA: same contract, faster inputs, graphs for decode."""
@@ -130,6 +134,15 @@ class GpuModelRunner(ModelRunner):
         return handle
 
     def _launch(self, out: SchedulerOutput, steps: int = 1) -> StepHandle:
+        last = self._last
+        if last is not None and last.ahead_event is not None:
+            # bounded run-ahead: wait until the previous multi-step launch has RUN_AHEAD_STEPS steps
+            # left (a wait for the GPU, counted as such), so that a deep queue of graph replays never
+            # makes a later kernel launch on the host block for queue space
+            t0 = time.perf_counter()
+            last.ahead_event.synchronize()
+            self.wait_s += time.perf_counter() - t0
+            last.ahead_event = None
         mrope.ensure_positions(out.scheduled)
         reqs = [s.request for s in out.scheduled if s.samples]
         g = self.graphs
@@ -184,6 +197,11 @@ class GpuModelRunner(ModelRunner):
         md = None if self._all_greedy(reqs) else self._sampling_metadata(reqs)
         buf = self.buffers
         limits = buf.stage_limits(last_inputs(reqs))
+        ahead = None
+        mark = steps - RUN_AHEAD_STEPS  # the step after which the next launch may be prepared
+        if mark == 1 and history.is_cuda:
+            ahead = torch.cuda.Event()
+            ahead.record()
         for j in range(steps):
             sampled = greedy[:b] if md is None else self.sampler(logits[:b], md).token_ids
             if j == steps - 1:
@@ -195,7 +213,11 @@ class GpuModelRunner(ModelRunner):
             )  # fmt: skip
             logits, greedy = g.run(bucket)
             self.num_graph_steps += 1
+            if j + 2 == mark and history.is_cuda:  # step j + 2 is queued
+                ahead = torch.cuda.Event()
+                ahead.record()
         handle = self._launched_steps(reqs, history)
+        handle.ahead_event = ahead
         if history.is_cuda:
             handle.host_history = _to_pinned(history)
             handle.event = torch.cuda.Event()

@@ -58,6 +58,9 @@ class StepHandle:
     steps: int = 1
     history: torch.Tensor | None = None
     host_history: torch.Tensor | None = None
+    # recorded when a multi-step launch has RUN_AHEAD_STEPS steps left: the next launch waits for it
+    # (``gpu_runner.py``), so the host never queues more than about two rounds of graphs
+    ahead_event: Any = None
 
     def row_of(self) -> dict[int, int]:
         """``id(request) -> row of result.token_ids``, made on first use (steady decode steps,
