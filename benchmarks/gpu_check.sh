@@ -22,6 +22,9 @@
 #            batch-256 host profile, then 8B and SmolLM2 batch 1 (the steady-decode input path).
 #   table    the whole issue-4 table (`run_gpu.py --gpus 2`, transformers baseline included), less the
 #            256-sequence offline, host-embedding and multi-step offline rows (measured in other calls).
+#   probe    host_block_probe.py, then the 8B batch-256 host profile with 8 steps and SmolLM2 batch 1.
+#   verify   the engine's GPU tests (multi-step decode's included), then the 8B batch-256 host profile
+#            with 8 and 1 steps per launch, one after the other on one GPU.
 #   msrows   GPU 0: the multi-step rows beside their one-step twins (batch 1, batch 256) and the
 #            multi-step offline row. GPU 1: the 8B batch-256 host profile with 1 and 8 steps per launch,
 #            then the one-step offline row.
@@ -209,6 +212,16 @@ multistep_lane1() {
   done
 }
 
+if [ "$what" = verify ]; then  # the engine's GPU tests (multi-step ones included), then the host profiles
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_decode_advance.py \
+    tests/engine/test_multi_step.py tests/executor tests/api/test_gpu_parity.py >"$out/verify_tests.log" 2>&1
+  echo "engine GPU tests rc=$?"
+  tail -15 "$out/verify_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  hostprof llama3-8b 8b_k8 --num-scheduler-steps 8
+  hostprof llama3-8b 8b_k1
+  exit 0
+fi
 if [ "$what" = probe ]; then  # which host calls block on the GPU, then the 8B batch-256 host profile, 1 and 8 steps
   export CUDA_VISIBLE_DEVICES=0
   timeout 60 python3 "$here/host_block_probe.py" --out "$out/host_block_probe.json" 2>&1 | tee "$out/host_block_probe.log"

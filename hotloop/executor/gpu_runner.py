@@ -235,9 +235,9 @@ class GpuModelRunner(ModelRunner):
 
     def gather_rows(self, values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         n = index.shape[0]
-        if values.dtype != self._gathered.dtype or n > self._gathered.shape[0]:
+        if values.dtype != self._gathered.dtype or n > self._gathered.shape[0] or values.dim() != 1:
             return values.index_select(0, index)
-        return torch.index_select(values, 0, index, out=self._gathered[:n])
+        return ops.gather_ids(values.contiguous(), index, self._gathered)
 
     def index_tensor(self, values: list[int], slot: int) -> torch.Tensor:
         if self._staged:  # inputs of this step went through the pinned buffers

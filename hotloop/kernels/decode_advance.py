@@ -22,7 +22,7 @@ from hotloop.kernels.checks import check, check_dtype
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["b"])  # one compiled variant for every batch size (no compile mid-serving)
 def _decode_advance_kernel(
     sampled_ptr,
     ids_ptr,

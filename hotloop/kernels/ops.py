@@ -144,6 +144,13 @@ def decode_advance(
     reference.decode_advance(*args)
 
 
+def gather_ids(values: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out[:n] = values[index]`` (1-D int64), returning ``out[:n]``: one Triton launch on CUDA."""
+    if use_triton(values):
+        return _kernel("gather_ids").gather_ids(values, index, out)  # type: ignore[no-any-return]
+    return reference.gather_ids(values, index, out)
+
+
 def _kernel(name: str) -> ModuleType:
     return importlib.import_module(f"hotloop.kernels.{name}")
 

@@ -62,6 +62,13 @@ def decode_advance(
     seq_lens[:b] += live.int()
 
 
+def gather_ids(values: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out[:n] = values[index]`` for 1-D int64 tensors (``kernels/gather_ids.py``); returns ``out[:n]``."""
+    n = index.numel()
+    torch.index_select(values, 0, index, out=out[:n])
+    return out[:n]
+
+
 def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``table[ids]``: ``[T]`` ids -> ``[T, hidden]`` rows (``kernels/embedding_gather.py``)."""
     return F.embedding(ids.to(table.device), table).to(ids.device)

@@ -1,5 +1,5 @@
 """The multi-step decode input advance against its torch reference, and the reference against
-slots computed by hand from the block tables."""
+slots computed by hand from the block tables; the pending-id gather against indexing."""
 
 from __future__ import annotations
 
@@ -108,3 +108,27 @@ def test_launcher_rejects_bad_dtypes() -> None:
             t["history"],
             t["limits"],
         )
+
+
+def _check_gather(device: str, n: int, size: int) -> None:
+    from hotloop.kernels.gather_ids import gather_ids
+
+    gen = torch.Generator().manual_seed(n)
+    values = torch.randint(0, 1 << 40, (size,), generator=gen).to(device)
+    index = torch.randint(0, size, (n,), generator=gen).to(device)
+    out = torch.full((size + 3,), -1, dtype=torch.long, device=device)
+    got = gather_ids(values, index, out)
+    assert got.data_ptr() == out.data_ptr() and torch.equal(got.cpu(), values.cpu()[index.cpu()])
+    assert bool((out[n:] == -1).all())  # nothing past n is written
+
+
+@interpret
+@pytest.mark.parametrize("n,size", [(1, 4), (5, 9), (40, 300)])
+def test_gather_ids_interpreted(n: int, size: int) -> None:
+    _check_gather("cpu", n, size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,size", [(1, 1), (255, 256), (256, 256), (1000, 1024)])
+def test_gather_ids_gpu(n: int, size: int) -> None:
+    _check_gather("cuda", n, size)
