@@ -61,6 +61,7 @@ class GpuModelRunner(ModelRunner):
         self.graphs: DecodeGraphs | None = None
         if device.type == "cuda":
             precompile_attention(model, kv_caches, device)
+            precompile_step_kernels(block_size, device)
         self.piecewise: PiecewiseGraphs | None = None
         if use_cuda_graph:
             self.graphs = DecodeGraphs(model, kv_caches, self.buffers, max_batch_size)
@@ -315,6 +316,19 @@ def precompile_attention(
             paged_prefill_attention(
                 q, k_cache, v_cache, tables, empty, starts, max_query_len, m.scale, m.sliding_window
             )
+    torch.cuda.synchronize(device)
+
+
+def precompile_step_kernels(block_size: int, device: torch.device) -> None:
+    """Compile now the small kernels a step may launch between graph replays (the multi-step input
+    advance, the pending-id gather), so that the first multi-step round or reordered batch does not
+    stall on Triton's compiler (about 30 ms each, measured in a batch-256 profile on an H200)."""
+    z = torch.zeros(1, dtype=torch.long, device=device)
+    ops.decode_advance(
+        z, z.clone(), z.clone(), z.clone(), torch.zeros(1, dtype=torch.int32, device=device),
+        torch.zeros(1, 1, dtype=torch.int32, device=device), block_size, z.clone(), z.clone(),
+    )  # fmt: skip
+    ops.gather_ids(z, z, z.clone())
     torch.cuda.synchronize(device)
 
 

@@ -19,10 +19,14 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels.checks import check, check_dtype
-from hotloop.kernels.launch_math import cdiv, next_power_of_2
+from hotloop.kernels.launch_math import cdiv
+
+# rows per program, fixed: one compiled variant (per block size) serves every batch size, so no batch
+# size met for the first time compiles a kernel mid-serving
+BLOCK = 256
 
 
-@triton.jit(do_not_specialize=["b"])  # one compiled variant for every batch size (no compile mid-serving)
+@triton.jit(do_not_specialize=["b", "stride_bt"])  # one variant for every batch and table width
 def _decode_advance_kernel(
     sampled_ptr,
     ids_ptr,
@@ -97,8 +101,7 @@ def decode_advance(
     check(block_size >= 1, f"block_size={block_size} must be >= 1")
     if b == 0:
         return
-    block = min(256, max(16, next_power_of_2(b)))
-    _decode_advance_kernel[(cdiv(b, block),)](
+    _decode_advance_kernel[(cdiv(b, BLOCK),)](
         sampled.contiguous(),
         input_ids,
         positions,
@@ -110,6 +113,6 @@ def decode_advance(
         b,
         block_tables.stride(0),
         BS=block_size,
-        BLOCK=block,
-        num_warps=4 if block >= 128 else 1,  # one or a few warps: b is at most a batch
+        BLOCK=BLOCK,
+        num_warps=4,
     )

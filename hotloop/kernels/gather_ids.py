@@ -14,7 +14,9 @@ import triton
 import triton.language as tl
 
 from hotloop.kernels.checks import check, check_dtype
-from hotloop.kernels.launch_math import cdiv, next_power_of_2
+from hotloop.kernels.launch_math import cdiv
+
+BLOCK = 256  # ids per program, fixed: one compiled variant for every batch
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -34,6 +36,5 @@ def gather_ids(values: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> 
         check(t.dim() == 1 and t.stride(0) == 1, f"{name} must be a dense vector, got {tuple(t.shape)}")
     check(out.numel() >= n, f"out has {out.numel()} rows for {n} indices")
     if n:
-        block = min(1024, max(16, next_power_of_2(n)))
-        _gather_ids_kernel[(cdiv(n, block),)](values, index, out, n, BLOCK=block, num_warps=4)
+        _gather_ids_kernel[(cdiv(n, BLOCK),)](values, index, out, n, BLOCK=BLOCK, num_warps=4)
     return out[:n]
