@@ -227,10 +227,12 @@ class IncrementalDetokenizer:
             return self.add_tokens(token_ids)
         if self._flushed:
             return ""
-        texts = self._texts
-        assert texts is not None
+        texts, table = self._texts, self._table
+        assert texts is not None and table is not None
         n = len(texts)
-        if token_ids and not self._utf8.getstate()[0] and min(token_ids) >= 0 and max(token_ids) < n:
+        utf8 = self._utf8
+        in_progress = bool(utf8.getstate()[0])  # the decoder holds bytes of an unfinished character
+        if token_ids and not in_progress and min(token_ids) >= 0 and max(token_ids) < n:
             pieces = [texts[t] for t in token_ids]
             if None not in pieces:
                 self._ids.extend(token_ids)
@@ -238,7 +240,22 @@ class IncrementalDetokenizer:
                 if text:
                     self._pieces.append(text)
                 return text
-        return "".join([self.add_token(t) for t in token_ids])
+        # ``add_token`` for each id, inlined: the decoder's state changes only when it decodes
+        self._ids.extend(token_ids)
+        out = []
+        for t in token_ids:
+            if not 0 <= t < n:
+                continue
+            piece = texts[t]
+            if piece is None or in_progress:
+                piece = utf8.decode(table[t])
+                in_progress = bool(utf8.getstate()[0])
+            if piece:
+                out.append(piece)
+        text = "".join(out)
+        if text:
+            self._pieces.append(text)
+        return text
 
     def add_tokens(self, new_token_ids: Sequence[int]) -> str:
         """Decode the new tokens and return the text that is now safe to emit (may be '').

@@ -256,3 +256,31 @@ def test_table_path_equals_full_decode_on_random_ids(tokenizer: Any, skip: bool)
         got = "".join(fast.add_tokens([i]) for i in ids) + fast.flush()
         ref = "".join(slow.add_tokens([i]) for i in ids) + slow.flush()
         assert got == ref == tokenizer.decode(ids, skip_special_tokens=skip)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_add_plain_tokens_equals_token_by_token(tokenizer: Any, skip: bool) -> None:
+    """``add_plain_tokens`` (a multi-step round's ids at once): random ids, including bytes that split
+    characters and ids outside the vocabulary, in random chunks give exactly the pieces' total of
+    ``add_token`` one id at a time, and the text equals a full decode; characters split by a text
+    that is built from multi-byte characters go through the inlined per-id path."""
+    rng = random.Random(11)
+    n = len(tokenizer)
+    cases = [[rng.randrange(n) for _ in range(rng.randint(1, 40))] for _ in range(60)]
+    split = encode(tokenizer, "한국어 텍스트 🚀🚀🚀 € ß x² " * 3)
+    cases += [split, [n + 5, *split[:7], -1, *split[7:]]]
+    for ids in cases:
+        plain = IncrementalDetokenizer(tokenizer, [], skip_special_tokens=skip)
+        one = IncrementalDetokenizer(tokenizer, [], skip_special_tokens=skip)
+        assert plain.plain
+        got, pos = "", 0
+        while pos < len(ids):
+            size = rng.randint(1, 9)
+            got += plain.add_plain_tokens(ids[pos : pos + size])
+            pos += size
+        got += plain.flush()
+        ref = "".join(one.add_token(i) for i in ids) + one.flush()
+        assert got == ref == plain.text
+        valid = [i for i in ids if 0 <= i < n]
+        assert got == tokenizer.decode(valid, skip_special_tokens=skip)
+        assert plain.output_token_ids == ids
