@@ -84,9 +84,12 @@ class Engine:
         self.overlap = overlap and hasattr(executor, "launch") and hasattr(executor, "collect")
         self.jit_schedule = self.overlap and jit_schedule and hasattr(executor, "estimate_s")
         # Multi-step decode (with overlap): up to this many decode steps per launch and host round trip.
-        self.num_scheduler_steps = (
-            num_scheduler_steps if self.overlap and hasattr(executor, "collect_steps") else 1
+        multi = (
+            self.overlap
+            and hasattr(executor, "collect_steps")
+            and getattr(executor, "supports_multi_step", True)
         )
+        self.num_scheduler_steps = num_scheduler_steps if multi else 1
         self.num_multi_step_launches = 0
         # the step in flight: what was scheduled, the executor's handle, the decode steps it runs
         self._inflight: tuple[SchedulerOutput, Any, int] | None = None
@@ -227,7 +230,8 @@ class Engine:
             self.num_multi_step_launches += k > 1
         else:
             handle = self.executor.launch(out)  # type: ignore[attr-defined]
-        self._host_launch_s.append(time.perf_counter() - t_host)
+            # (a multi-step launch's time includes its wait for the round before: not a host time)
+            self._host_launch_s.append(time.perf_counter() - t_host)
         self.scheduler.advance(out, k)
         self.num_steps += k
         started: float | None = None

@@ -118,6 +118,11 @@ class LocalExecutor:
     def collect(self, handle: StepHandle) -> list[SampledToken]:
         return self.runner.collect(handle)
 
+    @property
+    def supports_multi_step(self) -> bool:
+        """Whether ``launch(out, steps > 1)`` can run several decode steps (not in eager mode on CUDA)."""
+        return bool(getattr(self.runner, "supports_multi_step", False))
+
     def collect_steps(self, handle: StepHandle) -> list[list[int]]:
         """A multi-step launch's ids: per sampling request, one per step."""
         return self.runner.collect_steps(handle)

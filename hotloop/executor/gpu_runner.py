@@ -74,6 +74,8 @@ class GpuModelRunner(ModelRunner):
         self.wait_s = 0.0  # host time spent waiting for the sampled ids (the GPU's share of a step)
         self._kind: tuple[str, int] | None = None
         self._history: torch.Tensor | None = None  # [steps, max_seqs] ids of a multi-step launch
+        # multi-step launches run from the decode graphs only (eager mode runs one step)
+        self.supports_multi_step = self.graphs is not None
 
     def prepare(
         self, out: SchedulerOutput
@@ -126,12 +128,12 @@ class GpuModelRunner(ModelRunner):
         """``ModelRunner.launch``; a multi-step launch (``steps`` > 1) runs only on the decode-graph
         path (elsewhere one step runs, and the handle says so)."""
         start_event = None
-        if self.measure_step_time and steps == 1:
+        if self.measure_step_time:
             start_event = torch.cuda.Event(enable_timing=True)
             start_event.record()
         handle = self._launch(out, steps)
-        if start_event is not None and handle.event is not None:
-            handle.start_event = start_event
+        if start_event is not None and handle.event is not None and handle.steps == 1:
+            handle.start_event = start_event  # (a multi-step launch is not a step kind's sample)
         return handle
 
     def _launch(self, out: SchedulerOutput, steps: int = 1) -> StepHandle:
@@ -149,7 +151,7 @@ class GpuModelRunner(ModelRunner):
         g = self.graphs
         b = len(out.scheduled)
         bucket = self._graph_bucket(out)
-        self._kind = self._step_kind(out, bucket) if self.measure_step_time and steps == 1 else None
+        self._kind = self._step_kind(out, bucket) if self.measure_step_time else None
         if g is not None and bucket is not None:
             self._staged = True
             self._patch(self.buffers.prepare(out, padded_seqs=bucket))
@@ -193,7 +195,9 @@ class GpuModelRunner(ModelRunner):
         else the sampler on the graph's logits. One copy of every step's ids to the host at the end."""
         b = len(reqs)
         if self._history is None or self._history.shape[0] < steps:
-            self._history = torch.empty(steps, self.buffers.max_seqs, dtype=torch.long, device=self.device)
+            # rows of an even length: each row starts 16-byte aligned, as the kernels were compiled for
+            width = self.buffers.max_seqs + self.buffers.max_seqs % 2
+            self._history = torch.empty(steps, width, dtype=torch.long, device=self.device)
         history = self._history[:steps, :b]
         md = None if self._all_greedy(reqs) else self._sampling_metadata(reqs)
         buf = self.buffers

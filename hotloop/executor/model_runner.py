@@ -204,6 +204,8 @@ class ModelRunner:
             suppress_token_ids=suppress,
         )
 
+    supports_multi_step = True  # ``launch(out, steps > 1)`` runs the steps (eagerly, here)
+
     def execute(self, out: SchedulerOutput) -> list[SampledToken]:
         return self.collect(self.launch(out))
 

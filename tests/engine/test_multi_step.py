@@ -110,7 +110,7 @@ def _engine(path: Path, steps: int, **kw: Any) -> Engine:
         {"max_prefill_token_num": 7},  # chunked prefill between the rounds
         {"cache_max_entry_count": 30, "max_prefill_token_num": 64},  # preemption
         {"enable_prefix_caching": True},
-        {"session_len": 40},  # rounds cut short by the session
+        {"session_len": 40},  # a short session (requests end within a few tokens of it)
     ],
     ids=["plain", "chunked", "preempt", "prefix", "session"],
 )
@@ -277,3 +277,27 @@ def test_prefix_cache_after_a_row_ends_mid_round(make_tiny_model: Callable[[str]
     # the follow-up hits three blocks (12 tokens) both ways: the fourth block's last token (the first
     # request's last output) has no K/V, so that block was never registered
     assert runs[0][2] == runs[1][2] == 12
+
+
+def test_off_where_the_executor_cannot_run_rounds() -> None:
+    """An executor whose runner cannot run several steps per launch (the GPU runner in eager mode)
+    gets single steps, so no round's blocks are allocated ahead for nothing; overlap off as well."""
+    from types import SimpleNamespace
+
+    from hotloop.config import CacheConfig, ModelConfig, SchedulerConfig
+
+    mc = ModelConfig(
+        path="x", architecture="LlamaForCausalLM", hf_config=None, num_layers=1, num_kv_heads=1, head_dim=8,
+        vocab_size=10, max_position_embeddings=64, dtype="float32", eos_token_ids=(2,),
+    )  # fmt: skip
+
+    def engine(supports: bool, overlap: bool = True) -> Engine:
+        ex = SimpleNamespace(
+            launch=None, collect=None, collect_steps=None, execute=None, supports_multi_step=supports
+        )
+        cache = CacheConfig(block_size=4, num_blocks=8)
+        return Engine(ex, None, mc, cache, SchedulerConfig(4, 64, 64), overlap=overlap, num_scheduler_steps=8)
+
+    assert engine(True).num_scheduler_steps == 8
+    assert engine(False).num_scheduler_steps == 1
+    assert engine(True, overlap=False).num_scheduler_steps == 1

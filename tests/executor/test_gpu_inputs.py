@@ -136,3 +136,58 @@ def test_steady_decode_path_equals_the_general_loop(monkeypatch: pytest.MonkeyPa
             else:
                 r.num_pending_tokens = 1
     assert taken["steady"] > 20  # the steady path did most steps
+
+
+def test_multi_step_rounds_prepare_the_last_pending_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between multi-step launches every row holds ``k`` pending tokens (a round of ``k`` steps in
+    flight); the next launch's input is the last of them, at ``prompt + output + k - 1``. Both paths
+    (steady and the general loop) mark every row as patched from the device and compute its slot and
+    length there, and agree with each other, across rounds of 4 and 3 and a request that leaves."""
+    import random
+
+    from hotloop.executor import gpu_inputs
+
+    bs = 4
+    rng = random.Random(1)
+    bm = BlockManager(400, bs)
+    reqs = [Request(f"r{i}", [rng.randrange(5, 99) for _ in range(2 + 3 * i)], GenerationConfig(max_new_tokens=99))
+            for i in range(5)]  # fmt: skip
+    for r in reqs:
+        bm.allocate(r, r.num_tokens + 1)
+        r.num_computed_tokens = r.num_tokens
+        r.num_pending_tokens = 1  # the prefill's sampled token
+    fast = InputBuffers(64, 8, 40, bs, torch.device("cpu"))
+    slow = InputBuffers(64, 8, 40, bs, torch.device("cpu"))
+    batch = list(reqs)
+    steady = {"n": 0}
+    real = InputBuffers._steady_decode
+
+    def counting(self: InputBuffers, *a: object) -> object:
+        got = real(self, *a)  # type: ignore[arg-type]
+        steady["n"] += got is not None
+        return got
+
+    monkeypatch.setattr(InputBuffers, "_steady_decode", counting)
+    for launch in range(12):
+        k = 4 if launch % 3 else 3
+        if launch == 7:
+            batch.remove(reqs[2])
+        for r in batch:
+            bm.allocate(r, k)  # the round's blocks
+        out = SchedulerOutput([ScheduledRequest.of(r, 1) for r in batch])
+        monkeypatch.setattr(gpu_inputs, "STEADY_DECODE", True)
+        step = fast.prepare(out, 8)
+        a = _snapshot(fast, step)
+        monkeypatch.setattr(gpu_inputs, "STEADY_DECODE", False)
+        b = _snapshot(slow, slow.prepare(out, 8))
+        assert a == b, f"launch {launch}: {[(key, a[key], b[key]) for key in a if a[key] != b[key]]}"
+        assert step.pending_reqs == batch and step.pending_dense
+        for i, r in enumerate(batch):
+            p = r.num_tokens + r.num_pending_tokens - 1  # the last pending token
+            assert a["slots"][i] == r.block_ids[p // bs] * bs + p % bs  # type: ignore[index]
+            assert a["seq_lens"][i] == p + 1  # type: ignore[index]
+        for r in batch:  # the round ran k steps; the engine collects the previous round's tokens
+            r.num_computed_tokens += k
+            r.output_token_ids += [rng.randrange(5, 99) for _ in range(r.num_pending_tokens)]
+            r.num_pending_tokens = k
+    assert steady["n"] >= 6
