@@ -222,7 +222,7 @@ class IncrementalDetokenizer:
     def add_plain_tokens(self, token_ids: list[int]) -> str:
         """``add_tokens`` on the ``plain`` path, for several ids at once (a multi-step decode round):
         when no character is in progress and every id is whole characters, one lookup per id and
-        one join; otherwise token by token."""
+        one join; otherwise one incremental decode of all their bytes."""
         if not self._fast:
             return self.add_tokens(token_ids)
         if self._flushed:
@@ -231,8 +231,8 @@ class IncrementalDetokenizer:
         assert texts is not None and table is not None
         n = len(texts)
         utf8 = self._utf8
-        in_progress = bool(utf8.getstate()[0])  # the decoder holds bytes of an unfinished character
-        if token_ids and not in_progress and min(token_ids) >= 0 and max(token_ids) < n:
+        # no character in progress (the decoder holds no bytes) and every id is whole characters
+        if token_ids and not utf8.getstate()[0] and min(token_ids) >= 0 and max(token_ids) < n:
             pieces = [texts[t] for t in token_ids]
             if None not in pieces:
                 self._ids.extend(token_ids)
@@ -240,19 +240,10 @@ class IncrementalDetokenizer:
                 if text:
                     self._pieces.append(text)
                 return text
-        # ``add_token`` for each id, inlined: the decoder's state changes only when it decodes
+        # Otherwise the ids' bytes in one incremental decode: the same text as decoding them one by
+        # one (the decoder keeps an unfinished character's bytes for the next call either way)
         self._ids.extend(token_ids)
-        out = []
-        for t in token_ids:
-            if not 0 <= t < n:
-                continue
-            piece = texts[t]
-            if piece is None or in_progress:
-                piece = utf8.decode(table[t])
-                in_progress = bool(utf8.getstate()[0])
-            if piece:
-                out.append(piece)
-        text = "".join(out)
+        text = utf8.decode(b"".join([table[t] for t in token_ids if 0 <= t < n]))
         if text:
             self._pieces.append(text)
         return text

@@ -262,8 +262,8 @@ def test_table_path_equals_full_decode_on_random_ids(tokenizer: Any, skip: bool)
 def test_add_plain_tokens_equals_token_by_token(tokenizer: Any, skip: bool) -> None:
     """``add_plain_tokens`` (a multi-step round's ids at once): random ids, including bytes that split
     characters and ids outside the vocabulary, in random chunks give exactly the pieces' total of
-    ``add_token`` one id at a time, and the text equals a full decode; characters split by a text
-    that is built from multi-byte characters go through the inlined per-id path."""
+    ``add_token`` one id at a time, and the text equals a full decode; characters split across ids
+    (a text of multi-byte characters) take the path that decodes a chunk's bytes at once."""
     rng = random.Random(11)
     n = len(tokenizer)
     cases = [[rng.randrange(n) for _ in range(rng.randint(1, 40))] for _ in range(60)]
