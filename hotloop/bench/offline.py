@@ -198,12 +198,14 @@ def run_latency(args: argparse.Namespace) -> int:
             continue
         # decode steps: every sequence got a token, after the step that finished the last prefill
         first_full = full.index(True) if True in full else len(full)
-        # (with multi-step decode a call's time is spread over the steps it launched)
-        idx = [k for k in range(first_full + 1, len(step_s)) if full[k] and launched[k]]
-        dec = [step_s[k] * 1e3 / launched[k] for k in idx for _ in range(launched[k])]
+        # With multi-step decode a call mostly waits for the round it collects (the one the call
+        # before launched): its time is spread over that round's steps.
+        ran = [launched[k - 1] if k and launched[k - 1] else launched[k] for k in range(len(step_s))]
+        idx = [k for k in range(first_full + 1, len(step_s)) if full[k] and ran[k]]
+        dec = [step_s[k] * 1e3 / ran[k] for k in idx for _ in range(ran[k])]
         decode_ms += dec
         # host time of a decode step: its wall time less the wait for the GPU's sampled ids
-        host_ms += [(step_s[k] - wait_s[k]) * 1e3 / launched[k] for k in idx for _ in range(launched[k])]
+        host_ms += [(step_s[k] - wait_s[k]) * 1e3 / ran[k] for k in idx for _ in range(ran[k])]
         iters.append(
             {
                 "total_s": total,
