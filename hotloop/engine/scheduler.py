@@ -52,19 +52,20 @@ class SchedulerOutput:
 
 
 def multi_step_ok(out: SchedulerOutput) -> bool:
-    """Whether ``out`` can run as a multi-step decode launch: every row one token that samples, no
-    images or 3-D positions, and nothing a later step would need from the host (logprobs, penalties
-    over the output history, a ``min_new_tokens`` mask that changes with the step). The engine
-    checks this before it allocates a round's blocks; the runner checks again."""
+    """Whether ``out`` can run as a multi-step decode launch: every row one token that samples past
+    its prompt (so a request's images, all in its prompt, are behind it), no 3-D positions (M-RoPE),
+    and nothing a later step would need from the host (logprobs, penalties over the output history,
+    a ``min_new_tokens`` mask that changes with the step). The engine checks this before it
+    allocates a round's blocks; the runner checks again."""
     for s in out.scheduled:
         req = s.request
         p = req.params
         if (
             s.num_tokens != 1
             or not s.samples
+            or s.start < len(req.prompt_token_ids)
             or p.logprobs is not None
             or req.needs_output_history
-            or req.mm_inputs
             or req.mrope_positions is not None
             or len(req.output_token_ids) + req.num_pending_tokens < (p.min_new_tokens or 0)
         ):

@@ -127,3 +127,31 @@ def test_vision_max_batch_size_caps_encoder_batches(
         assert [got[str(i)][0] for i in range(3)] == expected
         batches[cap] = seen
     assert batches == {1: [1, 1, 1], 2: [2, 1]}  # all three prefills land in one step
+
+
+def test_multi_step_rounds_after_the_images(
+    make_tiny_llava: Callable[[str], Path], images: list[Any]
+) -> None:
+    """Requests with images take multi-step rounds once their prompts (images included) are
+    computed, with the tokens of transformers' greedy decode."""
+    path = make_tiny_llava("default")
+    prompts = [(f"Image {i}: <image> tell me more", [images[i % 2]]) for i in range(3)]
+    max_new = 14
+    expected = [out for _ids, out in hf_llava_greedy(path, prompts, max_new)]
+    cfg = EngineConfig(
+        device="cpu", dtype="float32", cache_block_seq_len=4, cache_max_entry_count=256, num_scheduler_steps=4
+    )
+    built = build_engine(str(path), cfg)
+    vl = build_vl_processor(path, built.model_config.hf_config, built.tokenizer)
+    assert vl is not None
+    params = GenerationConfig(max_new_tokens=max_new, ignore_eos=True)
+    for i, (text, imgs) in enumerate(prompts):
+        ids, mm = vl.expand(built.tokenizer.encode(text), imgs)
+        built.engine.add_request(str(i), ids, params, mm_inputs=mm)
+    got: dict[str, list[int]] = {}
+    while built.engine.has_unfinished():
+        for o in built.engine.step():
+            got.setdefault(o.request_id, []).extend(o.new_token_ids)
+    assert [got[str(i)] for i in range(3)] == expected
+    assert built.engine.num_multi_step_launches >= 3
+    assert built.engine.num_free_blocks == built.engine.num_total_blocks
