@@ -74,6 +74,15 @@ def build_engine(model: str | None, config: EngineConfig | None = None) -> Built
         jit_schedule=config.jit_schedule,
         num_scheduler_steps=config.num_scheduler_steps,
     )
+    if config.num_scheduler_steps > 1:
+        if engine.num_scheduler_steps > 1:
+            logger.info("multi-step decode: up to %d decode steps per launch", engine.num_scheduler_steps)
+        else:
+            logger.warning(
+                "--num-scheduler-steps %d ignored: multi-step decode needs overlapped scheduling and, on a "
+                "GPU, CUDA graphs (drop --disable-overlap-schedule / --eager-mode)",
+                config.num_scheduler_steps,
+            )
     if device.type == "cuda":
         warm_up(engine)
     return BuiltEngine(engine, path, model_config, backend, device.type, tokenizer)

@@ -301,3 +301,21 @@ def test_off_where_the_executor_cannot_run_rounds() -> None:
     assert engine(True).num_scheduler_steps == 8
     assert engine(False).num_scheduler_steps == 1
     assert engine(True, overlap=False).num_scheduler_steps == 1
+
+
+def test_build_says_when_the_flag_is_ignored(
+    make_tiny_model: Callable[[str], Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    path = make_tiny_model(ARCH)
+    root = logging.getLogger("hotloop")  # (it does not propagate to the root logger caplog watches)
+    root.addHandler(caplog.handler)
+    try:
+        assert _engine(path, 4).num_scheduler_steps == 4
+        assert _engine(path, 4, disable_overlap_schedule=True).num_scheduler_steps == 1
+    finally:
+        root.removeHandler(caplog.handler)
+    text = caplog.text
+    assert "up to 4 decode steps per launch" in text
+    assert "--num-scheduler-steps 4 ignored" in text and "--disable-overlap-schedule" in text
