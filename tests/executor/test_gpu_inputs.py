@@ -78,6 +78,20 @@ def _snapshot(bufs: InputBuffers, step: object) -> dict[str, object]:
     }
 
 
+def _count_steady(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the ``prepare`` calls that took the steady-decode path."""
+    taken = {"steady": 0}
+    real = InputBuffers._steady_decode
+
+    def counting(self: InputBuffers, *a: object) -> object:
+        got = real(self, *a)  # type: ignore[arg-type]
+        taken["steady"] += got is not None
+        return got
+
+    monkeypatch.setattr(InputBuffers, "_steady_decode", counting)
+    return taken
+
+
 def test_steady_decode_path_equals_the_general_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Overlapped decoding of a batch for many steps, prepared twice, with the steady-decode path
     and without (``STEADY_DECODE``): the same device inputs and host fields every step, through
@@ -100,15 +114,7 @@ def test_steady_decode_path_equals_the_general_loop(monkeypatch: pytest.MonkeyPa
     fast = InputBuffers(64, 8, 32, bs, torch.device("cpu"))
     slow = InputBuffers(64, 8, 32, bs, torch.device("cpu"))
     batch = list(reqs)
-    taken = {"steady": 0}
-    real = InputBuffers._steady_decode
-
-    def counting(self: InputBuffers, *a: object) -> object:
-        got = real(self, *a)  # type: ignore[arg-type]
-        taken["steady"] += got is not None
-        return got
-
-    monkeypatch.setattr(InputBuffers, "_steady_decode", counting)
+    taken = _count_steady(monkeypatch)
     for step in range(40):
         if step == 15:
             batch.remove(reqs[4])  # finished: the batch changes
@@ -159,15 +165,7 @@ def test_multi_step_rounds_prepare_the_last_pending_token(monkeypatch: pytest.Mo
     fast = InputBuffers(64, 8, 40, bs, torch.device("cpu"))
     slow = InputBuffers(64, 8, 40, bs, torch.device("cpu"))
     batch = list(reqs)
-    steady = {"n": 0}
-    real = InputBuffers._steady_decode
-
-    def counting(self: InputBuffers, *a: object) -> object:
-        got = real(self, *a)  # type: ignore[arg-type]
-        steady["n"] += got is not None
-        return got
-
-    monkeypatch.setattr(InputBuffers, "_steady_decode", counting)
+    taken = _count_steady(monkeypatch)
     for launch in range(12):
         k = 4 if launch % 3 else 3
         if launch == 7:
@@ -190,4 +188,4 @@ def test_multi_step_rounds_prepare_the_last_pending_token(monkeypatch: pytest.Mo
             r.num_computed_tokens += k
             r.output_token_ids += [rng.randrange(5, 99) for _ in range(r.num_pending_tokens)]
             r.num_pending_tokens = k
-    assert steady["n"] >= 6
+    assert taken["steady"] >= 6
