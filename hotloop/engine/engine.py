@@ -349,7 +349,7 @@ class Engine:
         session_len = self.session_len
         # The per-request work of every step at large batch: kept to plain attribute reads.
         for req, tok in zip(samplers, sampled, strict=True):
-            if req.is_finished:  # finished (or aborted) while this step was in flight: drop it
+            if req.status.finished:  # finished (or aborted) while this step was in flight: drop it
                 continue
             token_id = tok.token_id
             logprob = tok.logprob
@@ -368,12 +368,11 @@ class Engine:
                 "" if is_stop_token and not params.include_stop_str_in_output else detok.add_token(token_id)
             )
             status = None
+            n_out = len(output_ids)
+            n_prompt = len(req.prompt_token_ids)
             if is_stop_token or detok.stopped:
                 status = RequestStatus.FINISHED_STOPPED
-            elif (
-                len(output_ids) >= params.max_new_tokens
-                or len(req.prompt_token_ids) + len(output_ids) >= session_len
-            ):
+            elif n_out >= params.max_new_tokens or n_prompt + n_out >= session_len:
                 status = RequestStatus.FINISHED_LENGTH
             lps = [logprob] if logprob is not None else []
             if status is not None:
@@ -386,8 +385,8 @@ class Engine:
                         text,
                         False,
                         None,
-                        len(req.prompt_token_ids),
-                        len(output_ids),
+                        n_prompt,
+                        n_out,
                         req.num_cached_tokens,
                         lps,
                     )
