@@ -396,7 +396,9 @@ class Engine:
     def _update_steps(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]:
         """``_update`` for a multi-step launch: each request's ids of every step, applied in order
         up to the first that finishes it (the rest were computed past its end and are dropped);
-        one output per request with all its new ids and text."""
+        one output per request with all its new ids and text. Its per-token branch repeats
+        ``_update``'s stop and length checks on purpose: that loop runs for every request every step,
+        and a shared helper would add a call per token there."""
         samplers = [s.request for s in out.scheduled if s.samples]
         assert len(samplers) == len(sampled), f"executor returned {len(sampled)} rows for {len(samplers)}"
         now = time.monotonic()
