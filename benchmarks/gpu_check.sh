@@ -15,6 +15,9 @@
 #   kv       GPU 0: every GPU test, then the attention launch sweep (kv_attention_sweep.py).
 #            GPU 1: the KV-bound int8 offline run (run_capacity.sh), then batch 1 fp16 / int8 KV.
 #   serve    the issue-3 serving run, plain on GPU 0 and with --jit-schedule on GPU 1.
+#   chunks   the issue-3 serving run by prefill chunk (--max-prefill-token-num 8192 / 512 / 256), the
+#            serving-mix steps of profile_step.py (decode 16, mixed 16 + 256 / 512 / 1024), then the
+#            engine's GPU tests.
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
@@ -172,6 +175,22 @@ steady_lane1() {
 }
 serve_lane0() { serve 0 plain; }
 serve_lane1() { serve "$g1" jit --jit-schedule; }
+chunks_lane0() {
+  serve 0 c8192
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 "$here/profile_step.py" --out "$out/profile.json" --cases "16 decodes,decode 16@,decode 1@" \
+    >"$out/profile.log" 2>&1
+  echo "profile_step rc=$?"
+  grep -E "floor|host launch" "$out/profile.log"
+  timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_decode_advance.py \
+    tests/engine/test_multi_step.py tests/executor tests/api/test_gpu_parity.py >"$out/verify_tests.log" 2>&1
+  echo "engine GPU tests rc=$?"
+  tail -15 "$out/verify_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+}
+chunks_lane1() {
+  serve "$g1" c512 --max-prefill-token-num 512
+  serve "$g1" c256 --max-prefill-token-num 256
+}
 hostprof_lane0() {
   export CUDA_VISIBLE_DEVICES=0
   hostprof llama3-8b 8b
@@ -253,7 +272,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, steady, multistep, table)" >&2
     exit 2

@@ -29,7 +29,13 @@ FLOPS = 783e12
 WEIGHT_BYTES = 15.0e9
 FLOP_PER_TOKEN = 16e9
 KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
-PROFILE_HOST = ("prefill 1x128", "mixed 32 decodes@1k + 1x256", "decode 256@1k (graph)")
+PROFILE_HOST = (
+    "prefill 1x128",
+    "mixed 32 decodes@1k + 1x256",
+    "mixed 16 decodes@1k + 1x256",
+    "mixed 16 decodes@1k + 1x512",
+    "decode 256@1k (graph)",
+)
 
 
 def make_step(engine: Any, prefills: list[int], decodes: int, ctx: int, rid: list[int]) -> SchedulerOutput:
@@ -153,6 +159,11 @@ def main() -> int:
         "prefill 8x1024": ([1024] * 8, 0, 0),
         "mixed 32 decodes@1k + 1x1024": ([1024], 32, 1024),
         "mixed 32 decodes@1k + 1x256": ([256], 32, 1024),
+        # the issue-3 serving mix: ~16 running decodes, one arriving 1,024-token prompt, chunked or not
+        "mixed 16 decodes@1k + 1x1024": ([1024], 16, 1024),
+        "mixed 16 decodes@1k + 1x512": ([512], 16, 1024),
+        "mixed 16 decodes@1k + 1x256": ([256], 16, 1024),
+        "decode 16@1k (graph)": ([], 16, 1024),
         "decode 32@1k (graph)": ([], 32, 1024),
         "decode 256@1k (graph)": ([], 256, 1024),
         "decode 1@128 (graph)": ([], 1, 128),
