@@ -18,6 +18,9 @@
 #   chunks   the issue-3 serving run by prefill chunk (--max-prefill-token-num 8192 / 512 / 256), the
 #            serving-mix steps of profile_step.py (decode 16, mixed 16 + 256 / 512 / 1024), then the
 #            engine's GPU tests.
+#   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
+#            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
+#            GPU 1: the serving run with --max-prefill-token-num 512 and 256.
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
@@ -187,6 +190,26 @@ chunks_lane0() {
   echo "engine GPU tests rc=$?"
   tail -15 "$out/verify_tests.log" | grep -E "passed|failed|FAILED|ERROR"
 }
+replay_lane0() {
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_launch_replay.py \
+    tests/executor tests/api/test_gpu_parity.py tests/kernels/test_attention_kernels.py >"$out/replay_tests.log" 2>&1
+  echo "replay GPU tests rc=$?"
+  tail -15 "$out/replay_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  timeout 150 python3 "$here/profile_step.py" --out "$out/profile.json" --cases "16 decodes,prefill 1x128" \
+    >"$out/profile.log" 2>&1
+  echo "profile_step (replay) rc=$?"
+  grep -E "floor|host launch" "$out/profile.log"
+  HOTLOOP_LAUNCH_REPLAY=0 timeout 100 python3 "$here/profile_step.py" --out "$out/profile_noreplay.json" \
+    --cases "16 decodes@1k + 1x256" >"$out/profile_noreplay.log" 2>&1
+  echo "profile_step (no replay) rc=$?"
+  grep -E "floor|host launch" "$out/profile_noreplay.log"
+  serve 0 c8192
+}
+replay_lane1() {
+  serve "$g1" c512 --max-prefill-token-num 512
+  serve "$g1" c256 --max-prefill-token-num 256
+}
 chunks_lane1() {
   serve "$g1" c512 --max-prefill-token-num 512
   serve "$g1" c256 --max-prefill-token-num 256
@@ -272,7 +295,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | chunks | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | replay | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, steady, multistep, table)" >&2
     exit 2

@@ -12,7 +12,9 @@ padded token counts ``T`` (buckets) the runner captures ``L + 1`` pieces per buc
 
 Pieces communicate through static buffers (token ids, q/k/v, residual, attention output, hidden).
 Between two pieces the eager part runs attention (rotary + KV write + the paged kernels) on the
-step's real tokens only; the padding rows of the buffers hold stale values that no real row reads
+step's real tokens only: the first layer's launches go through the launchers and are recorded, the
+other layers' are replayed onto their own caches (``kernels/launch_replay.py``, a few microseconds a
+launch instead of tens); the padding rows of the buffers hold stale values that no real row reads
 (every captured op is row-wise). All graphs share one memory pool and are replayed in the order
 they were captured (largest bucket first), which lets a piece reuse the previous one's scratch.
 
@@ -26,7 +28,9 @@ from typing import Any
 
 import torch
 
-from hotloop.layers.attention import AttentionMetadata
+from hotloop.kernels import launch_replay
+from hotloop.kernels.paged_decode_attention import FUSE_MERGE
+from hotloop.layers.attention import AttentionMetadata, PagedAttention
 from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -51,6 +55,11 @@ def supports(model: Any) -> bool:
     from hotloop.models.llama import LlamaForCausalLM
 
     return isinstance(model, LlamaForCausalLM) and len(model.model.layers) > 0
+
+
+def _attention_key(attn: PagedAttention) -> tuple[Any, ...]:
+    """What makes two layers' attention launches the same but for their caches."""
+    return (type(attn), attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale, attn.sliding_window)
 
 
 class PiecewiseGraphs:
@@ -87,6 +96,8 @@ class PiecewiseGraphs:
         self.hidden = torch.zeros(n, hidden, dtype=dtype, device=dev)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.pool: Any = None
+        # The fused merge's arrival counters are state that a replay would not reset.
+        self.replay_attention = capture and not FUSE_MERGE and launch_replay.available(dev)
         if capture:
             self._capture(progress)
 
@@ -169,6 +180,13 @@ class PiecewiseGraphs:
         graphs = self.graphs.get(tp) if self.capture else None
         cos_sin = self.inner.rotary_emb.cos_sin(positions[:t])
         qs, ks = self.q_size, self.kv_size
+        qkv = self.qkv[:t]
+        q, k, v = qkv[:, :qs], qkv[:, qs : qs + ks], qkv[:, qs + ks :]
+        out = self.attn_out[:t]
+        # One layer's attention launches are recorded, the others' replayed onto their caches.
+        plans: dict[tuple[Any, ...], launch_replay.LaunchPlan] | None = (
+            {} if graphs is not None and self.replay_attention else None
+        )
         for i in range(self.num_pieces):
             if graphs is not None:
                 graphs[i].replay()
@@ -176,14 +194,17 @@ class PiecewiseGraphs:
                 self._piece(i, tp)
             if i == len(self.layers):
                 break
-            qkv = self.qkv[:t]
-            self.layers[i].self_attn.attn(
-                qkv[:, :qs],
-                qkv[:, qs : qs + ks],
-                qkv[:, qs + ks :],
-                self.kv_caches[i],
-                meta,
-                cos_sin,
-                out=self.attn_out[:t],
-            )
+            attn = self.layers[i].self_attn.attn
+            cache = self.kv_caches[i]
+            if plans is None:
+                attn(q, k, v, cache, meta, cos_sin, out=out)
+                continue
+            key = _attention_key(attn)
+            plan = plans.get(key)
+            if plan is not None and plan.matches(cache):
+                plan.replay(cache)
+            else:
+                with launch_replay.record(cache) as plan:
+                    attn(q, k, v, cache, meta, cos_sin, out=out)
+                plans[key] = plan
         return self.hidden[:t]

@@ -47,6 +47,7 @@ from hotloop.kernels.kv_quant_triton import (
     to_dot_dtype,
 )
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
+from hotloop.kernels.launch_replay import recordable
 from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
 
 _LOG2E = 1.4426950408889634
@@ -54,6 +55,7 @@ _MAX_SPLITS = 16
 _TARGET_PROGRAMS = 264  # about two waves of an H200's 132 SMs
 
 
+@recordable
 @triton.jit
 def _decode_kernel(
     q_ptr,  # [B, H, D]
@@ -291,6 +293,7 @@ def _merge_last(
         tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
+@recordable
 @triton.jit
 def _merge_kernel(
     part_ptr,  # [B, H, S, D] fp32

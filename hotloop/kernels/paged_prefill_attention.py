@@ -32,6 +32,7 @@ from hotloop.kernels.kv_quant_triton import (
     to_dot_dtype,
 )
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
+from hotloop.kernels.launch_replay import recordable
 from hotloop.kernels.paged_decode_attention import check_cache
 
 _LOG2E = 1.4426950408889634
@@ -57,6 +58,7 @@ def prefill_config(block_d: int, max_query_len: int, quant: int = 0) -> tuple[in
     return block, block, 4 if block_d <= 64 else 8, 2
 
 
+@recordable
 @triton.jit
 def _prefill_kernel(
     q_ptr,  # [T, H, D]

@@ -21,6 +21,7 @@ from hotloop.kernels import kv_quant
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous
 from hotloop.kernels.kv_quant_triton import block_packed, quant_codes, quant_params, quant_rows
 from hotloop.kernels.launch_math import next_power_of_2
+from hotloop.kernels.launch_replay import recordable
 from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
 
 
@@ -99,6 +100,7 @@ def quant_write(
     tl.store(dst_params + 1, lo.to(src.dtype.element_ty), mask=mask_kv)
 
 
+@recordable
 @triton.jit
 def _rotary_kv_kernel(
     q_ptr,  # [T, H, D] (row stride free)

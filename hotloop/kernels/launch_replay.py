@@ -1,0 +1,223 @@
+"""Replaying a call's Triton launches with other tensors: the attention between piecewise graphs.
+
+A prefill or mixed step runs every layer's attention eagerly between piecewise CUDA graphs
+(``executor/piecewise_graph.py``): in every layer the same launches (rotary + KV write, decode,
+merge, prefill) with the same arguments but the layer's KV cache. Through ``kernel[grid](...)`` each
+launch costs Triton's Python (binding and specializing the arguments, the cache-key lookup) on top
+of the launchers' checks: 14.7 ms of host time for a 32-layer mixed step on the H200's host, more
+than the GPU's 9.5 ms for 16 decodes and a 256-token chunk (``benchmarks/profile_step.py``).
+
+``record(tensors)`` runs a call as usual and notes every launch of a kernel marked ``recordable``:
+the compiled kernel and the exact arguments its launcher got. ``LaunchPlan.replay(tensors)`` issues
+the same launches again, in order, with each recorded tensor of ``tensors`` replaced by the new one
+at the same position: one launcher call per kernel, no Triton or launcher Python.
+
+The contract (the caller's to keep):
+- the call's GPU work is launches of recordable kernels only; torch operations inside it may
+  allocate (a scratch tensor is then shared by every replay, safe in stream order) or fill
+  constants, nothing that depends on the swapped tensors;
+- a replacement has the recorded tensor's dtype, shape and strides (``replay`` checks), so every
+  argument the launchers derived from it (strides, sizes, the kernel variant) still holds;
+- the launchers pass the swappable tensors themselves, not views of them (a launch argument that
+  shares a swappable tensor's storage without being it makes the plan invalid);
+- host values (grids, lengths) are those of the recorded call: a plan lives for one step.
+
+Off (``available`` is False) under the Triton interpreter, with ``HOTLOOP_LAUNCH_REPLAY=0``, with a
+launch hook set (profilers), or when this Triton's launcher does not take arguments the way
+``_launch_args`` builds them: the first use checks a probe kernel's replay against its direct launch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from hotloop.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+__all__ = ["LaunchPlan", "available", "record", "recordable"]
+
+_recording: list[LaunchPlan] = []  # the innermost active recording last
+
+
+@dataclass
+class LaunchPlan:
+    """The launches of one recorded call: ``(launcher, args)`` each, and where the swappable
+    tensors sit in them (``(launch, argument, tensor)`` indices)."""
+
+    tensors: tuple[torch.Tensor, ...]
+    launches: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
+    slots: list[tuple[int, int, int]] = field(default_factory=list)
+    valid: bool = True  # False: something could not be recorded; run the call instead
+
+    def matches(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether ``tensors`` can stand in for the recorded ones (same dtype, shape, strides,
+        device), and the plan is whole."""
+        if not self.valid or len(tensors) != len(self.tensors):
+            return False
+        for new, old in zip(tensors, self.tensors, strict=True):
+            if (
+                new.dtype != old.dtype
+                or new.shape != old.shape
+                or new.stride() != old.stride()
+                or new.device != old.device
+            ):
+                return False
+        return True
+
+    def replay(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Issue the recorded launches with ``tensors`` in place of the recorded ones."""
+        if not self.matches(tensors):
+            raise ValueError(
+                "LaunchPlan.replay: the tensors differ from the recorded ones (or the plan is invalid)"
+            )
+        if not self.slots:
+            for launcher, args in self.launches:
+                launcher(*args)
+            return
+        per_launch: dict[int, list[tuple[int, int]]] = {}
+        for li, ai, ti in self.slots:
+            per_launch.setdefault(li, []).append((ai, ti))
+        for li, (launcher, args) in enumerate(self.launches):
+            swaps = per_launch.get(li)
+            if swaps:
+                a = list(args)
+                for ai, ti in swaps:
+                    a[ai] = tensors[ti]
+                launcher(*a)
+            else:
+                launcher(*args)
+
+    def _note(self, launcher: Any, args: tuple[Any, ...]) -> None:
+        li = len(self.launches)
+        self.launches.append((launcher, args))
+        storages = {t.untyped_storage().data_ptr() for t in self.tensors}
+        for ai, a in enumerate(args):
+            if not isinstance(a, torch.Tensor):
+                continue
+            for ti, t in enumerate(self.tensors):
+                if a is t:
+                    self.slots.append((li, ai, ti))
+                    break
+            else:
+                # a view of a swappable tensor would keep pointing at the recorded one
+                if a.untyped_storage().data_ptr() in storages:
+                    self.valid = False
+
+
+def _launch_hooks_set() -> bool:
+    try:
+        from triton import knobs
+    except ImportError:  # an older Triton keeps its hooks elsewhere: do not record there
+        return True
+    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+
+
+def _launch_args(
+    fn: Any, kernel: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, ...]:
+    """The arguments ``JITFunction.run`` hands the compiled kernel's launcher for this launch:
+    grid, stream, function, packed metadata, launch metadata and hooks (None: no hooks are set),
+    then every kernel parameter in declaration order, constexprs and defaults included."""
+    params = fn.signature.parameters
+    bound = fn.signature.bind(*args, **{k: v for k, v in kwargs.items() if k in params})
+    bound.apply_defaults()
+    g = tuple(grid) + (1, 1)
+    driver = triton.runtime.driver.active
+    stream = driver.get_current_stream(driver.get_current_device())
+    return (g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None, None, None,
+            *bound.arguments.values())  # fmt: skip
+
+
+def recordable(fn: Any) -> Any:
+    """Mark the ``@triton.jit`` kernel ``fn`` so that ``record`` sees its launches; returns ``fn``
+    (unchanged under the interpreter, whose kernels are never recorded)."""
+    if not isinstance(fn, triton.runtime.JITFunction):
+        return fn
+    run = fn.run
+
+    def recording_run(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        kernel = run(*args, grid=grid, warmup=warmup, **kwargs)
+        if _recording and not warmup:
+            plan = _recording[-1]
+            if kernel is None or callable(grid):
+                plan.valid = False
+            else:
+                plan._note(kernel.run, _launch_args(fn, kernel, grid, args, kwargs))
+        return kernel
+
+    fn.run = recording_run
+    return fn
+
+
+@contextmanager
+def record(tensors: Sequence[torch.Tensor]) -> Iterator[LaunchPlan]:
+    """Record the launches of the ``with`` body; ``tensors`` are the ones a replay may swap (found in
+    the launches' arguments by identity: pass the very tensor objects the body passes on)."""
+    plan = LaunchPlan(tuple(tensors))
+    if _launch_hooks_set():
+        plan.valid = False
+    _recording.append(plan)
+    try:
+        yield plan
+    finally:
+        _recording.pop()
+
+
+@triton.jit
+def _probe_kernel(x_ptr, y_ptr, n, add, BLOCK: tl.constexpr, TWICE: tl.constexpr = False):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = x + add
+    if TWICE:
+        y = y + add
+    tl.store(y_ptr + offs, y, mask=mask)
+
+
+_probe_kernel = recordable(_probe_kernel)
+_available: dict[int, bool] = {}
+
+
+def _probe(device: torch.device) -> bool:
+    """Record a launch of the probe kernel, replay it onto other tensors, compare."""
+    n = 1000
+    x0 = torch.arange(n, dtype=torch.float32, device=device)
+    y0 = torch.empty_like(x0)
+    x1 = torch.randn(n, device=device)
+    y1 = torch.full_like(x1, float("nan"))
+    with record((x0, y0)) as plan:
+        _probe_kernel[(triton.cdiv(n, 256),)](x0, y0, n, 3.0, BLOCK=256, TWICE=True)
+    if not plan.valid or len(plan.launches) != 1 or len(plan.slots) != 2:
+        return False
+    plan.replay((x1, y1))
+    torch.cuda.synchronize(device)
+    return bool(torch.equal(y0, x0 + 6.0) and torch.equal(y1, x1 + 6.0))
+
+
+def available(device: torch.device) -> bool:
+    """Whether recorded launches can be replayed on ``device`` (decided once per device)."""
+    if device.type != "cuda" or os.environ.get("HOTLOOP_LAUNCH_REPLAY", "1") == "0":
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _available:
+        try:
+            ok = _probe(device)
+        except Exception as e:  # this Triton's launcher takes its arguments otherwise
+            logger.warning("launch replay off: the probe launch failed (%s: %s)", type(e).__name__, e)
+            ok = False
+        else:
+            if not ok:
+                logger.warning("launch replay off: the probe kernel's replay differed from its launch")
+        _available[index] = ok
+    return _available[index]
