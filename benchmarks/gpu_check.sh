@@ -20,7 +20,7 @@
 #            engine's GPU tests.
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
-#            GPU 1: the serving run with --max-prefill-token-num 512 and 256.
+#            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
@@ -208,7 +208,6 @@ replay_lane0() {
 }
 replay_lane1() {
   serve "$g1" c512 --max-prefill-token-num 512
-  serve "$g1" c256 --max-prefill-token-num 256
 }
 chunks_lane1() {
   serve "$g1" c512 --max-prefill-token-num 512
