@@ -192,6 +192,7 @@ chunks_lane0() {
 }
 replay_lane0() {
   export CUDA_VISIBLE_DEVICES=0
+  python3 -c "import torch; from hotloop.kernels import launch_replay as r; print('launch replay available:', r.available(torch.device('cuda', 0)))" 2>&1 | tail -3
   timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_launch_replay.py \
     tests/executor tests/api/test_gpu_parity.py tests/kernels/test_attention_kernels.py >"$out/replay_tests.log" 2>&1
   echo "replay GPU tests rc=$?"

@@ -22,9 +22,9 @@ The contract (the caller's to keep):
   shares a swappable tensor's storage without being it makes the plan invalid);
 - host values (grids, lengths) are those of the recorded call: a plan lives for one step.
 
-Off (``available`` is False) under the Triton interpreter, with ``HOTLOOP_LAUNCH_REPLAY=0``, with a
-launch hook set (profilers), or when this Triton's launcher does not take arguments the way
-``_launch_args`` builds them: the first use checks a probe kernel's replay against its direct launch.
+Off (``available`` is False) under the Triton interpreter, with ``HOTLOOP_LAUNCH_REPLAY=0``, or when
+this Triton's launcher does not take arguments the way ``_launch_args`` builds them: the first use
+checks a probe kernel's replay against its direct launch and logs why it is off.
 """
 
 from __future__ import annotations
@@ -113,28 +113,25 @@ class LaunchPlan:
                     self.valid = False
 
 
-def _launch_hooks_set() -> bool:
-    try:
-        from triton import knobs
-    except ImportError:  # an older Triton keeps its hooks elsewhere: do not record there
-        return True
-    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
-
-
 def _launch_args(
     fn: Any, kernel: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, ...]:
     """The arguments ``JITFunction.run`` hands the compiled kernel's launcher for this launch:
-    grid, stream, function, packed metadata, launch metadata and hooks (None: no hooks are set),
-    then every kernel parameter in declaration order, constexprs and defaults included."""
+    grid, stream, function, packed metadata, launch metadata and the launch hooks as now set
+    (a replay reuses the metadata: the same kernel and stream), then every kernel parameter in
+    declaration order, constexprs and defaults included."""
     params = fn.signature.parameters
     bound = fn.signature.bind(*args, **{k: v for k, v in kwargs.items() if k in params})
     bound.apply_defaults()
+    values = tuple(bound.arguments.values())
     g = tuple(grid) + (1, 1)
     driver = triton.runtime.driver.active
     stream = driver.get_current_stream(driver.get_current_device())
-    return (g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None, None, None,
-            *bound.arguments.values())  # fmt: skip
+    from triton import knobs
+
+    hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    meta = kernel.launch_metadata(grid, stream, *values)  # None unless a hook is set
+    return (g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, meta, *hooks, *values)
 
 
 def recordable(fn: Any) -> Any:
@@ -163,8 +160,6 @@ def record(tensors: Sequence[torch.Tensor]) -> Iterator[LaunchPlan]:
     """Record the launches of the ``with`` body; ``tensors`` are the ones a replay may swap (found in
     the launches' arguments by identity: pass the very tensor objects the body passes on)."""
     plan = LaunchPlan(tuple(tensors))
-    if _launch_hooks_set():
-        plan.valid = False
     _recording.append(plan)
     try:
         yield plan
@@ -187,8 +182,9 @@ _probe_kernel = recordable(_probe_kernel)
 _available: dict[int, bool] = {}
 
 
-def _probe(device: torch.device) -> bool:
-    """Record a launch of the probe kernel, replay it onto other tensors, compare."""
+def _probe(device: torch.device) -> str:
+    """Record a launch of the probe kernel, replay it onto other tensors, compare; "" when the replay
+    matched, else why not."""
     n = 1000
     x0 = torch.arange(n, dtype=torch.float32, device=device)
     y0 = torch.empty_like(x0)
@@ -197,10 +193,15 @@ def _probe(device: torch.device) -> bool:
     with record((x0, y0)) as plan:
         _probe_kernel[(triton.cdiv(n, 256),)](x0, y0, n, 3.0, BLOCK=256, TWICE=True)
     if not plan.valid or len(plan.launches) != 1 or len(plan.slots) != 2:
-        return False
+        return f"recorded valid={plan.valid}, {len(plan.launches)} launches, {len(plan.slots)} slots"
     plan.replay((x1, y1))
     torch.cuda.synchronize(device)
-    return bool(torch.equal(y0, x0 + 6.0) and torch.equal(y1, (x1 + 3.0) + 3.0))  # the kernel's roundings
+    if not torch.equal(y0, x0 + 6.0):
+        return "the recorded launch's output is wrong"
+    if not torch.equal(y1, (x1 + 3.0) + 3.0):  # the kernel's roundings
+        bad = int((y1 != (x1 + 3.0) + 3.0).sum())
+        return f"the replay's output differs in {bad} of {n} values"
+    return ""
 
 
 def available(device: torch.device) -> bool:
@@ -212,12 +213,10 @@ def available(device: torch.device) -> bool:
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _available:
         try:
-            ok = _probe(device)
+            why = _probe(device)
         except Exception as e:  # this Triton's launcher takes its arguments otherwise
-            logger.warning("launch replay off: the probe launch failed (%s: %s)", type(e).__name__, e)
-            ok = False
-        else:
-            if not ok:
-                logger.warning("launch replay off: the probe kernel's replay differed from its launch")
-        _available[index] = ok
+            why = f"the probe launch raised {type(e).__name__}: {e}"
+        if why:
+            logger.warning("launch replay off: %s", why)
+        _available[index] = not why
     return _available[index]
