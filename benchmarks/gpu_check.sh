@@ -21,6 +21,7 @@
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
+#   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
@@ -207,6 +208,14 @@ replay_lane0() {
   grep -E "floor|host launch" "$out/profile_noreplay.log"
   serve 0 c8192
 }
+settle_lane0() {
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests
+}
+settle_lane1() {
+  serve "$g1" jit --jit-schedule
+  serve "$g1" plain
+}
 replay_lane1() {
   serve "$g1" c512 --max-prefill-token-num 512
 }
@@ -295,7 +304,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | chunks | replay | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | replay | settle | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, steady, multistep, table)" >&2
     exit 2
