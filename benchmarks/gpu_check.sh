@@ -21,6 +21,8 @@
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
+#   diag     the prefill kernel with and without the unmasked loop below the diagonal: the sweep at 1,024 and
+#            4,096 tokens (bf16, int8), then the prefill GPU tests with both.
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
@@ -208,6 +210,19 @@ replay_lane0() {
   grep -E "floor|host launch" "$out/profile_noreplay.log"
   serve 0 c8192
 }
+diag_lane0() {
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 110 python3 "$here/kv_attention_sweep.py" --out "$out/sweep.json" --no-decode --policies 0,8 \
+    --prefill-lens 1024,4096 \
+    --prefill-configs "64,64,4,2,0;64,64,4,2,1;128,32,8,2,0;128,32,8,2,1;128,64,8,2,1;64,64,4,3,1" >"$out/sweep.log" 2>&1
+  echo "sweep rc=$?"
+  grep -E "prefill T=|relative error" "$out/sweep.log"
+  timeout 100 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_attention_kernels.py \
+    tests/kernels/test_kv_quant_kernels.py -k "prefill" >"$out/diag_tests.log" 2>&1
+  echo "prefill GPU tests rc=$?"
+  tail -15 "$out/diag_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+}
+diag_lane1() { :; }
 settle_lane0() {
   export CUDA_VISIBLE_DEVICES=0
   gpu_tests
@@ -304,7 +319,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | chunks | replay | settle | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, steady, multistep, table)" >&2
     exit 2

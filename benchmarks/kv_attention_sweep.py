@@ -12,7 +12,9 @@ copy bandwidth in ../shared/GPU.md) for decode, FLOPs / 783 TFLOP/s for prefill;
 floor / time.
 
 Workloads: decode at batch 256 with 1k context (the issue-4 step), decode at batch 128 with 4k
-context (the KV-bound run of issue 6), prefill of one 4096-token prompt.
+context (the KV-bound run of issue 6), prefill of one 4096-token prompt (``--prefill-lens`` for
+others). A prefill configuration's optional fifth field turns the unmasked loop below the diagonal
+off (0) or on (1) (``paged_prefill_attention.DIAG_SPLIT``).
 """
 
 from __future__ import annotations
@@ -144,9 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small", action="store_true", help="a smaller grid around the defaults")
     ap.add_argument("--decode-configs", help="only these decode configurations: 'BLOCK_N,warps,stages;...'")
     ap.add_argument(
-        "--prefill-configs", help="only these prefill configurations: 'BLOCK_M,BLOCK_N,warps,stages;...'"
+        "--prefill-configs",
+        help="only these prefill configurations: 'BLOCK_M,BLOCK_N,warps,stages[,DIAG_SPLIT];...'",
     )
     ap.add_argument("--no-prefill", action="store_true", help="decode cases only")
+    ap.add_argument("--no-decode", action="store_true", help="prefill cases only")
+    ap.add_argument("--prefill-lens", default="4096", help="prompt lengths of the prefill cases: '1024,4096'")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -170,10 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         pre = parse(args.prefill_configs)
     results = []
     for policy in policies:
-        for batch, ctx in ((256, 1024), (128, 4096)):
-            results.append(decode_case(batch, ctx, policy, dec, gen))
+        if not args.no_decode:
+            for batch, ctx in ((256, 1024), (128, 4096)):
+                results.append(decode_case(batch, ctx, policy, dec, gen))
         if not args.no_prefill:
-            results.append(prefill_case(4096, policy, pre, gen))
+            for qlen in (int(x) for x in args.prefill_lens.split(",")):
+                results.append(prefill_case(qlen, policy, pre, gen))
     with open(args.out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
     print("best per case (correct outputs only):")

@@ -125,10 +125,16 @@ def compile_decode(
 
 
 def compile_prefill(
-    quant: int, dtype: str, window: int = 0, max_query_len: int = 4096, asm: int | None = None
+    quant: int,
+    dtype: str,
+    window: int = 0,
+    max_query_len: int = 4096,
+    asm: int | None = None,
+    diag_split: bool | None = None,
 ) -> Any:
     """The prefill kernel for cache policy ``quant``, model ``dtype`` and a longest query; ``asm``
-    overrides the code-reading bits, as in ``compile_decode``."""
+    overrides the code-reading bits, as in ``compile_decode``; ``diag_split`` the launcher's
+    ``DIAG_SPLIT``."""
     from hotloop.kernels import paged_prefill_attention as pf
 
     t = _TYPES[dtype]
@@ -142,7 +148,8 @@ def compile_prefill(
     if asm is None:  # what the launcher passes on a GPU
         asm = code_mode_bits(True, pf.INT8_PAIRS) & ~4
     consts = {"G": G, "D": D, "BS": BS, "WINDOW": window, "BLOCK_M": block_m, "BLOCK_N": block_n,
-              "BLOCK_D": D, **_cache_consts(quant, dtype, asm)}  # fmt: skip
+              "BLOCK_D": D, **_cache_consts(quant, dtype, asm),
+              "DIAG_SPLIT": pf.DIAG_SPLIT if diag_split is None else diag_split}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
     aligned += [
         s for s in strides if not (quant and s in ("stride_kt", "stride_kh", "stride_vt", "stride_vh"))
@@ -264,6 +271,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "decode-q4-bfloat16-joined": ("decode", {"quant": 4, "dtype": "bfloat16", "asm": 3}),
     "prefill-q0-bfloat16-window-1k": ("prefill", {"quant": 0, "dtype": "bfloat16", "window": 512, "max_query_len": 1024}),
     "prefill-q8-bfloat16-short": ("prefill", {"quant": 8, "dtype": "bfloat16", "max_query_len": 8}),
+    **{f"prefill-q{q}-bfloat16-diag-1k": ("prefill", {"quant": q, "dtype": "bfloat16", "max_query_len": 1024,
+                                                      "diag_split": True}) for q in (0, 8, 4)},
     # the last split merges (fuse_merge)
     "decode-q0-bfloat16-merge": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 16, "merge": True}),
     "decode-q8-bfloat16-merge": ("decode", {"quant": 8, "dtype": "bfloat16", "splits": 16, "merge": True}),

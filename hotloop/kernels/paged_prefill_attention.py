@@ -12,6 +12,8 @@ with ``QUANT`` 8 or 4 and dequantized per tile in registers, as in ``paged_decod
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -41,6 +43,10 @@ _LOG2E = 1.4426950408889634
 # int8 codes read as bytes: 1.313 against 1.489 ms per layer as 16-bit pairs (4096 tokens, H200)
 INT8_PAIRS = False
 
+# The key tiles wholly below a query tile's diagonal run without the causal and length masks (a
+# second loop), the diagonal tiles with them. ``HOTLOOP_PREFILL_DIAG_SPLIT=1`` turns it on.
+DIAG_SPLIT = os.environ.get("HOTLOOP_PREFILL_DIAG_SPLIT", "0") == "1"
+
 
 def prefill_config(block_d: int, max_query_len: int, quant: int = 0) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the prefill kernel.
@@ -56,6 +62,101 @@ def prefill_config(block_d: int, max_query_len: int, quant: int = 0) -> tuple[in
         return (128, 32, 8, 2) if quant == 0 else (64, 64, 4, 2)
     block = 64 if block_d <= 128 else 32
     return block, block, 4 if block_d <= 64 else 8, 2
+
+
+@triton.jit
+def _attend_tile(
+    acc,
+    m_i,
+    l_i,
+    n0,
+    hi,
+    qd,
+    q,
+    q_sum,
+    q_pos,
+    table,
+    k_cache_ptr,
+    v_cache_ptr,
+    q_ptr,
+    scale_log2,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    kvh,
+    offs_d,
+    mask_d,
+    BS: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr,
+    NPACK: tl.constexpr,
+    KV: tl.constexpr,
+    ASM: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of the tile exists and every query of the tile sees it
+):
+    """One key tile of the online softmax: ``(acc, m_i, l_i)`` updated with keys ``[n0, n0 + BLOCK_N)``."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    if MASKED:
+        mask_n = offs_n < hi
+    else:
+        mask_n = tl.full([BLOCK_N], 1, tl.int1)
+    page = tl.load(table + offs_n // BS, mask=mask_n, other=0).to(tl.int64)
+    tok = offs_n % BS
+    kmask = mask_n[:, None] & mask_d[None, :]
+    if QUANT == 0:
+        k = tl.load(
+            k_cache_ptr
+            + page[:, None] * stride_kb
+            + tok[:, None] * stride_kt
+            + kvh * stride_kh
+            + offs_d[None, :],
+            mask=kmask,
+            other=0.0,
+        )
+        s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, BLOCK_N]
+    else:
+        # codes at constexpr offsets in the block: Triton sees 16-byte alignment and vectorizes
+        k_rows, k_par = quant_rows(k_cache_ptr + page * stride_kb, tok, kvh, q_ptr, BS, KV, NPACK)
+        k_scale, k_zero = load_kv_params(k_par, mask_n)
+        s = quant_scores(qd, q_sum, k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT, ASM)  # q . codes
+        s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
+    if MASKED:
+        visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
+        if WINDOW > 0:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - WINDOW)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = m_new
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if QUANT == 0:
+        v = tl.load(
+            v_cache_ptr
+            + page[:, None] * stride_vb
+            + tok[:, None] * stride_vt
+            + kvh * stride_vh
+            + offs_d[None, :],
+            mask=kmask,
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    else:
+        v_rows, v_par = quant_rows(v_cache_ptr + page * stride_vb, tok, kvh, q_ptr, BS, KV, NPACK)
+        v_scale, v_zero = load_kv_params(v_par, mask_n)
+        pv = quant_weighted_values(
+            p, v_scale, v_zero, v_rows, mask_n, q_ptr, qd.dtype, BLOCK_D, NPACK, QUANT, ASM
+        )
+        acc = acc * alpha[:, None] + pv
+    return acc, m_new, l_i
 
 
 @recordable
@@ -91,6 +192,7 @@ def _prefill_kernel(
     NPACK: tl.constexpr,  # bytes of a quantized row's codes (its block's (scale, zero) pairs follow all codes)
     KV: tl.constexpr,  # KV heads (a quantized block is [BS, KV] codes, then [BS, KV] scale/zero pairs)
     ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs
+    DIAG_SPLIT: tl.constexpr = False,  # unmasked loop over the key tiles below the diagonal
 ):
     m_blk = tl.program_id(0)
     b = tl.program_id(1)
@@ -128,58 +230,24 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table = block_tables_ptr + b * stride_bt
-    for n0 in range(lo, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < hi
-        page = tl.load(table + offs_n // BS, mask=mask_n, other=0).to(tl.int64)
-        tok = offs_n % BS
-        kmask = mask_n[:, None] & mask_d[None, :]
-        if QUANT == 0:
-            k = tl.load(
-                k_cache_ptr
-                + page[:, None] * stride_kb
-                + tok[:, None] * stride_kt
-                + kvh * stride_kh
-                + offs_d[None, :],
-                mask=kmask,
-                other=0.0,
-            )
-            s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, BLOCK_N]
-        else:
-            # codes at constexpr offsets in the block: Triton sees 16-byte alignment and vectorizes
-            k_rows, k_par = quant_rows(k_cache_ptr + page * stride_kb, tok, kvh, q_ptr, BS, KV, NPACK)
-            k_scale, k_zero = load_kv_params(k_par, mask_n)
-            s = quant_scores(qd, q_sum, k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT, ASM)  # q . codes
-            s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
-        visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
-        if WINDOW > 0:
-            visible = visible & (offs_n[None, :] > q_pos[:, None] - WINDOW)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if QUANT == 0:
-            v = tl.load(
-                v_cache_ptr
-                + page[:, None] * stride_vb
-                + tok[:, None] * stride_vt
-                + kvh * stride_vh
-                + offs_d[None, :],
-                mask=kmask,
-                other=0.0,
-            )
-        else:
-            v_rows, v_par = quant_rows(v_cache_ptr + page * stride_vb, tok, kvh, q_ptr, BS, KV, NPACK)
-            v_scale, v_zero = load_kv_params(v_par, mask_n)
-            pv = quant_weighted_values(
-                p, v_scale, v_zero, v_rows, mask_n, q_ptr, qd.dtype, BLOCK_D, NPACK, QUANT, ASM
-            )
-            acc = acc * alpha[:, None] + pv
-        if QUANT == 0:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    # Key tiles below the tile's first query ([lo, full_hi)) are visible to every query: no causal
+    # or length mask there; the tiles from full_hi on (the diagonal) are masked.
+    full_hi = lo
+    if DIAG_SPLIT:
+        if WINDOW == 0:
+            full_hi = tl.minimum((ctx + m_blk * BLOCK_M + 1) // BLOCK_N * BLOCK_N, hi)
+    for n0 in range(lo, full_hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, n0, hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
+            BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, False,
+        )  # fmt: skip
+    for n0 in range(full_hi, hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, n0, hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
+            BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, True,
+        )  # fmt: skip
 
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(
@@ -200,7 +268,7 @@ def paged_prefill_attention(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
-    config: tuple[int, int, int, int] | None = None,
+    config: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new queries over its paged context.
 
@@ -209,7 +277,8 @@ def paged_prefill_attention(
     device; ``max_query_len`` is the longest ``query_len`` (a host int: it sizes the grid).
     Returns ``[T, H, D]`` in q's dtype. The caches are in q's dtype, or ``uint8`` (int8 / int4,
     ``kv_quant.py``). ``config`` overrides the launch configuration ``(BLOCK_M, BLOCK_N, num_warps,
-    num_stages)`` (``benchmarks/kv_attention_sweep.py``).
+    num_stages[, DIAG_SPLIT])`` (``benchmarks/kv_attention_sweep.py``; DIAG_SPLIT 0 or 1 overrides
+    the module's ``DIAG_SPLIT``).
     """
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [T, H, D] and the caches [NB, BS, KV, D]")
     T, H, D = q.shape
@@ -234,7 +303,13 @@ def paged_prefill_attention(
     if T == 0 or B == 0:
         return out
     block_d = max(16, next_power_of_2(D))
+    diag_split = DIAG_SPLIT
     if config is not None:
+        if len(config) == 5:
+            check(
+                config[4] in (0, 1), f"paged_prefill_attention: config DIAG_SPLIT={config[4]} must be 0 or 1"
+            )
+            diag_split, config = bool(config[4]), config[:4]
         check_launch_config("paged_prefill_attention", config, ("BLOCK_M", "BLOCK_N"))
     block_m, block_n, num_warps, num_stages = config or prefill_config(block_d, max_query_len, quant)
     grid = (cdiv(max_query_len, block_m), B, H)
@@ -277,6 +352,7 @@ def paged_prefill_attention(
         KV=kv,
         # no even/odd split here: on an H200 it made the 4k int8 prefill 1.195 ms against 1.035 (BENCHMARKS.md)
         ASM=(code_mode(q, INT8_PAIRS) & ~4) if quant else 0,
+        DIAG_SPLIT=diag_split,
         num_warps=num_warps,
         num_stages=num_stages,
     )

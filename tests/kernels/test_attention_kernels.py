@@ -122,8 +122,14 @@ def test_decode_gpu(d: int, h: int, kv: int, bs: int, dtype: torch.dtype) -> Non
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("diag_split", [False, True])
 @pytest.mark.parametrize("d,h,kv,bs,dtype", GRID)
-def test_prefill_gpu(d: int, h: int, kv: int, bs: int, dtype: torch.dtype) -> None:
+def test_prefill_gpu(
+    d: int, h: int, kv: int, bs: int, dtype: torch.dtype, diag_split: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hotloop.kernels import paged_prefill_attention as mod
+
+    monkeypatch.setattr(mod, "DIAG_SPLIT", diag_split)
     # whole prompts, a chunk after a cached prefix, and decode rows in one mixed batch
     _prefill_case([700, 1, 130, 64, 1], [0, 900, 250, 0, 5], h, kv, d, bs, dtype, "cuda", None)
     _prefill_case([300, 77], [0, 129], h, kv, d, bs, dtype, "cuda", 100)
@@ -157,6 +163,17 @@ def test_decode_fused_merge_interpreted(h: int, kv: int, d: int, splits: int) ->
 @pytest.mark.parametrize("window", [None, 20])
 def test_prefill_interpreted(h: int, kv: int, d: int, window: int | None) -> None:
     _prefill_case([40, 1, 17], [0, 30, 21], h, kv, d, 16, torch.float32, "cpu", window)
+
+
+@interpret
+@pytest.mark.parametrize("diag_split", [False, True])
+def test_prefill_diagonal_split_interpreted(diag_split: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Key tiles wholly below the diagonal unmasked (64-token tiles: a 70-token prompt's second query
+    tile has one such tile, a 20-token chunk after 130 cached tokens two)."""
+    from hotloop.kernels import paged_prefill_attention as mod
+
+    monkeypatch.setattr(mod, "DIAG_SPLIT", diag_split)
+    _prefill_case([70, 1, 20, 5], [0, 90, 130, 0], 4, 2, 16, 16, torch.float32, "cpu", None)
 
 
 def test_launchers_reject_bad_shapes() -> None:

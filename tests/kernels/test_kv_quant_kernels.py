@@ -301,8 +301,21 @@ def test_quant_decode_even_odd_split_gpu(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("diag_split", [False, True])
 @pytest.mark.parametrize("d,h,kv,bs,dtype,policy", GRID)
-def test_quant_prefill_gpu(d: int, h: int, kv: int, bs: int, dtype: torch.dtype, policy: int) -> None:
+def test_quant_prefill_gpu(
+    d: int,
+    h: int,
+    kv: int,
+    bs: int,
+    dtype: torch.dtype,
+    policy: int,
+    diag_split: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hotloop.kernels import paged_prefill_attention as mod
+
+    monkeypatch.setattr(mod, "DIAG_SPLIT", diag_split)
     # whole prompts, a chunk after a cached prefix, and decode rows in one mixed batch
     _prefill_case([700, 1, 130, 64, 1], [0, 900, 250, 0, 5], h, kv, d, bs, dtype, policy, "cuda", None)
     _prefill_case([300, 77], [0, 129], h, kv, d, bs, dtype, policy, "cuda", 100)
@@ -352,6 +365,16 @@ def test_quant_attention_on_caches_inside_a_pool_interpreted(policy: int) -> Non
 def test_quant_prefill_interpreted(h: int, kv: int, d: int, policy: int) -> None:
     window = 20 if h == kv else None
     _prefill_case([40, 1, 17], [0, 30, 21], h, kv, d, 16, torch.float32, policy, "cpu", window)
+
+
+@interpret
+@pytest.mark.parametrize("policy", [8, 4])
+def test_quant_prefill_diagonal_split_interpreted(policy: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quantized key tiles wholly below the diagonal, unmasked (see test_attention_kernels.py)."""
+    from hotloop.kernels import paged_prefill_attention as mod
+
+    monkeypatch.setattr(mod, "DIAG_SPLIT", True)
+    _prefill_case([70, 1, 20], [0, 90, 130], 4, 2, 32, 16, torch.float32, policy, "cpu", None)
 
 
 @interpret
