@@ -44,22 +44,33 @@ _LOG2E = 1.4426950408889634
 INT8_PAIRS = False
 
 # The key tiles wholly below a query tile's diagonal run without the causal and length masks (a
-# second loop), the diagonal tiles with them. ``HOTLOOP_PREFILL_DIAG_SPLIT=1`` turns it on.
-DIAG_SPLIT = os.environ.get("HOTLOOP_PREFILL_DIAG_SPLIT", "0") == "1"
+# second loop), the diagonal tiles with them: faster with every tile configuration timed (8 of 8,
+# bf16 and int8, 1,024 and 4,096 tokens; ``prefill_config``). ``HOTLOOP_PREFILL_DIAG_SPLIT=0`` turns
+# it off.
+DIAG_SPLIT = os.environ.get("HOTLOOP_PREFILL_DIAG_SPLIT", "1") == "1"
 
 
 def prefill_config(block_d: int, max_query_len: int, quant: int = 0) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the prefill kernel.
 
-    Head dims 65-128 (``block_d == 128``) with prompts of 4096 tokens or more use the fastest of
-    ``benchmarks/kv_attention_sweep.py``'s grid for a 4096-token prompt on an H200 (bf16: 1.03 ->
-    0.56 ms, int8: 2.34 -> 1.32 ms per layer, 2026-11-30). Shorter prompts keep the earlier tiles:
-    only 4096 was measured, and a serving run with the new tiles on 1,024-token prompts came out
-    slower (median TTFT 53.7 against 46.8 ms, though on another machine of the same kind)."""
+    Head dims 65-128 (``block_d == 128``) with prompts of 1,024 tokens or more use the fastest of
+    ``benchmarks/kv_attention_sweep.py``'s grid on an H200 with ``DIAG_SPLIT`` (2026-11-30, twelfth
+    session, ``call6``; ms per layer, Llama-3-8B shape):
+
+    | prompt, cache | (64, 64, 4, 2) | before |
+    |---|---|---|
+    | 1,024, bf16 | 0.052 | 0.097 (64, 64, 8, 2) |
+    | 4,096, bf16 | 0.417 | 0.553 (128, 32, 8, 2) |
+    | 1,024, int8 | 0.096 | 0.163 (64, 64, 8, 2) |
+    | 4,096, int8 | 0.824 | 1.034 (64, 64, 4, 2) |
+
+    int4 keeps its earlier tiles (not timed with the split), and shorter prompts theirs (not timed)."""
     if max_query_len <= 16:
         return 16, 64 if block_d <= 128 else 32, 4 if block_d <= 64 else 8, 2
+    if block_d == 128 and max_query_len >= 1024 and quant in (0, 8):
+        return 64, 64, 4, 2
     if block_d == 128 and max_query_len >= 4096:
-        return (128, 32, 8, 2) if quant == 0 else (64, 64, 4, 2)
+        return 64, 64, 4, 2  # int4
     block = 64 if block_d <= 128 else 32
     return block, block, 4 if block_d <= 64 else 8, 2
 
