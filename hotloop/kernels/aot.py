@@ -144,7 +144,7 @@ def compile_prefill(
     sig = {"q_ptr": f"*{t}", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
            "seq_lens_ptr": "*i32", "query_start_ptr": "*i32", "out_ptr": f"*{t}", "scale_log2": "fp32"}  # fmt: skip
     sig.update({s: "i32" for s in strides})
-    block_m, block_n, warps, stages = pf.prefill_config(D, max_query_len, quant)
+    block_m, block_n, warps, stages = pf.prefill_config(D, max_query_len, quant, diag_split)
     if asm is None:  # what the launcher passes on a GPU
         asm = code_mode_bits(True, pf.INT8_PAIRS) & ~4
     consts = {"G": G, "D": D, "BS": BS, "WINDOW": window, "BLOCK_M": block_m, "BLOCK_N": block_n,

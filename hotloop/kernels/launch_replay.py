@@ -15,7 +15,9 @@ at the same position: one launcher call per kernel, no Triton or launcher Python
 The contract (the caller's to keep):
 - the call's GPU work is launches of recordable kernels only; torch operations inside it may
   allocate (a scratch tensor is then shared by every replay, safe in stream order) or fill
-  constants, nothing that depends on the swapped tensors;
+  constants, nothing that depends on the swapped tensors (a launch of any other Triton kernel, or
+  no recordable launch at all, makes the plan invalid; torch operations are not detected);
+- the swappable tensors reach the kernels as tensors (not as raw pointers or descriptors);
 - a replacement has the recorded tensor's dtype, shape and strides (``replay`` checks), so every
   argument the launchers derived from it (strides, sizes, the kernel variant) still holds;
 - the launchers pass the swappable tensors themselves, not views of them (a launch argument that
@@ -30,6 +32,7 @@ checks a probe kernel's replay against its direct launch and logs why it is off.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,7 +48,13 @@ logger = get_logger(__name__)
 
 __all__ = ["LaunchPlan", "available", "record", "recordable"]
 
-_recording: list[LaunchPlan] = []  # the innermost active recording last
+
+class _Stack(threading.local):
+    def __init__(self) -> None:
+        self.plans: list[LaunchPlan] = []  # this thread's active recordings, the innermost last
+
+
+_recording = _Stack()
 
 
 @dataclass
@@ -57,11 +66,13 @@ class LaunchPlan:
     launches: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
     slots: list[tuple[int, int, int]] = field(default_factory=list)
     valid: bool = True  # False: something could not be recorded; run the call instead
+    _swaps: list[list[tuple[int, int]]] = field(default_factory=list)  # per launch: (argument, tensor)
 
     def matches(self, tensors: Sequence[torch.Tensor]) -> bool:
         """Whether ``tensors`` can stand in for the recorded ones (same dtype, shape, strides,
-        device), and the plan is whole."""
-        if not self.valid or len(tensors) != len(self.tensors):
+        device), and the plan is whole (valid, with at least one launch: a call that launched no
+        recordable kernel did its work some other way, which a replay would drop)."""
+        if not self.valid or not self.launches or len(tensors) != len(self.tensors):
             return False
         for new, old in zip(tensors, self.tensors, strict=True):
             if (
@@ -73,21 +84,14 @@ class LaunchPlan:
                 return False
         return True
 
-    def replay(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Issue the recorded launches with ``tensors`` in place of the recorded ones."""
-        if not self.matches(tensors):
+    def replay(self, tensors: Sequence[torch.Tensor], check: bool = True) -> None:
+        """Issue the recorded launches with ``tensors`` in place of the recorded ones (``check``
+        False: the caller has just seen ``matches(tensors)`` hold)."""
+        if check and not self.matches(tensors):
             raise ValueError(
                 "LaunchPlan.replay: the tensors differ from the recorded ones (or the plan is invalid)"
             )
-        if not self.slots:
-            for launcher, args in self.launches:
-                launcher(*args)
-            return
-        per_launch: dict[int, list[tuple[int, int]]] = {}
-        for li, ai, ti in self.slots:
-            per_launch.setdefault(li, []).append((ai, ti))
-        for li, (launcher, args) in enumerate(self.launches):
-            swaps = per_launch.get(li)
+        for (launcher, args), swaps in zip(self.launches, self._swaps, strict=True):
             if swaps:
                 a = list(args)
                 for ai, ti in swaps:
@@ -99,6 +103,7 @@ class LaunchPlan:
     def _note(self, launcher: Any, args: tuple[Any, ...]) -> None:
         li = len(self.launches)
         self.launches.append((launcher, args))
+        swaps: list[tuple[int, int]] = []
         storages = {t.untyped_storage().data_ptr() for t in self.tensors}
         for ai, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
@@ -106,11 +111,13 @@ class LaunchPlan:
             for ti, t in enumerate(self.tensors):
                 if a is t:
                     self.slots.append((li, ai, ti))
+                    swaps.append((ai, ti))
                     break
             else:
                 # a view of a swappable tensor would keep pointing at the recorded one
                 if a.untyped_storage().data_ptr() in storages:
                     self.valid = False
+        self._swaps.append(swaps)
 
 
 def _launch_args(
@@ -136,35 +143,57 @@ def _launch_args(
 
 def recordable(fn: Any) -> Any:
     """Mark the ``@triton.jit`` kernel ``fn`` so that ``record`` sees its launches; returns ``fn``
-    (unchanged under the interpreter, whose kernels are never recorded)."""
-    if not isinstance(fn, triton.runtime.JITFunction):
+    (unchanged under the interpreter, whose kernels are never recorded; marking twice is a no-op)."""
+    if not isinstance(fn, triton.runtime.JITFunction) or getattr(fn, "_hotloop_recordable", False):
         return fn
     run = fn.run
 
     def recording_run(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         kernel = run(*args, grid=grid, warmup=warmup, **kwargs)
-        if _recording and not warmup:
-            plan = _recording[-1]
-            if kernel is None or callable(grid):
+        plans = _recording.plans
+        if plans and not warmup:
+            plan = plans[-1]
+            try:
+                if kernel is None or callable(grid):
+                    raise ValueError("no compiled kernel, or a grid function")
+                launch = _launch_args(fn, kernel, grid, args, kwargs)
+            except Exception:  # the launch happened; only its recording failed
                 plan.valid = False
             else:
-                plan._note(kernel.run, _launch_args(fn, kernel, grid, args, kwargs))
+                plan._note(kernel.run, launch)
         return kernel
 
     fn.run = recording_run
+    fn._hotloop_recordable = True
     return fn
 
 
 @contextmanager
 def record(tensors: Sequence[torch.Tensor]) -> Iterator[LaunchPlan]:
     """Record the launches of the ``with`` body; ``tensors`` are the ones a replay may swap (found in
-    the launches' arguments by identity: pass the very tensor objects the body passes on)."""
+    the launches' arguments by identity: pass the very tensor objects the body passes on).
+
+    A launch of a kernel that is not recordable while the body runs (on any thread) makes the plan
+    invalid, as does a nested recording."""
     plan = LaunchPlan(tuple(tensors))
-    _recording.append(plan)
+    plans = _recording.plans
+    if plans:
+        plans[-1].valid = False  # the outer plan would miss the inner body's launches
+    jit_cls = triton.runtime.JITFunction
+    class_run = jit_cls.run
+
+    def foreign_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("warmup", False):
+            plan.valid = False
+        return class_run(self, *args, **kwargs)
+
+    plans.append(plan)
+    jit_cls.run = foreign_run  # recordable kernels call the method they were marked with
     try:
         yield plan
     finally:
-        _recording.pop()
+        jit_cls.run = class_run
+        plans.pop()
 
 
 @triton.jit

@@ -133,6 +133,7 @@ def test_prefill_gpu(
     # whole prompts, a chunk after a cached prefix, and decode rows in one mixed batch
     _prefill_case([700, 1, 130, 64, 1], [0, 900, 250, 0, 5], h, kv, d, bs, dtype, "cuda", None)
     _prefill_case([300, 77], [0, 129], h, kv, d, bs, dtype, "cuda", 100)
+    _prefill_case([1100, 1], [0, 40], h, kv, d, bs, dtype, "cuda", None)  # the tiles from 1,024 tokens
 
 
 @pytest.mark.gpu

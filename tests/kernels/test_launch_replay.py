@@ -24,6 +24,7 @@ def test_a_plan_refuses_tensors_of_another_layout() -> None:
 
     a, b = torch.zeros(4, 8), torch.zeros(4, 8)
     plan = LaunchPlan((a, b))
+    plan._note(lambda *args: None, (a, b))
     assert plan.matches((torch.ones(4, 8), torch.ones(4, 8)))
     assert not plan.matches((torch.ones(4, 8), torch.ones(8, 4)))  # shape
     assert not plan.matches((torch.ones(4, 8), torch.ones(8, 4).T))  # strides
@@ -146,3 +147,51 @@ def test_a_view_of_a_swappable_tensor_invalidates_the_plan() -> None:
     with launch_replay.record((x, y)) as plan:
         _probe_kernel[(1,)](x[:32], y, 32, 1.0, BLOCK=64)
     assert not plan.valid
+
+
+def test_a_replay_swaps_the_recorded_tensors_in_place() -> None:
+    """The swap bookkeeping, with a stand-in launcher: the recorded arguments, the swappable tensors
+    replaced where they stood, the others (and non-tensors) passed as recorded."""
+    from hotloop.kernels.launch_replay import LaunchPlan
+
+    k0, v0, q = torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(2, 8)
+    calls: list[tuple[object, ...]] = []
+    plan = LaunchPlan((k0, v0))
+    plan._note(lambda *a: calls.append(a), (7, q, k0, "meta", v0, 3))
+    plan._note(lambda *a: calls.append(a), (q, 5))
+    assert plan.slots == [(0, 2, 0), (0, 4, 1)] and plan.valid
+    k1, v1 = torch.ones(4, 8), torch.ones(4, 8)
+    plan.replay((k1, v1))
+    assert calls[0][2] is k1 and calls[0][4] is v1 and calls[0][1] is q
+    assert calls[0][0] == 7 and calls[0][3] == "meta" and calls[0][5] == 3
+    assert calls[1][0] is q and calls[1][1] == 5
+    view = LaunchPlan((k0, v0))
+    view._note(lambda *a: None, (k0[1:],))  # a view would keep reading the recorded tensor
+    assert not view.valid
+
+
+def test_an_empty_or_nested_recording_is_not_replayed() -> None:
+    import triton
+
+    from hotloop.kernels import launch_replay
+
+    method = triton.runtime.JITFunction.run
+    with launch_replay.record((torch.zeros(2),)) as outer:
+        with launch_replay.record((torch.zeros(2),)) as inner:
+            pass
+    assert triton.runtime.JITFunction.run is method  # restored
+    assert not outer.valid  # it would miss the inner body's launches
+    assert inner.valid and not inner.matches((torch.zeros(2),))  # valid, but nothing to replay
+
+
+def test_marking_a_kernel_twice_records_its_launches_once() -> None:
+    import triton
+
+    from hotloop.kernels.launch_replay import recordable
+
+    def body(x_ptr):  # never compiled here
+        pass
+
+    fn = triton.runtime.JITFunction(body)
+    run = recordable(fn).run
+    assert recordable(fn).run is run and fn._hotloop_recordable
