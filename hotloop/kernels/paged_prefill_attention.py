@@ -43,10 +43,11 @@ _LOG2E = 1.4426950408889634
 # int8 codes read as bytes: 1.313 against 1.489 ms per layer as 16-bit pairs (4096 tokens, H200)
 INT8_PAIRS = False
 
-# The key tiles wholly below a query tile's diagonal run without the causal and length masks (a
-# second loop), the diagonal tiles with them: faster with every tile configuration timed (8 of 8,
-# bf16 and int8, 1,024 and 4,096 tokens; ``prefill_config``). ``HOTLOOP_PREFILL_DIAG_SPLIT=0`` turns
-# it off.
+# The key tiles every query of a query tile sees (below its first query; with a sliding window,
+# also inside its last query's window) run without the causal, window and length masks (a loop of
+# their own), the diagonal and window-edge tiles with them: faster with every tile configuration
+# timed without a window (8 of 8, bf16 and int8, 1,024 and 4,096 tokens; ``prefill_config``); the
+# windowed loops are tested, not timed. ``HOTLOOP_PREFILL_DIAG_SPLIT=0`` turns it off.
 DIAG_SPLIT = os.environ.get("HOTLOOP_PREFILL_DIAG_SPLIT", "1") != "0"
 
 
@@ -249,13 +250,26 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table = block_tables_ptr + b * stride_bt
-    # Key tiles below the tile's first query ([lo, full_hi)) are visible to every query: no causal
-    # or length mask there; the tiles from full_hi on (the diagonal) are masked.
+    # Key tiles every query of this tile sees ([full_lo, full_hi): below its first query and, with a
+    # window, inside its last query's window) run without the causal, window and length masks; the
+    # tiles before them (the window's edge) and from full_hi on (the diagonal) are masked.
+    full_lo = lo
     full_hi = lo
     if DIAG_SPLIT:
-        if WINDOW == 0:
-            full_hi = tl.minimum((ctx + m_blk * BLOCK_M + 1) // BLOCK_N * BLOCK_N, hi)
-    for n0 in range(lo, full_hi, BLOCK_N):
+        p0 = ctx + m_blk * BLOCK_M  # the tile's first query position (padded rows come after)
+        full_hi = tl.minimum((p0 + 1) // BLOCK_N * BLOCK_N, hi)
+        if WINDOW > 0:
+            first = tl.maximum(p0 + BLOCK_M - WINDOW, 0)  # the last row's first visible key
+            full_lo = tl.minimum(tl.maximum((first + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), hi)
+            full_hi = tl.maximum(full_hi, full_lo)
+    if WINDOW > 0:
+        for n0 in range(lo, full_lo, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, n0, hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
+                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
+                BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, True,
+            )  # fmt: skip
+    for n0 in range(full_lo, full_hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, n0, hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,

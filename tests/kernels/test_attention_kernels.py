@@ -134,6 +134,7 @@ def test_prefill_gpu(
     _prefill_case([700, 1, 130, 64, 1], [0, 900, 250, 0, 5], h, kv, d, bs, dtype, "cuda", None)
     _prefill_case([300, 77], [0, 129], h, kv, d, bs, dtype, "cuda", 100)
     _prefill_case([1100, 1], [0, 40], h, kv, d, bs, dtype, "cuda", None)  # the tiles from 1,024 tokens
+    _prefill_case([700, 77], [0, 500], h, kv, d, bs, dtype, "cuda", 300)  # unmasked tiles inside a window
 
 
 @pytest.mark.gpu
@@ -168,13 +169,17 @@ def test_prefill_interpreted(h: int, kv: int, d: int, window: int | None) -> Non
 
 @interpret
 @pytest.mark.parametrize("diag_split", [False, True])
-def test_prefill_diagonal_split_interpreted(diag_split: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Key tiles wholly below the diagonal unmasked (64-token tiles: a 70-token prompt's second query
-    tile has one such tile, a 20-token chunk after 130 cached tokens two)."""
+@pytest.mark.parametrize("window", [None, 150, 20])
+def test_prefill_diagonal_split_interpreted(
+    diag_split: bool, window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Key tiles every query of a tile sees run unmasked (64-token tiles: a 70-token prompt's second
+    query tile has one below its diagonal, a 20-token chunk after 200 cached tokens three, or with a
+    150-token window one, [128, 192), between the masked window edge and the diagonal)."""
     from hotloop.kernels import paged_prefill_attention as mod
 
     monkeypatch.setattr(mod, "DIAG_SPLIT", diag_split)
-    _prefill_case([70, 1, 20, 5], [0, 90, 130, 0], 4, 2, 16, 16, torch.float32, "cpu", None)
+    _prefill_case([70, 1, 20, 5], [0, 90, 200, 0], 4, 2, 16, 16, torch.float32, "cpu", window)
 
 
 def test_launchers_reject_bad_shapes() -> None:

@@ -319,6 +319,7 @@ def test_quant_prefill_gpu(
     # whole prompts, a chunk after a cached prefix, and decode rows in one mixed batch
     _prefill_case([700, 1, 130, 64, 1], [0, 900, 250, 0, 5], h, kv, d, bs, dtype, policy, "cuda", None)
     _prefill_case([300, 77], [0, 129], h, kv, d, bs, dtype, policy, "cuda", 100)
+    _prefill_case([700, 77], [0, 500], h, kv, d, bs, dtype, policy, "cuda", 300)  # unmasked inside a window
 
 
 @pytest.mark.gpu
@@ -369,12 +370,15 @@ def test_quant_prefill_interpreted(h: int, kv: int, d: int, policy: int) -> None
 
 @interpret
 @pytest.mark.parametrize("policy", [8, 4])
-def test_quant_prefill_diagonal_split_interpreted(policy: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Quantized key tiles wholly below the diagonal, unmasked (see test_attention_kernels.py)."""
+@pytest.mark.parametrize("window", [None, 150])
+def test_quant_prefill_diagonal_split_interpreted(
+    policy: int, window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Quantized key tiles every query of a tile sees, unmasked (see test_attention_kernels.py)."""
     from hotloop.kernels import paged_prefill_attention as mod
 
     monkeypatch.setattr(mod, "DIAG_SPLIT", True)
-    _prefill_case([70, 1, 20], [0, 90, 130], 4, 2, 32, 16, torch.float32, policy, "cpu", None)
+    _prefill_case([70, 1, 20], [0, 90, 200], 4, 2, 32, 16, torch.float32, policy, "cpu", window)
 
 
 @interpret
