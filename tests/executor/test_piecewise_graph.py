@@ -44,7 +44,9 @@ def test_token_buckets_pad_by_at_most_an_eighth() -> None:
         assert pad - n < max(16, n // 8 + 16), (n, pad)
 
 
-@pytest.mark.parametrize("arch", ["llama_gqa_llama3rope", "qwen3_qknorm", "mistral_window"])
+@pytest.mark.parametrize(
+    "arch", ["llama_gqa_llama3rope", "qwen3_qknorm", "mistral_window", "qwen2_mixed_window"]
+)
 def test_pieces_equal_the_model(arch: str, make_tiny_model: Callable[[str], Path]) -> None:
     path = make_tiny_model(arch)
     rng = random.Random(3)
