@@ -24,6 +24,8 @@
 #   diag     the prefill kernel with and without the unmasked loop below the diagonal: the sweep at 1,024 and
 #            4,096 tokens (bf16, int8), then the prefill GPU tests with both.
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
+#   next     GPU 0: every GPU test. GPU 1: issue 4's offline row (run_gpu.py --only llama3_offline), then the
+#            prefill and serving-mix steps of profile_step.py (the twelfth session's untimed changes).
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
@@ -223,6 +225,18 @@ diag_lane0() {
   tail -15 "$out/diag_tests.log" | grep -E "passed|failed|FAILED|ERROR"
 }
 diag_lane1() { :; }
+next_lane0() {
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests
+}
+next_lane1() {
+  export CUDA_VISIBLE_DEVICES=$g1
+  timeout 330 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf --only llama3_offline 2>&1 | tail -12
+  timeout 150 python3 "$here/profile_step.py" --out "$out/profile.json" --cases "prefill 1x1024,16 decodes" \
+    >"$out/profile.log" 2>&1
+  echo "profile_step rc=$?"
+  grep -E "floor|host launch" "$out/profile.log"
+}
 settle_lane0() {
   export CUDA_VISIBLE_DEVICES=0
   gpu_tests
@@ -319,7 +333,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, steady, multistep, table)" >&2
     exit 2
