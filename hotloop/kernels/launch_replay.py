@@ -59,14 +59,18 @@ _recording = _Stack()
 
 @dataclass
 class LaunchPlan:
-    """The launches of one recorded call: ``(launcher, args)`` each, and where the swappable
-    tensors sit in them (``(launch, argument, tensor)`` indices)."""
+    """The launches of one recorded call: ``(launcher, args)`` each, and per launch where the
+    swappable tensors sit in its arguments."""
 
     tensors: tuple[torch.Tensor, ...]
     launches: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
-    slots: list[tuple[int, int, int]] = field(default_factory=list)
     valid: bool = True  # False: something could not be recorded; run the call instead
     _swaps: list[list[tuple[int, int]]] = field(default_factory=list)  # per launch: (argument, tensor)
+
+    @property
+    def slots(self) -> list[tuple[int, int, int]]:
+        """Where the swappable tensors sit: ``(launch, argument, tensor)`` indices."""
+        return [(li, ai, ti) for li, swaps in enumerate(self._swaps) for ai, ti in swaps]
 
     def matches(self, tensors: Sequence[torch.Tensor]) -> bool:
         """Whether ``tensors`` can stand in for the recorded ones (same dtype, shape, strides,
@@ -101,7 +105,6 @@ class LaunchPlan:
                 launcher(*args)
 
     def _note(self, launcher: Any, args: tuple[Any, ...]) -> None:
-        li = len(self.launches)
         self.launches.append((launcher, args))
         swaps: list[tuple[int, int]] = []
         storages = {t.untyped_storage().data_ptr() for t in self.tensors}
@@ -110,7 +113,6 @@ class LaunchPlan:
                 continue
             for ti, t in enumerate(self.tensors):
                 if a is t:
-                    self.slots.append((li, ai, ti))
                     swaps.append((ai, ti))
                     break
             else:
