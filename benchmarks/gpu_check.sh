@@ -26,6 +26,7 @@
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   next     GPU 0: every GPU test. GPU 1: issue 4's offline row (run_gpu.py --only llama3_offline), then the
 #            prefill and serving-mix steps of profile_step.py (the twelfth session's untimed changes).
+#   split    every GPU test, -v, in two halves: the attention and KV kernels' tests on GPU 0, the rest on GPU 1.
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
@@ -67,11 +68,16 @@ bs1() {  # name model extra-flags...
     --output-json "$out/bs1_$name.json" "$@" >"$out/bs1_$name.log" 2>&1
   echo "[bs1 $name] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*\|"decode_tokens_per_s": [0-9.]*' "$out/bs1_$name.json" 2>/dev/null | tr '\n' ' ')"
 }
-gpu_tests() {  # every GPU test
-  timeout 300 python3 -m pytest -m gpu -n 8 tests --ignore=tests/cli -q -rfE -p no:cacheprovider \
-    >"$out/gpu_tests.log" 2>&1
-  echo "gpu tests rc=$?"
-  tail -15 "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|ERROR"
+gpu_tests() {  # [tag [seconds [pytest paths and options...]]]: the GPU tests, every one by default
+  local tag=${1:-gpu_tests} secs=${2:-300}
+  shift 2 2>/dev/null || shift $#
+  [ $# -eq 0 ] && set -- tests --ignore=tests/cli
+  # -v: one line per test, so a run cut by the timeout still says which tests failed
+  timeout "$secs" python3 -m pytest -m gpu -n 8 "$@" -v --tb=short -rfE -p no:cacheprovider \
+    --durations=10 >"$out/$tag.log" 2>&1
+  echo "$tag rc=$? ($(grep -c " PASSED " "$out/$tag.log") passed)"
+  grep -E " (FAILED|ERROR) " "$out/$tag.log" | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | sort -u | head -40
+  tail -3 "$out/$tag.log" | grep -E "passed|failed"
 }
 serve() {  # gpu tag extra-flags...
   local gpu=$1 tag=$2
@@ -237,6 +243,16 @@ next_lane1() {
   echo "profile_step rc=$?"
   grep -E "floor|host launch" "$out/profile.log"
 }
+split_lane0() {  # the attention and KV kernels' GPU tests
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests tests_kernels_attn 420 tests/kernels/test_kv_quant_kernels.py tests/kernels/test_attention_kernels.py \
+    tests/kernels/test_launch_replay.py
+}
+split_lane1() {  # every other GPU test
+  export CUDA_VISIBLE_DEVICES=$g1
+  gpu_tests tests_rest 420 tests --ignore=tests/cli --ignore=tests/kernels/test_kv_quant_kernels.py \
+    --ignore=tests/kernels/test_attention_kernels.py --ignore=tests/kernels/test_launch_replay.py
+}
 settle_lane0() {
   export CUDA_VISIBLE_DEVICES=0
   gpu_tests
@@ -333,7 +349,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, steady, multistep, table)" >&2
     exit 2
