@@ -12,7 +12,8 @@ copy bandwidth in ../shared/GPU.md) for decode, FLOPs / 783 TFLOP/s for prefill;
 floor / time.
 
 Workloads: decode at batch 256 with 1k context (the issue-4 step), decode at batch 128 with 4k
-context (the KV-bound run of issue 6), prefill of one 4096-token prompt (``--prefill-lens`` for
+context (the KV-bound run of issue 6) (``--decode-shapes`` for others; ``--splits`` adds the other
+context-split counts, each with its default configuration and merge launch), prefill of one 4096-token prompt (``--prefill-lens`` for
 others). A prefill configuration's optional fifth field turns the unmasked loop below the diagonal
 off (0) or on (1) (``paged_prefill_attention.DIAG_SPLIT``).
 """
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from hotloop.kernels import kv_quant, reference
-from hotloop.kernels.paged_decode_attention import decode_config, paged_decode_attention
+from hotloop.kernels.paged_decode_attention import decode_config, num_decode_splits, paged_decode_attention
 from hotloop.kernels.paged_prefill_attention import paged_prefill_attention, prefill_config
 
 H, KV, D, BS = 32, 8, 128, 64
@@ -67,8 +68,15 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def decode_case(
-    batch: int, ctx: int, policy: int, configs: list[tuple[int, ...]], gen: torch.Generator
+    batch: int,
+    ctx: int,
+    policy: int,
+    configs: list[tuple[int, ...]],
+    gen: torch.Generator,
+    splits: list[int] | None = None,
 ) -> dict:
+    """Every configuration at the default split count, then (``splits``) the default configuration
+    of each other split count (a row's ``splits`` field; the merge launch is timed with it)."""
     blocks = -(-ctx // BS)
     k, v = make_cache(batch * blocks * BS, policy, gen)
     perm = torch.randperm(batch * blocks, generator=gen).to(torch.int32)
@@ -77,7 +85,8 @@ def decode_case(
     q = torch.randn(batch, H, D, generator=gen).to(torch.bfloat16).cuda()
     row = kv_quant.row_bytes(D, policy, 2)
     floor_ms = (2 * batch * ctx * KV * row + 2 * q.numel() * 2) / BANDWIDTH * 1e3
-    default = decode_config(policy, D)
+    nsplit = num_decode_splits(batch, KV)
+    default = decode_config(policy, D, nsplit)
     ref = paged_decode_attention(q, k, v, tables, seq, D**-0.5, config=default)
     n = min(16, batch)
     kf, vf = as_float(k, policy), as_float(v, policy)
@@ -88,19 +97,26 @@ def decode_case(
         f"  decode B={batch} ctx={ctx} q{policy}: default vs torch reference, relative error {default_err:.2e}"
     )
     rows = []
-    for cfg in [default] + [c for c in configs if c != default]:
+    runs = [(cfg, nsplit) for cfg in [default] + [c for c in configs if c != default]]
+    runs += [(decode_config(policy, D, n), n) for n in splits or [] if n != nsplit]
+    for cfg, n in runs:
         try:
-            out = paged_decode_attention(q, k, v, tables, seq, D**-0.5, config=cfg)
-            ms = bench(lambda cfg=cfg: paged_decode_attention(q, k, v, tables, seq, D**-0.5, config=cfg))
-            rows.append({"config": list(cfg), "ms": ms, "rel_err_vs_default": rel(out, ref)})
+            out = paged_decode_attention(q, k, v, tables, seq, D**-0.5, num_splits=n, config=cfg)
+            ms = bench(
+                lambda cfg=cfg, n=n: paged_decode_attention(
+                    q, k, v, tables, seq, D**-0.5, num_splits=n, config=cfg
+                )
+            )
+            rows.append({"config": list(cfg), "splits": n, "ms": ms, "rel_err_vs_default": rel(out, ref)})
         except Exception as e:  # noqa: BLE001 - a configuration that does not compile is a result
-            rows.append({"config": list(cfg), "error": f"{type(e).__name__}: {str(e)[:120]}"})
+            rows.append({"config": list(cfg), "splits": n, "error": f"{type(e).__name__}: {str(e)[:120]}"})
         r = rows[-1]
-        print(f"  decode B={batch} ctx={ctx} q{policy} {cfg}: "
+        print(f"  decode B={batch} ctx={ctx} q{policy} {cfg} splits {n}: "
               + (f"{r['ms']:.3f} ms ({floor_ms / r['ms']:.0%} of roofline)" if "ms" in r else r["error"]),
               flush=True)  # fmt: skip
     return {"kind": "decode", "batch": batch, "ctx": ctx, "policy": policy, "floor_ms": floor_ms,
-            "default": list(default), "default_rel_err_vs_reference": default_err, "rows": rows}  # fmt: skip
+            "default": list(default), "default_splits": nsplit, "default_rel_err_vs_reference": default_err,
+            "rows": rows}  # fmt: skip
 
 
 def prefill_case(qlen: int, policy: int, configs: list[tuple[int, ...]], gen: torch.Generator) -> dict:
@@ -152,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-prefill", action="store_true", help="decode cases only")
     ap.add_argument("--no-decode", action="store_true", help="prefill cases only")
     ap.add_argument("--prefill-lens", default="4096", help="prompt lengths of the prefill cases: '1024,4096'")
+    ap.add_argument(
+        "--decode-shapes", default="256x1024,128x4096", help="decode cases, BATCHxCONTEXT: '16x1024,32x1024'"
+    )
+    ap.add_argument(
+        "--splits", help="also time these split counts (default configuration each): '1,2,4,8,16'"
+    )
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -173,11 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         dec = parse(args.decode_configs)
     if args.prefill_configs is not None:
         pre = parse(args.prefill_configs)
+    splits = [int(x) for x in args.splits.split(",")] if args.splits else None
     results = []
     for policy in policies:
         if not args.no_decode:
-            for batch, ctx in ((256, 1024), (128, 4096)):
-                results.append(decode_case(batch, ctx, policy, dec, gen))
+            for shape in args.decode_shapes.split(","):
+                batch, ctx = (int(x) for x in shape.split("x"))
+                results.append(decode_case(batch, ctx, policy, dec, gen, splits))
         if not args.no_prefill:
             for qlen in (int(x) for x in args.prefill_lens.split(",")):
                 results.append(prefill_case(qlen, policy, pre, gen))
@@ -195,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         name = f"{r['kind']} q{r['policy']} " + (
             f"B={r['batch']} ctx={r['ctx']}" if r["kind"] == "decode" else f"T={r['qlen']}"
         )
+        how = f"{best['config']}" + (f" splits {best['splits']}" if "splits" in best else "")
         print(f"{name:32s} default {base.get('ms', float('nan')):.3f} ms  best {best['ms']:.3f} ms "
-              f"{best['config']}  floor {r['floor_ms']:.3f} ms")  # fmt: skip
+              f"{how}  floor {r['floor_ms']:.3f} ms")  # fmt: skip
     return 0
 
 
