@@ -240,7 +240,7 @@ next_lane0() {
 next_lane1() {
   export CUDA_VISIBLE_DEVICES=$g1
   timeout 330 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf --only llama3_offline 2>&1 | tail -12
-  timeout 150 python3 "$here/profile_step.py" --out "$out/profile.json" --cases "prefill 1x1024,16 decodes" \
+  timeout 150 python3 "$here/profile_step.py" --out "$out/profile.json" --cases "prefill 1x1024,16 decodes,decode 16@1k" \
     >"$out/profile.log" 2>&1
   echo "profile_step rc=$?"
   grep -E "floor|host launch" "$out/profile.log"
@@ -266,7 +266,7 @@ confirm_lane0() {  # the GPU parity tests, then decode attention by context spli
 }
 confirm_lane1() {  # the serving-mix step profile, then the serving run
   export CUDA_VISIBLE_DEVICES=$g1
-  timeout 150 python3 "$here/profile_step.py" --out "$out/profile.json" --cases "prefill 1x1024,16 decodes" \
+  timeout 150 python3 "$here/profile_step.py" --out "$out/profile.json" --cases "prefill 1x1024,16 decodes,decode 16@1k" \
     >"$out/profile.log" 2>&1
   echo "profile_step rc=$?"
   grep -E "floor|host launch" "$out/profile.log"
