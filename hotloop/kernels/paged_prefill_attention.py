@@ -51,6 +51,13 @@ INT8_PAIRS = False
 DIAG_SPLIT = os.environ.get("HOTLOOP_PREFILL_DIAG_SPLIT", "1") != "0"
 
 
+# One longest-query length per launch configuration ``prefill_config`` can choose (its thresholds are
+# 16, 1,024 and 4,096 tokens): the engine's warm-up runs a prompt of each (capped at what a request
+# may hold), so that no configuration compiles while serving (tests/kernels: every length maps to
+# the configuration of one of these).
+CONFIG_LENGTHS = (8, 64, 1024, 4096)
+
+
 def prefill_config(
     block_d: int, max_query_len: int, quant: int = 0, diag_split: bool | None = None
 ) -> tuple[int, int, int, int]:

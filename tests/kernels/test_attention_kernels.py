@@ -229,3 +229,17 @@ def test_launch_config_overrides_are_checked() -> None:
     with pytest.raises(ValueError, match="num_stages=0"):
         paged_prefill_attention(q, cache, cache, tables, seq, torch.tensor([0, 1], dtype=torch.int32), 1, 1.0,
                                 config=(64, 64, 4, 0))  # fmt: skip
+
+
+def test_prefill_config_lengths_cover_every_configuration() -> None:
+    """The warm-up compiles the prefill kernel at ``CONFIG_LENGTHS`` only: every longest-query length
+    must get the configuration of one of those (a new threshold needs a new length there)."""
+    from hotloop.kernels.paged_prefill_attention import CONFIG_LENGTHS, prefill_config
+
+    for block_d in (16, 32, 64, 128, 256):
+        for quant in (0, 4, 8):
+            for diag in (False, True):
+                warmed = {prefill_config(block_d, n, quant, diag) for n in CONFIG_LENGTHS}
+                for n in range(1, 8193):
+                    cfg = prefill_config(block_d, n, quant, diag)
+                    assert cfg in warmed, f"block_d={block_d} quant={quant} diag={diag}: {n} tokens -> {cfg}"
