@@ -29,6 +29,8 @@
 #   split    every GPU test, -v, in two halves: the attention and KV kernels' tests on GPU 0, the rest on GPU 1.
 #   confirm  the GPU parity tests, decode attention by split count at batch 1-64 (bf16, int8), the serving-mix
 #            step profile, then the serving run (one GPU: the serving run needs the host to itself).
+#   splits2  the GPU parity tests, decode attention by split count (CUDA-graph timing), the decode-16 step with
+#            at most 16 and 1 splits, then the serving run (one GPU).
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
@@ -264,6 +266,23 @@ confirm_lane0() {  # the GPU parity tests, then decode attention by context spli
   echo "split sweep rc=$?"
   sed -n '/best per case/,$p' "$out/splits.log"
 }
+splits2_lane0() {  # the GPU parity tests, decode attention by split count timed in CUDA graphs, decode-16 steps
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests parity_tests 200 tests/api/test_gpu_parity.py tests/models/test_one_row.py
+  timeout 150 python3 "$here/kv_attention_sweep.py" --out "$out/splits.json" --quick --no-prefill \
+    --policies 0,8 --decode-shapes 1x1024,4x1024,8x1024,16x1024,32x1024,64x1024,128x1024 --splits 1,2,4,8,16 \
+    >"$out/splits.log" 2>&1
+  echo "split sweep rc=$?"
+  grep -E "splits|best" "$out/splits.log" | grep -v "relative error"
+  for ms in 16 1; do
+    HOTLOOP_DECODE_MAX_SPLITS=$ms timeout 100 python3 "$here/profile_step.py" --out "$out/profile_ms$ms.json" \
+      --cases "decode 16@1k" >"$out/profile_ms$ms.log" 2>&1
+    echo "decode 16 with at most $ms splits: $(grep -E "floor" "$out/profile_ms$ms.log")"
+  done
+}
+splits2_lane1() {  # the serving run (with the warm-up of every prefill configuration)
+  serve "$g1" c8192
+}
 confirm_lane1() {  # the serving-mix step profile, then the serving run
   export CUDA_VISIBLE_DEVICES=$g1
   timeout 150 python3 "$here/profile_step.py" --out "$out/profile.json" --cases "prefill 1x1024,16 decodes,decode 16@1k" \
@@ -368,7 +387,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, steady, multistep, table)" >&2
     exit 2
