@@ -31,6 +31,7 @@
 #            step profile, then the serving run (one GPU: the serving run needs the host to itself).
 #   splits2  the GPU parity tests, decode attention by split count (CUDA-graph timing), the decode-16 step with
 #            at most 16 and 1 splits, then the serving run (one GPU).
+#   final    the attention, launch-replay and piecewise GPU tests, then the serving run (one GPU).
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
@@ -283,6 +284,14 @@ splits2_lane0() {  # the GPU parity tests, decode attention by split count timed
 splits2_lane1() {  # the serving run (with the warm-up of every prefill configuration)
   serve "$g1" c8192
 }
+final_lane0() {  # the attention kernels', launch replay's and piecewise graphs' GPU tests
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests attn_tests 200 tests/kernels/test_attention_kernels.py tests/kernels/test_launch_replay.py \
+    tests/executor/test_piecewise_graph.py
+}
+final_lane1() {  # the serving run
+  serve "$g1" c8192
+}
 confirm_lane1() {  # the serving-mix step profile, then the serving run
   export CUDA_VISIBLE_DEVICES=$g1
   timeout 150 python3 "$here/profile_step.py" --out "$out/profile.json" --cases "prefill 1x1024,16 decodes,decode 16@1k" \
@@ -387,7 +396,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, steady, multistep, table)" >&2
     exit 2

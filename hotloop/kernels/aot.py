@@ -150,7 +150,7 @@ def compile_prefill(
     consts = {"G": G, "D": D, "BS": BS, "WINDOW": window, "BLOCK_M": block_m, "BLOCK_N": block_n,
               "BLOCK_D": D, **_cache_consts(quant, dtype, asm),
               "DIAG_SPLIT": pf.DIAG_SPLIT if diag_split is None else diag_split}  # fmt: skip
-    aligned = [n for n in sig if n.endswith("_ptr")]
+    aligned = [n for n in sig if n.endswith("_ptr") and n not in pf.UNALIGNED_ARGS]
     aligned += [
         s for s in strides if not (quant and s in ("stride_kt", "stride_kh", "stride_vt", "stride_vh"))
     ]

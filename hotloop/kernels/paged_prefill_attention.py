@@ -186,8 +186,14 @@ def _attend_tile(
     return acc, m_new, l_i
 
 
+# The per-sequence tables are read a scalar or a few entries at a time, so their alignment buys
+# nothing; specialized on it, a mixed step whose prefill rows start at a row not a multiple of four
+# (``seq_lens[num_decodes:]``) compiled a variant of its own while serving (a second or more each).
+UNALIGNED_ARGS = ("block_tables_ptr", "seq_lens_ptr", "query_start_ptr")
+
+
 @recordable
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=UNALIGNED_ARGS)
 def _prefill_kernel(
     q_ptr,  # [T, H, D]
     k_cache_ptr,  # [NB, BS, KV, D], or uint8 [NB, BS, KV, row_bytes] when QUANT (per block: kv_quant.py)

@@ -138,6 +138,33 @@ def test_prefill_gpu(
 
 
 @pytest.mark.gpu
+def test_prefill_one_variant_whatever_the_first_row_gpu() -> None:
+    """A mixed step hands the prefill kernel ``seq_lens[num_decodes:]`` and ``block_tables[num_decodes:]``:
+    views starting at any row. They must all run the kernel compiled for the first (no compile
+    while serving), and each must be right."""
+    from hotloop.kernels.paged_prefill_attention import _prefill_kernel, paged_prefill_attention
+
+    h, kv, d, bs, dtype = 8, 2, 64, 16, torch.bfloat16
+    decodes = [9, 33, 70]  # rows before the prefill rows, as a mixed step's decodes
+    qlens, ctx = [37, 5], [0, 20]
+    lens_all = decodes + [c + n for c, n in zip(ctx, qlens, strict=True)]
+    k, v, tables_all = _pool(lens_all, kv, d, bs, dtype, "cuda", random.randrange(1 << 30))
+    seq_all = torch.tensor(lens_all, dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(qlens), h, d, device="cuda").to(dtype)
+    starts = torch.tensor([0, qlens[0], sum(qlens)], dtype=torch.int32, device="cuda")
+    counts = []
+    for first in range(4):  # prefill rows after 0-3 decode rows: every alignment of an int32 row
+        tables = torch.cat([tables_all[:first], tables_all[3:]]) if first < 3 else tables_all
+        seq = torch.cat([seq_all[:first], seq_all[3:]]) if first < 3 else seq_all
+        lens = seq.tolist()[first:]
+        out = paged_prefill_attention(q, k, v, tables[first:], seq[first:], starts, max(qlens), d**-0.5)
+        ref = reference.paged_attention(q.float(), k.float(), v.float(), tables[first:], qlens, lens, d**-0.5)
+        assert rel_err(out, ref) < TOL[dtype]
+        counts.append(len(_prefill_kernel.device_caches[torch.cuda.current_device()][0]))
+    assert counts[1:] == counts[:-1], f"compiled variants after each first row: {counts}"
+
+
+@pytest.mark.gpu
 def test_decode_float32_and_padding_rows_gpu() -> None:
     _decode_case([0, 5, 0, 700], 8, 2, 128, 16, torch.float32, "cuda", None, None)
 
