@@ -74,7 +74,7 @@ bs1() {  # name model extra-flags...
   echo "[bs1 $name] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*\|"decode_tokens_per_s": [0-9.]*' "$out/bs1_$name.json" 2>/dev/null | tr '\n' ' ')"
 }
 gpu_tests() {  # [tag [seconds [pytest paths and options...]]]: the GPU tests, every one by default
-  local tag=${1:-gpu_tests} secs=${2:-300}
+  local tag=${1:-gpu_tests} secs=${2:-450}
   shift 2 2>/dev/null || shift $#
   [ $# -eq 0 ] && set -- tests --ignore=tests/cli
   # -v: one line per test, so a run cut by the timeout still says which tests failed

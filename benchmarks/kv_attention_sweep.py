@@ -94,7 +94,7 @@ def decode_case(
     q = torch.randn(batch, H, D, generator=gen).to(torch.bfloat16).cuda()
     row = kv_quant.row_bytes(D, policy, 2)
     floor_ms = (2 * batch * ctx * KV * row + 2 * q.numel() * 2) / BANDWIDTH * 1e3
-    nsplit = num_decode_splits(batch, KV)
+    nsplit = num_decode_splits(batch, KV, policy)
     default = decode_config(policy, D, nsplit)
     ref = paged_decode_attention(q, k, v, tables, seq, D**-0.5, config=default)
     n = min(16, batch)

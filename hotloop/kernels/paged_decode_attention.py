@@ -53,6 +53,7 @@ from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 16
 _TARGET_PROGRAMS = 264  # about two waves of an H200's 132 SMs
+_TARGET_PROGRAMS_INT8 = 512  # see num_decode_splits
 
 
 @recordable
@@ -352,10 +353,17 @@ def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
     return policy, kv_quant.packed_bytes(D, policy)
 
 
-def num_decode_splits(batch: int, num_kv_heads: int) -> int:
+def num_decode_splits(batch: int, num_kv_heads: int, quant: int = 0) -> int:
     """How many context splits per (sequence, KV head): enough programs to fill the GPU. A power of
-    two, so that only five kernel variants exist (each is compiled once, see ``SPLIT_CHOICES``)."""
-    want = max(1, min(MAX_SPLITS, cdiv(_TARGET_PROGRAMS, batch * num_kv_heads)))
+    two, so that only five kernel variants exist (each is compiled once, see ``SPLIT_CHOICES``).
+
+    An int8 cache (``quant`` 8) aims at twice the programs: its tiles take more instructions per byte,
+    so more of them must be in flight. H200, Llama-3-8B shape, 1k context, ms per layer in a CUDA
+    graph (``kv_attention_sweep.py --splits``, 2026-11-30 thirteenth session ``call4``): batch 16
+    0.027 with 4 splits against 0.036 with 2; batch 4 0.010 with 16 against 0.013 with 8; batches 1,
+    32 and 64 unchanged (16, 2, 1). bf16's best was the 264-program choice at every batch."""
+    target = _TARGET_PROGRAMS_INT8 if quant == 8 else _TARGET_PROGRAMS
+    want = max(1, min(MAX_SPLITS, cdiv(target, batch * num_kv_heads)))
     return 1 << (want.bit_length() - 1)
 
 
@@ -443,7 +451,7 @@ def paged_decode_attention(
         out = torch.empty_like(q)
     check(out.shape == q.shape and out.stride(-1) == 1, f"out {tuple(out.shape)} must match q")
     G = H // kv
-    splits = num_splits or num_decode_splits(B, kv)
+    splits = num_splits or num_decode_splits(B, kv, quant)
     block_g = max(16, next_power_of_2(G))
     block_d = max(16, next_power_of_2(D))
     if config is not None:

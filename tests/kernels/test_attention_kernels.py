@@ -270,3 +270,15 @@ def test_prefill_config_lengths_cover_every_configuration() -> None:
                 for n in range(1, 8193):
                     cfg = prefill_config(block_d, n, quant, diag)
                     assert cfg in warmed, f"block_d={block_d} quant={quant} diag={diag}: {n} tokens -> {cfg}"
+
+
+def test_decode_split_counts() -> None:
+    """The split counts chosen per batch (8 KV heads), as timed on the H200 (``num_decode_splits``):
+    powers of two, at most 16; an int8 cache aims at twice the programs of a 16-bit one."""
+    from hotloop.kernels.paged_decode_attention import num_decode_splits
+
+    bf16 = {b: num_decode_splits(b, 8) for b in (1, 4, 16, 32, 64, 256)}
+    int8 = {b: num_decode_splits(b, 8, 8) for b in (1, 4, 16, 32, 64, 256)}
+    assert bf16 == {1: 16, 4: 8, 16: 2, 32: 2, 64: 1, 256: 1}
+    assert int8 == {1: 16, 4: 16, 16: 4, 32: 2, 64: 1, 256: 1}
+    assert num_decode_splits(16, 8, 4) == bf16[16]  # int4: not timed, the 16-bit choice
