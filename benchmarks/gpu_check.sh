@@ -90,7 +90,7 @@ serve() {  # gpu tag extra-flags...
   CUDA_VISIBLE_DEVICES=$gpu timeout 420 python3 "$here/run_serve.py" --out "$out/serve_$tag" \
     --port $((23500 + gpu)) -- "$@" >"$out/serve_$tag.log" 2>&1
   echo "[serve_$tag] rc=$?"
-  grep -E "Median TTFT|P99 TTFT|Median TPOT|P99 TPOT|Output token throughput|Failed" "$out/serve_$tag.log"
+  grep -E "Median TTFT|P99 TTFT|Median TPOT|P99 TPOT|Output token throughput|Failed|kernel_compile" "$out/serve_$tag.log"
 }
 hostprof() {  # model tag extra-flags...: where a batch-256 decode step's host time goes
   local m=$1 tag=$2

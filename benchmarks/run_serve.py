@@ -83,6 +83,9 @@ def main() -> int:
             # the server's own view: TTFT, queue time and step histograms, for comparison with the client
             with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/metrics", timeout=10) as r:
                 (out / "metrics.txt").write_bytes(r.read())
+            for line in (out / "metrics.txt").read_text().splitlines():
+                if line.startswith("hotloop:kernel_compile"):  # a compile while serving stalls its step
+                    print(line, flush=True)
         finally:
             proc.send_signal(signal.SIGINT)
             try:

@@ -91,13 +91,13 @@ def build_engine(model: str | None, config: EngineConfig | None = None) -> Built
 def warm_up(engine: Engine, prompt_lens: tuple[int, ...] | None = None) -> None:
     """Run short requests to the end before serving, so that the first real requests do not pay for
     compiling the prefill and mixed-step kernels (Triton compiles on first use: a second or more per
-    variant on the GPU, which a serving run saw as a 1.4 s p99 TTFT). One prompt per prefill launch
-    configuration (``paged_prefill_attention.CONFIG_LENGTHS``, capped at what one request may hold),
-    one after the other. Leaves the pool as it found it; with prefix caching its blocks may stay cached."""
+    variant on the GPU). One prompt per length the executor names (``warm_up_prompt_lens``: on a
+    GPU one per prefill launch configuration), capped at what one request may hold, one after the
+    other; then the executor is told (``warmed_up``: later compiles are logged as warnings). Leaves
+    the pool as it found it; with prefix caching its blocks may stay cached."""
+    executor: Any = engine.executor
     if prompt_lens is None:
-        from hotloop.kernels.paged_prefill_attention import CONFIG_LENGTHS
-
-        prompt_lens = CONFIG_LENGTHS
+        prompt_lens = getattr(executor, "warm_up_prompt_lens", (64,))
     limit = engine.max_tokens_per_request - 2
     lengths = sorted({max(1, min(n, limit)) for n in prompt_lens})
     for n in lengths:
@@ -107,3 +107,6 @@ def warm_up(engine: Engine, prompt_lens: tuple[int, ...] | None = None) -> None:
         while engine.has_unfinished():
             engine.step()
     logger.info("warm-up requests done (%s prompt tokens)", ", ".join(map(str, lengths)))
+    done = getattr(executor, "warmed_up", None)
+    if done is not None:
+        done()

@@ -55,6 +55,10 @@ class LocalExecutor:
             raise ValueError(f"tp={engine_config.tp}: tensor parallelism is not available yet; use tp=1")
         self.device = device
         self.dtype = dtype
+        if device.type == "cuda":
+            from hotloop.kernels import compile_watch
+
+            compile_watch.install()  # counts Triton compiles; reports those after ``warmed_up``
         logger.info("loading %s (%s) on %s as %s", model_path, model_config.architecture, device, dtype)
         self.model = load_model(
             model_path,
@@ -109,6 +113,33 @@ class LocalExecutor:
 
     def execute(self, out: SchedulerOutput) -> list[SampledToken]:
         return self.runner.execute(out)
+
+    @property
+    def warm_up_prompt_lens(self) -> tuple[int, ...]:
+        """Prompt lengths whose steps compile every kernel variant serving can need: on a GPU one
+        per prefill launch configuration (``paged_prefill_attention.CONFIG_LENGTHS``)."""
+        if self.device.type != "cuda":
+            return (64,)
+        from hotloop.kernels.paged_prefill_attention import CONFIG_LENGTHS
+
+        return CONFIG_LENGTHS
+
+    def warmed_up(self) -> None:
+        """The warm-up is over: from now on a Triton compile is logged as a warning."""
+        if self.device.type == "cuda":
+            from hotloop.kernels import compile_watch
+
+            compile_watch.arm()
+
+    def compile_stats(self) -> tuple[int, float, int, float]:
+        """Triton compiles ``(before the warm-up ended, their seconds, after it, their seconds)``;
+        zeros off the GPU."""
+        if self.device.type != "cuda":
+            return (0, 0.0, 0, 0.0)
+        from hotloop.kernels import compile_watch
+
+        s = compile_watch.stats()
+        return (s.startup, s.startup_s, s.serving, s.serving_s)
 
     def launch(self, out: SchedulerOutput, steps: int = 1) -> StepHandle:
         """Start a step without waiting for it (see ``Engine`` for overlapped scheduling); ``steps``

@@ -86,6 +86,7 @@ class ServerMetrics:
             lambda: engine.num_total_blocks
         )
         reg.register(_PrefixCacheCollector(engine))
+        reg.register(_CompileCollector(engine))
         self.prompt_tokens = Counter(
             "hotloop:prompt_tokens", "Prompt tokens of finished requests.", registry=reg
         )
@@ -164,3 +165,36 @@ class _PrefixCacheCollector:
             "Prompt tokens found in the prefix cache.",
             value=getattr(bm, "prefix_hits", 0),
         )
+
+
+class _CompileCollector:
+    """Triton kernel compiles (GPU), before and after the start-up warm-up, read from the executor at
+    scrape time: a compile while serving stalls every request of its step."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        read = getattr(getattr(self.engine, "executor", None), "compile_stats", None)
+        startup, startup_s, serving, serving_s = read() if read is not None else (0, 0.0, 0, 0.0)
+        count = CounterMetricFamily(
+            "hotloop:kernel_compiles",
+            "Triton kernel compiles, by phase (startup: up to the end of the warm-up).",
+            labels=["phase"],
+        )
+        count.add_metric(["startup"], startup)
+        count.add_metric(["serving"], serving)
+        yield count
+        secs = CounterMetricFamily(
+            "hotloop:kernel_compile_seconds",
+            "Seconds spent in Triton kernel compiles, by phase.",
+            labels=["phase"],
+        )
+        secs.add_metric(["startup"], startup_s)
+        secs.add_metric(["serving"], serving_s)
+        yield secs
