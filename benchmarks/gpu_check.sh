@@ -250,12 +250,12 @@ next_lane1() {
 }
 split_lane0() {  # the attention and KV kernels' GPU tests
   export CUDA_VISIBLE_DEVICES=0
-  gpu_tests tests_kernels_attn 420 tests/kernels/test_kv_quant_kernels.py tests/kernels/test_attention_kernels.py \
+  gpu_tests tests_kernels_attn 330 tests/kernels/test_kv_quant_kernels.py tests/kernels/test_attention_kernels.py \
     tests/kernels/test_launch_replay.py
 }
 split_lane1() {  # every other GPU test
   export CUDA_VISIBLE_DEVICES=$g1
-  gpu_tests tests_rest 420 tests --ignore=tests/cli --ignore=tests/kernels/test_kv_quant_kernels.py \
+  gpu_tests tests_rest 330 tests --ignore=tests/cli --ignore=tests/kernels/test_kv_quant_kernels.py \
     --ignore=tests/kernels/test_attention_kernels.py --ignore=tests/kernels/test_launch_replay.py
 }
 confirm_lane0() {  # the GPU parity tests, then decode attention by context split at small batches
