@@ -59,6 +59,7 @@ class LocalExecutor:
             from hotloop.kernels import compile_watch
 
             compile_watch.install()  # counts Triton compiles; reports those after ``warmed_up``
+            compile_watch.disarm()  # this engine's start-up compiles are expected
         logger.info("loading %s (%s) on %s as %s", model_path, model_config.architecture, device, dtype)
         self.model = load_model(
             model_path,

@@ -9,7 +9,7 @@ warm-up is meant to compile every variant before serving; this module tells when
 ``install()`` sets Triton's ``jit_cache_hook`` (called before a compile, or before a load from
 Triton's disk cache) and ``jit_post_compile_hook`` (after it), chaining to hooks already set, and
 times each compile. ``arm()`` marks the end of the warm-up: each later compile logs a warning that
-names the kernel and its time. ``stats()`` gives the counts (the server exports them on /metrics).
+names the kernel and its time; ``disarm()`` (an engine starting) undoes it. ``stats()`` gives the counts (the server exports them on /metrics).
 Compiles run in the launching thread, so a start time per key is enough.
 """
 
@@ -107,6 +107,11 @@ def install() -> bool:
 def arm() -> None:
     """The warm-up is over: compiles from now on are reported."""
     _watch.armed = True
+
+
+def disarm() -> None:
+    """An engine is starting (another in the same process, say): compiles count as start-up again."""
+    _watch.armed = False
 
 
 def stats() -> CompileStats:

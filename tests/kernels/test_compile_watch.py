@@ -81,10 +81,15 @@ def test_counts_before_and_after_arming_and_chains_earlier_hooks(
         (logging.INFO, False),
     ]
     assert "1.25 s" in warned[0].getMessage()
+    compile_watch.disarm()  # another engine starting in the process: its compiles are start-up
+    _compile("k5", "_prefill_kernel", 0.5, clock)
+    s = compile_watch.stats()
+    assert (s.startup, s.serving) == (3, 2)
+    assert len([r for r in logs.records if "after the warm-up" in r.getMessage()]) == 2
     # every call reached the hooks that were set before
     assert [(x["hook"], x["key"]) for x in fresh] == [
         ("cache", "k1"), ("post", "k1"), ("cache", ("k", 2)), ("post", ("k", 2)),
-        ("cache", "k3"), ("post", "k3"), ("cache", "k4"), ("post", "k4"),
+        ("cache", "k3"), ("post", "k3"), ("cache", "k4"), ("post", "k4"), ("cache", "k5"), ("post", "k5"),
     ]  # fmt: skip
 
 
