@@ -100,10 +100,11 @@ def warm_up(engine: Engine, prompt_lens: tuple[int, ...] | None = None) -> None:
         prompt_lens = getattr(executor, "warm_up_prompt_lens", (64,))
     limit = engine.max_tokens_per_request - 2
     lengths = sorted({max(1, min(n, limit)) for n in prompt_lens})
-    for n in lengths:
-        engine.add_request(
-            f"hotloop-warmup-{n}", [0] * n, GenerationConfig(max_new_tokens=2, ignore_eos=True)
-        )
+    for i, n in enumerate(lengths):
+        # a first token of its own per prompt: with prefix caching, a prompt sharing the previous
+        # one's blocks would skip them, and its step would not reach the longer configuration
+        prompt = [i + 1] + [0] * (n - 1)
+        engine.add_request(f"hotloop-warmup-{n}", prompt, GenerationConfig(max_new_tokens=2, ignore_eos=True))
         while engine.has_unfinished():
             engine.step()
     logger.info("warm-up requests done (%s prompt tokens)", ", ".join(map(str, lengths)))
