@@ -398,7 +398,7 @@ fi
 case $what in
   tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | hostprof | batch | steady | multistep) ;;
   *)
-    echo "unknown mode $what (tests, rows, w4a16, kv, serve, hostprof, batch, steady, multistep, table)" >&2
+    echo "unknown mode $what (see the modes at the top of $0)" >&2
     exit 2
     ;;
 esac

@@ -58,7 +58,9 @@ def as_float(cache: torch.Tensor, policy: int) -> torch.Tensor:
 
 
 ROTATE_BYTES = 256 << 20  # decode: caches read in turn, five times the H200's L2
-GRAPH_TIMING = True  # --eager-timing: launch by launch, as before 2026-12-01
+# --eager-timing: launch by launch with do_bench's L2 flush, as every sweep before the thirteenth
+# session (prefill times from then on are in graphs without a flush: compare like with like)
+GRAPH_TIMING = True
 
 
 def bench(fn: Callable[[], Any]) -> float:
@@ -105,8 +107,9 @@ def decode_case(
     print(
         f"  decode B={batch} ctx={ctx} q{policy}: default vs torch reference, relative error {default_err:.2e}"
     )
-    # Timed over several caches in turn, ROTATE_BYTES in all, so that a small batch's cache is read
-    # from memory as the engine's 32 layers read theirs, not from the 50 MB L2 of the last launch.
+    # Timed over several caches in turn (ROTATE_BYTES in all, at most 64 caches: batch 1 reads 71 MB
+    # of int4, 138 MB of int8), so that a small batch's cache is read from memory as the engine's 32
+    # layers read theirs, not from the 50 MB L2 of the last launch.
     rot = max(1, min(64, -(-ROTATE_BYTES // (2 * k.numel() * k.element_size()))))
     pool = [(k, v)] + [make_cache(batch * blocks * BS, policy, gen) for _ in range(rot - 1)]
     rows = []

@@ -7,10 +7,16 @@ compiled a prefill variant had a p99 time to first token of 1.3 s instead of 0.1
 warm-up is meant to compile every variant before serving; this module tells when it did not.
 
 ``install()`` sets Triton's ``jit_cache_hook`` (called before a compile, or before a load from
-Triton's disk cache) and ``jit_post_compile_hook`` (after it), chaining to hooks already set, and
-times each compile. ``arm()`` marks the end of the warm-up: each later compile logs a warning that
-names the kernel and its time; ``disarm()`` (an engine starting) undoes it. ``stats()`` gives the counts (the server exports them on /metrics).
-Compiles run in the launching thread, so a start time per key is enough.
+Triton's disk cache, which takes milliseconds) and ``jit_post_compile_hook`` (after it), chaining to
+hooks already set, and times each. ``arm()`` marks the end of the warm-up: each later compile or
+load logs a warning that names the kernel, its time and its constexprs (a load too: on a cold disk
+cache it would have been a compile); ``disarm()`` (an engine starting) undoes it. ``stats()`` gives
+the counts (the server exports them on /metrics). Under Triton's async compile mode the time runs to
+the compile's finalization.
+
+Installing the cache hook makes Triton serialize each compile's specialization to JSON first, so a
+constexpr that JSON cannot hold (a ``JITFunction``) would fail to launch; hotloop's kernels take
+ints, bools, strings and ``tl`` dtypes only.
 """
 
 from __future__ import annotations
@@ -23,8 +29,6 @@ from typing import Any
 from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)
-
-SLOW_S = 0.05  # a compile (not a disk-cache load) takes longer than this; shorter ones log at INFO
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class _Watch:
         self.stats = CompileStats()
         self.started: dict[Any, float] = {}
 
-    def record(self, name: str, seconds: float) -> None:
+    def record(self, name: str, seconds: float, variant: str) -> None:
         with self.lock:
             s = self.stats
             if self.armed:
@@ -53,24 +57,36 @@ class _Watch:
             else:
                 self.stats = CompileStats(s.startup + 1, s.startup_s + seconds, s.serving, s.serving_s)
         if self.armed:
-            log = logger.warning if seconds >= SLOW_S else logger.info
-            log(
-                "Triton compiled %s after the warm-up (%.2f s; requests in that step waited). "
-                "A kernel variant the warm-up did not cover: please report it with this line.",
+            logger.warning(
+                "Triton compiled (or loaded from its disk cache) %s after the warm-up (%.2f s; requests "
+                "in that step waited): a kernel variant the warm-up did not cover; please report it "
+                "with this line. Variant: %s",
                 name,
                 seconds,
+                variant,
             )
 
 
 _watch = _Watch()
 
 
-def _hashable(key: Any) -> Any:
+def _ident(kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """One compile's identity: its kernel (Triton's key names only the specialization) and key."""
+    fn = kwargs.get("fn")
+    key = kwargs.get("key")
     try:
         hash(key)
     except TypeError:
-        return repr(key)
-    return key
+        key = repr(key)
+    return id(getattr(fn, "jit_function", fn)), key
+
+
+def _variant(kwargs: dict[str, Any]) -> str:
+    """The constexprs and launch options of a compile, for the report (Triton's repr is terse)."""
+    info = kwargs.get("compile") or {}
+    parts = [f"constants {info.get('constants')}"]
+    parts += [f"{k} {info[k]}" for k in ("num_warps", "num_stages") if k in info]
+    return ", ".join(parts)
 
 
 def install() -> bool:
@@ -89,14 +105,18 @@ def install() -> bool:
     before, after = runtime.jit_cache_hook, runtime.jit_post_compile_hook
 
     def cache_hook(**kwargs: Any) -> Any:
-        _watch.started[_hashable(kwargs.get("key"))] = time.perf_counter()
-        return before(**kwargs) if before is not None else None
+        ident = _ident(kwargs)
+        _watch.started[ident] = time.perf_counter()
+        skip = before(**kwargs) if before is not None else None
+        if skip:  # an earlier hook skips this compile: no post-compile call will come
+            _watch.started.pop(ident, None)
+        return skip
 
     def post_compile_hook(**kwargs: Any) -> Any:
-        t0 = _watch.started.pop(_hashable(kwargs.get("key")), None)
+        t0 = _watch.started.pop(_ident(kwargs), None)
         fn = kwargs.get("fn")
         name = str(getattr(fn, "name", fn))
-        _watch.record(name, time.perf_counter() - t0 if t0 is not None else 0.0)
+        _watch.record(name, time.perf_counter() - t0 if t0 is not None else 0.0, _variant(kwargs))
         return after(**kwargs) if after is not None else None
 
     runtime.jit_cache_hook = cache_hook

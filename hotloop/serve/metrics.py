@@ -184,7 +184,8 @@ class _CompileCollector:
         startup, startup_s, serving, serving_s = read() if read is not None else (0, 0.0, 0, 0.0)
         count = CounterMetricFamily(
             "hotloop:kernel_compiles",
-            "Triton kernel compiles, by phase (startup: up to the end of the warm-up).",
+            "Triton kernel compiles (or loads from Triton's disk cache), by phase (startup: up to the end "
+            "of the warm-up).",
             labels=["phase"],
         )
         count.add_metric(["startup"], startup)
@@ -192,7 +193,7 @@ class _CompileCollector:
         yield count
         secs = CounterMetricFamily(
             "hotloop:kernel_compile_seconds",
-            "Seconds spent in Triton kernel compiles, by phase.",
+            "Seconds spent in Triton kernel compiles or loads, by phase.",
             labels=["phase"],
         )
         secs.add_metric(["startup"], startup_s)

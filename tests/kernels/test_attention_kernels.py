@@ -272,10 +272,13 @@ def test_prefill_config_lengths_cover_every_configuration() -> None:
                     assert cfg in warmed, f"block_d={block_d} quant={quant} diag={diag}: {n} tokens -> {cfg}"
 
 
-def test_decode_split_counts() -> None:
+def test_decode_split_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The split counts chosen per batch (8 KV heads), as timed on the H200 (``num_decode_splits``):
     powers of two, at most 16; an int8 cache aims at twice the programs of a 16-bit one."""
+    from hotloop.kernels import paged_decode_attention as mod
     from hotloop.kernels.paged_decode_attention import num_decode_splits
+
+    monkeypatch.setattr(mod, "MAX_SPLITS", 16)  # the default, whatever HOTLOOP_DECODE_MAX_SPLITS says
 
     bf16 = {b: num_decode_splits(b, 8) for b in (1, 4, 16, 32, 64, 256)}
     int8 = {b: num_decode_splits(b, 8, 8) for b in (1, 4, 16, 32, 64, 256)}
