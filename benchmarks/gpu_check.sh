@@ -31,7 +31,8 @@
 #            step profile, then the serving run (one GPU: the serving run needs the host to itself).
 #   splits2  the GPU parity tests, decode attention by split count (CUDA-graph timing), the decode-16 step with
 #            at most 16 and 1 splits, then the serving run (one GPU).
-#   final    the attention, launch-replay and piecewise GPU tests, then the serving run (one GPU).
+#   final    the attention, launch-replay, piecewise, compile-watch and parity GPU tests, then the serving
+#            run, which prints hotloop:kernel_compiles (one GPU).
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
@@ -284,10 +285,11 @@ splits2_lane0() {  # the GPU parity tests, decode attention by split count timed
 splits2_lane1() {  # the serving run (with the warm-up of every prefill configuration)
   serve "$g1" c8192
 }
-final_lane0() {  # the attention kernels', launch replay's and piecewise graphs' GPU tests
+final_lane0() {  # the attention, launch-replay, piecewise-graph, compile-watch and parity GPU tests
   export CUDA_VISIBLE_DEVICES=0
-  gpu_tests attn_tests 200 tests/kernels/test_attention_kernels.py tests/kernels/test_launch_replay.py \
-    tests/executor/test_piecewise_graph.py
+  gpu_tests attn_tests 270 tests/kernels/test_attention_kernels.py tests/kernels/test_launch_replay.py \
+    tests/executor/test_piecewise_graph.py tests/kernels/test_compile_watch.py tests/api/test_gpu_parity.py \
+    tests/models/test_one_row.py
 }
 final_lane1() {  # the serving run
   serve "$g1" c8192
