@@ -32,7 +32,7 @@
 #   splits2  the GPU parity tests, decode attention by split count (CUDA-graph timing), the decode-16 step with
 #            at most 16 and 1 splits, then the serving run (one GPU).
 #   final    the attention, launch-replay, piecewise, compile-watch and parity GPU tests, then the serving
-#            run, which prints hotloop:kernel_compiles (one GPU).
+#            runs with 8,192- and 2,048-token steps, which print hotloop:kernel_compiles (one GPU).
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
@@ -291,8 +291,11 @@ final_lane0() {  # the attention, launch-replay, piecewise-graph, compile-watch 
     tests/executor/test_piecewise_graph.py tests/kernels/test_compile_watch.py tests/api/test_gpu_parity.py \
     tests/models/test_one_row.py
 }
-final_lane1() {  # the serving run
+final_lane1() {  # the serving run, whole prompts (8,192-token steps) and 2,048-token steps
   serve "$g1" c8192
+  # at most two 1,024-token prompts per step: bursts of arrivals no longer make one long step for
+  # every running decode (p99 TPOT), while each prompt still prefills whole (TTFT)
+  serve "$g1" c2048 --max-prefill-token-num 2048
 }
 confirm_lane1() {  # the serving-mix step profile, then the serving run
   export CUDA_VISIBLE_DEVICES=$g1
