@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 
@@ -55,11 +55,13 @@ class LocalExecutor:
             raise ValueError(f"tp={engine_config.tp}: tensor parallelism is not available yet; use tp=1")
         self.device = device
         self.dtype = dtype
+        self._compile_watch: Any = None  # kernels.compile_watch on a GPU: Triton compiles, counted
         if device.type == "cuda":
             from hotloop.kernels import compile_watch
 
-            compile_watch.install()  # counts Triton compiles; reports those after ``warmed_up``
+            compile_watch.install()  # reports compiles after ``warmed_up``
             compile_watch.disarm()  # this engine's start-up compiles are expected
+            self._compile_watch = compile_watch
         logger.info("loading %s (%s) on %s as %s", model_path, model_config.architecture, device, dtype)
         self.model = load_model(
             model_path,
@@ -127,19 +129,15 @@ class LocalExecutor:
 
     def warmed_up(self) -> None:
         """The warm-up is over: from now on a Triton compile is logged as a warning."""
-        if self.device.type == "cuda":
-            from hotloop.kernels import compile_watch
-
-            compile_watch.arm()
+        if self._compile_watch is not None:
+            self._compile_watch.arm()
 
     def compile_stats(self) -> tuple[int, float, int, float]:
         """Triton compiles ``(before the warm-up ended, their seconds, after it, their seconds)``;
         zeros off the GPU."""
-        if self.device.type != "cuda":
+        if self._compile_watch is None:
             return (0, 0.0, 0, 0.0)
-        from hotloop.kernels import compile_watch
-
-        s = compile_watch.stats()
+        s = self._compile_watch.stats()
         return (s.startup, s.startup_s, s.serving, s.serving_s)
 
     def launch(self, out: SchedulerOutput, steps: int = 1) -> StepHandle:

@@ -361,7 +361,8 @@ def num_decode_splits(batch: int, num_kv_heads: int, quant: int = 0) -> int:
     so more of them must be in flight. H200, Llama-3-8B shape, 1k context, ms per layer in a CUDA
     graph (``kv_attention_sweep.py --splits``, 2026-11-30 thirteenth session ``call4``): batch 16
     0.027 with 4 splits against 0.036 with 2; batch 4 0.010 with 16 against 0.013 with 8; batches 1,
-    32 and 64 unchanged (16, 2, 1). bf16's best was the 264-program choice at every batch."""
+    32 and 64 unchanged (16, 2, 1). For bf16 the 264-program choice was the fastest at batches 1, 16,
+    32 and 64, and 0.001 ms behind 16 splits at batch 4."""
     target = _TARGET_PROGRAMS_INT8 if quant == 8 else _TARGET_PROGRAMS
     want = max(1, min(MAX_SPLITS, cdiv(target, batch * num_kv_heads)))
     return 1 << (want.bit_length() - 1)
