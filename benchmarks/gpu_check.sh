@@ -33,6 +33,8 @@
 #            at most 16 and 1 splits, then the serving run (one GPU).
 #   final    the attention, launch-replay, piecewise, compile-watch and parity GPU tests, then the serving
 #            runs with 8,192- and 2,048-token steps, which print hotloop:kernel_compiles (one GPU).
+#   skinny   GPU 0: the skinny GEMM's GPU tests, then benchmarks/skinny_gemm.py (8B and SmolLM2 shapes).
+#            GPU 1: decode steps at batch 16 / 32 with HOTLOOP_SKINNY_GEMM=1 and 0, then the engine's GPU tests.
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
@@ -285,6 +287,26 @@ splits2_lane0() {  # the GPU parity tests, decode attention by split count timed
 splits2_lane1() {  # the serving run (with the warm-up of every prefill configuration)
   serve "$g1" c8192
 }
+skinny_lane0() {  # the skinny GEMM's GPU tests, then it against cuBLAS per projection and M (8B, SmolLM2)
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests skinny_tests 150 tests/kernels/test_skinny_gemm.py
+  for m in llama3 smollm2; do
+    timeout 150 python3 "$here/skinny_gemm.py" "$out/skinny_$m.json" --model "$m" >"$out/skinny_$m.log" 2>&1
+    echo "skinny_gemm.py $m rc=$?"
+    grep -E "step GEMMs|M= *16 " "$out/skinny_$m.log"
+  done
+}
+skinny_lane1() {  # decode steps at batch 16 and 32 with the skinny GEMM and without, then the engine's GPU tests
+  export CUDA_VISIBLE_DEVICES=$g1
+  for sk in 1 0; do
+    HOTLOOP_SKINNY_GEMM=$sk timeout 120 python3 "$here/profile_step.py" --out "$out/profile_sk$sk.json" \
+      --cases "decode 16@1k,decode 32@1k" >"$out/profile_sk$sk.log" 2>&1
+    echo "profile_step HOTLOOP_SKINNY_GEMM=$sk rc=$?"
+    grep -E "floor" "$out/profile_sk$sk.log"
+  done
+  gpu_tests engine_tests 200 tests/api/test_gpu_parity.py tests/models/test_one_row.py tests/executor \
+    tests/engine/test_multi_step.py
+}
 final_lane0() {  # the attention, launch-replay, piecewise-graph, compile-watch and parity GPU tests
   export CUDA_VISIBLE_DEVICES=0
   gpu_tests attn_tests 270 tests/kernels/test_attention_kernels.py tests/kernels/test_launch_replay.py \
@@ -401,7 +423,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | skinny | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (see the modes at the top of $0)" >&2
     exit 2
