@@ -10,8 +10,7 @@ reference everywhere (parity debugging). The environment switches read here:
 - ``HOTLOOP_ONE_ROW_ROPE_QUANT=1`` lets that fusion write int8 / int4 caches too (off by default:
   ``one_row_rope_quant``);
 - ``HOTLOOP_ONE_ROW_LM_HEAD=0`` keeps its LM head on cuBLAS (``lm_head_logits``);
-- ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``);
-- ``HOTLOOP_SKINNY_GEMM=0`` keeps every dense projection of 2-64 rows on cuBLAS (``linear``).
+- ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``).
 """
 
 from __future__ import annotations
@@ -38,9 +37,6 @@ _state: dict[str, bool] = {
     "one_row_lm_head": os.environ.get("HOTLOOP_ONE_ROW_LM_HEAD", "1") != "0",
     # the greedy argmax of a few rows in one Triton launch instead of torch.argmax
     "greedy_argmax": os.environ.get("HOTLOOP_GREEDY_ARGMAX", "1") != "0",
-    # dense projections of 2-64 rows through kernels/skinny_gemm.py where its tuner times it faster
-    # than cuBLAS
-    "skinny_gemm": os.environ.get("HOTLOOP_SKINNY_GEMM", "1") != "0",
 }
 
 
@@ -109,21 +105,7 @@ def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return dg.dense_gemv(
             hidden, weight, out_dtype=torch.float32, config=dg.lm_head_config(hidden.shape[-1])
         )
-    return linear(hidden, weight, None).float()
-
-
-def set_skinny_gemm(enabled: bool) -> None:
-    """Let dense projections of 2-64 rows take ``kernels/skinny_gemm.py`` where it is tuned faster
-    than cuBLAS (on by default; ``HOTLOOP_SKINNY_GEMM=0`` starts it off)."""
-    _state["skinny_gemm"] = enabled
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``. On CUDA, 2-64 rows of 16-bit ``x`` go through the tensor-core
-    skinny GEMM where its per-shape timing beat cuBLAS (``kernels/skinny_gemm.py``)."""
-    if use_triton(x) and _state["skinny_gemm"] and 2 <= x.numel() // max(x.shape[-1], 1) <= 64:
-        return _kernel("skinny_gemm").linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+    return F.linear(hidden, weight).float()
 
 
 def set_greedy_argmax(enabled: bool) -> None:

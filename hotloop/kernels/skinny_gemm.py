@@ -16,8 +16,14 @@ an H200 (BENCHMARKS.md). This kernel is built for the bytes:
 
 ``plan`` picks the launch per (GPU, dtype, M bucket, N, K): on the GPU it times every candidate
 template and cuBLAS (``F.linear``) once, with a cold L2, and keeps the fastest (``None`` for
-cuBLAS), memoised and kept on disk (``kernels/tuning_cache.py``). ``ops.linear`` routes the dense
-projections through it. ``HOTLOOP_SKINNY_GEMM=0`` keeps cuBLAS everywhere.
+cuBLAS), memoised and kept on disk (``kernels/tuning_cache.py``).
+
+Status: no engine path calls it. On an H200 (2026-11-30, ``benchmarks/skinny_gemm.py``) its best
+launch was within 0.8-1.05x of cuBLAS per Llama-3-8B projection at M = 2-64 (cuBLAS' q/k/v and o at
+51-61% of their floor, this kernel no closer), and routed through the dense layers it made the
+batch-16 decode step slower (5.78 against 5.59 ms), so the layers keep ``F.linear``. The routed
+version also failed one GPU parity case (chunked prefill through CUDA graphs, a wrong first token)
+that was not diagnosed before it was taken out: reconnect it only with that case passing.
 """
 
 from __future__ import annotations
@@ -38,7 +44,6 @@ from hotloop.kernels.launch_math import cdiv
 
 MAX_M = 64  # rows this kernel takes (one row tile of at most 64)
 COUNTER_FAMILY = "skinny_gemm"
-ENV = "HOTLOOP_SKINNY_GEMM"
 TUNING_FAMILY = "skinny_gemm"
 
 
@@ -243,10 +248,6 @@ _disk: dict[str, dict] | None = None
 tuning_log: dict[tuple, list[tuple[SkinnyConfig | None, float]]] = {}
 
 
-def enabled() -> bool:
-    return os.environ.get(ENV, "1") not in ("0", "", "false", "False")
-
-
 def m_bucket(m: int) -> int:
     """The tuning bucket of ``m`` rows: the next power of two (2, 4, ..., 64)."""
     return 1 << (m - 1).bit_length()
@@ -316,11 +317,3 @@ def plan(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> S
     # a config tuned for the bucket fits every m in it; only the row tile follows m
     return replace(best, block_m=row_tile(m))
 
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``, through the skinny GEMM where ``plan`` chose it."""
-    x2 = x.reshape(-1, x.shape[-1])
-    cfg = plan(x2, weight, bias) if weight.stride(-1) == 1 else None
-    if cfg is None:
-        return F.linear(x, weight, bias)
-    return skinny_gemm(x, weight, bias, cfg)

@@ -64,7 +64,7 @@ class UnquantizedLinearMethod:
         layer.register_parameter("weight", weight)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, cast(torch.Tensor, layer.weight), layer.bias)
+        return F.linear(x, cast(torch.Tensor, layer.weight), layer.bias)
 
 
 class AWQLinearMethod:

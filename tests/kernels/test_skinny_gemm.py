@@ -112,14 +112,15 @@ def test_skinny_gemm_templates_gpu(n: int, k: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.gpu
-def test_skinny_linear_tunes_and_matches_gpu() -> None:
-    """``linear`` times the candidates once per bucket, keeps the fastest (a config or cuBLAS) and
-    gives F.linear's result within a rounding."""
+def test_skinny_plan_tunes_and_matches_gpu() -> None:
+    """``plan`` times the candidates once per bucket and keeps the fastest (a config, or None for
+    cuBLAS); the chosen launch gives F.linear's result within a rounding."""
     from hotloop.kernels import skinny_gemm as sg
 
     for m in (2, 12, 24, 40):
         x, w, b = _operands(m, 6144, 4096, torch.bfloat16, "cuda", True, seed=3)
-        y = sg.linear(x, w, b)
+        cfg = sg.plan(x, w, b)
+        y = F.linear(x, w, b) if cfg is None else sg.skinny_gemm(x, w, b, cfg)
         ref = F.linear(x.float(), w.float(), b.float())
         assert rel_err(y, ref) < TOL[torch.bfloat16] / 4
         key = (torch.cuda.current_device(), torch.bfloat16, sg.m_bucket(m), 6144, 4096)
