@@ -33,8 +33,11 @@
 #            at most 16 and 1 splits, then the serving run (one GPU).
 #   final    the attention, launch-replay, piecewise, compile-watch and parity GPU tests, then the serving
 #            runs with 8,192- and 2,048-token steps, which print hotloop:kernel_compiles (one GPU).
+#   last     the serving runs with 8,192- and 2,048-token steps, then batch 1 with fp16 KV, int8 KV with
+#            HOTLOOP_ONE_ROW_ROPE_QUANT=1, and int8 KV, in turn, twice (one GPU: host time matters).
 #   skinny   GPU 0: the skinny GEMM's GPU tests, then benchmarks/skinny_gemm.py (8B and SmolLM2 shapes).
-#            GPU 1: decode steps at batch 16 / 32 with HOTLOOP_SKINNY_GEMM=1 and 0, then the engine's GPU tests.
+#            GPU 1: decode steps at batch 16 / 32, then the engine's GPU tests. (At 0f306b8, where
+#            HOTLOOP_SKINNY_GEMM=1 / 0 routed the dense layers through the kernel or not; it is gone.)
 #   batch    GPU 0: dense_gemm.py (cuBLAS calls per projection at M 256-512), then the bf16 offline row at
 #            --max-batch-size 384 and 320. GPU 1: the W4A16 offline row at 384, then bf16 at 448 with
 #            --cache-max-entry-count 0.92 (issue 4's offline target; issue 5's W4A16-vs-bf16 row).
@@ -307,6 +310,19 @@ skinny_lane1() {  # decode steps at batch 16 and 32 with the skinny GEMM and wit
   gpu_tests engine_tests 200 tests/api/test_gpu_parity.py tests/models/test_one_row.py tests/executor \
     tests/engine/test_multi_step.py
 }
+last_lane0() {  # the serving run, whole prompts (8,192-token steps) and 2,048-token steps
+  serve 0 c8192
+  serve 0 c2048 --max-prefill-token-num 2048
+}
+last_lane1() {  # batch 1 with fp16 KV, int8 KV, and int8 KV with the rope + quantized write in the q/k/v GEMV
+  export CUDA_VISIBLE_DEVICES=$g1
+  local i
+  for i in 1 2; do
+    bs1 "kv16_$i" llama3-8b
+    HOTLOOP_ONE_ROW_ROPE_QUANT=1 bs1 "kv8q_$i" llama3-8b --quant-policy 8
+    bs1 "kv8_$i" llama3-8b --quant-policy 8
+  done
+}
 final_lane0() {  # the attention, launch-replay, piecewise-graph, compile-watch and parity GPU tests
   export CUDA_VISIBLE_DEVICES=0
   gpu_tests attn_tests 270 tests/kernels/test_attention_kernels.py tests/kernels/test_launch_replay.py \
@@ -423,7 +439,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | skinny | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | last | skinny | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (see the modes at the top of $0)" >&2
     exit 2
