@@ -34,7 +34,8 @@
 #   final    the attention, launch-replay, piecewise, compile-watch and parity GPU tests, then the serving
 #            runs with 8,192- and 2,048-token steps, which print hotloop:kernel_compiles (one GPU).
 #   last     the serving runs with 8,192- and 2,048-token steps, then batch 1 with fp16 KV, int8 KV with
-#            HOTLOOP_ONE_ROW_ROPE_QUANT=1, and int8 KV, in turn, twice (one GPU: host time matters).
+#            HOTLOOP_ONE_ROW_ROPE_QUANT=1, and int8 KV, in turn, twice, then dense_gemm.py at M 16 and 32
+#            (cuBLAS / cuBLASLt, either weight layout; one GPU: host time matters).
 #   skinny   GPU 0: the skinny GEMM's GPU tests, then benchmarks/skinny_gemm.py (8B and SmolLM2 shapes).
 #            GPU 1: decode steps at batch 16 / 32, then the engine's GPU tests. (At 0f306b8, where
 #            HOTLOOP_SKINNY_GEMM=1 / 0 routed the dense layers through the kernel or not; it is gone.)
@@ -322,6 +323,9 @@ last_lane1() {  # batch 1 with fp16 KV, int8 KV, and int8 KV with the rope + qua
     HOTLOOP_ONE_ROW_ROPE_QUANT=1 bs1 "kv8q_$i" llama3-8b --quant-policy 8
     bs1 "kv8_$i" llama3-8b --quant-policy 8
   done
+  timeout 120 python3 "$here/dense_gemm.py" "$out/dense_m16.json" --m 16,32 >"$out/dense_m16.log" 2>&1
+  echo "dense_gemm.py rc=$?"
+  grep -E "ceilings|M=" "$out/dense_m16.log"
 }
 final_lane0() {  # the attention, launch-replay, piecewise-graph, compile-watch and parity GPU tests
   export CUDA_VISIBLE_DEVICES=0
