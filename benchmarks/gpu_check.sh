@@ -33,6 +33,8 @@
 #            at most 16 and 1 splits, then the serving run (one GPU).
 #   final    the attention, launch-replay, piecewise, compile-watch and parity GPU tests, then the serving
 #            runs with 8,192- and 2,048-token steps, which print hotloop:kernel_compiles (one GPU).
+#   merge    decode attention at batch 8-24 with the split merge fused and launched
+#            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
 #   last     the serving runs with 8,192- and 2,048-token steps, then batch 1 with fp16 KV, int8 KV with
 #            HOTLOOP_ONE_ROW_ROPE_QUANT=1, and int8 KV, in turn, twice, then dense_gemm.py at M 16 and 32
 #            (cuBLAS / cuBLASLt, either weight layout; one GPU: host time matters).
@@ -311,6 +313,32 @@ skinny_lane1() {  # decode steps at batch 16 and 32 with the skinny GEMM and wit
   gpu_tests engine_tests 200 tests/api/test_gpu_parity.py tests/models/test_one_row.py tests/executor \
     tests/engine/test_multi_step.py
 }
+merge_lane0() {  # decode attention at batch 8-24: the split merge fused or launched, and the bf16 tiles at batch 16
+  export CUDA_VISIBLE_DEVICES=0
+  local fm
+  for fm in 0 1; do
+    HOTLOOP_DECODE_FUSED_MERGE=$fm timeout 120 python3 "$here/kv_attention_sweep.py" --out "$out/merge$fm.json" \
+      --quick --no-prefill --policies 0,8 --decode-shapes 8x1024,16x1024,24x1024 --splits 1,2,4,8 \
+      >"$out/merge$fm.log" 2>&1
+    echo "sweep HOTLOOP_DECODE_FUSED_MERGE=$fm rc=$?"
+    grep -E "decode B=.* ms" "$out/merge$fm.log"
+  done
+  timeout 120 python3 "$here/kv_attention_sweep.py" --out "$out/tiles16.json" --no-prefill --policies 0 \
+    --decode-shapes 16x1024 --decode-configs "32,4,3;64,4,3;64,4,4;64,8,3;128,4,2;128,8,2;32,2,3;64,2,3;128,4,3" \
+    >"$out/tiles16.log" 2>&1
+  echo "tile sweep rc=$?"
+  grep -E "decode B=.* ms" "$out/tiles16.log"
+}
+merge_lane1() {  # the decode-16 and -24 steps with the merge fused and launched
+  export CUDA_VISIBLE_DEVICES=$g1
+  local fm
+  for fm in 0 1; do
+    HOTLOOP_DECODE_FUSED_MERGE=$fm timeout 150 python3 "$here/profile_step.py" --out "$out/profile_fm$fm.json" \
+      --cases "decode 16@1k" >"$out/profile_fm$fm.log" 2>&1
+    echo "profile_step HOTLOOP_DECODE_FUSED_MERGE=$fm rc=$?"
+    grep -E "floor" "$out/profile_fm$fm.log"
+  done
+}
 last_lane0() {  # the serving run, whole prompts (8,192-token steps) and 2,048-token steps
   serve 0 c8192
   serve 0 c2048 --max-prefill-token-num 2048
@@ -443,7 +471,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | last | skinny | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | last | merge | skinny | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (see the modes at the top of $0)" >&2
     exit 2

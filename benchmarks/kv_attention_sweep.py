@@ -129,7 +129,7 @@ def decode_case(
             rows.append({"config": list(cfg), "splits": n, "error": f"{type(e).__name__}: {str(e)[:120]}"})
         r = rows[-1]
         print(f"  decode B={batch} ctx={ctx} q{policy} {cfg} splits {n}: "
-              + (f"{r['ms']:.3f} ms ({floor_ms / r['ms']:.0%} of roofline)" if "ms" in r else r["error"]),
+              + (f"{r['ms']:.4f} ms ({floor_ms / r['ms']:.0%} of roofline)" if "ms" in r else r["error"]),
               flush=True)  # fmt: skip
     return {"kind": "decode", "batch": batch, "ctx": ctx, "policy": policy, "floor_ms": floor_ms,
             "caches_in_turn": rot, "default": list(default), "default_splits": nsplit, "default_rel_err_vs_reference": default_err,
@@ -165,7 +165,7 @@ def prefill_case(qlen: int, policy: int, configs: list[tuple[int, ...]], gen: to
             rows.append({"config": list(cfg), "error": f"{type(e).__name__}: {str(e)[:120]}"})
         r = rows[-1]
         print(f"  prefill T={qlen} q{policy} {cfg}: "
-              + (f"{r['ms']:.3f} ms ({floor_ms / r['ms']:.0%} of roofline)" if "ms" in r else r["error"]),
+              + (f"{r['ms']:.4f} ms ({floor_ms / r['ms']:.0%} of roofline)" if "ms" in r else r["error"]),
               flush=True)  # fmt: skip
     return {"kind": "prefill", "qlen": qlen, "policy": policy, "floor_ms": floor_ms, "default": list(default),
             "default_rel_err_vs_reference": default_err, "rows": rows}  # fmt: skip
