@@ -33,6 +33,7 @@
 #            at most 16 and 1 splits, then the serving run (one GPU).
 #   final    the attention, launch-replay, piecewise, compile-watch and parity GPU tests, then the serving
 #            runs with 8,192- and 2,048-token steps, which print hotloop:kernel_compiles (one GPU).
+#   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
 #   last     the serving runs with 8,192- and 2,048-token steps, then batch 1 with fp16 KV, int8 KV with
@@ -313,6 +314,17 @@ skinny_lane1() {  # decode steps at batch 16 and 32 with the skinny GEMM and wit
   gpu_tests engine_tests 200 tests/api/test_gpu_parity.py tests/models/test_one_row.py tests/executor \
     tests/engine/test_multi_step.py
 }
+plan_lane0() {  # decode_plan's fused merge at batch 8-16: the decode-attention GPU tests, the decode-16 step
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests decode_tests 150 tests/kernels/test_attention_kernels.py -k decode
+  timeout 150 python3 "$here/profile_step.py" --out "$out/profile.json" --cases "decode 16@1k" \
+    >"$out/profile.log" 2>&1
+  echo "profile_step rc=$?"
+  grep -E "floor" "$out/profile.log"
+}
+plan_lane1() {  # then the serving run
+  serve "$g1" c8192
+}
 merge_lane0() {  # decode attention at batch 8-24: the split merge fused or launched, and the bf16 tiles at batch 16
   export CUDA_VISIBLE_DEVICES=0
   local fm
@@ -471,7 +483,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | last | merge | skinny | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | last | merge | plan | skinny | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (see the modes at the top of $0)" >&2
     exit 2

@@ -390,10 +390,31 @@ MAX_SPLITS = _max_splits_from_env()
 # int8 codes read as 16-bit pairs: 0.420 against 0.484 ms per layer with bytes (B=256 x 1k, H200)
 INT8_PAIRS = True
 
-# With splits, the last split to finish merges (``_merge_last``) instead of a second kernel. Off by
-# default (HOTLOOP_DECODE_FUSED_MERGE=1 turns it on): timed on an H200 at batch 1 (2026-11-30), it
-# was slower, Llama-3-8B 241.0 against 248.0 tokens/s and SmolLM2-135M 1,675 against 1,996.
-FUSE_MERGE = os.environ.get("HOTLOOP_DECODE_FUSED_MERGE", "0") == "1"
+# With splits, the last split to finish merges (``_merge_last``) instead of a second kernel.
+# HOTLOOP_DECODE_FUSED_MERGE=1 fuses it everywhere, =0 nowhere; unset, ``decode_plan`` fuses it where
+# it was timed faster. At batch 1 it was slower (H200, 2026-11-30: Llama-3-8B 241.0 against 248.0
+# tokens/s, SmolLM2-135M 1,675 against 1,996).
+_FUSE_ENV = os.environ.get("HOTLOOP_DECODE_FUSED_MERGE", "")
+FUSE_MERGE = _FUSE_ENV == "1"
+# A 16-bit cache with batch x KV heads in this range takes twice the splits, merged in the launch.
+# H200, Llama-3-8B shape (8 KV heads), 1k context, us per layer in a CUDA graph
+# (kv_attention_sweep.py, fourteenth session call4): batch 8 14.9 (8 splits, fused) against 16.7
+# (4, launched merge); batch 16 22.4 (4, fused) against 27.8 (2, launched); batch 24 (192) was
+# slower fused (34.1 / 34.7 against 30.9), as was batch 1. int8 and int4 were not clearly faster.
+FUSED_MERGE_ROWS = (64, 128)
+
+
+def decode_plan(batch: int, num_kv_heads: int, quant: int = 0) -> tuple[int, bool]:
+    """``(splits, fuse_merge)`` for a decode-only batch: ``num_decode_splits``, and where
+    ``batch * num_kv_heads`` lies in ``FUSED_MERGE_ROWS`` for a 16-bit cache, twice the splits with
+    the merge in the same launch (unless HOTLOOP_DECODE_FUSED_MERGE says otherwise)."""
+    splits = num_decode_splits(batch, num_kv_heads, quant)
+    if _FUSE_ENV in ("0", "1"):
+        return splits, FUSE_MERGE
+    lo, hi = FUSED_MERGE_ROWS
+    if quant == 0 and lo <= batch * num_kv_heads <= hi and splits * 2 <= MAX_SPLITS:
+        return splits * 2, True
+    return splits, False
 
 
 def decode_config(quant: int, block_d: int, splits: int = 1) -> tuple[int, int, int]:
@@ -433,8 +454,9 @@ def paged_decode_attention(
     ``[B, W]`` int32; seq_lens ``[B]`` int32 (tokens in the cache, the new one included).
     Returns ``[B, H, D]`` in q's dtype (into ``out`` when given). ``config`` overrides the launch
     configuration ``(BLOCK_N, num_warps, num_stages[, maxnreg])`` (``benchmarks/kv_attention_sweep.py``).
-    ``fuse_merge`` (default ``FUSE_MERGE``): with splits, the last split of each (sequence, KV head)
-    merges them in the same launch instead of a second kernel.
+    ``fuse_merge``: with splits, the last split of each (sequence, KV head) merges them in the same
+    launch instead of a second kernel. With neither it nor ``num_splits`` given, both come from
+    ``decode_plan``; otherwise ``fuse_merge`` defaults to ``FUSE_MERGE``.
     """
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [B, H, D] and the caches [NB, BS, KV, D]")
     B, H, D = q.shape
@@ -452,7 +474,10 @@ def paged_decode_attention(
         out = torch.empty_like(q)
     check(out.shape == q.shape and out.stride(-1) == 1, f"out {tuple(out.shape)} must match q")
     G = H // kv
-    splits = num_splits or num_decode_splits(B, kv, quant)
+    if num_splits is None and fuse_merge is None:
+        splits, fuse_merge = decode_plan(B, kv, quant)
+    else:
+        splits = num_splits or num_decode_splits(B, kv, quant)
     block_g = max(16, next_power_of_2(G))
     block_d = max(16, next_power_of_2(D))
     if config is not None:

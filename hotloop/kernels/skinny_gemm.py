@@ -29,7 +29,6 @@ that was not diagnosed before it was taken out: reconnect it only with that case
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 
@@ -316,4 +315,3 @@ def plan(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> S
         return None
     # a config tuned for the bucket fits every m in it; only the row tile follows m
     return replace(best, block_m=row_tile(m))
-

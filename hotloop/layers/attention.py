@@ -142,7 +142,7 @@ class PagedAttention(nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor] | None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        from hotloop.kernels.paged_decode_attention import paged_decode_attention
+        from hotloop.kernels.paged_decode_attention import FUSE_MERGE, paged_decode_attention
         from hotloop.kernels.paged_prefill_attention import paged_prefill_attention
         from hotloop.kernels.rotary_kv_write import rotary_kv_write
 
@@ -172,6 +172,8 @@ class PagedAttention(nn.Module):
             )
         elif meta.num_decodes and meta.prefill_query_start_t is not None:
             nd = meta.num_decodes
+            # (the split count and merge of a mixed step's decodes stay ``num_decode_splits`` and
+            # ``FUSE_MERGE``: the piecewise graphs replay these launches, timed that way)
             paged_decode_attention(
                 q[:nd],
                 k_cache,
@@ -181,6 +183,7 @@ class PagedAttention(nn.Module):
                 self.scale,
                 self.sliding_window,
                 out=o[:nd],
+                fuse_merge=FUSE_MERGE,
             )
             paged_prefill_attention(
                 q[nd:],

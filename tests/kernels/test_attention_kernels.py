@@ -188,6 +188,18 @@ def test_decode_fused_merge_interpreted(h: int, kv: int, d: int, splits: int) ->
 
 
 @interpret
+def test_decode_planned_fused_merge_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no split count or merge given, a batch ``decode_plan`` fuses (8 sequences x 8 KV heads)
+    runs the fused launch and matches the reference (padding rows included)."""
+    from hotloop.kernels import paged_decode_attention as mod
+
+    monkeypatch.setattr(mod, "_FUSE_ENV", "")
+    monkeypatch.setattr(mod, "MAX_SPLITS", 16)
+    assert mod.decode_plan(8, 8) == (8, True)
+    _decode_case([1, 0, 37, 70, 5, 64, 33, 2], 8, 8, 16, 16, torch.float32, "cpu", None, None)
+
+
+@interpret
 @pytest.mark.parametrize("h,kv,d", [(2, 2, 16), (8, 2, 32)])
 @pytest.mark.parametrize("window", [None, 20])
 def test_prefill_interpreted(h: int, kv: int, d: int, window: int | None) -> None:
@@ -285,3 +297,33 @@ def test_decode_split_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     assert bf16 == {1: 16, 4: 8, 16: 2, 32: 2, 64: 1, 256: 1}
     assert int8 == {1: 16, 4: 16, 16: 4, 32: 2, 64: 1, 256: 1}
     assert num_decode_splits(16, 8, 4) == bf16[16]  # int4: not timed, the 16-bit choice
+
+
+def test_decode_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode-only batches (8 KV heads): a 16-bit cache at batch 8-16 takes twice the splits with the
+    merge fused (timed faster on the H200); elsewhere, and for quantized caches, the plain split
+    count and a merge launch. HOTLOOP_DECODE_FUSED_MERGE=0 / 1 overrides the fusion."""
+    from hotloop.kernels import paged_decode_attention as mod
+
+    monkeypatch.setattr(mod, "MAX_SPLITS", 16)
+    monkeypatch.setattr(mod, "_FUSE_ENV", "")
+    plan = {b: mod.decode_plan(b, 8) for b in (1, 4, 8, 16, 24, 32, 256)}
+    assert plan == {
+        1: (16, False),
+        4: (8, False),
+        8: (8, True),
+        16: (4, True),
+        24: (2, False),
+        32: (2, False),
+        256: (1, False),
+    }
+    assert mod.decode_plan(16, 8, 8) == (mod.num_decode_splits(16, 8, 8), False)
+    assert mod.decode_plan(16, 8, 4) == (mod.num_decode_splits(16, 8, 4), False)
+    monkeypatch.setattr(mod, "MAX_SPLITS", 2)  # HOTLOOP_DECODE_MAX_SPLITS caps the doubling too
+    assert mod.decode_plan(16, 8) == (2, False)
+    monkeypatch.setattr(mod, "MAX_SPLITS", 16)
+    for env, fused in (("0", False), ("1", True)):
+        monkeypatch.setattr(mod, "_FUSE_ENV", env)
+        monkeypatch.setattr(mod, "FUSE_MERGE", fused)
+        assert mod.decode_plan(16, 8) == (2, fused)
+        assert mod.decode_plan(1, 8) == (16, fused)
