@@ -359,6 +359,7 @@ class InputBuffers:
             query_start_t=self.query_start[: batch + 1],
             max_query_len=1,
             decode_only=True,
+            graph=True,
         )
 
     def reset_for_capture(self, batch: int) -> None:

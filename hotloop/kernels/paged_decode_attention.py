@@ -405,7 +405,8 @@ FUSED_MERGE_ROWS = (64, 128)
 
 
 def decode_plan(batch: int, num_kv_heads: int, quant: int = 0) -> tuple[int, bool]:
-    """``(splits, fuse_merge)`` for a decode-only batch: ``num_decode_splits``, and where
+    """``(splits, fuse_merge)`` for a decode CUDA graph's batch (the layers ask for it only there:
+    ``AttentionMetadata.graph``): ``num_decode_splits``, and where
     ``batch * num_kv_heads`` lies in ``FUSED_MERGE_ROWS`` for a 16-bit cache, twice the splits with
     the merge in the same launch (unless HOTLOOP_DECODE_FUSED_MERGE says otherwise)."""
     splits = num_decode_splits(batch, num_kv_heads, quant)

@@ -46,6 +46,10 @@ class AttentionMetadata:
     decode_only: bool = False
     num_decodes: int = 0
     prefill_query_start_t: torch.Tensor | None = None
+    # a decode CUDA graph's metadata (captured at start): its decode kernel takes ``decode_plan``'s
+    # split count and merge; eager and piecewise steps keep ``num_decode_splits`` and a merge launch
+    # (the variants the warm-up compiled, and the launches the piecewise graphs replay)
+    graph: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -112,12 +116,19 @@ class PagedAttention(nn.Module):
         qv = q.view(T, self.num_heads, self.head_dim)
         k_cache, v_cache = kv_cache
         if ops.use_triton(q) and meta.seq_lens_t is not None:
-            from hotloop.kernels.paged_decode_attention import paged_decode_attention
+            from hotloop.kernels.paged_decode_attention import FUSE_MERGE, paged_decode_attention
 
             if not meta.decode_only:
                 raise ValueError("PagedAttention.attend on CUDA serves decode-only batches")
             o = paged_decode_attention(
-                qv, k_cache, v_cache, meta.block_tables, meta.seq_lens_t, self.scale, self.sliding_window
+                qv,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.seq_lens_t,
+                self.scale,
+                self.sliding_window,
+                fuse_merge=None if meta.graph else FUSE_MERGE,
             )
         else:
             o = reference.paged_attention(
@@ -169,11 +180,10 @@ class PagedAttention(nn.Module):
                 self.scale,
                 self.sliding_window,
                 out=o,
+                fuse_merge=None if meta.graph else FUSE_MERGE,
             )
         elif meta.num_decodes and meta.prefill_query_start_t is not None:
             nd = meta.num_decodes
-            # (the split count and merge of a mixed step's decodes stay ``num_decode_splits`` and
-            # ``FUSE_MERGE``: the piecewise graphs replay these launches, timed that way)
             paged_decode_attention(
                 q[:nd],
                 k_cache,

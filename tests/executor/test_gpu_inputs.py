@@ -189,3 +189,19 @@ def test_multi_step_rounds_prepare_the_last_pending_token(monkeypatch: pytest.Mo
             r.output_token_ids += [rng.randrange(5, 99) for _ in range(r.num_pending_tokens)]
             r.num_pending_tokens = k
     assert taken["steady"] >= 6
+
+
+def test_only_graph_metadata_asks_for_the_graph_decode_plan() -> None:
+    """A decode graph's metadata is marked ``graph`` (its decode attention takes ``decode_plan``'s
+    split count and fused merge, compiled at capture); an eager decode step's is not (it keeps the
+    launches the warm-up compiled)."""
+    bs = 4
+    bm = BlockManager(32, bs)
+    bufs = InputBuffers(64, 4, 8, bs, torch.device("cpu"))
+    req = Request("a", list(range(10)), GenerationConfig(max_new_tokens=8))
+    bm.allocate(req, 10)
+    req.num_computed_tokens = req.num_tokens - 1
+    step = bufs.prepare(SchedulerOutput([ScheduledRequest.of(req, 1)]))
+    assert step.meta.decode_only and not step.meta.graph
+    meta = bufs.graph_meta(4)
+    assert meta.decode_only and meta.graph
