@@ -33,6 +33,7 @@
 #            at most 16 and 1 splits, then the serving run (one GPU).
 #   final    the attention, launch-replay, piecewise, compile-watch and parity GPU tests, then the serving
 #            runs with 8,192- and 2,048-token steps, which print hotloop:kernel_compiles (one GPU).
+#   serve1   the serving run alone.
 #   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
@@ -314,6 +315,8 @@ skinny_lane1() {  # decode steps at batch 16 and 32 with the skinny GEMM and wit
   gpu_tests engine_tests 200 tests/api/test_gpu_parity.py tests/models/test_one_row.py tests/executor \
     tests/engine/test_multi_step.py
 }
+serve1_lane0() { serve 0 c8192; }
+serve1_lane1() { :; }
 plan_lane0() {  # decode_plan's fused merge at batch 8-16: the decode-attention GPU tests, the decode-16 step
   export CUDA_VISIBLE_DEVICES=0
   gpu_tests decode_tests 150 tests/kernels/test_attention_kernels.py -k decode
@@ -483,7 +486,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | last | merge | plan | skinny | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | last | merge | plan | serve1 | skinny | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (see the modes at the top of $0)" >&2
     exit 2

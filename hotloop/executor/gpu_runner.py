@@ -60,7 +60,7 @@ class GpuModelRunner(ModelRunner):
         self._gathered = torch.empty(max_batch_size, dtype=torch.long, device=device)
         self.graphs: DecodeGraphs | None = None
         if device.type == "cuda":
-            precompile_attention(model, kv_caches, device)
+            precompile_attention(model, kv_caches, device, self.buffers.width)
             precompile_step_kernels(block_size, device)
         self.piecewise: PiecewiseGraphs | None = None
         if use_cuda_graph:
@@ -291,11 +291,18 @@ class GpuModelRunner(ModelRunner):
 
 
 def precompile_attention(
-    model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device
+    model: CausalLM,
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    table_width: int = 1,
 ) -> None:
     """Compile now every attention-kernel variant a step can pick (the split counts of the decode
     kernel, the two prefill tile shapes), for each distinct layer configuration. Triton compiles on
-    first use, about a second per variant: during serving that would stall every request in flight."""
+    first use, about a second per variant: during serving that would stall every request in flight.
+
+    The launches take arguments laid out as a step's are (Triton also specializes on an integer
+    argument's divisibility by 16): block tables with the input buffers' row stride
+    ``table_width``, and q as a view of the q/k/v projection's output."""
     from hotloop.kernels.paged_decode_attention import SPLIT_CHOICES, paged_decode_attention
     from hotloop.kernels.paged_prefill_attention import paged_prefill_attention
     from hotloop.layers.attention import PagedAttention
@@ -310,8 +317,9 @@ def precompile_attention(
         if key in seen:
             continue
         seen.add(key)
-        q = torch.zeros(1, m.num_heads, m.head_dim, dtype=dtype, device=device)
-        tables = torch.zeros(1, 1, dtype=torch.int32, device=device)
+        qkv = torch.zeros(1, m.num_heads + 2 * m.num_kv_heads, m.head_dim, dtype=dtype, device=device)
+        q = qkv[:, : m.num_heads]
+        tables = torch.zeros(1, table_width, dtype=torch.int32, device=device)
         empty = torch.zeros(1, dtype=torch.int32, device=device)  # seq_len 0: nothing is read
         for splits in SPLIT_CHOICES:
             paged_decode_attention(q, k_cache, v_cache, tables, empty, m.scale, m.sliding_window, splits)
