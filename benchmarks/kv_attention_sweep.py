@@ -98,7 +98,7 @@ def decode_case(
     floor_ms = (2 * batch * ctx * KV * row + 2 * q.numel() * 2) / BANDWIDTH * 1e3
     nsplit = num_decode_splits(batch, KV, policy)
     default = decode_config(policy, D, nsplit)
-    ref = paged_decode_attention(q, k, v, tables, seq, D**-0.5, config=default)
+    ref = paged_decode_attention(q, k, v, tables, seq, D**-0.5, num_splits=nsplit, config=default)
     n = min(16, batch)
     kf, vf = as_float(k, policy), as_float(v, policy)
     truth = reference.paged_attention(q[:n].float(), kf, vf, tables[:n], [1] * n, [ctx] * n, D**-0.5)

@@ -296,8 +296,9 @@ def precompile_attention(
     device: torch.device,
     table_width: int = 1,
 ) -> None:
-    """Compile now every attention-kernel variant a step can pick (the split counts of the decode
-    kernel, the two prefill tile shapes), for each distinct layer configuration. Triton compiles on
+    """Compile now every attention-kernel variant an eager or piecewise step can pick (the split
+    counts of the decode kernel, the two prefill tile shapes), for each distinct layer configuration
+    (the decode graphs' own variants compile when they are captured). Triton compiles on
     first use, about a second per variant: during serving that would stall every request in flight.
 
     The launches take arguments laid out as a step's are (Triton also specializes on an integer
@@ -321,8 +322,11 @@ def precompile_attention(
         q = qkv[:, : m.num_heads]
         tables = torch.zeros(1, table_width, dtype=torch.int32, device=device)
         empty = torch.zeros(1, dtype=torch.int32, device=device)  # seq_len 0: nothing is read
+        out = torch.empty(1, m.num_heads, m.head_dim, dtype=dtype, device=device)
         for splits in SPLIT_CHOICES:
-            paged_decode_attention(q, k_cache, v_cache, tables, empty, m.scale, m.sliding_window, splits)
+            paged_decode_attention(
+                q, k_cache, v_cache, tables, empty, m.scale, m.sliding_window, splits, out=out
+            )
         starts = torch.zeros(2, dtype=torch.int32, device=device)  # no queries
         for max_query_len in (1, 64):
             paged_prefill_attention(

@@ -96,8 +96,9 @@ class PiecewiseGraphs:
         self.hidden = torch.zeros(n, hidden, dtype=dtype, device=dev)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.pool: Any = None
-        # The fused merge (off by default) was never timed or tested with replay: it keeps the launchers.
-        self.replay_attention = capture and not FUSE_MERGE and launch_replay.available(dev)
+        # The fused merge everywhere (HOTLOOP_DECODE_FUSED_MERGE=1) was never timed or tested with
+        # replay: it keeps the launchers. (By default only the decode graphs fuse it.)
+        self.replay_attention = capture and FUSE_MERGE is not True and launch_replay.available(dev)
         self.attention_keys = [_attention_key(layer.self_attn.attn) for layer in self.layers]
         if capture:
             self._capture(progress)

@@ -105,7 +105,7 @@ def compile_decode(
         asm = code_mode_bits(True, dec.INT8_PAIRS) & split_eo_mask(_TORCH[dtype], D)
     consts = {"G": G, "D": D, "BS": bs, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
               "BLOCK_N": block_n or default_n, "PDL": True,
-              "MERGE": (dec.FUSE_MERGE if merge is None else merge) and splits > 1,
+              "MERGE": bool(dec.FUSE_MERGE if merge is None else merge) and splits > 1,
               **_cache_consts(quant, dtype, asm)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
     # a quantized cache's token and head strides (rows of 132 bytes) are not divisible by 16; its

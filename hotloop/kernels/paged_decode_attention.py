@@ -355,7 +355,8 @@ def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
 
 def num_decode_splits(batch: int, num_kv_heads: int, quant: int = 0) -> int:
     """How many context splits per (sequence, KV head): enough programs to fill the GPU. A power of
-    two, so that only five kernel variants exist (each is compiled once, see ``SPLIT_CHOICES``).
+    two, so that only five kernel variants exist (each is compiled once, see ``SPLIT_CHOICES``; the
+    decode graphs' fused-merge variants of ``decode_plan`` are compiled when they are captured).
 
     An int8 cache (``quant`` 8) aims at twice the programs: its tiles take more instructions per byte,
     so more of them must be in flight. H200, Llama-3-8B shape, 1k context, ms per layer in a CUDA
@@ -390,30 +391,53 @@ MAX_SPLITS = _max_splits_from_env()
 # int8 codes read as 16-bit pairs: 0.420 against 0.484 ms per layer with bytes (B=256 x 1k, H200)
 INT8_PAIRS = True
 
+
 # With splits, the last split to finish merges (``_merge_last``) instead of a second kernel.
-# HOTLOOP_DECODE_FUSED_MERGE=1 fuses it everywhere, =0 nowhere; unset, ``decode_plan`` fuses it where
-# it was timed faster. At batch 1 it was slower (H200, 2026-11-30: Llama-3-8B 241.0 against 248.0
-# tokens/s, SmolLM2-135M 1,675 against 1,996).
-_FUSE_ENV = os.environ.get("HOTLOOP_DECODE_FUSED_MERGE", "")
-FUSE_MERGE = _FUSE_ENV == "1"
-# A 16-bit cache with batch x KV heads in this range takes twice the splits, merged in the launch.
-# H200, Llama-3-8B shape (8 KV heads), 1k context, us per layer in a CUDA graph
+# HOTLOOP_DECODE_FUSED_MERGE=1 fuses it everywhere, =0 nowhere; unset (``FUSE_MERGE`` None),
+# ``decode_plan`` fuses it in the decode graphs where it was timed faster. At batch 1 it was slower
+# (H200, 2026-11-30: Llama-3-8B 241.0 against 248.0 tokens/s, SmolLM2-135M 1,675 against 1,996).
+def _fuse_merge_from_env() -> bool | None:
+    raw = os.environ.get("HOTLOOP_DECODE_FUSED_MERGE", "").strip().lower()
+    if raw == "":
+        return None
+    if raw in ("1", "true", "on", "yes"):
+        return True
+    if raw in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(
+        f"HOTLOOP_DECODE_FUSED_MERGE={raw!r} must be 1 (fuse the split merge everywhere), 0 (nowhere) "
+        "or unset (in the decode graphs, where it was timed faster)"
+    )
+
+
+FUSE_MERGE: bool | None = _fuse_merge_from_env()
+# A 16-bit cache with head dim 128 and batch x KV heads in this range takes twice the splits, merged
+# in the launch. H200, Llama-3-8B shape (8 KV heads), 1k context, us per layer in a CUDA graph
 # (kv_attention_sweep.py, fourteenth session call4): batch 8 14.9 (8 splits, fused) against 16.7
 # (4, launched merge); batch 16 22.4 (4, fused) against 27.8 (2, launched); batch 24 (192) was
 # slower fused (34.1 / 34.7 against 30.9), as was batch 1. int8 and int4 were not clearly faster.
+# Other KV-head counts with the same product (the same program count) take it untimed.
 FUSED_MERGE_ROWS = (64, 128)
 
 
-def decode_plan(batch: int, num_kv_heads: int, quant: int = 0) -> tuple[int, bool]:
+def decode_plan(
+    batch: int, num_kv_heads: int, quant: int = 0, head_dim: int = 128, itemsize: int = 2
+) -> tuple[int, bool]:
     """``(splits, fuse_merge)`` for a decode CUDA graph's batch (the layers ask for it only there:
-    ``AttentionMetadata.graph``): ``num_decode_splits``, and where
-    ``batch * num_kv_heads`` lies in ``FUSED_MERGE_ROWS`` for a 16-bit cache, twice the splits with
-    the merge in the same launch (unless HOTLOOP_DECODE_FUSED_MERGE says otherwise)."""
+    ``AttentionMetadata.graph``): ``num_decode_splits``, and, for a 16-bit cache with head dim 128
+    whose ``batch * num_kv_heads`` lies in ``FUSED_MERGE_ROWS``, twice the splits with the merge in
+    the same launch. A set HOTLOOP_DECODE_FUSED_MERGE (``FUSE_MERGE``) decides the merge instead."""
     splits = num_decode_splits(batch, num_kv_heads, quant)
-    if _FUSE_ENV in ("0", "1"):
+    if FUSE_MERGE is not None:
         return splits, FUSE_MERGE
     lo, hi = FUSED_MERGE_ROWS
-    if quant == 0 and lo <= batch * num_kv_heads <= hi and splits * 2 <= MAX_SPLITS:
+    if (
+        quant == 0
+        and itemsize == 2
+        and head_dim == 128
+        and lo <= batch * num_kv_heads <= hi
+        and splits * 2 <= MAX_SPLITS
+    ):
         return splits * 2, True
     return splits, False
 
@@ -457,7 +481,7 @@ def paged_decode_attention(
     configuration ``(BLOCK_N, num_warps, num_stages[, maxnreg])`` (``benchmarks/kv_attention_sweep.py``).
     ``fuse_merge``: with splits, the last split of each (sequence, KV head) merges them in the same
     launch instead of a second kernel. With neither it nor ``num_splits`` given, both come from
-    ``decode_plan``; otherwise ``fuse_merge`` defaults to ``FUSE_MERGE``.
+    ``decode_plan``; otherwise ``fuse_merge`` defaults to HOTLOOP_DECODE_FUSED_MERGE=1.
     """
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [B, H, D] and the caches [NB, BS, KV, D]")
     B, H, D = q.shape
@@ -476,7 +500,7 @@ def paged_decode_attention(
     check(out.shape == q.shape and out.stride(-1) == 1, f"out {tuple(out.shape)} must match q")
     G = H // kv
     if num_splits is None and fuse_merge is None:
-        splits, fuse_merge = decode_plan(B, kv, quant)
+        splits, fuse_merge = decode_plan(B, kv, quant, D, q.element_size())
     else:
         splits = num_splits or num_decode_splits(B, kv, quant)
     block_g = max(16, next_power_of_2(G))
@@ -500,7 +524,7 @@ def paged_decode_attention(
     )
     use_pdl = pdl(q.device)
     if fuse_merge is None:
-        fuse_merge = FUSE_MERGE
+        fuse_merge = bool(FUSE_MERGE)
     arrivals = counters.counters(q.device, "decode_merge", B * kv) if fuse_merge and splits > 1 else None
     merge = arrivals is not None
     _decode_kernel[(B, kv, splits)](

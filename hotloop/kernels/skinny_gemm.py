@@ -199,6 +199,7 @@ def skinny_gemm(
     )
     if bias is not None:
         check(tuple(bias.shape) == (n,), f"bias must be [{n}]; got {tuple(bias.shape)}")
+        check(bias.dtype == x.dtype, f"bias dtype {bias.dtype} must equal x dtype {x.dtype}")
         check_same_device(x=x2, weight=weight, bias=bias)
     else:
         check_same_device(x=x2, weight=weight)

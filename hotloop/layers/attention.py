@@ -128,7 +128,7 @@ class PagedAttention(nn.Module):
                 meta.seq_lens_t,
                 self.scale,
                 self.sliding_window,
-                fuse_merge=None if meta.graph else FUSE_MERGE,
+                fuse_merge=None if meta.graph else bool(FUSE_MERGE),
             )
         else:
             o = reference.paged_attention(
@@ -180,7 +180,7 @@ class PagedAttention(nn.Module):
                 self.scale,
                 self.sliding_window,
                 out=o,
-                fuse_merge=None if meta.graph else FUSE_MERGE,
+                fuse_merge=None if meta.graph else bool(FUSE_MERGE),
             )
         elif meta.num_decodes and meta.prefill_query_start_t is not None:
             nd = meta.num_decodes
@@ -193,7 +193,7 @@ class PagedAttention(nn.Module):
                 self.scale,
                 self.sliding_window,
                 out=o[:nd],
-                fuse_merge=FUSE_MERGE,
+                fuse_merge=bool(FUSE_MERGE),
             )
             paged_prefill_attention(
                 q[nd:],

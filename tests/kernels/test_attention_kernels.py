@@ -189,14 +189,15 @@ def test_decode_fused_merge_interpreted(h: int, kv: int, d: int, splits: int) ->
 
 @interpret
 def test_decode_planned_fused_merge_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no split count or merge given, a batch ``decode_plan`` fuses (8 sequences x 8 KV heads)
-    runs the fused launch and matches the reference (padding rows included)."""
+    """With no split count or merge given, the launch takes ``decode_plan``'s: here 8 splits merged
+    by the last to arrive (no merge launch; the counters end at zero), GQA groups of 4, padding rows."""
+    from hotloop.kernels import counters
     from hotloop.kernels import paged_decode_attention as mod
 
-    monkeypatch.setattr(mod, "_FUSE_ENV", "")
-    monkeypatch.setattr(mod, "MAX_SPLITS", 16)
-    assert mod.decode_plan(8, 8) == (8, True)
-    _decode_case([1, 0, 37, 70, 5, 64, 33, 2], 8, 8, 16, 16, torch.float32, "cpu", None, None)
+    monkeypatch.setattr(mod, "decode_plan", lambda *a: (8, True))
+    monkeypatch.setattr(mod, "_merge_kernel", _Never())
+    _decode_case([1, 0, 37, 70, 5, 64, 33, 2], 8, 2, 16, 16, torch.float32, "cpu", None, None)
+    assert int(counters.buffer(torch.device("cpu"), "decode_merge").abs().sum()) == 0
 
 
 @interpret
@@ -299,14 +300,22 @@ def test_decode_split_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     assert num_decode_splits(16, 8, 4) == bf16[16]  # int4: not timed, the 16-bit choice
 
 
+class _Never:
+    """Stands in for a kernel that must not be launched: ``kernel[grid](...)`` fails the test."""
+
+    def __getitem__(self, grid: object) -> object:
+        raise AssertionError("a kernel that must not run was launched")
+
+
 def test_decode_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decode-only batches (8 KV heads): a 16-bit cache at batch 8-16 takes twice the splits with the
-    merge fused (timed faster on the H200); elsewhere, and for quantized caches, the plain split
-    count and a merge launch. HOTLOOP_DECODE_FUSED_MERGE=0 / 1 overrides the fusion."""
+    """Decode graphs (8 KV heads, head dim 128, 16-bit): batch 8-16 takes twice the splits with the
+    merge fused (timed faster on the H200); elsewhere, for quantized or float32 caches and other head
+    dims, the plain split count and a merge launch. HOTLOOP_DECODE_FUSED_MERGE=0 / 1 decides the
+    merge instead."""
     from hotloop.kernels import paged_decode_attention as mod
 
     monkeypatch.setattr(mod, "MAX_SPLITS", 16)
-    monkeypatch.setattr(mod, "_FUSE_ENV", "")
+    monkeypatch.setattr(mod, "FUSE_MERGE", None)
     plan = {b: mod.decode_plan(b, 8) for b in (1, 4, 8, 16, 24, 32, 256)}
     assert plan == {
         1: (16, False),
@@ -317,13 +326,26 @@ def test_decode_plan(monkeypatch: pytest.MonkeyPatch) -> None:
         32: (2, False),
         256: (1, False),
     }
-    assert mod.decode_plan(16, 8, 8) == (mod.num_decode_splits(16, 8, 8), False)
-    assert mod.decode_plan(16, 8, 4) == (mod.num_decode_splits(16, 8, 4), False)
+    for args in ((16, 8, 8), (16, 8, 4), (16, 8, 0, 64), (16, 8, 0, 128, 4)):
+        assert mod.decode_plan(*args) == (mod.num_decode_splits(16, 8, args[2]), False), args
     monkeypatch.setattr(mod, "MAX_SPLITS", 2)  # HOTLOOP_DECODE_MAX_SPLITS caps the doubling too
     assert mod.decode_plan(16, 8) == (2, False)
     monkeypatch.setattr(mod, "MAX_SPLITS", 16)
-    for env, fused in (("0", False), ("1", True)):
-        monkeypatch.setattr(mod, "_FUSE_ENV", env)
+    for fused in (False, True):
         monkeypatch.setattr(mod, "FUSE_MERGE", fused)
         assert mod.decode_plan(16, 8) == (2, fused)
         assert mod.decode_plan(1, 8) == (16, fused)
+
+
+@pytest.mark.parametrize(
+    "raw,value", [("", None), ("1", True), ("on", True), ("0", False), ("false", False), ("maybe", "error")]
+)
+def test_fused_merge_env(monkeypatch: pytest.MonkeyPatch, raw: str, value: object) -> None:
+    from hotloop.kernels import paged_decode_attention as mod
+
+    monkeypatch.setenv("HOTLOOP_DECODE_FUSED_MERGE", raw)
+    if value == "error":
+        with pytest.raises(ValueError, match="HOTLOOP_DECODE_FUSED_MERGE='maybe' must be 1"):
+            mod._fuse_merge_from_env()
+    else:
+        assert mod._fuse_merge_from_env() is value

@@ -88,6 +88,8 @@ def test_skinny_gemm_checks_arguments() -> None:
         skinny_gemm(x, w.double(), None, cfg)
     with pytest.raises(ValueError, match="bias must be"):
         skinny_gemm(x, w, torch.randn(4), cfg)
+    with pytest.raises(ValueError, match="bias dtype"):
+        skinny_gemm(x, w, torch.randn(8, dtype=torch.float64), cfg)
     with pytest.raises(ValueError, match="block_k=16 steps per split of 3"):
         skinny_gemm(x, w, None, SkinnyConfig(16, 32, 16, split_k=3))
 
