@@ -34,6 +34,8 @@
 #   final    the attention, launch-replay, piecewise, compile-watch and parity GPU tests, then the serving
 #            runs with 8,192- and 2,048-token steps, which print hotloop:kernel_compiles (one GPU).
 #   serve1   the serving run alone.
+#   tiles    bf16 decode attention at batch 8 / 16, every tile at 2 / 4 / 8 splits, merge launched and
+#            fused (decode_plan's next question: the 128-token tiles with the fused merge); the decode-16 step.
 #   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
@@ -315,6 +317,21 @@ skinny_lane1() {  # decode steps at batch 16 and 32 with the skinny GEMM and wit
   gpu_tests engine_tests 200 tests/api/test_gpu_parity.py tests/models/test_one_row.py tests/executor \
     tests/engine/test_multi_step.py
 }
+tiles_lane0() {  # bf16 decode attention at batch 8 / 16: tiles x split counts, merge launched and fused
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 "$here/kv_attention_sweep.py" --out "$out/tiles.json" --no-prefill --policies 0 \
+    --decode-shapes 8x1024,16x1024 --decode-configs "64,4,3;128,4,3;128,8,2;128,4,2" --splits 2,4,8 \
+    --cross --fuse-merge both >"$out/tiles.log" 2>&1
+  echo "tile sweep rc=$?"
+  grep -E "decode B=.* ms|best|default" "$out/tiles.log"
+}
+tiles_lane1() {  # the decode-16 step as the engine runs it now
+  export CUDA_VISIBLE_DEVICES=$g1
+  timeout 150 python3 "$here/profile_step.py" --out "$out/profile.json" --cases "decode 16@1k" \
+    >"$out/profile.log" 2>&1
+  echo "profile_step rc=$?"
+  grep -E "floor" "$out/profile.log"
+}
 serve1_lane0() { serve 0 c8192; }
 serve1_lane1() { :; }
 plan_lane0() {  # decode_plan's fused merge at batch 8-16: the decode-attention GPU tests, the decode-16 step
@@ -486,7 +503,7 @@ if [ "$what" = table ]; then
   exit 0
 fi
 case $what in
-  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | last | merge | plan | serve1 | skinny | hostprof | batch | steady | multistep) ;;
+  tests | rows | w4a16 | kv | serve | chunks | replay | settle | diag | next | split | confirm | splits2 | final | last | merge | plan | serve1 | tiles | skinny | hostprof | batch | steady | multistep) ;;
   *)
     echo "unknown mode $what (see the modes at the top of $0)" >&2
     exit 2

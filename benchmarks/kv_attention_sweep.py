@@ -85,9 +85,13 @@ def decode_case(
     configs: list[tuple[int, ...]],
     gen: torch.Generator,
     splits: list[int] | None = None,
+    fuses: tuple[bool, ...] = (False,),
+    cross: bool = False,
 ) -> dict:
     """Every configuration at the default split count, then (``splits``) the default configuration
-    of each other split count (a row's ``splits`` field; the merge launch is timed with it)."""
+    of each other split count (a row's ``splits`` field; the merge launch is timed with it). With
+    ``cross``, every configuration at every split count. Each run once per ``fuses`` entry: the
+    merge launched (False) or done by the last split (True; a row's ``fused`` field)."""
     blocks = -(-ctx // BS)
     k, v = make_cache(batch * blocks * BS, policy, gen)
     perm = torch.randperm(batch * blocks, generator=gen).to(torch.int32)
@@ -113,22 +117,34 @@ def decode_case(
     rot = max(1, min(64, -(-ROTATE_BYTES // (2 * k.numel() * k.element_size()))))
     pool = [(k, v)] + [make_cache(batch * blocks * BS, policy, gen) for _ in range(rot - 1)]
     rows = []
-    runs = [(cfg, nsplit) for cfg in [default] + [c for c in configs if c != default]]
-    runs += [(decode_config(policy, D, n), n) for n in splits or [] if n != nsplit]
-    for cfg, n in runs:
+    all_cfgs = [default] + [c for c in configs if c != default]
+    if cross:
+        runs = [(cfg, n) for cfg in all_cfgs for n in sorted(set(splits or []) | {nsplit})]
+    else:
+        runs = [(cfg, nsplit) for cfg in all_cfgs]
+        runs += [(decode_config(policy, D, n), n) for n in splits or [] if n != nsplit]
+    for (cfg, n), fuse in itertools.product(runs, fuses):
+        if fuse and n == 1:
+            continue  # one split: nothing to merge
         try:
-            out = paged_decode_attention(q, k, v, tables, seq, D**-0.5, num_splits=n, config=cfg)
+            out = paged_decode_attention(
+                q, k, v, tables, seq, D**-0.5, num_splits=n, config=cfg, fuse_merge=fuse
+            )
 
-            def timed(cfg: tuple[int, ...] = cfg, n: int = n) -> None:
+            def timed(cfg: tuple[int, ...] = cfg, n: int = n, fuse: bool = fuse) -> None:
                 for kc, vc in pool:
-                    paged_decode_attention(q, kc, vc, tables, seq, D**-0.5, num_splits=n, config=cfg)
+                    paged_decode_attention(
+                        q, kc, vc, tables, seq, D**-0.5, num_splits=n, config=cfg, fuse_merge=fuse
+                    )
 
             ms = bench(timed) / rot
-            rows.append({"config": list(cfg), "splits": n, "ms": ms, "rel_err_vs_default": rel(out, ref)})
+            rows.append({"config": list(cfg), "splits": n, "fused": fuse, "ms": ms,
+                         "rel_err_vs_default": rel(out, ref)})  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a configuration that does not compile is a result
-            rows.append({"config": list(cfg), "splits": n, "error": f"{type(e).__name__}: {str(e)[:120]}"})
+            rows.append({"config": list(cfg), "splits": n, "fused": fuse,
+                         "error": f"{type(e).__name__}: {str(e)[:120]}"})  # fmt: skip
         r = rows[-1]
-        print(f"  decode B={batch} ctx={ctx} q{policy} {cfg} splits {n}: "
+        print(f"  decode B={batch} ctx={ctx} q{policy} {cfg} splits {n}{' fused' if fuse else ''}: "
               + (f"{r['ms']:.4f} ms ({floor_ms / r['ms']:.0%} of roofline)" if "ms" in r else r["error"]),
               flush=True)  # fmt: skip
     return {"kind": "decode", "batch": batch, "ctx": ctx, "policy": policy, "floor_ms": floor_ms,
@@ -192,6 +208,13 @@ def main(argv: list[str] | None = None) -> int:
         "--splits", help="also time these split counts (default configuration each): '1,2,4,8,16'"
     )
     ap.add_argument("--eager-timing", action="store_true", help="time launch by launch, not in a CUDA graph")
+    ap.add_argument(
+        "--fuse-merge",
+        choices=("launched", "fused", "both"),
+        default="launched",
+        help="decode with splits: the merge as its own launch, done by the last split, or both",
+    )
+    ap.add_argument("--cross", action="store_true", help="decode: every configuration at every split count")
     args = ap.parse_args(argv)
     global GRAPH_TIMING
     GRAPH_TIMING = not args.eager_timing
@@ -221,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_decode:
             for shape in args.decode_shapes.split(","):
                 batch, ctx = (int(x) for x in shape.split("x"))
-                results.append(decode_case(batch, ctx, policy, dec, gen, splits))
+                fuses = {"launched": (False,), "fused": (True,), "both": (False, True)}[args.fuse_merge]
+                results.append(decode_case(batch, ctx, policy, dec, gen, splits, fuses, args.cross))
         if not args.no_prefill:
             for qlen in (int(x) for x in args.prefill_lens.split(",")):
                 results.append(prefill_case(qlen, policy, pre, gen))
@@ -240,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
             f"B={r['batch']} ctx={r['ctx']}" if r["kind"] == "decode" else f"T={r['qlen']}"
         )
         how = f"{best['config']}" + (f" splits {best['splits']}" if "splits" in best else "")
-        print(f"{name:32s} default {base.get('ms', float('nan')):.3f} ms  best {best['ms']:.3f} ms "
-              f"{how}  floor {r['floor_ms']:.3f} ms")  # fmt: skip
+        how += " fused" if best.get("fused") else ""
+        print(f"{name:32s} default {base.get('ms', float('nan')):.4f} ms  best {best['ms']:.4f} ms "
+              f"{how}  floor {r['floor_ms']:.4f} ms")  # fmt: skip
     return 0
 
 
