@@ -94,7 +94,9 @@ def test_skinny_gemm_checks_arguments() -> None:
         skinny_gemm(x, w, None, SkinnyConfig(16, 32, 16, split_k=3))
 
 
-SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (960, 576), (1000, 1536), (151936, 896)]
+# an 8B q/k/v and down projection, SmolLM2's q/k/v (K = 576: 9 steps of 64), a masked column tile.
+# (The kernel is not on the engine's path: a light grid keeps the GPU suite short.)
+SHAPES = [(6144, 4096), (4096, 14336), (960, 576), (1000, 1536)]
 
 
 @pytest.mark.gpu
@@ -106,7 +108,7 @@ def test_skinny_gemm_templates_gpu(n: int, k: int, dtype: torch.dtype) -> None:
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for template in TEMPLATES:
-        for m in (2, 7, 16, 31, 64):
+        for m in (2, 17, 64):
             cfg = fit(template, m, n, k, sms)
             assert cfg is not None
             err = _err(m, n, k, dtype, "cuda", m % 2 == 1, cfg)
