@@ -31,12 +31,18 @@ class FinishReason(str, enum.Enum):
         return self.value
 
 
+MIN_TEMPERATURE = 1e-5  # below this a sampled request decodes greedily (as vLLM)
+MAX_SEED = 2**63  # seeds lie in [0, MAX_SEED): torch generators take a signed 64-bit seed
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """How to generate for one request.
 
     do_sample=False means greedy decoding whatever the temperature; with do_sample=True a
-    temperature of 0 is also greedy. top_k=0 and top_p=1.0 and min_p=0.0 switch those filters off.
+    temperature below ``MIN_TEMPERATURE`` (0 included) is also greedy (dividing the logits by a
+    tinier one overflows them). random_seed: an integer in [0, 2**63). min_new_tokens: until this
+    many tokens, EOS and stop_token_ids are masked and stop_words do not stop (as in vLLM). top_k=0 and top_p=1.0 and min_p=0.0 switch those filters off.
     logprobs: how many top alternatives to return with each generated token's log-probability
     (0 returns only the chosen token's; None returns none).
     """
@@ -87,6 +93,14 @@ class GenerationConfig:
             not isinstance(self.min_new_tokens, int) or self.min_new_tokens < 0
         ):
             raise bad("min_new_tokens", "must be an integer >= 0")
+        if self.min_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
+            raise bad("min_new_tokens", f"must be <= max_new_tokens={self.max_new_tokens}")
+        if self.random_seed is not None and (
+            not isinstance(self.random_seed, int)
+            or isinstance(self.random_seed, bool)
+            or not 0 <= self.random_seed < MAX_SEED
+        ):
+            raise bad("random_seed", "must be an integer in [0, 2**63)")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "must be an integer in [0, 20]")
         if isinstance(self.stop_words, str):
@@ -98,7 +112,7 @@ class GenerationConfig:
 
     @property
     def greedy(self) -> bool:
-        return (not self.do_sample) or self.temperature == 0.0 or self.top_k == 1
+        return (not self.do_sample) or self.temperature < MIN_TEMPERATURE or self.top_k == 1
 
     def replace(self, **changes: Any) -> GenerationConfig:
         return dataclasses.replace(self, **changes)
@@ -127,9 +141,10 @@ class Response:
     finish_reason: str | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
-    index: int = 0
+    index: int = 0  # which prompt of the call
     cached_tokens: int = 0
     session_id: int | None = None
+    choice: int = 0  # which of the prompt's ``n`` samples (GenerationConfig.n)
 
     @property
     def prompt_tokens(self) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 from hotloop.api.build import BuiltEngine, build_engine
 from hotloop.config import EngineConfig
 from hotloop.engine.outputs import RequestOutput
-from hotloop.messages import GenerationConfig, RequestError, Response
+from hotloop.messages import MAX_SEED, GenerationConfig, RequestError, Response
 from hotloop.utils.logging import get_logger
 from hotloop.vl.image import DEFAULT_POLICY, ImageFetchPolicy
 from hotloop.vl.inputs import ImageInput
@@ -68,6 +68,7 @@ class Pipeline:
         self.image_fetch_policy = image_fetch_policy or DEFAULT_POLICY
         self._ids = itertools.count()
         self._session_ids = itertools.count(1)
+        self._running = False  # a call is generating (a stream_infer iterator may be paused)
 
     # -- properties -----------------------------------------------------------------------------
     @property
@@ -155,6 +156,7 @@ class Pipeline:
         self, prompts: Sequence[Prompt], gen_config: GenerationConfig, do_preprocess: bool
     ) -> list[tuple[int, int, str, list[int]]]:
         """Encode and validate everything first, then submit: a bad prompt submits nothing."""
+        self._check_idle()
         encoded = [self.encode_with_images(p, do_preprocess) for p in prompts]
         for ids, _mm in encoded:
             self.engine.validate(ids, gen_config)
@@ -163,7 +165,7 @@ class Pipeline:
             for j in range(gen_config.n):
                 params = gen_config
                 if gen_config.random_seed is not None and j > 0:
-                    params = gen_config.replace(random_seed=gen_config.random_seed + j)
+                    params = gen_config.replace(random_seed=(gen_config.random_seed + j) % MAX_SEED)
                 rid = f"pipe-{next(self._ids)}"
                 if mm:
                     self.engine.add_request(rid, ids, params, mm_inputs=mm)
@@ -172,9 +174,18 @@ class Pipeline:
                 subs.append((i, j, rid, ids))
         return subs
 
+    def _check_idle(self) -> None:
+        if self._running:
+            raise RuntimeError(
+                "this Pipeline is already generating: a stream_infer iterator is still open. One "
+                "call at a time steps the engine; finish or close() that iterator first, or pass "
+                "all prompts to one call"
+            )
+
     def _run(self, rids: set[str]) -> Iterator[RequestOutput]:
         """Step the engine until every request in ``rids`` finished, yielding their outputs."""
         pending = set(rids)
+        self._running = True
         try:
             while pending:
                 for o in self.engine.step():
@@ -188,6 +199,7 @@ class Pipeline:
             if pending:
                 while self.engine.has_unfinished() and any(r in self.engine.requests for r in pending):
                     self.engine.step()
+            self._running = False
 
     def __call__(
         self,
@@ -205,7 +217,7 @@ class Pipeline:
         subs = self._submit(items, gen_config, do_preprocess)
         by_id = {rid: (i, j, ids) for i, j, rid, ids in subs}
         acc: dict[str, Response] = {
-            rid: Response("", 0, len(ids), None, [], None, i) for rid, (i, _j, ids) in by_id.items()
+            rid: Response("", 0, len(ids), None, [], None, i, choice=j) for rid, (i, j, ids) in by_id.items()
         }
         for o in self._run(set(by_id)):
             _accumulate(acc[o.request_id], o)
@@ -218,13 +230,15 @@ class Pipeline:
     def stream_infer(
         self, prompts: Any, gen_config: GenerationConfig | None = None, do_preprocess: bool = True
     ) -> Iterator[Response]:
-        """Yield incremental responses (new text and token ids); ``index`` says which prompt."""
+        """Yield incremental responses (new text and token ids); ``index`` says which prompt and
+        ``choice`` which of its ``n`` samples. One call at a time: another call while this iterator
+        is open raises (it would step the engine under it)."""
         gen_config = gen_config or GenerationConfig()
         items, _single = self._normalize(prompts, self.vl is not None)
         subs = self._submit(items, gen_config, do_preprocess)
-        by_id = {rid: (i, ids) for i, _j, rid, ids in subs}
+        by_id = {rid: (i, j) for i, j, rid, _ids in subs}
         for o in self._run(set(by_id)):
-            i, ids = by_id[o.request_id]
+            i, j = by_id[o.request_id]
             yield Response(
                 text=o.new_text,
                 generate_token_len=o.num_generated_tokens,
@@ -234,6 +248,7 @@ class Pipeline:
                 logprobs=list(o.logprobs) or None,
                 index=i,
                 cached_tokens=o.cached_tokens,
+                choice=j,
             )
 
     def get_ppl(self, input_ids: list[int] | list[list[int]]) -> list[float]:
@@ -241,6 +256,7 @@ class Pipeline:
         log-likelihood of tokens 1..n-1 given their prefixes."""
         import math
 
+        self._check_idle()  # score() steps the engine too
         batch = [input_ids] if input_ids and isinstance(input_ids[0], int) else input_ids
         result = []
         for ids in batch:
@@ -254,7 +270,14 @@ class Pipeline:
         session: Session | None = None,
         gen_config: GenerationConfig | None = None,
     ) -> Session:
-        """One turn of a multi-turn conversation; pass the returned session to continue it."""
+        """One turn of a multi-turn conversation; pass the returned session to continue it. A turn
+        has one reply: ``gen_config.n`` must be 1."""
+        if gen_config is not None and gen_config.n != 1:
+            raise RequestError(
+                f"n={gen_config.n}: chat() keeps one reply per turn; use pipe(messages, gen_config) "
+                "for several samples",
+                "n",
+            )
         if session is None:
             session = Session(next(self._session_ids))
         new = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)

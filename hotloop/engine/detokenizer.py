@@ -145,12 +145,15 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         stop_words: tuple[str, ...] = (),
         include_stop_str_in_output: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         self._tokenizer = tokenizer
         self.num_prompt_tokens = len(prompt_token_ids)
         self._skip_special_tokens = skip_special_tokens
         self._stop_words = tuple(s for s in stop_words if s)
         self._include_stop = include_stop_str_in_output
+        # (min_new_tokens) stop strings that complete before this many tokens do not stop, as in vLLM
+        self._min_tokens = min_tokens
         self._ids: list[int] = []
         # A fast tokenizer without space clean-up decodes exactly as its Rust backend does; calling
         # the backend directly skips transformers' per-call argument conversion (most of the host
@@ -316,7 +319,7 @@ class IncrementalDetokenizer:
     def _check_and_emit(self, checked: int, final: bool) -> str:
         """Look for a stop string in text added after ``checked`` and return what may now go out."""
         end = len(self._decoded)
-        match = self._find_stop(checked)
+        match = self._find_stop(checked) if len(self._ids) >= self._min_tokens else None
         if match is not None:
             start, stop_end = match
             end = stop_end if self._include_stop else start

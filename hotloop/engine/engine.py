@@ -187,6 +187,7 @@ class Engine:
             skip_special_tokens=params.skip_special_tokens,
             stop_words=tuple(params.stop_words or ()),
             include_stop_str_in_output=params.include_stop_str_in_output,
+            min_tokens=params.min_new_tokens or 0,
         )
         with self._lock:
             if request_id in self._ids:

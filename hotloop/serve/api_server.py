@@ -87,7 +87,7 @@ def _add_basic_routes(app: FastAPI, state: ServerState) -> None:
             "object": "model",
             "owned_by": "hotloop",
             "root": str(state.built.model_path),
-            "max_model_len": state.session_len,
+            "max_model_len": state.context_limit,
         }
         return {"object": "list", "data": [card]}
 
@@ -99,7 +99,7 @@ def _add_basic_routes(app: FastAPI, state: ServerState) -> None:
             "object": "model",
             "owned_by": "hotloop",
             "root": str(state.built.model_path),
-            "max_model_len": state.session_len,
+            "max_model_len": state.context_limit,
         }
 
     @app.get("/", include_in_schema=False)

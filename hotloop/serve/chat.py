@@ -105,6 +105,10 @@ def _check_unsupported(body: ChatCompletionRequest) -> None:
         )
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs", "invalid_value")
+    if body.stream_options is not None and not body.stream:
+        raise APIError(
+            400, "stream_options is only allowed with stream=true", "stream_options", "invalid_value"
+        )
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
@@ -113,7 +117,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state.check_model(body.model)
     _check_unsupported(body)
     images: list[Any] = []
-    ids = encode_chat(state, body.messages, body.add_generation_prompt, images)
+    # tokenized off the event loop: a long chat would stall every stream in flight
+    ids = await state.tokenize_off_loop(encode_chat, state, body.messages, body.add_generation_prompt, images)
     ids, mm_inputs = await expand_images(state, ids, images)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     max_new = resolve_max_tokens(state, len(ids), requested, "messages")

@@ -31,6 +31,19 @@ def has_chat_template(tokenizer: Any, chat_template: str | None = None) -> bool:
     return bool(chat_template or getattr(tokenizer, "chat_template", None))
 
 
+def unicode_error(text: str, param: str) -> str | None:
+    """Why ``text`` cannot be tokenized, or None: a lone UTF-16 surrogate (a JSON string cut inside
+    an emoji by a UTF-16 client) has no UTF-8 form."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (
+            f"{param} is not valid Unicode: an unpaired UTF-16 surrogate (U+{ord(text[e.start]):04X}) at "
+            f"character {e.start}; send whole characters"
+        )
+    return None
+
+
 def encode_messages(
     tokenizer: Any,
     messages: list[dict[str, Any]],
@@ -49,4 +62,7 @@ def encode_messages(
         )
     except Exception as e:  # jinja raises TemplateError subclasses, and templates raise their own
         raise ChatTemplateError(f"the chat template could not render these messages: {e}") from e
+    problem = unicode_error(text, "messages")
+    if problem is not None:
+        raise ChatTemplateError(problem)
     return list(tokenizer.encode(text, add_special_tokens=False))

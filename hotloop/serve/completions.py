@@ -42,7 +42,7 @@ def _prompts(state: ServerState, prompt: Any, echo: bool = True) -> list[tuple[l
     for k, p in enumerate(items):
         param = "prompt" if len(items) == 1 else f"prompt[{k}]"
         if isinstance(p, str):
-            ids = list(state.tokenizer.encode(p, add_special_tokens=True))
+            ids = state.encode(p, param)
             text = p
         else:
             ids = list(p)
@@ -55,6 +55,10 @@ def _prompts(state: ServerState, prompt: Any, echo: bool = True) -> list[tuple[l
 
 
 def _check_unsupported(body: CompletionRequest) -> None:
+    if body.stream_options is not None and not body.stream:
+        raise APIError(
+            400, "stream_options is only allowed with stream=true", "stream_options", "invalid_value"
+        )
     if body.suffix:
         raise APIError(400, "suffix is not supported", "suffix", "unsupported_parameter")
     if body.best_of is not None and body.best_of != body.n:
@@ -78,7 +82,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     state: ServerState = request.app.state.hotloop
     state.check_model(body.model)
     _check_unsupported(body)
-    prompts = _prompts(state, body.prompt, bool(body.echo))
+    # tokenized off the event loop: a long prompt would stall every stream in flight
+    prompts = await state.tokenize_off_loop(_prompts, state, body.prompt, bool(body.echo))
     subs: list[tuple[list[int], GenerationConfig]] = []
     for k, (ids, _text) in enumerate(prompts):
         param = "prompt" if len(prompts) == 1 else f"prompt[{k}]"

@@ -68,14 +68,14 @@ def _prompt_ids(state: ServerState, body: GenerateRequest) -> list[int]:
             )
         except ChatTemplateError as e:
             raise APIError(400, str(e), "do_preprocess", "invalid_value") from e
-    return list(state.tokenizer.encode(body.prompt, add_special_tokens=True))
+    return state.encode(body.prompt, "prompt")
 
 
 @router.post("/generate", response_model=GenerateResponse)
 async def generate(body: GenerateRequest, request: Request) -> Any:
     state: ServerState = request.app.state.hotloop
     state.check_model(body.model)
-    ids = _prompt_ids(state, body)
+    ids = await state.tokenize_off_loop(_prompt_ids, state, body)  # (off the event loop: long texts)
     param = "input_ids" if body.input_ids is not None else "prompt"
     if not ids:
         raise APIError(400, f"{param} is empty: it must hold at least one token", param, "invalid_value")
@@ -154,11 +154,12 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "send exactly one of prompt and messages", "prompt", "invalid_value")
     if body.messages is not None:
-        ids = encode_chat(state, body.messages, body.add_generation_prompt)
+        # (tokenizing a long text takes a while: off the event loop, as for generation)
+        ids = await state.tokenize_off_loop(encode_chat, state, body.messages, body.add_generation_prompt)
     else:
         assert body.prompt is not None
-        ids = list(state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
-    return {"tokens": ids, "count": len(ids), "max_model_len": state.session_len}
+        ids = await state.tokenize_off_loop(state.encode, body.prompt, "prompt", body.add_special_tokens)
+    return {"tokens": ids, "count": len(ids), "max_model_len": state.context_limit}
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse)

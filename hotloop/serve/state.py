@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hotloop.engine.async_engine import AsyncEngine
-from hotloop.serve.chat_template import load_chat_template
+from hotloop.serve.chat_template import load_chat_template, unicode_error
 from hotloop.serve.errors import APIError
 from hotloop.serve.metrics import ServerMetrics
 from hotloop.vl.image import ImageFetchPolicy
@@ -77,6 +79,9 @@ class ServerState:
         self._max_concurrent = args.max_concurrent_requests
         self._semaphore: asyncio.Semaphore | None = None
         self._token_text: dict[int, str] = {}
+        # Prompts are tokenized on one worker thread: off the event loop (a long prompt would stall
+        # every stream in flight) and one at a time (tokenizer calls never overlap each other).
+        self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="hotloop-tokenize")
         # Vision-language models: the processor for image_url parts (None: a text-only model).
         self.vl: VLProcessor | None = None
         if hasattr(built, "model_path") and hasattr(built, "model_config"):
@@ -126,6 +131,17 @@ class ServerState:
             if len(self._token_text) < 1_000_000:
                 self._token_text[token_id] = text
         return text
+
+    async def tokenize_off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the tokenizing thread (see ``__init__``)."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn, *args)
+
+    def encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` (field ``param``); text that is not valid Unicode is a 400."""
+        problem = unicode_error(text, param)
+        if problem is not None:
+            raise APIError(400, problem, param, "invalid_value")
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         vocab = self.vocab_size

@@ -99,3 +99,59 @@ def test_stop_words_and_max_tokens(pipe) -> None:
     )
     assert r.finish_reason == "stop"
     assert " 7" not in r.text and r.text.strip().endswith("6,")
+
+
+def test_stream_chunks_name_their_choice(pipe) -> None:
+    """With n > 1 each streamed piece says which sample it belongs to, and the pieces of a sample
+    join into what pipe() returns for it (same seeds)."""
+    gen = GenerationConfig(n=2, max_new_tokens=6, do_sample=True, random_seed=7, ignore_eos=True)
+    whole = pipe("Once upon a time", gen_config=gen, do_preprocess=False)
+    streamed: dict[int, list[int]] = {0: [], 1: []}
+    for r in pipe.stream_infer("Once upon a time", gen_config=gen, do_preprocess=False):
+        assert r.index == 0
+        streamed[r.choice] += r.token_ids
+    assert [w.choice for w in whole] == [0, 1]
+    assert streamed == {0: whole[0].token_ids, 1: whole[1].token_ids}
+
+
+def test_one_call_at_a_time(pipe) -> None:
+    """A call while a stream is open would step the engine under it: it raises, and the open stream
+    still gets all of its tokens."""
+    gen = GenerationConfig(max_new_tokens=5, ignore_eos=True)
+    stream = pipe.stream_infer("Hello", gen_config=gen, do_preprocess=False)
+    first = next(stream)
+    with pytest.raises(RuntimeError, match="already generating"):
+        pipe("Hi", gen_config=gen, do_preprocess=False)
+    with pytest.raises(RuntimeError, match="already generating"):
+        pipe.get_ppl([1, 2, 3])
+    rest = list(stream)
+    assert len(first.token_ids) + sum(len(r.token_ids) for r in rest) == 5
+    assert pipe("Hi", gen_config=gen, do_preprocess=False).generate_token_len == 5  # idle again
+    engine = pipe.engine
+    assert engine.num_free_blocks == engine.num_total_blocks
+
+
+def test_seeds_are_checked_and_wrap_for_n(pipe) -> None:
+    with pytest.raises(RequestError, match=r"random_seed=-1 must be an integer in \[0, 2\*\*63\)"):
+        GenerationConfig(random_seed=-1)
+    with pytest.raises(RequestError, match="random_seed"):
+        GenerationConfig(random_seed=2**63)
+    with pytest.raises(RequestError, match="min_new_tokens=9 must be <= max_new_tokens=8"):
+        GenerationConfig(max_new_tokens=8, min_new_tokens=9)
+    gen = GenerationConfig(n=2, max_new_tokens=3, do_sample=True, random_seed=2**63 - 1)
+    out = pipe("Hi", gen_config=gen, do_preprocess=False)  # sample 1 takes seed 0
+    assert [len(r.token_ids) for r in out] == [3, 3]
+    with pytest.raises(RequestError, match="n=2: chat"):
+        pipe.chat("Hi", gen_config=gen)
+
+
+def test_a_tiny_temperature_is_greedy(pipe) -> None:
+    """Dividing logits by 1e-45 overflows them; below 1e-5 a sampled request decodes greedily."""
+    greedy = pipe(
+        "The capital of France is", gen_config=GenerationConfig(max_new_tokens=5), do_preprocess=False
+    )
+    tiny = GenerationConfig(max_new_tokens=5, do_sample=True, temperature=1e-45, random_seed=3)
+    assert tiny.greedy
+    assert (
+        pipe("The capital of France is", gen_config=tiny, do_preprocess=False).token_ids == greedy.token_ids
+    )

@@ -174,6 +174,18 @@ def test_stop_strings(tokenizer: Any, stop_words: tuple[str, ...], include: bool
     assert stream(tokenizer, ids, chunks=[len(ids)], **kwargs)[1].text == expected
 
 
+def test_min_tokens_holds_off_stop_strings(tokenizer: Any) -> None:
+    """(min_new_tokens, as vLLM) a stop string completing before ``min_tokens`` tokens does not stop;
+    one completing after does."""
+    ids = encode(tokenizer, "The STOCK went up; The end")  # "The" completes on token 1 and again later
+    pieces, detok = stream(tokenizer, ids, stop_words=("The",))
+    assert detok.stopped and "".join(pieces) == ""
+    pieces, detok = stream(tokenizer, ids, stop_words=("The",), min_tokens=3)
+    assert detok.stopped and "".join(pieces) == "The STOCK went up; "
+    pieces, detok = stream(tokenizer, ids, stop_words=("The",), min_tokens=len(ids) + 1)
+    assert not detok.stopped and "".join(pieces) + detok.flush() == "The STOCK went up; The end"
+
+
 def test_partial_stop_prefix_never_emitted(tokenizer: Any) -> None:
     # Every tail that could start "STOP" is held back while streaming, then let out.
     ids = encode(tokenizer, STOCK)

@@ -160,3 +160,74 @@ def test_toy_engine_choices_stop_and_index_order() -> None:
             assert chat["usage"]["completion_tokens"] == 4  # no max_tokens: up to session_len, EOS ends it
 
     run(main())
+
+
+def test_text_that_is_not_unicode_is_a_400_naming_the_field() -> None:
+    """A lone UTF-16 surrogate (a JSON string cut inside an emoji) cannot be tokenized: 400 with the
+    field, never a 500; the server keeps serving."""
+
+    async def main() -> None:
+        async with app_client() as (c, state):
+            cases = [
+                (
+                    "/v1/chat/completions",
+                    '{"messages":[{"role":"user","content":"hi \\ud800 x"}],"max_tokens":2}',
+                    "messages",
+                ),
+                ("/v1/completions", '{"prompt":"hi \\ud800 x","max_tokens":2}', "prompt"),
+                ("/v1/completions", '{"prompt":["ok","hi \\udfff"],"max_tokens":2}', "prompt[1]"),
+                ("/generate", '{"prompt":"hi \\ud800","max_new_tokens":2}', "prompt"),
+                ("/tokenize", '{"prompt":"hi \\ud800"}', "prompt"),
+            ]
+            for path, raw, param in cases:
+                r = await c.post(path, content=raw, headers={"content-type": "application/json"})
+                assert r.status_code == 400, (path, r.status_code, r.text)
+                err = r.json()["error"]
+                assert err["param"] == param and "unpaired UTF-16 surrogate" in err["message"], (path, err)
+            ok = await c.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2})
+            assert ok.status_code == 200
+            assert state.engine.num_free_blocks == state.engine.num_total_blocks
+
+    run(main())
+
+
+def test_stream_options_need_stream_and_min_tokens_fit_max_tokens() -> None:
+    async def main() -> None:
+        async with app_client() as (c, _state):
+            chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}
+            for path, body in (
+                ("/v1/chat/completions", chat),
+                ("/v1/completions", {"prompt": "abc", "max_tokens": 3}),
+            ):
+                r = await c.post(path, json={**body, "stream_options": {"include_usage": True}})
+                assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options", r.text
+                r = await c.post(path, json={**body, "min_tokens": 50})
+                err = r.json()["error"]
+                assert r.status_code == 400 and err["param"] == "min_tokens", r.text
+                assert "max_new_tokens=3" in err["message"]
+            r = await c.post("/generate", json={"prompt": "abc", "max_new_tokens": 3, "min_new_tokens": 4})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "min_new_tokens", r.text
+
+    run(main())
+
+
+def test_advertised_max_model_len_is_what_a_request_may_hold() -> None:
+    async def main() -> None:
+        async with app_client() as (c, state):
+            limit = state.context_limit
+            models = (await c.get("/v1/models")).json()["data"][0]
+            tok = (await c.post("/tokenize", json={"prompt": "abc"})).json()
+            assert models["max_model_len"] == limit == tok["max_model_len"]
+
+    run(main())
+
+
+def test_prompts_are_tokenized_off_the_event_loop() -> None:
+    async def main() -> None:
+        async with app_client() as (_c, state):
+            import threading
+
+            name = await state.tokenize_off_loop(lambda: threading.current_thread().name)
+            assert name.startswith("hotloop-tokenize") and name != threading.current_thread().name
+
+    run(main())
