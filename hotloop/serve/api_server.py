@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from hotloop.serve import chat, completions, native
 from hotloop.serve.errors import error_response, install_error_handlers
-from hotloop.serve.gate import GateMiddleware
+from hotloop.serve.gate import GateMiddleware, JSONByDefault
 from hotloop.serve.metrics import CONTENT_TYPE
 from hotloop.serve.openai_protocol import ModelList
 from hotloop.serve.state import ServerArgs, ServerState
@@ -55,6 +55,7 @@ def create_app(built_engine: Any, server_args: ServerArgs | None = None) -> Fast
     app.include_router(completions.router)
     app.include_router(native.router)
     _add_basic_routes(app, state)
+    app.add_middleware(JSONByDefault)  # innermost: after the key check
     app.add_middleware(GateMiddleware, state=state)
     app.add_middleware(
         CORSMiddleware,  # outermost: preflights are answered before the key check

@@ -62,6 +62,21 @@ class GateMiddleware:
         await self.app(scope, receive, send)
 
 
+class JSONByDefault:
+    """A POST with a body and no Content-Type is read as JSON (clients that send ``data=`` without
+    the header; vLLM and OpenAI accept them). A Content-Type that is not JSON is still a 400."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            headers = scope.get("headers", [])
+            if not any(name == b"content-type" for name, _ in headers):
+                scope = dict(scope, headers=[*headers, (b"content-type", b"application/json")])
+        await self.app(scope, receive, send)
+
+
 async def _reply(
     send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:

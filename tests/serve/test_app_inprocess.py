@@ -231,3 +231,15 @@ def test_prompts_are_tokenized_off_the_event_loop() -> None:
             assert name.startswith("hotloop-tokenize") and name != threading.current_thread().name
 
     run(main())
+
+
+def test_a_json_body_without_content_type_is_read_as_json() -> None:
+    async def main() -> None:
+        async with app_client() as (c, _state):
+            raw = json.dumps({"prompt": "abc", "max_tokens": 2})
+            r = await c.post("/v1/completions", content=raw)  # no Content-Type header
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+            r = await c.post("/v1/completions", content=raw, headers={"content-type": "text/plain"})
+            assert r.status_code == 400 and "Content-Type must be application/json" in r.text
+
+    run(main())
