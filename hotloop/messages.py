@@ -41,8 +41,9 @@ class GenerationConfig:
 
     do_sample=False means greedy decoding whatever the temperature; with do_sample=True a
     temperature below ``MIN_TEMPERATURE`` (0 included) is also greedy (dividing the logits by a
-    tinier one overflows them). random_seed: an integer in [0, 2**63). min_new_tokens: until this
-    many tokens, EOS and stop_token_ids are masked and stop_words do not stop (as in vLLM). top_k=0 and top_p=1.0 and min_p=0.0 switch those filters off.
+    tinier one overflows them). top_k=0 and top_p=1.0 and min_p=0.0 switch those filters off.
+    random_seed: an integer in [0, 2**63). min_new_tokens: until this many tokens, EOS and
+    stop_token_ids are masked and stop_words do not stop (as in vLLM).
     logprobs: how many top alternatives to return with each generated token's log-probability
     (0 returns only the chosen token's; None returns none).
     """

@@ -194,12 +194,14 @@ class Pipeline:
                             pending.discard(o.request_id)
                         yield o
         finally:
-            for rid in pending:  # the caller stopped early: free the blocks
-                self.engine.abort_request(rid)
-            if pending:
-                while self.engine.has_unfinished() and any(r in self.engine.requests for r in pending):
-                    self.engine.step()
-            self._running = False
+            try:
+                for rid in pending:  # the caller stopped early: free the blocks
+                    self.engine.abort_request(rid)
+                if pending:
+                    while self.engine.has_unfinished() and any(r in self.engine.requests for r in pending):
+                        self.engine.step()
+            finally:
+                self._running = False
 
     def __call__(
         self,

@@ -152,7 +152,8 @@ class IncrementalDetokenizer:
         self._skip_special_tokens = skip_special_tokens
         self._stop_words = tuple(s for s in stop_words if s)
         self._include_stop = include_stop_str_in_output
-        # (min_new_tokens) stop strings that complete before this many tokens do not stop, as in vLLM
+        # (min_new_tokens) stop strings that complete before this many tokens do not stop, as in vLLM;
+        # the engine feeds such a request one token per step (no multi-step rounds until then)
         self._min_tokens = min_tokens
         self._ids: list[int] = []
         # A fast tokenizer without space clean-up decodes exactly as its Rust backend does; calling

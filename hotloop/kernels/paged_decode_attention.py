@@ -471,6 +471,7 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     config: tuple[int, ...] | None = None,
     fuse_merge: bool | None = None,
+    graph_plan: bool = False,
 ) -> torch.Tensor:
     """One new query per sequence attends over its paged context.
 
@@ -480,8 +481,8 @@ def paged_decode_attention(
     Returns ``[B, H, D]`` in q's dtype (into ``out`` when given). ``config`` overrides the launch
     configuration ``(BLOCK_N, num_warps, num_stages[, maxnreg])`` (``benchmarks/kv_attention_sweep.py``).
     ``fuse_merge``: with splits, the last split of each (sequence, KV head) merges them in the same
-    launch instead of a second kernel. With neither it nor ``num_splits`` given, both come from
-    ``decode_plan``; otherwise ``fuse_merge`` defaults to HOTLOOP_DECODE_FUSED_MERGE=1.
+    launch instead of a second kernel (default: HOTLOOP_DECODE_FUSED_MERGE=1). ``graph_plan`` (a
+    decode CUDA graph's launch): the split count and merge not given come from ``decode_plan``.
     """
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [B, H, D] and the caches [NB, BS, KV, D]")
     B, H, D = q.shape
@@ -499,8 +500,10 @@ def paged_decode_attention(
         out = torch.empty_like(q)
     check(out.shape == q.shape and out.stride(-1) == 1, f"out {tuple(out.shape)} must match q")
     G = H // kv
-    if num_splits is None and fuse_merge is None:
-        splits, fuse_merge = decode_plan(B, kv, quant, D, q.element_size())
+    if graph_plan:
+        planned_splits, planned_merge = decode_plan(B, kv, quant, D, q.element_size())
+        splits = num_splits or planned_splits
+        fuse_merge = planned_merge if fuse_merge is None else fuse_merge
     else:
         splits = num_splits or num_decode_splits(B, kv, quant)
     block_g = max(16, next_power_of_2(G))

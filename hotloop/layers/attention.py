@@ -116,20 +116,9 @@ class PagedAttention(nn.Module):
         qv = q.view(T, self.num_heads, self.head_dim)
         k_cache, v_cache = kv_cache
         if ops.use_triton(q) and meta.seq_lens_t is not None:
-            from hotloop.kernels.paged_decode_attention import FUSE_MERGE, paged_decode_attention
-
             if not meta.decode_only:
                 raise ValueError("PagedAttention.attend on CUDA serves decode-only batches")
-            o = paged_decode_attention(
-                qv,
-                k_cache,
-                v_cache,
-                meta.block_tables,
-                meta.seq_lens_t,
-                self.scale,
-                self.sliding_window,
-                fuse_merge=None if meta.graph else bool(FUSE_MERGE),
-            )
+            o = self._decode(qv, kv_cache, meta, torch.empty_like(qv))
         else:
             o = reference.paged_attention(
                 qv,
@@ -143,6 +132,30 @@ class PagedAttention(nn.Module):
             )
         return o.reshape(T, self.num_heads * self.head_dim)
 
+    def _decode(
+        self,
+        q: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """The decode kernel over a decode-only batch, into ``out``; a decode graph's metadata
+        (``meta.graph``) takes ``decode_plan``'s split count and merge."""
+        from hotloop.kernels.paged_decode_attention import paged_decode_attention
+
+        assert meta.seq_lens_t is not None
+        return paged_decode_attention(
+            q,
+            kv_cache[0],
+            kv_cache[1],
+            meta.block_tables,
+            meta.seq_lens_t,
+            self.scale,
+            self.sliding_window,
+            out=out,
+            graph_plan=meta.graph,
+        )
+
     def _forward_triton(
         self,
         q: torch.Tensor,
@@ -153,7 +166,7 @@ class PagedAttention(nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor] | None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        from hotloop.kernels.paged_decode_attention import FUSE_MERGE, paged_decode_attention
+        from hotloop.kernels.paged_decode_attention import paged_decode_attention
         from hotloop.kernels.paged_prefill_attention import paged_prefill_attention
         from hotloop.kernels.rotary_kv_write import rotary_kv_write
 
@@ -171,17 +184,7 @@ class PagedAttention(nn.Module):
         assert meta.seq_lens_t is not None
         o = torch.empty_like(q) if out is None else out.view(T, self.num_heads, self.head_dim)
         if meta.decode_only:
-            paged_decode_attention(
-                q,
-                k_cache,
-                v_cache,
-                meta.block_tables,
-                meta.seq_lens_t,
-                self.scale,
-                self.sliding_window,
-                out=o,
-                fuse_merge=None if meta.graph else bool(FUSE_MERGE),
-            )
+            self._decode(q, kv_cache, meta, o)
         elif meta.num_decodes and meta.prefill_query_start_t is not None:
             nd = meta.num_decodes
             paged_decode_attention(
@@ -193,7 +196,6 @@ class PagedAttention(nn.Module):
                 self.scale,
                 self.sliding_window,
                 out=o[:nd],
-                fuse_merge=bool(FUSE_MERGE),
             )
             paged_prefill_attention(
                 q[nd:],

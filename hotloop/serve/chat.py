@@ -17,7 +17,13 @@ from hotloop.serve.errors import APIError, error_body
 from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
 from hotloop.serve.logprobs import chat_logprobs
 from hotloop.serve.openai_protocol import ChatCompletionRequest, ChatCompletionResponse, ChatMessage
-from hotloop.serve.params import choice_seed, resolve_max_tokens, sampling_config, validate_prompt
+from hotloop.serve.params import (
+    check_stream_options,
+    choice_seed,
+    resolve_max_tokens,
+    sampling_config,
+    validate_prompt,
+)
 from hotloop.serve.state import ServerState
 
 router = APIRouter()
@@ -105,10 +111,7 @@ def _check_unsupported(body: ChatCompletionRequest) -> None:
         )
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs", "invalid_value")
-    if body.stream_options is not None and not body.stream:
-        raise APIError(
-            400, "stream_options is only allowed with stream=true", "stream_options", "invalid_value"
-        )
+    check_stream_options(body)
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse)

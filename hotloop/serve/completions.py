@@ -20,7 +20,13 @@ from hotloop.serve.errors import APIError, error_body
 from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
 from hotloop.serve.logprobs import CompletionLogprobAccumulator, merge_completion_logprobs
 from hotloop.serve.openai_protocol import CompletionRequest, CompletionResponse
-from hotloop.serve.params import choice_seed, resolve_max_tokens, sampling_config, validate_prompt
+from hotloop.serve.params import (
+    check_stream_options,
+    choice_seed,
+    resolve_max_tokens,
+    sampling_config,
+    validate_prompt,
+)
 from hotloop.serve.state import ServerState
 
 router = APIRouter()
@@ -55,10 +61,7 @@ def _prompts(state: ServerState, prompt: Any, echo: bool = True) -> list[tuple[l
 
 
 def _check_unsupported(body: CompletionRequest) -> None:
-    if body.stream_options is not None and not body.stream:
-        raise APIError(
-            400, "stream_options is only allowed with stream=true", "stream_options", "invalid_value"
-        )
+    check_stream_options(body)
     if body.suffix:
         raise APIError(400, "suffix is not supported", "suffix", "unsupported_parameter")
     if body.best_of is not None and body.best_of != body.n:

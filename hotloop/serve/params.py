@@ -6,13 +6,12 @@ OpenAI semantics: ``temperature`` defaults to 1.0 and 0 means greedy; ``top_k`` 
 
 from __future__ import annotations
 
-from hotloop.messages import GenerationConfig, RequestError
+from hotloop.messages import MAX_SEED, GenerationConfig, RequestError
 from hotloop.serve.errors import APIError, from_request_error
 from hotloop.serve.openai_protocol import _SamplingFields
 from hotloop.serve.state import ServerState
 
 _MAX_STOP = 64
-_SEED_MOD = 2**63
 
 
 def resolve_max_tokens(state: ServerState, prompt_len: int, max_tokens: int | None, prompt_param: str) -> int:
@@ -85,6 +84,14 @@ def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> dict[int, 
     return out
 
 
+def check_stream_options(body: _SamplingFields) -> None:
+    """``stream_options`` belongs to a streamed request (OpenAI answers 400 otherwise)."""
+    if body.stream_options is not None and not body.stream:
+        raise APIError(
+            400, "stream_options is only allowed with stream=true", "stream_options", "invalid_value"
+        )
+
+
 def sampling_config(
     state: ServerState, body: _SamplingFields, max_new_tokens: int, logprobs: int | None
 ) -> GenerationConfig:
@@ -104,7 +111,7 @@ def sampling_config(
             repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
             presence_penalty=body.presence_penalty or 0.0,
             frequency_penalty=body.frequency_penalty or 0.0,
-            random_seed=None if body.seed is None else body.seed % _SEED_MOD,
+            random_seed=None if body.seed is None else body.seed % MAX_SEED,  # OpenAI: any int64
             stop_words=_stop_words(body.stop),
             stop_token_ids=body.stop_token_ids,
             ignore_eos=body.ignore_eos,
@@ -122,7 +129,7 @@ def choice_seed(params: GenerationConfig, j: int) -> GenerationConfig:
     """Choice ``j`` of ``n``: a seeded request gives each choice its own seed."""
     if j == 0 or params.random_seed is None:
         return params
-    return params.replace(random_seed=(params.random_seed + j) % _SEED_MOD)
+    return params.replace(random_seed=(params.random_seed + j) % MAX_SEED)
 
 
 def validate_prompt(state: ServerState, ids: list[int], params: GenerationConfig, param: str) -> None:

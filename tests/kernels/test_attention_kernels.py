@@ -46,6 +46,7 @@ def _decode_case(
     window: int | None,
     splits: int | None,
     fuse_merge: bool | None = None,
+    graph_plan: bool = False,
 ) -> None:
     from hotloop.kernels.paged_decode_attention import paged_decode_attention
 
@@ -55,7 +56,9 @@ def _decode_case(
     scale = d**-0.5
     seq = torch.tensor(lens, dtype=torch.int32, device=device)
     out = torch.full_like(q, float("nan"))  # poison: every element must be written
-    paged_decode_attention(q, k, v, tables, seq, scale, window, splits, out=out, fuse_merge=fuse_merge)
+    paged_decode_attention(
+        q, k, v, tables, seq, scale, window, splits, out=out, fuse_merge=fuse_merge, graph_plan=graph_plan
+    )
     ref = reference.paged_attention(
         q.float(), k.float(), v.float(), tables, [1] * len(lens), lens, scale, window
     )
@@ -189,15 +192,32 @@ def test_decode_fused_merge_interpreted(h: int, kv: int, d: int, splits: int) ->
 
 @interpret
 def test_decode_planned_fused_merge_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no split count or merge given, the launch takes ``decode_plan``'s: here 8 splits merged
-    by the last to arrive (no merge launch; the counters end at zero), GQA groups of 4, padding rows."""
+    """A decode graph's launch (``graph_plan``) takes ``decode_plan``'s split count and merge: here 8
+    splits merged by the last to arrive (no merge launch; the counters end at zero), GQA groups of 4,
+    padding rows."""
     from hotloop.kernels import counters
     from hotloop.kernels import paged_decode_attention as mod
 
     monkeypatch.setattr(mod, "decode_plan", lambda *a: (8, True))
     monkeypatch.setattr(mod, "_merge_kernel", _Never())
-    _decode_case([1, 0, 37, 70, 5, 64, 33, 2], 8, 2, 16, 16, torch.float32, "cpu", None, None)
+    _decode_case(
+        [1, 0, 37, 70, 5, 64, 33, 2], 8, 2, 16, 16, torch.float32, "cpu", None, None, graph_plan=True
+    )
     assert int(counters.buffer(torch.device("cpu"), "decode_merge").abs().sum()) == 0
+
+
+@interpret
+def test_decode_outside_graphs_ignores_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``graph_plan`` (eager and piecewise steps) the launch never consults ``decode_plan``:
+    ``num_decode_splits`` and the merge launch, the variants the warm-up compiled."""
+    from hotloop.kernels import paged_decode_attention as mod
+
+    def no_plan(*a: object) -> tuple[int, bool]:
+        raise AssertionError("decode_plan consulted outside a decode graph")
+
+    monkeypatch.setattr(mod, "decode_plan", no_plan)
+    monkeypatch.setattr(mod, "FUSE_MERGE", None)
+    _decode_case([1, 0, 37, 70, 5, 64, 33, 2], 8, 2, 16, 16, torch.float32, "cpu", None, None)
 
 
 @interpret

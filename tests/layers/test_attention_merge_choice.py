@@ -16,15 +16,13 @@ from hotloop.kernels import rotary_kv_write as rkw
 from hotloop.layers.attention import AttentionMetadata, PagedAttention
 
 
-@pytest.mark.parametrize("forced", [None, True, False])
-def test_only_graph_steps_take_the_plan(monkeypatch: pytest.MonkeyPatch, forced: bool | None) -> None:
+def test_only_graph_steps_take_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[Any, Any]] = []
 
     def decode(q, k, v, tables, seq, scale, window=None, num_splits=None, **kw):  # type: ignore[no-untyped-def]
-        seen.append((num_splits, kw.get("fuse_merge", "unset")))
+        seen.append((num_splits, kw.get("fuse_merge"), kw.get("graph_plan", False)))
         return kw["out"] if kw.get("out") is not None else torch.zeros_like(q)
 
-    monkeypatch.setattr(dec, "FUSE_MERGE", forced)
     monkeypatch.setattr(dec, "paged_decode_attention", decode)
     monkeypatch.setattr(pre, "paged_prefill_attention", lambda *a, **k: None)
     monkeypatch.setattr(rkw, "rotary_kv_write", lambda *a, **k: None)
@@ -53,5 +51,7 @@ def test_only_graph_steps_take_the_plan(monkeypatch: pytest.MonkeyPatch, forced:
         attn._forward_triton(q, k, v, (cache, cache), m, None)
     attn.attend(q, (cache, cache), graph)
     attn.attend(q, (cache, cache), eager)
-    off = bool(forced)  # what eager and mixed steps ask for: a merge launch unless forced on
-    assert seen == [(None, None), (None, off), (None, off), (None, None), (None, off)]
+    # only a graph's metadata asks for the plan; nobody passes a split count or merge of their own
+    # (the launcher's default is HOTLOOP_DECODE_FUSED_MERGE=1 or not)
+    plan, plain = (None, None, True), (None, None, False)
+    assert seen == [plan, plain, plain, plan, plain]

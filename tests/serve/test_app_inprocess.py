@@ -213,11 +213,15 @@ def test_stream_options_need_stream_and_min_tokens_fit_max_tokens() -> None:
 
 def test_advertised_max_model_len_is_what_a_request_may_hold() -> None:
     async def main() -> None:
-        async with app_client() as (c, state):
+        # a KV pool of 8 x 16 = 128 tokens under a 256-token session: a request holds at most 128
+        async with app_client(session_len=256, num_blocks=8) as (c, state):
             limit = state.context_limit
+            assert limit < state.session_len
             models = (await c.get("/v1/models")).json()["data"][0]
             tok = (await c.post("/tokenize", json={"prompt": "abc"})).json()
             assert models["max_model_len"] == limit == tok["max_model_len"]
+            over = await c.post("/v1/completions", json={"prompt": "abc", "max_tokens": limit})
+            assert over.status_code == 400  # the advertised length is the one enforced
 
     run(main())
 
