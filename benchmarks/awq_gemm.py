@@ -139,8 +139,10 @@ class EagerTimer:
 def _short(cfg: Any) -> str:
     """A launch in a few characters: kind, tile, split, warps, stages, swapped operands."""
     tile = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
-    return f"{cfg.kind}:{tile}/s{cfg.split_k}/w{cfg.num_warps}/st{cfg.num_stages}" + (
-        "/swap" if cfg.swap_ab else ""
+    return (
+        f"{cfg.kind}:{tile}/s{cfg.split_k}/w{cfg.num_warps}/st{cfg.num_stages}"
+        + ("/swap" if cfg.swap_ab else "")
+        + (f"/{cfg.unpack}" if cfg.kind == "gemv" and cfg.unpack in ("mask", "half2") else "")
     )
 
 
@@ -198,7 +200,10 @@ def main() -> None:
     ap.add_argument("--compile-only", action="store_true", help="with --jobs: compile, then exit")
     ap.add_argument("--compile-part", default="", help=argparse.SUPPRESS)
     ap.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph decode projection")
+    default_m = ",".join(map(str, M_VALUES))
+    ap.add_argument("--m", default="", help=f"comma-separated M values (default: {default_m})")
     args = ap.parse_args()
+    m_values = tuple(int(v) for v in args.m.split(",")) if args.m else M_VALUES
     if DEVICE == "cuda" and not torch.cuda.is_available():
         raise SystemExit("awq_gemm.py needs a CUDA GPU")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -254,7 +259,7 @@ def main() -> None:
         qweight, qzeros, scales = _weights(k, n, dtype, dev)
         w_dense = reference.w4a16_dequantize(qweight, qzeros, scales, GROUP).t().contiguous()  # [n, k]
         weight_bytes = k * n // 2 + scales.numel() * scales.element_size() + qzeros.numel() * 4
-        for m in M_VALUES:
+        for m in m_values:
             x = torch.randn(m, k, device=dev).to(dtype)
             want = x.float() @ w_dense.float().t()
             w_t = w_dense.t()

@@ -36,6 +36,8 @@
 #   serve1   the serving run alone.
 #   tiles    bf16 decode attention at batch 8 / 16, every tile at 2 / 4 / 8 splits, merge launched and
 #            fused (decode_plan's next question: the 128-token tiles with the fused merge); the decode-16 step.
+#   cuda     the CUDA C W4A16 GEMV: its GPU tests, awq_gemm.py at M = 1 (every tuner candidate's time),
+#            then W4A16 batch 1 with it, without it (HOTLOOP_CUDA_KERNELS=0), and with it again (one GPU).
 #   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
@@ -478,6 +480,20 @@ if [ "$what" = probe ]; then  # which host calls block on the GPU, then the 8B b
   hostprof llama3-8b 8b_k8 --num-scheduler-steps 8
   bs1 smollm2_k8 smollm2-135m --num-scheduler-steps 8
   bs1 smollm2_k1 smollm2-135m
+  exit 0
+fi
+if [ "$what" = cuda ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
+    >"$out/cuda_tests.log" 2>&1
+  echo "CUDA GEMV GPU tests rc=$?"
+  tail -25 "$out/cuda_tests.log" | grep -E "passed|failed|FAILED|ERROR|Error|error" | head -20
+  timeout 200 python3 "$here/awq_gemm.py" "$out/awq_gemm.json" --m 1 >"$out/awq_gemm.log" 2>&1
+  echo "awq_gemm rc=$?"
+  sed -n '/^tuner/,$p' "$out/awq_gemm.log" | cut -c1-400
+  bs1 awq llama3-8b --model-format awq
+  HOTLOOP_CUDA_KERNELS=0 bs1 awq_triton llama3-8b --model-format awq
+  bs1 awq_2 llama3-8b --model-format awq
   exit 0
 fi
 if [ "$what" = msrows ]; then

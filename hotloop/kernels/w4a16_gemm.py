@@ -65,7 +65,7 @@ from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
 logger = logging.getLogger(__name__)
 
 PATHS = ("auto", "gemv", "splitk", "tiled", "dequant")
-KINDS = ("gemv", "dot", "dequant")
+KINDS = ("gemv", "dot", "dequant", "cuda")
 UNPACK_MODES = ("nibble", "pair", "lop3", "mask", "half2")  # "mask", "half2": the one-row GEMV only
 ONE_ROW_UNPACK = ("mask", "half2")
 GEMV_MAX_M = 4  # the CUDA-core GEMV takes at most this many rows
@@ -307,7 +307,9 @@ def _w4a16_dot_kernel(
 class GemmConfig:
     """One launch shape. ``kind`` "gemv" (CUDA cores; ``block_m`` is the row count, at most 4),
     "dot" (tensor cores: the ``splitk`` and ``tiled`` paths) or "dequant" (dequantize to scratch,
-    then cuBLAS; of its fields only ``block_k`` is checked against the group, the rest are unused). ``unpack``, ``swap_ab`` and
+    then cuBLAS; of its fields only ``block_k`` is checked against the group, the rest are unused) or
+    "cuda" (the CUDA C one-row GEMV, ``w4a16_cuda.py``: ``block_n`` its columns per block, ``block_k``
+    its rows per thread, ``split_k`` follows from them). ``unpack``, ``swap_ab`` and
     ``group_m`` apply to "dot" only, save the one-row GEMV kernels ``unpack="mask"`` and
     ``unpack="half2"`` (the latter for 16-bit activations only); ``fixup`` (in-kernel split-K reduction) to both."""
 
@@ -375,6 +377,13 @@ def fit_config(
 ) -> GemmConfig:
     """``template`` with ``block_k`` made to divide the group and K split until the launch has about
     ``waves`` programs per multiprocessor (``waves`` 0: no split)."""
+    if template.kind == "cuda":  # the variant fixes the split: K over the rows one block covers
+        from hotloop.kernels import w4a16_cuda
+
+        cols, rows = w4a16_cuda.tile(template.block_n // 32, template.block_k)
+        if n % cols or k % rows or group_size % template.block_k:
+            raise ValueError(f"{template} does not tile N={n}, K={k} with group_size={group_size}")
+        return replace(template, block_m=m, split_k=k // rows)
     block_k = _block_k(group_size, template.block_k)
     if template.kind == "dequant":
         return replace(template, block_k=block_k)
@@ -417,6 +426,20 @@ GEMV_HALF2_TEMPLATES: tuple[Template, ...] = (
     (GemmConfig("gemv", 1, 256, 64, num_warps=2, num_stages=4, unpack="half2"), 4.0),
     (GemmConfig("gemv", 1, 128, 128, num_warps=4, num_stages=4, unpack="half2"), 2.0),
 )
+
+
+# the CUDA C one-row GEMV (``kernels/w4a16_cuda.py``), one template per variant: ``block_n`` is its
+# columns per block (32 lanes' worth per lane along N), ``block_k`` its rows per thread; timed only
+# where nvcc can build it (``w4a16_cuda.available``)
+def _cuda_templates() -> tuple[Template, ...]:
+    from hotloop.kernels import w4a16_cuda
+
+    return tuple(
+        (GemmConfig("cuda", 1, 32 * nl, r, num_warps=w4a16_cuda.THREADS // 32, num_stages=1), 0.0)
+        for nl, r in w4a16_cuda.VARIANTS
+    )
+
+
 SMALL_TEMPLATES: tuple[Template, ...] = (  # M <= 16
     (_dot(16, 64, 128, 4, 4, True), 4.0),
     (_dot(16, 128, 128, 4, 4, True), 2.0),
@@ -477,7 +500,8 @@ def candidates(m: int) -> tuple[Template, ...]:
     """The launch templates ``auto`` times for ``m`` rows."""
     if m == 1:
         half2 = GEMV_HALF2_TEMPLATES if half2_allowed() else ()
-        return GEMV_TEMPLATES + GEMV_MASK_TEMPLATES + half2 + SMALL_TEMPLATES
+        cuda = _cuda_templates() if half2 and _cuda_buildable() else ()
+        return GEMV_TEMPLATES + GEMV_MASK_TEMPLATES + half2 + cuda + SMALL_TEMPLATES
     if m <= GEMV_MAX_M:
         return GEMV_TEMPLATES + SMALL_TEMPLATES
     if m <= 16:
@@ -487,6 +511,14 @@ def candidates(m: int) -> tuple[Template, ...]:
     if m <= 256:
         return MID_TEMPLATES[:1] + LARGE_TEMPLATES + DEQUANT_TEMPLATES
     return LARGE_TEMPLATES + DEQUANT_TEMPLATES
+
+
+def _cuda_buildable() -> bool:
+    """Whether the CUDA C kernels could be built here (a GPU, nvcc, not turned off); whether they
+    actually build is found at their first launch (the tuner skips a launch that fails)."""
+    from hotloop.kernels import w4a16_cuda
+
+    return torch.cuda.is_available() and w4a16_cuda.available(torch.device("cuda"))
 
 
 def m_bucket(m: int) -> int:
@@ -563,6 +595,10 @@ def _launch(
                 scales,
                 group_size,
             )
+    if cfg.kind == "cuda":
+        from hotloop.kernels import w4a16_cuda
+
+        return w4a16_cuda.gemv(x2, qweight, qzeros, scales, group_size, cfg.block_n // 32, cfg.block_k)
     if cfg.kind == "gemv":
         rows = 1 if cfg.unpack in ONE_ROW_UNPACK else GEMV_MAX_M
         if m > rows:
@@ -717,7 +753,10 @@ def _tune(
     n = qweight.shape[1] * PACK_FACTOR
     timed: list[tuple[GemmConfig, float]] = []
     for template, waves in candidates(m):
-        cfg = fit_config(template, m, n, k, group_size, x2.device, waves)
+        try:
+            cfg = fit_config(template, m, n, k, group_size, x2.device, waves)
+        except ValueError:  # a template that cannot tile this shape
+            continue
         if any(c == cfg for c, _ in timed):
             continue
         try:

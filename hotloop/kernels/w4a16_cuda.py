@@ -1,0 +1,109 @@
+"""The CUDA C W4A16 one-row GEMV (``kernels/cuda/w4a16_gemv.cu``): its variants, limits and launch.
+
+One row of 16-bit ``x`` times an AutoAWQ int4 weight, for decode at batch 1. Each thread streams
+its packed words straight into registers with 16-byte loads (the Triton GEMV goes through shared
+memory) and does the Triton ``half2`` kernel's packed 16-bit arithmetic; the source's header says
+how. A variant is ``(NL, R)``: ``NL`` lanes of 32 columns along N per 256-thread block and ``R``
+rows of K per thread, so a block covers ``32 NL`` columns and ``(256 / NL) R`` rows, and K is split
+into ``K / ((256 / NL) R)`` slices (the last block of a column tile to finish adds the slices, in a
+fixed order). ``w4a16_gemm``'s tuner times the variants that fit a shape beside the Triton launches
+(kind ``"cuda"``) and keeps the fastest; they exist only where ``cuda_jit`` can compile them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hotloop.kernels import counters, cuda_jit
+from hotloop.kernels.pdl import pdl
+
+SOURCE = "w4a16_gemv.cu"
+THREADS = 256
+VARIANTS: tuple[tuple[int, int], ...] = ((2, 8), (2, 16), (4, 8), (4, 16), (4, 32), (8, 8), (8, 16))
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def kernel_name(dtype: torch.dtype, nl: int, r: int) -> str:
+    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}"
+
+
+def tile(nl: int, r: int) -> tuple[int, int]:
+    """``(columns, rows)`` one block of variant ``(nl, r)`` covers."""
+    return 32 * nl, (THREADS // nl) * r
+
+
+def fits(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, nl: int, r: int) -> str | None:
+    """Why variant ``(nl, r)`` cannot run this product, or ``None`` when it can."""
+    bn, kb = tile(nl, r)
+    if (nl, r) not in VARIANTS:
+        return f"no variant ({nl}, {r}); there are {VARIANTS}"
+    if m != 1:
+        return f"takes one row; got {m}"
+    if dtype not in _DTYPES:
+        return f"needs float16 or bfloat16 activations; got {dtype}"
+    if n % bn:
+        return f"N={n} is not a multiple of the block's {bn} columns"
+    if k % kb:
+        return f"K={k} is not a multiple of the block's {kb} rows"
+    if group_size % r:
+        return f"group_size={group_size} is not a multiple of its {r} rows per thread"
+    if k // kb > counters.SLOTS or n // bn > counters.SLOTS:
+        return "too many tiles"
+    return None
+
+
+def available(device: torch.device) -> bool:
+    """Whether the CUDA kernels can be compiled here (nvcc found, not turned off); cheap: compiling
+    and loading happen at the first launch."""
+    return device.type == "cuda" and cuda_jit.enabled() and cuda_jit.find_nvcc() is not None
+
+
+def _names() -> list[str]:
+    return [kernel_name(dt, nl, r) for dt in _DTYPES for nl, r in VARIANTS]
+
+
+def gemv(
+    x2: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    nl: int,
+    r: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(nl, r)``. Every tensor contiguous
+    and 16-byte aligned (``w4a16_gemm._aligned``); scales in x's dtype. Raises ``ValueError`` where
+    the variant does not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
+    m, k = x2.shape
+    n = qweight.shape[1] * 8
+    why = fits(m, n, k, group_size, x2.dtype, nl, r)
+    if why is not None:
+        raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}) {why}")
+    if scales.dtype != x2.dtype:
+        raise ValueError(f"scales dtype {scales.dtype} must equal x dtype {x2.dtype}")
+    for name, t in (("x", x2), ("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            raise ValueError(f"{name} must be contiguous and 16-byte aligned")
+    kernels = cuda_jit.load(SOURCE, x2.device, _names())
+    if kernels is None:
+        raise cuda_jit.CudaError("the CUDA W4A16 kernels are not available on this machine")
+    bn, kb = tile(nl, r)
+    split = k // kb
+    tiles = n // bn
+    if out is None:
+        out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
+    ws: torch.Tensor | None = None
+    cnt: torch.Tensor | None = None
+    if split > 1:
+        ws = torch.empty(split, n, dtype=torch.float32, device=x2.device)
+        cnt = counters.counters(x2.device, "w4a16_cuda", tiles)
+        if cnt is None:
+            raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
+    kernels[kernel_name(x2.dtype, nl, r)](
+        (tiles, split),
+        THREADS,
+        (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),
+        pdl=pdl(x2.device),
+    )
+    return out

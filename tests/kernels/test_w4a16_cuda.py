@@ -1,0 +1,200 @@
+"""The CUDA C W4A16 one-row GEMV (``kernels/w4a16_cuda.py``) and its build (``kernels/cuda_jit.py``).
+
+CPU: the variants' limits, the tuner's templates, nvcc discovery, and (where nvcc is installed) that
+the source compiles for sm_90a and the cubin is cached. GPU: every variant against float32
+dequantize-then-matmul and against the torch model of its 16-bit arithmetic (the Triton ``half2``
+kernel's), the fp16 headroom, split-K counters left at zero, and a CUDA-graph replay.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from kernel_checks import random_awq
+from test_w4a16_gemm import _assert_rounds_like, _half2_emulated, _rel_max_err
+
+from hotloop.kernels import counters, cuda_jit, reference, w4a16_cuda
+from hotloop.kernels.w4a16_layout import pack_int4
+
+pytest.importorskip("triton")
+
+LLAMA3_8B = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)]  # (K, N) of qkv, o, gate/up, down
+
+
+def test_tile_and_fits() -> None:
+    assert w4a16_cuda.tile(4, 16) == (128, 1024)
+    assert w4a16_cuda.tile(8, 8) == (256, 256)
+    assert w4a16_cuda.fits(1, 4096, 4096, 128, torch.bfloat16, 4, 16) is None
+    assert "one row" in (w4a16_cuda.fits(2, 4096, 4096, 128, torch.bfloat16, 4, 16) or "")
+    assert "float16 or bfloat16" in (w4a16_cuda.fits(1, 4096, 4096, 128, torch.float32, 4, 16) or "")
+    assert "N=4000" in (w4a16_cuda.fits(1, 4000, 4096, 128, torch.bfloat16, 4, 16) or "")
+    assert "K=1536" in (w4a16_cuda.fits(1, 4096, 1536, 128, torch.bfloat16, 4, 16) or "")
+    assert "group_size=8" in (w4a16_cuda.fits(1, 4096, 4096, 8, torch.bfloat16, 4, 16) or "")
+    assert "no variant" in (w4a16_cuda.fits(1, 4096, 4096, 128, torch.bfloat16, 3, 16) or "")
+
+
+def test_gemv_refuses_what_does_not_fit() -> None:
+    qweight, qzeros, scales = random_awq(1536, 256, 128, torch.bfloat16, "cpu")
+    x = torch.randn(1, 1536, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="K=1536"):
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16)
+
+
+def test_tuner_templates_fit_or_refuse() -> None:
+    from hotloop.kernels import w4a16_gemm as g
+
+    dev = torch.device("cpu")
+    for template, waves in g._cuda_templates():
+        cols, rows = w4a16_cuda.tile(template.block_n // 32, template.block_k)
+        cfg = g.fit_config(template, 1, 28672, 4096, 128, dev, waves)
+        assert cfg.kind == "cuda" and cfg.split_k == 4096 // rows and cfg.block_n == cols
+        with pytest.raises(ValueError, match="does not tile"):
+            g.fit_config(template, 1, 28672, 4096 + rows // 2, 128, dev, waves)
+
+
+def test_candidates_include_cuda_only_where_buildable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hotloop.kernels import w4a16_gemm as g
+
+    monkeypatch.setattr(g, "_cuda_buildable", lambda: False)
+    assert not any(t.kind == "cuda" for t, _ in g.candidates(1))
+    monkeypatch.setattr(g, "_cuda_buildable", lambda: True)
+    assert sum(t.kind == "cuda" for t, _ in g.candidates(1)) == len(w4a16_cuda.VARIANTS)
+    assert not any(t.kind == "cuda" for t, _ in g.candidates(2))
+    monkeypatch.setenv(g.HALF2_ENV, "0")  # 16-bit partial sums refused: the CUDA kernel has them too
+    assert not any(t.kind == "cuda" for t, _ in g.candidates(1))
+
+
+def test_find_nvcc_and_switch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 0.0'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("HOTLOOP_NVCC", str(fake))
+    assert cuda_jit.find_nvcc() == str(fake)
+    monkeypatch.setenv(cuda_jit.ENV, "0")
+    assert not cuda_jit.enabled()
+    assert cuda_jit.load(w4a16_cuda.SOURCE, torch.device("cuda", 0), ["x"]) is None
+    assert not w4a16_cuda.available(torch.device("cuda", 0))
+    monkeypatch.setenv(cuda_jit.ENV, "1")
+    assert cuda_jit.load(w4a16_cuda.SOURCE, torch.device("cpu"), ["x"]) is None
+
+
+def test_compile_reports_nvcc_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = tmp_path / "nvcc"
+    fake.write_text(
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo v0; exit 0; fi\necho 'bad source' >&2\nexit 2\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("HOTLOOP_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(cuda_jit.CudaError, match="bad source"):
+        cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / w4a16_cuda.SOURCE, "sm_90a", nvcc=str(fake))
+
+
+@pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
+def test_source_compiles_for_hopper_and_is_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOTLOOP_CACHE", str(tmp_path))
+    source = cuda_jit.SOURCE_DIR / w4a16_cuda.SOURCE
+    cubin = cuda_jit.compile_cubin(source, "sm_90a")
+    assert cubin[:4] == b"\x7fELF"
+    for dtype in (torch.bfloat16, torch.float16):
+        for nl, r in w4a16_cuda.VARIANTS:
+            assert w4a16_cuda.kernel_name(dtype, nl, r).encode() in cubin
+    cached = list((tmp_path / "cuda").glob("*.cubin"))
+    assert len(cached) == 1
+    monkeypatch.setenv("HOTLOOP_NVCC", "/nonexistent/nvcc")
+    assert cuda_jit.compile_cubin(source, "sm_90a", nvcc=cuda_jit.find_nvcc() or "nvcc") == cubin
+
+
+def _spiky_x(k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    gen = torch.Generator("cuda").manual_seed(seed)
+    x = torch.randn(1, k, device="cuda", generator=gen)
+    spikes = torch.randint(0, k, (8,), device="cuda", generator=gen)
+    x[0, spikes] = (20 + 30 * torch.rand(8, device="cuda", generator=gen)) * torch.sign(
+        torch.randn(8, device="cuda", generator=gen)
+    )
+    return x.to(dtype)
+
+
+def _require_cuda_kernels() -> None:
+    if not w4a16_cuda.available(torch.device("cuda")):
+        pytest.skip("the CUDA kernels cannot be built here (no nvcc)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", LLAMA3_8B + [(1024, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gpu_every_variant(shape: tuple[int, int], dtype: torch.dtype) -> None:
+    """Against float32 dequantize-then-matmul (the half2 GEMV's bounds: fp16 2e-3, bf16 1e-2 of max
+    |y|) and against the torch model of the 16-bit arithmetic (one output rounding apart); the split
+    counters are all zero again after each launch."""
+    _require_cuda_kernels()
+    k, n = shape
+    qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=k + n)
+    x = _spiky_x(k, dtype, n)
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
+    emulated = _half2_emulated(x, qweight, qzeros, scales, 128, 8)
+    tol = 2e-3 if dtype == torch.float16 else 1e-2
+    ulp = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+    ran = 0
+    for nl, r in w4a16_cuda.VARIANTS:
+        if w4a16_cuda.fits(1, n, k, 128, dtype, nl, r) is not None:
+            continue
+        got = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, nl, r)
+        torch.cuda.synchronize()
+        assert got.dtype == dtype and got.shape == (1, n)
+        assert _rel_max_err(got, want) < tol, ((nl, r), _rel_max_err(got, want))
+        _assert_rounds_like(got, emulated, ulp)
+        assert int(counters.buffer(x.device, "w4a16_cuda").abs().sum()) == 0
+        ran += 1
+    assert ran >= 3
+
+
+@pytest.mark.gpu
+def test_gpu_fp16_headroom() -> None:
+    """Eight consecutive activations of 4000 against q - z = 15: an fp16 partial sum of eight rows
+    would reach 480,000 (past 65,504) without the kernel's 1/16."""
+    _require_cuda_kernels()
+    k, n, group = 1024, 64, 32
+    qweight = pack_int4(torch.full((k, n), 15, dtype=torch.int64)).cuda()
+    qzeros = pack_int4(torch.zeros(k // group, n, dtype=torch.int64)).cuda()
+    scales = torch.full((k // group, n), 1e-3, dtype=torch.float16, device="cuda")
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(1)).half()
+    x[0, 32:40] = 4000.0
+    x = x.cuda()
+    got = w4a16_cuda.gemv(x, qweight, qzeros, scales, group, 2, 8)
+    assert torch.isfinite(got).all()
+    assert _rel_max_err(got, reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), group)) < 2e-3
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_and_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A captured launch replays to the eager result with new activations; the tuner times the
+    variants at M = 1 (they appear in its log) and its choice is correct."""
+    _require_cuda_kernels()
+    from hotloop.kernels import w4a16_gemm as g
+
+    k, n = 4096, 6144
+    qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=3)
+    x = _spiky_x(k, torch.bfloat16, 3)
+    out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+    w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, out=out)  # the counters exist before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, out=out)
+    x.copy_(_spiky_x(k, torch.bfloat16, 4))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16)
+    assert torch.equal(out, eager)
+
+    monkeypatch.delenv(g.TUNE_ENV, raising=False)
+    monkeypatch.setattr(g, "_from_disk", lambda tkey: None)  # time here, whatever another test stored
+    monkeypatch.setattr(g, "_to_disk", lambda tkey, cfg: None)
+    monkeypatch.setattr(g, "_tuned", {})
+    monkeypatch.setattr(g, "_plans", {})
+    got = g.w4a16_gemm(x, qweight, qzeros, scales, 128)
+    key = next(kk for kk in g.tuning_log if kk[2] == 1 and kk[3] == n and kk[4] == k)
+    assert any(cfg.kind == "cuda" for cfg, _ in g.tuning_log[key])
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
+    assert _rel_max_err(got, want) < 1e-2
