@@ -3,10 +3,10 @@
 One row of 16-bit ``x`` times an AutoAWQ int4 weight, for decode at batch 1. Each thread streams
 its packed words straight into registers with 16-byte loads (the Triton GEMV goes through shared
 memory) and does the Triton ``half2`` kernel's packed 16-bit arithmetic; the source's header says
-how. A variant is ``(NL, R)``: ``NL`` lanes of 32 columns along N per 256-thread block and ``R``
+how. A variant is ``(NL, R, FENCE)``: ``NL`` lanes of 32 columns along N per 256-thread block and ``R``
 rows of K per thread, so a block covers ``32 NL`` columns and ``(256 / NL) R`` rows, and K is split
 into ``K / ((256 / NL) R)`` slices (the last block of a column tile to finish adds the slices, in a
-fixed order). ``w4a16_gemm``'s tuner times the variants that fit a shape beside the Triton launches
+fixed order); ``FENCE`` 1 puts all of a thread's loads in flight before its arithmetic. ``w4a16_gemm``'s tuner times the variants that fit a shape beside the Triton launches
 (kind ``"cuda"``) and keeps the fastest; they exist only where ``cuda_jit`` can compile them.
 """
 
@@ -19,12 +19,24 @@ from hotloop.kernels.pdl import pdl
 
 SOURCE = "w4a16_gemv.cu"
 THREADS = 256
-VARIANTS: tuple[tuple[int, int], ...] = ((2, 8), (2, 16), (4, 8), (4, 16), (4, 32), (8, 8), (8, 16))
+# (NL, R, FENCE): FENCE 1 issues all R rows' loads before any arithmetic (the source says how); 0
+# leaves ptxas its order, a few loads in flight per thread. As compiled in w4a16_gemv.cu.
+VARIANTS: tuple[tuple[int, int, int], ...] = (
+    (2, 16, 0),
+    (4, 8, 0),
+    (4, 16, 0),
+    (4, 32, 0),
+    (2, 16, 1),
+    (2, 32, 1),
+    (4, 16, 1),
+    (4, 32, 1),
+    (8, 16, 1),
+)
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
-def kernel_name(dtype: torch.dtype, nl: int, r: int) -> str:
-    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}"
+def kernel_name(dtype: torch.dtype, nl: int, r: int, fence: int) -> str:
+    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}_f{fence}"
 
 
 def tile(nl: int, r: int) -> tuple[int, int]:
@@ -32,11 +44,13 @@ def tile(nl: int, r: int) -> tuple[int, int]:
     return 32 * nl, (THREADS // nl) * r
 
 
-def fits(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, nl: int, r: int) -> str | None:
-    """Why variant ``(nl, r)`` cannot run this product, or ``None`` when it can."""
+def fits(
+    m: int, n: int, k: int, group_size: int, dtype: torch.dtype, nl: int, r: int, fence: int
+) -> str | None:
+    """Why variant ``(nl, r, fence)`` cannot run this product, or ``None`` when it can."""
     bn, kb = tile(nl, r)
-    if (nl, r) not in VARIANTS:
-        return f"no variant ({nl}, {r}); there are {VARIANTS}"
+    if (nl, r, fence) not in VARIANTS:
+        return f"no variant ({nl}, {r}, {fence}); there are {VARIANTS}"
     if m != 1:
         return f"takes one row; got {m}"
     if dtype not in _DTYPES:
@@ -59,7 +73,7 @@ def available(device: torch.device) -> bool:
 
 
 def _names() -> list[str]:
-    return [kernel_name(dt, nl, r) for dt in _DTYPES for nl, r in VARIANTS]
+    return [kernel_name(dt, *v) for dt in _DTYPES for v in VARIANTS]
 
 
 def gemv(
@@ -70,16 +84,17 @@ def gemv(
     group_size: int,
     nl: int,
     r: int,
+    fence: int,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(nl, r)``. Every tensor contiguous
+    """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(nl, r, fence)``. Every tensor contiguous
     and 16-byte aligned (``w4a16_gemm._aligned``); scales in x's dtype. Raises ``ValueError`` where
     the variant does not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
     m, k = x2.shape
     n = qweight.shape[1] * 8
-    why = fits(m, n, k, group_size, x2.dtype, nl, r)
+    why = fits(m, n, k, group_size, x2.dtype, nl, r, fence)
     if why is not None:
-        raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}) {why}")
+        raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}, {fence}) {why}")
     if scales.dtype != x2.dtype:
         raise ValueError(f"scales dtype {scales.dtype} must equal x dtype {x2.dtype}")
     for name, t in (("x", x2), ("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
@@ -100,7 +115,7 @@ def gemv(
         cnt = counters.counters(x2.device, "w4a16_cuda", tiles)
         if cnt is None:
             raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
-    kernels[kernel_name(x2.dtype, nl, r)](
+    kernels[kernel_name(x2.dtype, nl, r, fence)](
         (tiles, split),
         THREADS,
         (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),

@@ -26,20 +26,26 @@ LLAMA3_8B = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)]  # (K, N)
 def test_tile_and_fits() -> None:
     assert w4a16_cuda.tile(4, 16) == (128, 1024)
     assert w4a16_cuda.tile(8, 8) == (256, 256)
-    assert w4a16_cuda.fits(1, 4096, 4096, 128, torch.bfloat16, 4, 16) is None
-    assert "one row" in (w4a16_cuda.fits(2, 4096, 4096, 128, torch.bfloat16, 4, 16) or "")
-    assert "float16 or bfloat16" in (w4a16_cuda.fits(1, 4096, 4096, 128, torch.float32, 4, 16) or "")
-    assert "N=4000" in (w4a16_cuda.fits(1, 4000, 4096, 128, torch.bfloat16, 4, 16) or "")
-    assert "K=1536" in (w4a16_cuda.fits(1, 4096, 1536, 128, torch.bfloat16, 4, 16) or "")
-    assert "group_size=8" in (w4a16_cuda.fits(1, 4096, 4096, 8, torch.bfloat16, 4, 16) or "")
-    assert "no variant" in (w4a16_cuda.fits(1, 4096, 4096, 128, torch.bfloat16, 3, 16) or "")
+
+    def why(
+        m: int, n: int, k: int, group: int, dtype: torch.dtype, nl: int = 4, r: int = 16, f: int = 1
+    ) -> str:
+        return w4a16_cuda.fits(m, n, k, group, dtype, nl, r, f) or ""
+
+    assert w4a16_cuda.fits(1, 4096, 4096, 128, torch.bfloat16, 4, 16, 1) is None
+    assert "one row" in why(2, 4096, 4096, 128, torch.bfloat16)
+    assert "float16 or bfloat16" in why(1, 4096, 4096, 128, torch.float32)
+    assert "N=4000" in why(1, 4000, 4096, 128, torch.bfloat16)
+    assert "K=1536" in why(1, 4096, 1536, 128, torch.bfloat16)
+    assert "group_size=8" in why(1, 4096, 4096, 8, torch.bfloat16)
+    assert "no variant" in why(1, 4096, 4096, 128, torch.bfloat16, nl=3)
 
 
 def test_gemv_refuses_what_does_not_fit() -> None:
     qweight, qzeros, scales = random_awq(1536, 256, 128, torch.bfloat16, "cpu")
     x = torch.randn(1, 1536, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="K=1536"):
-        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16)
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, 1)
 
 
 def test_tuner_templates_fit_or_refuse() -> None:
@@ -50,6 +56,7 @@ def test_tuner_templates_fit_or_refuse() -> None:
         cols, rows = w4a16_cuda.tile(template.block_n // 32, template.block_k)
         cfg = g.fit_config(template, 1, 28672, 4096, 128, dev, waves)
         assert cfg.kind == "cuda" and cfg.split_k == 4096 // rows and cfg.block_n == cols
+        assert (cfg.block_n // 32, cfg.block_k, cfg.num_stages - 1) in w4a16_cuda.VARIANTS
         with pytest.raises(ValueError, match="does not tile"):
             g.fit_config(template, 1, 28672, 4096 + rows // 2, 128, dev, waves)
 
@@ -98,8 +105,8 @@ def test_source_compiles_for_hopper_and_is_cached(monkeypatch: pytest.MonkeyPatc
     cubin = cuda_jit.compile_cubin(source, "sm_90a")
     assert cubin[:4] == b"\x7fELF"
     for dtype in (torch.bfloat16, torch.float16):
-        for nl, r in w4a16_cuda.VARIANTS:
-            assert w4a16_cuda.kernel_name(dtype, nl, r).encode() in cubin
+        for v in w4a16_cuda.VARIANTS:
+            assert w4a16_cuda.kernel_name(dtype, *v).encode() in cubin
     cached = list((tmp_path / "cuda").glob("*.cubin"))
     assert len(cached) == 1
     monkeypatch.setenv("HOTLOOP_NVCC", "/nonexistent/nvcc")
@@ -137,13 +144,13 @@ def test_gpu_every_variant(shape: tuple[int, int], dtype: torch.dtype) -> None:
     tol = 2e-3 if dtype == torch.float16 else 1e-2
     ulp = 2.0**-11 if dtype == torch.float16 else 2.0**-8
     ran = 0
-    for nl, r in w4a16_cuda.VARIANTS:
-        if w4a16_cuda.fits(1, n, k, 128, dtype, nl, r) is not None:
+    for v in w4a16_cuda.VARIANTS:
+        if w4a16_cuda.fits(1, n, k, 128, dtype, *v) is not None:
             continue
-        got = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, nl, r)
+        got = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, *v)
         torch.cuda.synchronize()
         assert got.dtype == dtype and got.shape == (1, n)
-        assert _rel_max_err(got, want) < tol, ((nl, r), _rel_max_err(got, want))
+        assert _rel_max_err(got, want) < tol, (v, _rel_max_err(got, want))
         _assert_rounds_like(got, emulated, ulp)
         assert int(counters.buffer(x.device, "w4a16_cuda").abs().sum()) == 0
         ran += 1
@@ -155,14 +162,14 @@ def test_gpu_fp16_headroom() -> None:
     """Eight consecutive activations of 4000 against q - z = 15: an fp16 partial sum of eight rows
     would reach 480,000 (past 65,504) without the kernel's 1/16."""
     _require_cuda_kernels()
-    k, n, group = 1024, 64, 32
+    k, n, group = 2048, 64, 32
     qweight = pack_int4(torch.full((k, n), 15, dtype=torch.int64)).cuda()
     qzeros = pack_int4(torch.zeros(k // group, n, dtype=torch.int64)).cuda()
     scales = torch.full((k // group, n), 1e-3, dtype=torch.float16, device="cuda")
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(1)).half()
     x[0, 32:40] = 4000.0
     x = x.cuda()
-    got = w4a16_cuda.gemv(x, qweight, qzeros, scales, group, 2, 8)
+    got = w4a16_cuda.gemv(x, qweight, qzeros, scales, group, 2, 16, 1)
     assert torch.isfinite(got).all()
     assert _rel_max_err(got, reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), group)) < 2e-3
 
@@ -178,14 +185,14 @@ def test_gpu_graph_replay_and_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
     qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=3)
     x = _spiky_x(k, torch.bfloat16, 3)
     out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
-    w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, out=out)  # the counters exist before capture
+    w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, 1, out=out)  # the counters exist before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, out=out)
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, 1, out=out)
     x.copy_(_spiky_x(k, torch.bfloat16, 4))
     graph.replay()
     torch.cuda.synchronize()
-    eager = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16)
+    eager = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, 1)
     assert torch.equal(out, eager)
 
     monkeypatch.delenv(g.TUNE_ENV, raising=False)
