@@ -27,6 +27,7 @@ from hotloop.messages import GenerationConfig
 BW = 4229e9
 FLOPS = 783e12
 WEIGHT_BYTES = 15.0e9
+AWQ_WEIGHT_BYTES = 4.65e9  # W4A16, group 128, bf16 lm_head (GPU.md)
 FLOP_PER_TOKEN = 16e9
 KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
 PROFILE_HOST = (
@@ -137,7 +138,9 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--quant-policy", type=int, choices=(0, 4, 8), default=0, help="KV cache policy")
     ap.add_argument("--cases", default=None, help="comma-separated substrings: run only matching cases")
+    ap.add_argument("--model-format", default="hf", choices=("hf", "awq"), help="awq: random int4 weights")
     args = ap.parse_args()
+    weight_bytes = WEIGHT_BYTES if args.model_format == "hf" else AWQ_WEIGHT_BYTES
     built = build_engine(
         "llama3-8b",
         EngineConfig(
@@ -147,6 +150,7 @@ def main() -> int:
             max_prefill_token_num=8192,
             disable_overlap_schedule=True,
             quant_policy=args.quant_policy,
+            model_format=args.model_format,
         ),
     )
     engine = built.engine
@@ -179,7 +183,7 @@ def main() -> int:
         attn_flop = sum(4 * 32 * 4096 * n * n / 2 for n in pf) + 4 * 32 * 4096 * dec * ctx
         floor_ms = 1e3 * max(
             (FLOP_PER_TOKEN * tokens + attn_flop) / FLOPS,
-            (WEIGHT_BYTES + KV_BYTES_PER_TOKEN * dec * ctx) / BW,
+            (weight_bytes + KV_BYTES_PER_TOKEN * dec * ctx) / BW,
         )
         med = statistics.median(ms)
         results[name] = {
