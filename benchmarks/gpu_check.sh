@@ -40,6 +40,8 @@
 #            then W4A16 batch 1 with it, without it (HOTLOOP_CUDA_KERNELS=0), and with it again (one GPU).
 #   cuda2    the same tests and awq_gemm.py, W4A16 batch 1 twice, then the W4A16 batch-1 step's kernels
 #            (profile_step.py --model-format awq).
+#   cuda3    the CUDA GEMV, one-row and AWQ GPU tests, awq_gemm.py at M = 1, then W4A16 batch 1 with the
+#            fused one-row layer, without the CUDA kernels (HOTLOOP_CUDA_KERNELS=0), and with it again.
 #   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
@@ -513,6 +515,21 @@ if [ "$what" = cuda2 ]; then  # one GPU, in turn
     --out "$out/profile_awq.json" >"$out/profile_awq.log" 2>&1
   echo "profile rc=$?"
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(k, round(v['ms_p50'],3), [(r['kernel'][:60], round(r['ms'],3), r['calls']) for r in v['kernels']]) for k,v in d.items()]" "$out/profile_awq.json"
+  exit 0
+fi
+if [ "$what" = cuda3 ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
+    tests/models/test_one_row.py tests/lite/test_auto_awq.py >"$out/cuda_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  tail -30 "$out/cuda_tests.log" | grep -E "passed|failed|FAILED|ERROR|Error|error" | head -20
+  timeout 150 python3 "$here/awq_gemm.py" "$out/awq_gemm.json" --m 1 >"$out/awq_gemm.log" 2>&1
+  echo "awq_gemm rc=$?"
+  sed -n '/^shape/,$p' "$out/awq_gemm.log" | tail -9 | cut -c1-300
+  bs1 awq llama3-8b --model-format awq
+  HOTLOOP_CUDA_KERNELS=0 bs1 awq_triton llama3-8b --model-format awq
+  bs1 awq_2 llama3-8b --model-format awq
+  grep -h "one-row" "$out"/bs1_awq.log | head -8
   exit 0
 fi
 if [ "$what" = msrows ]; then

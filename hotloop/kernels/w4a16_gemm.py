@@ -309,8 +309,7 @@ class GemmConfig:
     "dot" (tensor cores: the ``splitk`` and ``tiled`` paths) or "dequant" (dequantize to scratch,
     then cuBLAS; of its fields only ``block_k`` is checked against the group, the rest are unused) or
     "cuda" (the CUDA C one-row GEMV, ``w4a16_cuda.py``: ``block_n`` its columns per block, ``block_k``
-    its rows per thread, ``num_stages`` 2 where all of a thread's loads are issued before its
-    arithmetic and 1 where not, ``split_k`` follows from them). ``unpack``, ``swap_ab`` and
+    its rows per thread, ``split_k`` follows from them). ``unpack``, ``swap_ab`` and
     ``group_m`` apply to "dot" only, save the one-row GEMV kernels ``unpack="mask"`` and
     ``unpack="half2"`` (the latter for 16-bit activations only); ``fixup`` (in-kernel split-K reduction) to both."""
 
@@ -436,8 +435,8 @@ def _cuda_templates() -> tuple[Template, ...]:
     from hotloop.kernels import w4a16_cuda
 
     return tuple(
-        (GemmConfig("cuda", 1, 32 * nl, r, num_warps=w4a16_cuda.THREADS // 32, num_stages=1 + fence), 0.0)
-        for nl, r, fence in w4a16_cuda.VARIANTS
+        (GemmConfig("cuda", 1, 32 * nl, r, num_warps=w4a16_cuda.THREADS // 32, num_stages=1), 0.0)
+        for nl, r in w4a16_cuda.VARIANTS
     )
 
 
@@ -599,8 +598,7 @@ def _launch(
     if cfg.kind == "cuda":
         from hotloop.kernels import w4a16_cuda
 
-        nl, fence = cfg.block_n // 32, cfg.num_stages - 1
-        return w4a16_cuda.gemv(x2, qweight, qzeros, scales, group_size, nl, cfg.block_k, fence)
+        return w4a16_cuda.gemv(x2, qweight, qzeros, scales, group_size, cfg.block_n // 32, cfg.block_k)
     if cfg.kind == "gemv":
         rows = 1 if cfg.unpack in ONE_ROW_UNPACK else GEMV_MAX_M
         if m > rows:

@@ -222,6 +222,50 @@ class Linear(nn.Module):
             x, weight, self.bias, norm_weight=norm_weight, eps=eps, residual=residual, silu=silu
         )
 
+    @property
+    def is_w4a16_packed(self) -> bool:
+        """Whether the weight is AutoAWQ int4 kept packed (on the GPU; the CPU dequantizes at load)."""
+        return isinstance(self.quant_method, AWQLinearMethod) and "qweight" in self._parameters
+
+    def w4a16_row_fits(self, dtype: torch.dtype) -> bool:
+        """Whether :meth:`forward_one_row_w4a16` can run this layer for one row of ``dtype`` (a CUDA
+        W4A16 GEMV variant fits its shape; the kernels may still fail to build, see ``cuda_jit``)."""
+        from hotloop.kernels import w4a16_cuda
+
+        if not self.is_w4a16_packed:
+            return False
+        group = cast(AWQLinearMethod, self.quant_method).group_size
+        k, n = self.in_features, self.out_features
+        return any(w4a16_cuda.fits(1, n, k, group, dtype, *v) is None for v in w4a16_cuda.VARIANTS)
+
+    def forward_one_row_w4a16(
+        self,
+        x: torch.Tensor,
+        *,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 1e-6,
+        silu_input: bool = False,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One row through this packed W4A16 projection with its RMSNorm (``norm_weight``) or
+        SiLU-and-mul (``silu_input``: ``x`` is ``[1, 2 * in]``, gate then up) before it and its bias
+        and ``residual`` adds after it, in one launch (``kernels/w4a16_cuda.fused_gemv``). Needs
+        ``is_w4a16_packed``."""
+        if not self.is_w4a16_packed:
+            raise ValueError("forward_one_row_w4a16 needs packed AWQ weights")
+        from hotloop.kernels.w4a16_cuda import fused_gemv
+
+        x = x.contiguous()
+        if x.data_ptr() % 16:
+            x = x.clone()
+        qweight, qzeros, scales = (cast(torch.Tensor, getattr(self, n)) for n in AWQ_PARAM_NAMES)
+        group = cast(AWQLinearMethod, self.quant_method).group_size
+        bias = cast(torch.Tensor, self.bias) if self.bias is not None else None
+        return fused_gemv(
+            x, qweight, qzeros, scales, group, norm_weight=norm_weight, eps=eps, silu_input=silu_input,
+            bias=bias, residual=residual,
+        )  # fmt: skip
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

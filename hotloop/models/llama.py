@@ -198,6 +198,28 @@ class LlamaDecoderLayer(nn.Module):
         act = mlp.gate_up_proj.forward_fused(h, norm_weight=norm2.weight, eps=norm2.eps, silu=True)
         return mlp.down_proj.forward_fused(act, residual=h)
 
+    def forward_one_row_w4a16(
+        self, h: torch.Tensor, cos_sin: CosSin, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """``forward_one_row`` for packed W4A16 projections: the input norms in front of the q/k/v
+        and gate/up launches, SiLU-and-mul in front of the down launch, the residual adds behind o
+        and down (``Linear.forward_one_row_w4a16``); the same roundings as ``forward``."""
+        attn, mlp = self.self_attn, self.mlp
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        qkv = attn.qkv_proj.forward_one_row_w4a16(h, norm_weight=norm1.weight, eps=norm1.eps)
+        q, k, v = attn.split_heads(qkv)
+        o = attn.attn(q, k, v, kv_cache, meta, cos_sin)
+        h = attn.o_proj.forward_one_row_w4a16(o, residual=h)
+        gate_up = mlp.gate_up_proj.forward_one_row_w4a16(h, norm_weight=norm2.weight, eps=norm2.eps)
+        return mlp.down_proj.forward_one_row_w4a16(gate_up, silu_input=True, residual=h)
+
+    def w4a16_rows(self, dtype: torch.dtype) -> bool:
+        """Whether every projection is packed W4A16 and fits the one-row CUDA kernel for ``dtype``."""
+        attn, mlp = self.self_attn, self.mlp
+        return all(
+            x.w4a16_row_fits(dtype) for x in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        )
+
     def _rope_in_projection(
         self, h: torch.Tensor, cos_sin: CosSin, kv_cache: KVCache, meta: AttentionMetadata
     ) -> bool:
@@ -230,12 +252,24 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype)
         self.rotary_emb = RotaryEmbedding(args.head_dim, args.rope)
         self._dense: bool | None = None
+        self._w4a16_rows: dict[torch.dtype, bool] = {}
 
     def dense(self) -> bool:
         """Whether every layer's projections are dense (decided once, after loading)."""
         if self._dense is None:
             self._dense = all(cast(LlamaDecoderLayer, layer).dense() for layer in self.layers)
         return self._dense
+
+    def w4a16_rows(self, h: torch.Tensor) -> bool:
+        """Whether the one-row path can take the W4A16 layers for ``h``: every projection packed and
+        fitting, and the CUDA kernels buildable here (decided once per dtype)."""
+        from hotloop.kernels import w4a16_cuda
+
+        if h.dtype not in self._w4a16_rows:
+            self._w4a16_rows[h.dtype] = w4a16_cuda.available(h.device) and all(
+                cast(LlamaDecoderLayer, layer).w4a16_rows(h.dtype) for layer in self.layers
+            )
+        return self._w4a16_rows[h.dtype]
 
     def forward(
         self,
@@ -253,6 +287,10 @@ class LlamaModel(nn.Module):
         if ops.one_row_fusion(h) and self.dense():
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
                 h = cast(LlamaDecoderLayer, layer).forward_one_row(h, cos_sin, kv_cache, meta)
+            return self.norm(h)
+        if ops.one_row_fusion(h) and self.w4a16_rows(h):
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                h = cast(LlamaDecoderLayer, layer).forward_one_row_w4a16(h, cos_sin, kv_cache, meta)
             return self.norm(h)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

@@ -27,12 +27,10 @@ def test_tile_and_fits() -> None:
     assert w4a16_cuda.tile(4, 16) == (128, 1024)
     assert w4a16_cuda.tile(8, 8) == (256, 256)
 
-    def why(
-        m: int, n: int, k: int, group: int, dtype: torch.dtype, nl: int = 4, r: int = 16, f: int = 1
-    ) -> str:
-        return w4a16_cuda.fits(m, n, k, group, dtype, nl, r, f) or ""
+    def why(m: int, n: int, k: int, group: int, dtype: torch.dtype, nl: int = 4, r: int = 16) -> str:
+        return w4a16_cuda.fits(m, n, k, group, dtype, nl, r) or ""
 
-    assert w4a16_cuda.fits(1, 4096, 4096, 128, torch.bfloat16, 4, 16, 1) is None
+    assert w4a16_cuda.fits(1, 4096, 4096, 128, torch.bfloat16, 4, 16) is None
     assert "one row" in why(2, 4096, 4096, 128, torch.bfloat16)
     assert "float16 or bfloat16" in why(1, 4096, 4096, 128, torch.float32)
     assert "N=4000" in why(1, 4000, 4096, 128, torch.bfloat16)
@@ -45,7 +43,11 @@ def test_gemv_refuses_what_does_not_fit() -> None:
     qweight, qzeros, scales = random_awq(1536, 256, 128, torch.bfloat16, "cpu")
     x = torch.randn(1, 1536, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="K=1536"):
-        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, 1)
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16)
+    with pytest.raises(ValueError, match=r"x must be \[1, 3072\]"):
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, silu_input=True)
+    with pytest.raises(ValueError, match="not both"):
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, norm_weight=x[0], silu_input=True)
 
 
 def test_tuner_templates_fit_or_refuse() -> None:
@@ -56,7 +58,7 @@ def test_tuner_templates_fit_or_refuse() -> None:
         cols, rows = w4a16_cuda.tile(template.block_n // 32, template.block_k)
         cfg = g.fit_config(template, 1, 28672, 4096, 128, dev, waves)
         assert cfg.kind == "cuda" and cfg.split_k == 4096 // rows and cfg.block_n == cols
-        assert (cfg.block_n // 32, cfg.block_k, cfg.num_stages - 1) in w4a16_cuda.VARIANTS
+        assert (cfg.block_n // 32, cfg.block_k) in w4a16_cuda.VARIANTS
         with pytest.raises(ValueError, match="does not tile"):
             g.fit_config(template, 1, 28672, 4096 + rows // 2, 128, dev, waves)
 
@@ -106,7 +108,8 @@ def test_source_compiles_for_hopper_and_is_cached(monkeypatch: pytest.MonkeyPatc
     assert cubin[:4] == b"\x7fELF"
     for dtype in (torch.bfloat16, torch.float16):
         for v in w4a16_cuda.VARIANTS:
-            assert w4a16_cuda.kernel_name(dtype, *v).encode() in cubin
+            for p in w4a16_cuda.PROLOGUES.values():
+                assert w4a16_cuda.kernel_name(dtype, *v, p).encode() in cubin
     cached = list((tmp_path / "cuda").glob("*.cubin"))
     assert len(cached) == 1
     monkeypatch.setenv("HOTLOOP_NVCC", "/nonexistent/nvcc")
@@ -158,6 +161,58 @@ def test_gpu_every_variant(shape: tuple[int, int], dtype: torch.dtype) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("what", ["norm", "silu", "bias+residual", "norm+bias"])
+def test_gpu_fused_prologue_and_epilogue(what: str, dtype: torch.dtype) -> None:
+    """The fused launch against the unfused ops (kernels/reference.py in torch, in the layer's
+    order and roundings, then the plain kernel): equal to a rounding or two; a wrong norm, SiLU or
+    add is off by far more. Every variant that fits, an 8B-like shape."""
+    _require_cuda_kernels()
+    k, n = 4096, 6144
+    qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=7)
+    gen = torch.Generator("cuda").manual_seed(5)
+    width = 2 * k if what == "silu" else k
+    x = (torch.randn(1, width, device="cuda", generator=gen) * 3).to(dtype)
+    norm_weight = (
+        (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).to(dtype) if "norm" in what else None
+    )
+    bias = torch.randn(n, device="cuda", generator=gen).to(dtype) if "bias" in what else None
+    residual = (
+        (10 * torch.randn(1, n, device="cuda", generator=gen)).to(dtype) if "residual" in what else None
+    )
+    row = x
+    if norm_weight is not None:
+        row = reference.rms_norm(x, norm_weight, 1e-5)
+    if what == "silu":
+        row = reference.silu_and_mul(x)
+    ran = 0
+    for v in w4a16_cuda.VARIANTS:
+        if w4a16_cuda.fits(1, n, k, 128, dtype, *v) is not None:
+            continue
+        want = w4a16_cuda.gemv(row.contiguous(), qweight, qzeros, scales, 128, *v)
+        if bias is not None:
+            want = want + bias
+        if residual is not None:
+            want = want + residual
+        got = w4a16_cuda.gemv(
+            x, qweight, qzeros, scales, 128, *v, norm_weight=norm_weight, eps=1e-5, silu_input=what == "silu",
+            bias=bias, residual=residual,
+        )  # fmt: skip
+        assert got.dtype == dtype and got.shape == (1, n)
+        assert _rel_max_err(got, want) < (4e-3 if dtype == torch.bfloat16 else 1e-3), (
+            v,
+            _rel_max_err(got, want),
+        )
+        ran += 1
+    assert ran >= 3
+    fused = w4a16_cuda.fused_gemv(
+        x, qweight, qzeros, scales, 128, norm_weight=norm_weight, eps=1e-5, silu_input=what == "silu",
+        bias=bias, residual=residual,
+    )  # fmt: skip
+    assert fused.shape == (1, n) and torch.isfinite(fused).all()
+
+
+@pytest.mark.gpu
 def test_gpu_fp16_headroom() -> None:
     """Eight consecutive activations of 4000 against q - z = 15: an fp16 partial sum of eight rows
     would reach 480,000 (past 65,504) without the kernel's 1/16."""
@@ -169,7 +224,7 @@ def test_gpu_fp16_headroom() -> None:
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(1)).half()
     x[0, 32:40] = 4000.0
     x = x.cuda()
-    got = w4a16_cuda.gemv(x, qweight, qzeros, scales, group, 2, 16, 1)
+    got = w4a16_cuda.gemv(x, qweight, qzeros, scales, group, 2, 16)
     assert torch.isfinite(got).all()
     assert _rel_max_err(got, reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), group)) < 2e-3
 
@@ -185,14 +240,14 @@ def test_gpu_graph_replay_and_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
     qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=3)
     x = _spiky_x(k, torch.bfloat16, 3)
     out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
-    w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, 1, out=out)  # the counters exist before capture
+    w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, out=out)  # the counters exist before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, 1, out=out)
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, out=out)
     x.copy_(_spiky_x(k, torch.bfloat16, 4))
     graph.replay()
     torch.cuda.synchronize()
-    eager = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, 1)
+    eager = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16)
     assert torch.equal(out, eager)
 
     monkeypatch.delenv(g.TUNE_ENV, raising=False)

@@ -241,3 +241,65 @@ def test_one_row_rope_quantized_cache_gpu(
         n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         common += n
     assert common >= len(prompts) * MAX_NEW * 3 // 4, runs
+
+
+def test_one_row_w4a16_needs_packed_weights(tmp_path: Path) -> None:
+    """A dense (or dequantized) projection refuses the W4A16 one-row launch and does not fit it."""
+    hf = _hf_model(CONFIGS["llama-gqa"]())
+    hf.save_pretrained(tmp_path)
+    model: Any = load_model(tmp_path, torch.float32, "cpu")
+    proj = model.model.layers[0].mlp.down_proj
+    assert not proj.is_w4a16_packed and not proj.w4a16_row_fits(torch.bfloat16)
+    assert not model.model.layers[0].w4a16_rows(torch.bfloat16)
+    with pytest.raises(ValueError, match="packed AWQ"):
+        proj.forward_one_row_w4a16(torch.zeros(1, proj.in_features))
+
+
+def _w4a16_model_dir(tmp_path: Path) -> Path:
+    """A 2-layer Llama with real-sized rows (hidden 1024, 8 heads of 128, 2 KV heads, MLP 2048) and
+    an AWQ quantization_config: random int4 weights that the one-row CUDA kernels fit."""
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(
+        hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=128, vocab_size=512, max_position_embeddings=512,
+    )  # fmt: skip
+    d = tmp_path / "w4a16"
+    d.mkdir()
+    config = cfg.to_dict()
+    config["architectures"] = ["LlamaForCausalLM"]
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
+                                     "version": "gemm"}  # fmt: skip
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+@pytest.mark.gpu
+def test_one_row_w4a16_path_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch-1 decode of a W4A16 model through the fused one-row layer (four CUDA GEMV launches
+    with the norms, SiLU and residual adds in them) against the unfused layer: the same logits to
+    bf16 roundings at every position."""
+    from hotloop.kernels import w4a16_cuda
+
+    if not w4a16_cuda.available(torch.device("cuda")):
+        pytest.skip("the CUDA kernels cannot be built here (no nvcc)")
+    model: Any = load_model(_w4a16_model_dir(tmp_path), torch.bfloat16, "cuda", load_format="dummy",
+                            model_format="awq")  # fmt: skip
+    assert model.model.layers[0].mlp.down_proj.is_w4a16_packed
+    calls = [0]
+    real = llama.LlamaDecoderLayer.forward_one_row_w4a16
+
+    def spy(self: Any, *args: Any) -> torch.Tensor:
+        calls[0] += 1
+        return real(self, *args)
+
+    monkeypatch.setattr(llama.LlamaDecoderLayer, "forward_one_row_w4a16", spy)
+    tokens = torch.randint(0, 512, (24,), generator=torch.Generator().manual_seed(0)).tolist()
+    fused = _decode_one_by_one(model, tokens, 8)
+    assert calls[0] == 2 * 16  # two layers, sixteen one-row steps
+    monkeypatch.setitem(ops._state, "one_row", False)
+    unfused = _decode_one_by_one(model, tokens, 8)
+    assert calls[0] == 2 * 16
+    assert torch.isfinite(fused).all()
+    err = (fused.float() - unfused.float()).abs().max().item()
+    assert err < 2e-2 * unfused.float().abs().max().item(), err

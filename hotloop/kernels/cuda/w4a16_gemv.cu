@@ -22,6 +22,11 @@
 //   last block of a column tile to finish (an atomic counter per tile, reset by that block) adds the
 //   splits' float32 partials in split order and writes the output: one launch, and a result that
 //   does not depend on timing.
+// - the decoder's neighbours ride along (the one-row W4A16 layer, models/llama.py), with the
+//   unfused layer's roundings (kernels/reference.py): a prologue PRO makes the row from the input,
+//   1: RMSNorm (each block sums the squares of the whole row itself, its weight loads already in
+//   flight), 2: SiLU-and-mul of a [gate | up] input of 2K values; the epilogue adds a bias and a
+//   residual row (each rounded to 16 bits, as the separate adds are).
 
 typedef unsigned int u32;
 
@@ -29,8 +34,6 @@ typedef unsigned int u32;
 #define ROWS 8
 
 __device__ __forceinline__ void ldg_stream4(const u32* p, u32& a, u32& b, u32& c, u32& d) {
-  // volatile: the loads stay ahead of the arithmetic (NVVM otherwise sinks each to its first use,
-  // which leaves a handful of loads in flight per thread)
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
       : "l"(p));
@@ -119,22 +122,112 @@ __device__ __forceinline__ u32 pair_neg_scale(int i) {
   return BF16 ? 0xBF80BF80u : ((i & 1) ? 0x9C009C00u : 0xAC00AC00u);
 }
 
-template <bool BF16, int NL, int R, bool FENCE>
-__device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* __restrict__ qw,
+__device__ __forceinline__ float to_f32(unsigned short h, bool bf16) {
+  if (bf16) return __uint_as_float(((u32)h) << 16);
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+
+// float32 rounded to the 16-bit type and back (the rounding a 16-bit tensor op does)
+template <bool BF16>
+__device__ __forceinline__ float round16(float v) {
+  return to_f32(to16<BF16>(v), BF16);
+}
+
+// the block's sum of v over its threads (every thread gets it)
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  float t = 0.0f;
+#pragma unroll
+  for (int w = 0; w < THREADS / 32; ++w) t += scratch[w];
+  return t;
+}
+
+// the 16-bit values of rows [k, k + R) of a row, R / 2 words (k a multiple of 8)
+template <int R>
+__device__ __forceinline__ void load_rows(const unsigned short* __restrict__ in, int k, u32 (&v)[R / 2]) {
+  const u32* p = reinterpret_cast<const u32*>(in) + k / 2;
+#pragma unroll
+  for (int j = 0; j < R / 8; ++j) ldg4(p + 4 * j, v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+}
+
+// rows [k0, k0 + R) of the row that the projection multiplies, as packed 16-bit pairs
+template <bool BF16, int R, int PRO>
+__device__ __forceinline__ void prologue(const unsigned short* __restrict__ in,
+                                         const unsigned short* __restrict__ nw, float eps, int K, int k0,
+                                         u32 (&xv)[R / 2], float* scratch) {
+  load_rows<R>(in, k0, xv);
+  if (PRO == 1) {
+    // RMSNorm: round16(w * round16(x * rsqrt(mean(x^2) + eps))), as reference.rms_norm
+    float ss = 0.0f;
+    const u32* words = reinterpret_cast<const u32*>(in);
+    for (int i = threadIdx.x * 4; i < K / 2; i += THREADS * 4) {
+      u32 q[4];
+      ldg4(words + i, q[0], q[1], q[2], q[3]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float lo, hi;
+        halves<BF16>(q[e], lo, hi);
+        ss += lo * lo + hi * hi;
+      }
+    }
+    const float rstd = rsqrtf(block_sum(ss, scratch) / (float)K + eps);
+    u32 wv[R / 2];
+    load_rows<R>(nw, k0, wv);
+#pragma unroll
+    for (int j = 0; j < R / 2; ++j) {
+      float x0, x1, w0, w1;
+      halves<BF16>(xv[j], x0, x1);
+      halves<BF16>(wv[j], w0, w1);
+      xv[j] = (u32)to16<BF16>(w0 * round16<BF16>(x0 * rstd)) | ((u32)to16<BF16>(w1 * round16<BF16>(x1 * rstd)) << 16);
+    }
+  } else if (PRO == 2) {
+    // SiLU-and-mul of [gate | up] (2K values): round16(round16(silu(g)) * u), as reference.silu_and_mul
+    u32 uv[R / 2];
+    load_rows<R>(in + K, k0, uv);
+#pragma unroll
+    for (int j = 0; j < R / 2; ++j) {
+      float g0, g1, u0, u1;
+      halves<BF16>(xv[j], g0, g1);
+      halves<BF16>(uv[j], u0, u1);
+      const float s0 = round16<BF16>(g0 / (1.0f + __expf(-g0)));
+      const float s1 = round16<BF16>(g1 / (1.0f + __expf(-g1)));
+      xv[j] = (u32)to16<BF16>(s0 * u0) | ((u32)to16<BF16>(s1 * u1) << 16);
+    }
+  }
+}
+
+// output column n: round16(y), then + bias, then + residual, each rounded to 16 bits
+template <bool BF16>
+__device__ __forceinline__ unsigned short epilogue(float y, int n, const unsigned short* __restrict__ bias,
+                                                   const unsigned short* __restrict__ residual) {
+  if (bias == nullptr && residual == nullptr) return to16<BF16>(y);
+  float v = round16<BF16>(y);
+  if (bias != nullptr) v = round16<BF16>(v + to_f32(bias[n], BF16));
+  if (residual != nullptr) v += to_f32(residual[n], BF16);
+  return to16<BF16>(v);
+}
+
+template <bool BF16, int NL, int R, int PRO>
+__device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, const u32* __restrict__ qw,
                                           const u32* __restrict__ qz, const u32* __restrict__ sc,
                                           float* __restrict__ ws, unsigned short* __restrict__ out,
-                                          int* __restrict__ cnt, int N, int K, int G) {
+                                          int* __restrict__ cnt, int N, int K, int G,
+                                          const unsigned short* __restrict__ nw, float eps,
+                                          const unsigned short* __restrict__ bias,
+                                          const unsigned short* __restrict__ residual) {
   constexpr int TK = THREADS / NL;
   constexpr int BN = 32 * NL;
   constexpr int PER = THREADS / BN;  // threads per column in the block's reduction
   static_assert(R % ROWS == 0, "R must be a multiple of ROWS");
   static_assert(TK >= PER, "too few slots");
   __shared__ __align__(16) float red[TK][BN + 4];
+  __shared__ float scratch[THREADS / 32];
   __shared__ int last;
-
-  // programmatic dependent launch: x is written by the kernel before (a no-op otherwise)
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;");
 
   const int tid = threadIdx.x;
   const int lane_n = tid % NL;
@@ -144,33 +237,27 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   const int k0 = blockIdx.y * kps + slot * R;
   const int w0 = blockIdx.x * (BN / 8) + lane_n * 4;  // this thread's first word column
 
+  // programmatic dependent launch: the input row (and the residual) come from the kernel before (a
+  // no-op where the launch is not programmatic). Waiting before the weight loads, not after: with
+  // the wait (a compiler barrier) after them, every load is issued before any arithmetic, which
+  // needs R x 4 registers at once and was slower (fewer blocks per SM)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
   u32 w[R][4];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     ldg_stream4(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
   }
-  u32 xv[R / 2];
-#pragma unroll
-  for (int j = 0; j < R / 8; ++j) {
-    ldg4(x + (k0 + 8 * j) / 2, xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3]);
-  }
   const int g = k0 / G;
   u32 zv[4];
   ldg4(qz + (size_t)g * n8 + w0, zv[0], zv[1], zv[2], zv[3]);
-  if (FENCE) {
-    // ptxas sinks each load to just before its first use (a few in flight per thread). Making the
-    // zero points depend on every loaded word (through a term that is 0: N is never negative, which
-    // the compiler cannot know) makes all R rows' loads issue before any arithmetic.
-    u32 t = 0u;
-#pragma unroll
-    for (int r = 0; r < R; ++r) t ^= w[r][0] ^ w[r][1] ^ w[r][2] ^ w[r][3];
-    zv[0] ^= (N < 0) ? t : 0u;
-  }
   u32 sv[4][4];
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     ldg4(sc + ((size_t)g * N + (size_t)(w0 + c) * 8) / 2, sv[c][0], sv[c][1], sv[c][2], sv[c][3]);
   }
+  u32 xv[R / 2];
+  prologue<BF16, R, PRO>(x, nw, eps, K, k0, xv, scratch);
 
   u32 Z[4][4];  // -(magic + z s_i) S_i per word and column pair (exact)
 #pragma unroll
@@ -247,57 +334,52 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   red[part][col] = s;
   __syncthreads();
   const int n = blockIdx.x * BN + tid;
-  if (gridDim.y == 1) {
-    if (tid < BN) {
-      float v = 0.0f;
-#pragma unroll
-      for (int q = 0; q < PER; ++q) v += red[q][tid];
-      out[n] = to16<BF16>(v);
-    }
-    return;
-  }
+  float v = 0.0f;
   if (tid < BN) {
-    float v = 0.0f;
 #pragma unroll
     for (int q = 0; q < PER; ++q) v += red[q][tid];
-    ws[(size_t)blockIdx.y * N + n] = v;
   }
+  if (gridDim.y == 1) {
+    if (tid < BN) out[n] = epilogue<BF16>(v, n, bias, residual);
+    return;
+  }
+  if (tid < BN) ws[(size_t)blockIdx.y * N + n] = v;
   __threadfence();  // this block's partials are visible before its arrival is counted
   __syncthreads();
   if (tid == 0) last = atomicAdd(&cnt[blockIdx.x], 1) == (int)gridDim.y - 1;
   __syncthreads();
   if (last) {
     if (tid < BN) {
-      float v = 0.0f;
-      for (int sp = 0; sp < (int)gridDim.y; ++sp) v += __ldcg(&ws[(size_t)sp * N + n]);
-      out[n] = to16<BF16>(v);
+      float t = 0.0f;
+      for (int sp = 0; sp < (int)gridDim.y; ++sp) t += __ldcg(&ws[(size_t)sp * N + n]);
+      out[n] = epilogue<BF16>(t, n, bias, residual);
     }
     if (tid == 0) cnt[blockIdx.x] = 0;
   }
 }
 
-#define GEMV_ARGS                                                                                   \
-  const u32 *__restrict__ x, const u32 *__restrict__ qw, const u32 *__restrict__ qz,               \
-      const u32 *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out,        \
-      int *__restrict__ cnt, int N, int K, int G
+#define GEMV_ARGS                                                                                  \
+  const unsigned short *__restrict__ x, const u32 *__restrict__ qw, const u32 *__restrict__ qz,   \
+      const u32 *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out,       \
+      int *__restrict__ cnt, int N, int K, int G, const unsigned short *__restrict__ nw, float eps, \
+      const unsigned short *__restrict__ bias, const unsigned short *__restrict__ residual
 
-#define DEFINE_GEMV(DT, BF16, NL, R, F)                                                         \
-  extern "C" __global__ void __launch_bounds__(THREADS)                                            \
-      w4a16_gemv_##DT##_nl##NL##_r##R##_f##F(GEMV_ARGS) {                                          \
-    gemv_body<BF16, NL, R, F>(x, qw, qz, sc, ws, out, cnt, N, K, G);                               \
+#define DEFINE_GEMV(DT, BF16, NL, R, PRO)                                                        \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                         \
+      w4a16_gemv_##DT##_nl##NL##_r##R##_p##PRO(GEMV_ARGS) {                                     \
+    gemv_body<BF16, NL, R, PRO>(x, qw, qz, sc, ws, out, cnt, N, K, G, nw, eps, bias, residual); \
   }
 
-#define DEFINE_BOTH(NL, R, F)           \
-  DEFINE_GEMV(bf16, true, NL, R, F)     \
-  DEFINE_GEMV(f16, false, NL, R, F)
+#define DEFINE_ALL(NL, R)           \
+  DEFINE_GEMV(bf16, true, NL, R, 0) \
+  DEFINE_GEMV(bf16, true, NL, R, 1) \
+  DEFINE_GEMV(bf16, true, NL, R, 2) \
+  DEFINE_GEMV(f16, false, NL, R, 0) \
+  DEFINE_GEMV(f16, false, NL, R, 1) \
+  DEFINE_GEMV(f16, false, NL, R, 2)
 
-// the variants of w4a16_cuda.VARIANTS: (NL, R, FENCE)
-DEFINE_BOTH(2, 16, 0)
-DEFINE_BOTH(4, 8, 0)
-DEFINE_BOTH(4, 16, 0)
-DEFINE_BOTH(4, 32, 0)
-DEFINE_BOTH(2, 16, 1)
-DEFINE_BOTH(2, 32, 1)
-DEFINE_BOTH(4, 16, 1)
-DEFINE_BOTH(4, 32, 1)
-DEFINE_BOTH(8, 16, 1)
+// w4a16_cuda.VARIANTS: (NL, R), each with prologue 0 (none), 1 (RMSNorm) and 2 (SiLU-and-mul)
+DEFINE_ALL(2, 16)
+DEFINE_ALL(4, 8)
+DEFINE_ALL(4, 16)
+DEFINE_ALL(4, 32)
