@@ -40,8 +40,8 @@
 #            then W4A16 batch 1 with it, without it (HOTLOOP_CUDA_KERNELS=0), and with it again (one GPU).
 #   cuda2    the same tests and awq_gemm.py, W4A16 batch 1 twice, then the W4A16 batch-1 step's kernels
 #            (profile_step.py --model-format awq).
-#   cuda3    the CUDA GEMV, one-row and AWQ GPU tests, awq_gemm.py at M = 1, then W4A16 batch 1 with the
-#            fused one-row layer, without the CUDA kernels (HOTLOOP_CUDA_KERNELS=0), and with it again.
+#   cuda3    the CUDA GEMV, one-row and AWQ GPU tests, then W4A16 batch 1 with the fused one-row layer,
+#            unfused (HOTLOOP_DENSE_GEMV=0), without the CUDA kernels (HOTLOOP_CUDA_KERNELS=0), fused again.
 #   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
@@ -522,11 +522,9 @@ if [ "$what" = cuda3 ]; then  # one GPU, in turn
   timeout 240 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
     tests/models/test_one_row.py tests/lite/test_auto_awq.py >"$out/cuda_tests.log" 2>&1
   echo "GPU tests rc=$?"
-  tail -30 "$out/cuda_tests.log" | grep -E "passed|failed|FAILED|ERROR|Error|error" | head -20
-  timeout 150 python3 "$here/awq_gemm.py" "$out/awq_gemm.json" --m 1 >"$out/awq_gemm.log" 2>&1
-  echo "awq_gemm rc=$?"
-  sed -n '/^shape/,$p' "$out/awq_gemm.log" | tail -9 | cut -c1-300
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/cuda_tests.log" | cut -c1-300 | head -60
   bs1 awq llama3-8b --model-format awq
+  HOTLOOP_DENSE_GEMV=0 bs1 awq_unfused llama3-8b --model-format awq
   HOTLOOP_CUDA_KERNELS=0 bs1 awq_triton llama3-8b --model-format awq
   bs1 awq_2 llama3-8b --model-format awq
   grep -h "one-row" "$out"/bs1_awq.log | head -8

@@ -157,7 +157,7 @@ def test_gpu_every_variant(shape: tuple[int, int], dtype: torch.dtype) -> None:
         _assert_rounds_like(got, emulated, ulp)
         assert int(counters.buffer(x.device, "w4a16_cuda").abs().sum()) == 0
         ran += 1
-    assert ran >= 3
+    assert ran >= (3 if k >= 4096 else 2)
 
 
 @pytest.mark.gpu

@@ -155,50 +155,39 @@ __device__ __forceinline__ void load_rows(const unsigned short* __restrict__ in,
   for (int j = 0; j < R / 8; ++j) ldg4(p + 4 * j, v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
 }
 
-// rows [k0, k0 + R) of the row that the projection multiplies, as packed 16-bit pairs
-template <bool BF16, int R, int PRO>
-__device__ __forceinline__ void prologue(const unsigned short* __restrict__ in,
-                                         const unsigned short* __restrict__ nw, float eps, int K, int k0,
-                                         u32 (&xv)[R / 2], float* scratch) {
-  load_rows<R>(in, k0, xv);
-  if (PRO == 1) {
-    // RMSNorm: round16(w * round16(x * rsqrt(mean(x^2) + eps))), as reference.rms_norm
-    float ss = 0.0f;
-    const u32* words = reinterpret_cast<const u32*>(in);
-    for (int i = threadIdx.x * 4; i < K / 2; i += THREADS * 4) {
-      u32 q[4];
-      ldg4(words + i, q[0], q[1], q[2], q[3]);
+// 1 / rms of the whole row (every thread gets it): the RMSNorm prologue's row pass
+template <bool BF16>
+__device__ __forceinline__ float row_rstd(const unsigned short* __restrict__ in, int K, float eps, float* scratch) {
+  float ss = 0.0f;
+  const u32* words = reinterpret_cast<const u32*>(in);
+  for (int i = threadIdx.x * 4; i < K / 2; i += THREADS * 4) {
+    u32 q[4];
+    ldg4(words + i, q[0], q[1], q[2], q[3]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float lo, hi;
-        halves<BF16>(q[e], lo, hi);
-        ss += lo * lo + hi * hi;
-      }
-    }
-    const float rstd = rsqrtf(block_sum(ss, scratch) / (float)K + eps);
-    u32 wv[R / 2];
-    load_rows<R>(nw, k0, wv);
-#pragma unroll
-    for (int j = 0; j < R / 2; ++j) {
-      float x0, x1, w0, w1;
-      halves<BF16>(xv[j], x0, x1);
-      halves<BF16>(wv[j], w0, w1);
-      xv[j] = (u32)to16<BF16>(w0 * round16<BF16>(x0 * rstd)) | ((u32)to16<BF16>(w1 * round16<BF16>(x1 * rstd)) << 16);
-    }
-  } else if (PRO == 2) {
-    // SiLU-and-mul of [gate | up] (2K values): round16(round16(silu(g)) * u), as reference.silu_and_mul
-    u32 uv[R / 2];
-    load_rows<R>(in + K, k0, uv);
-#pragma unroll
-    for (int j = 0; j < R / 2; ++j) {
-      float g0, g1, u0, u1;
-      halves<BF16>(xv[j], g0, g1);
-      halves<BF16>(uv[j], u0, u1);
-      const float s0 = round16<BF16>(g0 / (1.0f + __expf(-g0)));
-      const float s1 = round16<BF16>(g1 / (1.0f + __expf(-g1)));
-      xv[j] = (u32)to16<BF16>(s0 * u0) | ((u32)to16<BF16>(s1 * u1) << 16);
+    for (int e = 0; e < 4; ++e) {
+      float lo, hi;
+      halves<BF16>(q[e], lo, hi);
+      ss += lo * lo + hi * hi;
     }
   }
+  return rsqrtf(block_sum(ss, scratch) / (float)K + eps);
+}
+
+// one word (two rows) of the row the projection multiplies, from the input word v and the
+// prologue's word e (the norm weight, or the up half for SiLU-and-mul), in the unfused roundings
+template <bool BF16, int PRO>
+__device__ __forceinline__ u32 prologue_word(u32 v, u32 e, float rstd) {
+  if (PRO == 0) return v;
+  float a0, a1, b0, b1;
+  halves<BF16>(v, a0, a1);
+  halves<BF16>(e, b0, b1);
+  if (PRO == 1) {  // RMSNorm: round16(w * round16(x * rstd)), as reference.rms_norm
+    return (u32)to16<BF16>(b0 * round16<BF16>(a0 * rstd)) | ((u32)to16<BF16>(b1 * round16<BF16>(a1 * rstd)) << 16);
+  }
+  // SiLU-and-mul: round16(round16(silu(g)) * u), as reference.silu_and_mul
+  const float s0 = round16<BF16>(__fdividef(a0, 1.0f + __expf(-a0)));
+  const float s1 = round16<BF16>(__fdividef(a1, 1.0f + __expf(-a1)));
+  return (u32)to16<BF16>(s0 * b0) | ((u32)to16<BF16>(s1 * b1) << 16);
 }
 
 // output column n: round16(y), then + bias, then + residual, each rounded to 16 bits
@@ -243,6 +232,9 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
   // needs R x 4 registers at once and was slower (fewer blocks per SM)
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
+  // the RMSNorm's row pass before the weight loads: they cannot cross its barrier, and all R rows
+  // in flight at once take too many registers
+  const float rstd = (PRO == 1) ? row_rstd<BF16>(x, K, eps, scratch) : 1.0f;
   u32 w[R][4];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -257,7 +249,10 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
     ldg4(sc + ((size_t)g * N + (size_t)(w0 + c) * 8) / 2, sv[c][0], sv[c][1], sv[c][2], sv[c][3]);
   }
   u32 xv[R / 2];
-  prologue<BF16, R, PRO>(x, nw, eps, K, k0, xv, scratch);
+  load_rows<R>(x, k0, xv);
+  u32 ev[PRO == 0 ? 1 : R / 2];  // the prologue's second operand per word
+  if (PRO == 1) load_rows<R>(nw, k0, reinterpret_cast<u32(&)[R / 2]>(ev));
+  if (PRO == 2) load_rows<R>(x + K, k0, reinterpret_cast<u32(&)[R / 2]>(ev));
 
   u32 Z[4][4];  // -(magic + z s_i) S_i per word and column pair (exact)
 #pragma unroll
@@ -279,6 +274,10 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
   }
 #pragma unroll
   for (int r0 = 0; r0 < R; r0 += ROWS) {
+    if (PRO != 0) {  // this chunk's words of the row, made as they are needed (few registers)
+#pragma unroll
+      for (int j = r0 / 2; j < (r0 + ROWS) / 2; ++j) xv[j] = prologue_word<BF16, PRO>(xv[j], ev[PRO == 0 ? 0 : j], rstd);
+    }
     u32 p[4][4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
