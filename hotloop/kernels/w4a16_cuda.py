@@ -13,10 +13,12 @@ Two users:
 
 - ``w4a16_gemm``'s tuner times the plain variants that fit a shape beside its Triton launches
   (kind ``"cuda"``) and keeps the fastest;
-- the one-row W4A16 decoder layer (``models/llama.py``) calls :func:`fused_gemv`, which also runs the
-  layer's RMSNorm or SiLU-and-mul in front and its bias and residual adds behind (the unfused
-  layer's roundings), so a layer is four launches plus attention instead of eight; its variant is
-  timed once per shape and prologue (:func:`row_variant`, kept on disk like the other tunings).
+- the one-row W4A16 decoder layer (``models/llama.py``) calls :func:`fused_gemv`, which also runs
+  the layer's RMSNorm in front (its mean square from the sums of squares per column tile that the
+  launch producing the row wrote, so no pass over the row) and its bias and residual adds, or the
+  SiLU-and-mul of the gate/up projection, behind (the unfused layer's roundings): a layer is four
+  launches plus attention instead of seven. Its variant is timed once per shape and form
+  (:func:`row_variant`, kept on disk like the other tunings).
 
 They exist only where ``cuda_jit`` can compile them (nvcc found, ``HOTLOOP_CUDA_KERNELS`` not 0).
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -39,13 +42,15 @@ THREADS = 256
 # Variants that issued all of a thread's loads before its arithmetic were slower everywhere.
 VARIANTS: tuple[tuple[int, int], ...] = ((2, 16), (4, 8), (4, 16), (4, 32))
 DEFAULT_VARIANT = (4, 16)  # where a fused shape is first seen inside a CUDA-graph capture
-PROLOGUES = {"none": 0, "norm": 1, "silu": 2}
+# (prologue, SiLU epilogue) compiled per variant: prologue 0 the row as given, 1 RMSNorm with a
+# pass over the row, 2 RMSNorm from the sums of squares the producing launch wrote (``ss_in``)
+FORMS: tuple[tuple[int, int], ...] = ((0, 0), (1, 0), (2, 0), (2, 1))
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 TUNING_FAMILY = "w4a16_cuda_row"
 
 
-def kernel_name(dtype: torch.dtype, nl: int, r: int, prologue: int = 0) -> str:
-    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}_p{prologue}"
+def kernel_name(dtype: torch.dtype, nl: int, r: int, prologue: int = 0, silu: int = 0) -> str:
+    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}_p{prologue}_s{silu}"
 
 
 def tile(nl: int, r: int) -> tuple[int, int]:
@@ -80,7 +85,7 @@ def available(device: torch.device) -> bool:
 
 
 def _names() -> list[str]:
-    return [kernel_name(dt, nl, r, p) for dt in _DTYPES for nl, r in VARIANTS for p in PROLOGUES.values()]
+    return [kernel_name(dt, nl, r, p, si) for dt in _DTYPES for nl, r in VARIANTS for p, si in FORMS]
 
 
 def _check_row(name: str, t: torch.Tensor | None, size: int, dtype: torch.dtype) -> None:
@@ -92,7 +97,7 @@ def _check_row(name: str, t: torch.Tensor | None, size: int, dtype: torch.dtype)
         )
 
 
-def gemv(
+def launch(
     x2: torch.Tensor,
     qweight: torch.Tensor,
     qzeros: torch.Tensor,
@@ -103,25 +108,28 @@ def gemv(
     *,
     norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
-    silu_input: bool = False,
+    ss_in: torch.Tensor | None = None,
+    silu_out: bool = False,
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``epilogue(prologue(x2) @ W)`` -> ``[1, N]`` in x's dtype with variant ``(nl, r)``.
+    want_ss: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``epilogue(prologue(x2) @ W)`` with variant ``(nl, r)`` -> ``(out, sums of squares or None)``.
 
-    ``x2 [1, K]``, or ``[1, 2K]`` (``[gate | up]``) with ``silu_input``; prologue: ``norm_weight
-    [K]`` for an RMSNorm (``eps``), ``silu_input`` for SiLU-and-mul, neither for none; epilogue:
-    ``bias [N]`` and ``residual [1, N]`` added in that order. Every tensor contiguous, 16-byte aligned
-    and (but the packed ones) in x's dtype. Raises ``ValueError`` where the variant does not fit and
-    ``cuda_jit.CudaError`` where the kernels cannot be built."""
-    if norm_weight is not None and silu_input:
-        raise ValueError("one prologue per launch: norm_weight or silu_input, not both")
+    Prologue: with ``norm_weight [K]`` an RMSNorm (``eps``) of ``x2 [1, K]``, its mean square from
+    ``ss_in`` (the ``want_ss`` output of the launch that wrote ``x2``) where given, else from a pass
+    over the row. Epilogue: ``bias [N]`` and ``residual [1, N]`` added, in that order; or, with
+    ``silu_out``, the weight is ``[gate | up]`` and the output ``[1, N / 2]`` is SiLU(gate) * up (no
+    bias or residual then). ``want_ss``: also return the float32 sums of squares of the output per
+    column tile. The unfused layer's roundings throughout (``kernels/reference.py``). Every tensor
+    contiguous, 16-byte aligned, in x's dtype (``ss_in`` float32, a multiple of 4 values). Raises
+    ``ValueError`` where the variant does not fit and ``cuda_jit.CudaError`` where the kernels cannot
+    be built."""
     k = qweight.shape[0]
     n = qweight.shape[1] * 8
-    if x2.dim() != 2 or x2.shape != (1, 2 * k if silu_input else k):
-        raise ValueError(f"x must be [1, {2 * k if silu_input else k}]; got {tuple(x2.shape)}")
-    why = fits(x2.shape[0], n, k, group_size, x2.dtype, nl, r)
+    if x2.dim() != 2 or x2.shape != (1, k):
+        raise ValueError(f"x must be [1, {k}]; got {tuple(x2.shape)}")
+    why = fits(1, n, k, group_size, x2.dtype, nl, r)
     if why is not None:
         raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}) {why}")
     if scales.dtype != x2.dtype:
@@ -129,17 +137,26 @@ def gemv(
     for name, t in (("x", x2), ("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
         if not t.is_contiguous() or t.data_ptr() % 16:
             raise ValueError(f"{name} must be contiguous and 16-byte aligned")
+    if ss_in is not None and norm_weight is None:
+        raise ValueError("ss_in is the RMSNorm's: it needs norm_weight")
+    if silu_out and (bias is not None or residual is not None):
+        raise ValueError("silu_out takes no bias or residual")
+    out_n = n // 2 if silu_out else n
     _check_row("norm_weight", norm_weight, k, x2.dtype)
     _check_row("bias", bias, n, x2.dtype)
-    _check_row("residual", residual, n, x2.dtype)
+    _check_row("residual", residual, out_n, x2.dtype)
+    if ss_in is not None:
+        _check_row("ss_in", ss_in, ss_in.numel(), torch.float32)
+        if ss_in.numel() % 4:
+            raise ValueError(f"ss_in must hold a multiple of 4 sums; got {ss_in.numel()}")
     kernels = cuda_jit.load(SOURCE, x2.device, _names())
     if kernels is None:
         raise cuda_jit.CudaError("the CUDA W4A16 kernels are not available on this machine")
     bn, kb = tile(nl, r)
     split = k // kb
     tiles = n // bn
-    if out is None:
-        out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
+    out = torch.empty(1, out_n, dtype=x2.dtype, device=x2.device)
+    ss = torch.empty(tiles, dtype=torch.float32, device=x2.device) if want_ss else None
     ws: torch.Tensor | None = None
     cnt: torch.Tensor | None = None
     if split > 1:
@@ -147,40 +164,58 @@ def gemv(
         cnt = counters.counters(x2.device, "w4a16_cuda", tiles)
         if cnt is None:
             raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
-    prologue = PROLOGUES["norm" if norm_weight is not None else "silu" if silu_input else "none"]
+    prologue = 0 if norm_weight is None else 2 if ss_in is not None else 1
+    name = kernel_name(x2.dtype, nl, r, prologue, int(silu_out))
+    if name not in kernels:
+        raise ValueError(f"no compiled form (prologue {prologue}, silu {int(silu_out)}); there are {FORMS}")
     from hotloop.kernels.pdl import pdl
 
-    kernels[kernel_name(x2.dtype, nl, r, prologue)](
+    args = (
+        x2,
+        qweight,
+        qzeros,
+        scales,
+        ws,
+        out,
+        cnt,
+        n,
+        k,
+        group_size,
+        norm_weight,
+        float(eps),
+        bias,
+        residual,
+    )
+    kernels[name](
         (tiles, split),
         THREADS,
-        (
-            x2,
-            qweight,
-            qzeros,
-            scales,
-            ws,
-            out,
-            cnt,
-            n,
-            k,
-            group_size,
-            norm_weight,
-            float(eps),
-            bias,
-            residual,
-        ),
+        (*args, ss_in, 0 if ss_in is None else ss_in.numel(), ss),
         pdl=pdl(x2.device),
     )
-    return out
+    return out, ss
+
+
+def gemv(
+    x2: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    nl: int,
+    r: int,
+    **fused: Any,
+) -> torch.Tensor:
+    """:func:`launch`'s output alone."""
+    return launch(x2, qweight, qzeros, scales, group_size, nl, r, **fused)[0]
 
 
 _row_choice: dict[tuple, tuple[int, int]] = {}
 _row_disk: dict[str, dict] | None = None
 
 
-def _row_disk_key(device: torch.device, dtype: torch.dtype, n: int, k: int, group: int, prologue: str) -> str:
-    name = torch.cuda.get_device_name(device)
-    return f"{tuning_cache.environment_key(name)}|{dtype}|n{n}|k{k}|g{group}|{prologue}|v{VARIANTS}"
+def _form(fused: dict[str, Any]) -> str:
+    prologue = 0 if fused.get("norm_weight") is None else 2 if fused.get("ss_in") is not None else 1
+    return f"p{prologue}s{int(bool(fused.get('silu_out')))}r{int(fused.get('residual') is not None)}"
 
 
 def row_variant(
@@ -189,18 +224,16 @@ def row_variant(
     qzeros: torch.Tensor,
     scales: torch.Tensor,
     group_size: int,
-    **fused: torch.Tensor | float | bool | None,
+    **fused: Any,
 ) -> tuple[int, int] | None:
-    """The fastest variant for this fused call's shape and prologue (timed once per process and
-    kept on disk), ``DEFAULT_VARIANT`` where first seen inside a CUDA-graph capture, ``None`` where
-    none fits."""
+    """The fastest variant for this fused call's shape and form (timed once per process and kept
+    on disk), ``DEFAULT_VARIANT`` where first seen inside a CUDA-graph capture, ``None`` where none
+    fits."""
     global _row_disk
     k, n = qweight.shape[0], qweight.shape[1] * 8
-    prologue = (
-        "norm" if fused.get("norm_weight") is not None else "silu" if fused.get("silu_input") else "none"
-    )
+    form = _form(fused)
     index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
-    key = (index, x2.dtype, n, k, group_size, prologue)
+    key = (index, x2.dtype, n, k, group_size, form)
     if key in _row_choice:
         return _row_choice[key]
     fitting = [v for v in VARIANTS if fits(1, n, k, group_size, x2.dtype, *v) is None]
@@ -210,7 +243,8 @@ def row_variant(
         return DEFAULT_VARIANT if DEFAULT_VARIANT in fitting else fitting[0]
     if _row_disk is None:
         _row_disk = tuning_cache.load(TUNING_FAMILY)
-    disk_key = _row_disk_key(x2.device, x2.dtype, n, k, group_size, prologue)
+    name = torch.cuda.get_device_name(x2.device)
+    disk_key = f"{tuning_cache.environment_key(name)}|{x2.dtype}|n{n}|k{k}|g{group_size}|{form}|v{VARIANTS}"
     stored = _row_disk.get(disk_key)
     if stored is not None and tuple(stored.get("variant", ())) in fitting:
         best = tuple(stored["variant"])
@@ -219,12 +253,13 @@ def row_variant(
 
         times = {}
         for v in fitting:
-            call = partial(gemv, x2, qweight, qzeros, scales, group_size, *v, **fused)  # type: ignore[arg-type]
-            times[v] = graph_time_us(call, x2.device)
+            times[v] = graph_time_us(
+                partial(launch, x2, qweight, qzeros, scales, group_size, *v, **fused), x2.device
+            )
         best = min(times, key=lambda v: times[v])
         logger.info(
             "W4A16 one-row %s %dx%d: %s",
-            prologue,
+            form,
             k,
             n,
             "  ".join(f"{v}: {t:.1f} us" for v, t in sorted(times.items(), key=lambda vt: vt[1])),
@@ -241,22 +276,10 @@ def fused_gemv(
     qzeros: torch.Tensor,
     scales: torch.Tensor,
     group_size: int,
-    *,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 1e-6,
-    silu_input: bool = False,
-    bias: torch.Tensor | None = None,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """:func:`gemv` with the variant :func:`row_variant` picks (``ValueError`` where none fits)."""
-    fused = {
-        "norm_weight": norm_weight,
-        "eps": eps,
-        "silu_input": silu_input,
-        "bias": bias,
-        "residual": residual,
-    }
+    **fused: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`launch` with the variant :func:`row_variant` picks (``ValueError`` where none fits)."""
     variant = row_variant(x2, qweight, qzeros, scales, group_size, **fused)
     if variant is None:
         raise ValueError(f"no CUDA W4A16 GEMV variant fits K={qweight.shape[0]}, N={qweight.shape[1] * 8}")
-    return gemv(x2, qweight, qzeros, scales, group_size, *variant, **fused)  # type: ignore[arg-type]
+    return launch(x2, qweight, qzeros, scales, group_size, *variant, **fused)

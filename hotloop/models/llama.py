@@ -199,25 +199,37 @@ class LlamaDecoderLayer(nn.Module):
         return mlp.down_proj.forward_fused(act, residual=h)
 
     def forward_one_row_w4a16(
-        self, h: torch.Tensor, cos_sin: CosSin, kv_cache: KVCache, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        """``forward_one_row`` for packed W4A16 projections: the input norms in front of the q/k/v
-        and gate/up launches, SiLU-and-mul in front of the down launch, the residual adds behind o
-        and down (``Linear.forward_one_row_w4a16``); the same roundings as ``forward``."""
+        self,
+        h: torch.Tensor,
+        ss: torch.Tensor | None,
+        cos_sin: CosSin,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward_one_row`` for packed W4A16 projections (``Linear.forward_one_row_w4a16``): the
+        input norms in front of the q/k/v and gate/up launches, SiLU-and-mul behind gate/up, the
+        residual adds behind o and down; the same roundings as ``forward``. ``ss``: the sums of
+        squares of ``h`` that the launch writing it produced (``None``: the norm makes a pass over the
+        row); returns the stream after the layer and its sums of squares."""
         attn, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        qkv = attn.qkv_proj.forward_one_row_w4a16(h, norm_weight=norm1.weight, eps=norm1.eps)
+        qkv, _ = attn.qkv_proj.forward_one_row_w4a16(h, norm_weight=norm1.weight, eps=norm1.eps, ss_in=ss)
         q, k, v = attn.split_heads(qkv)
         o = attn.attn(q, k, v, kv_cache, meta, cos_sin)
-        h = attn.o_proj.forward_one_row_w4a16(o, residual=h)
-        gate_up = mlp.gate_up_proj.forward_one_row_w4a16(h, norm_weight=norm2.weight, eps=norm2.eps)
-        return mlp.down_proj.forward_one_row_w4a16(gate_up, silu_input=True, residual=h)
+        h, ss = attn.o_proj.forward_one_row_w4a16(o, residual=h, want_ss=True)
+        act, _ = mlp.gate_up_proj.forward_one_row_w4a16(
+            h, norm_weight=norm2.weight, eps=norm2.eps, ss_in=ss, silu_out=True
+        )
+        return mlp.down_proj.forward_one_row_w4a16(act, residual=h, want_ss=True)
 
     def w4a16_rows(self, dtype: torch.dtype) -> bool:
         """Whether every projection is packed W4A16 and fits the one-row CUDA kernel for ``dtype``."""
         attn, mlp = self.self_attn, self.mlp
-        return all(
-            x.w4a16_row_fits(dtype) for x in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        return (
+            attn.qkv_proj.w4a16_row_fits(dtype)
+            and attn.o_proj.w4a16_row_fits(dtype)
+            and mlp.gate_up_proj.w4a16_row_fits(dtype, silu_out=True)
+            and mlp.down_proj.w4a16_row_fits(dtype)
         )
 
     def _rope_in_projection(
@@ -289,8 +301,9 @@ class LlamaModel(nn.Module):
                 h = cast(LlamaDecoderLayer, layer).forward_one_row(h, cos_sin, kv_cache, meta)
             return self.norm(h)
         if ops.one_row_fusion(h) and self.w4a16_rows(h):
+            ss: torch.Tensor | None = None
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-                h = cast(LlamaDecoderLayer, layer).forward_one_row_w4a16(h, cos_sin, kv_cache, meta)
+                h, ss = cast(LlamaDecoderLayer, layer).forward_one_row_w4a16(h, ss, cos_sin, kv_cache, meta)
             return self.norm(h)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

@@ -44,10 +44,14 @@ def test_gemv_refuses_what_does_not_fit() -> None:
     x = torch.randn(1, 1536, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="K=1536"):
         w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16)
-    with pytest.raises(ValueError, match=r"x must be \[1, 3072\]"):
-        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, silu_input=True)
-    with pytest.raises(ValueError, match="not both"):
-        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, norm_weight=x[0], silu_input=True)
+    qweight, qzeros, scales = random_awq(1024, 256, 128, torch.bfloat16, "cpu")
+    x = torch.randn(1, 1024, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"x must be \[1, 1024\]"):
+        w4a16_cuda.gemv(x[:, :512], qweight, qzeros, scales, 128, 4, 16)
+    with pytest.raises(ValueError, match="needs norm_weight"):
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, ss_in=torch.ones(4))
+    with pytest.raises(ValueError, match="no bias or residual"):
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, silu_out=True, residual=x[:, :128])
 
 
 def test_tuner_templates_fit_or_refuse() -> None:
@@ -108,8 +112,8 @@ def test_source_compiles_for_hopper_and_is_cached(monkeypatch: pytest.MonkeyPatc
     assert cubin[:4] == b"\x7fELF"
     for dtype in (torch.bfloat16, torch.float16):
         for v in w4a16_cuda.VARIANTS:
-            for p in w4a16_cuda.PROLOGUES.values():
-                assert w4a16_cuda.kernel_name(dtype, *v, p).encode() in cubin
+            for form in w4a16_cuda.FORMS:
+                assert w4a16_cuda.kernel_name(dtype, *v, *form).encode() in cubin
     cached = list((tmp_path / "cuda").glob("*.cubin"))
     assert len(cached) == 1
     monkeypatch.setenv("HOTLOOP_NVCC", "/nonexistent/nvcc")
@@ -162,17 +166,17 @@ def test_gpu_every_variant(shape: tuple[int, int], dtype: torch.dtype) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("what", ["norm", "silu", "bias+residual", "norm+bias"])
+@pytest.mark.parametrize("what", ["norm", "norm from sums", "silu", "bias+residual", "norm+bias"])
 def test_gpu_fused_prologue_and_epilogue(what: str, dtype: torch.dtype) -> None:
     """The fused launch against the unfused ops (kernels/reference.py in torch, in the layer's
-    order and roundings, then the plain kernel): equal to a rounding or two; a wrong norm, SiLU or
-    add is off by far more. Every variant that fits, an 8B-like shape."""
+    order and roundings, around the plain kernel): equal to a rounding or two; a wrong norm, SiLU or
+    add is off by far more. The sums of squares a launch returns add up to its output's. Every
+    variant that fits, an 8B-like shape."""
     _require_cuda_kernels()
     k, n = 4096, 6144
     qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=7)
     gen = torch.Generator("cuda").manual_seed(5)
-    width = 2 * k if what == "silu" else k
-    x = (torch.randn(1, width, device="cuda", generator=gen) * 3).to(dtype)
+    x = (torch.randn(1, k, device="cuda", generator=gen) * 3).to(dtype)
     norm_weight = (
         (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).to(dtype) if "norm" in what else None
     )
@@ -180,11 +184,10 @@ def test_gpu_fused_prologue_and_epilogue(what: str, dtype: torch.dtype) -> None:
     residual = (
         (10 * torch.randn(1, n, device="cuda", generator=gen)).to(dtype) if "residual" in what else None
     )
-    row = x
-    if norm_weight is not None:
-        row = reference.rms_norm(x, norm_weight, 1e-5)
-    if what == "silu":
-        row = reference.silu_and_mul(x)
+    ss_in = None
+    if what == "norm from sums":  # as an o / down launch would have written them for x
+        ss_in = x.float().pow(2).reshape(64, -1).sum(dim=1).contiguous()
+    row = reference.rms_norm(x, norm_weight, 1e-5) if norm_weight is not None else x
     ran = 0
     for v in w4a16_cuda.VARIANTS:
         if w4a16_cuda.fits(1, n, k, 128, dtype, *v) is not None:
@@ -194,22 +197,26 @@ def test_gpu_fused_prologue_and_epilogue(what: str, dtype: torch.dtype) -> None:
             want = want + bias
         if residual is not None:
             want = want + residual
-        got = w4a16_cuda.gemv(
-            x, qweight, qzeros, scales, 128, *v, norm_weight=norm_weight, eps=1e-5, silu_input=what == "silu",
-            bias=bias, residual=residual,
+        if what == "silu":
+            want = reference.silu_and_mul(want)
+        got, ss = w4a16_cuda.launch(
+            x, qweight, qzeros, scales, 128, *v, norm_weight=norm_weight, eps=1e-5, ss_in=ss_in,
+            silu_out=what == "silu", bias=bias, residual=residual, want_ss=True,
         )  # fmt: skip
-        assert got.dtype == dtype and got.shape == (1, n)
+        assert got.dtype == dtype and got.shape == want.shape
         assert _rel_max_err(got, want) < (4e-3 if dtype == torch.bfloat16 else 1e-3), (
             v,
             _rel_max_err(got, want),
         )
+        assert ss is not None
+        torch.testing.assert_close(ss.sum(), got.float().pow(2).sum(), rtol=1e-4, atol=0)
         ran += 1
     assert ran >= 3
-    fused = w4a16_cuda.fused_gemv(
-        x, qweight, qzeros, scales, 128, norm_weight=norm_weight, eps=1e-5, silu_input=what == "silu",
-        bias=bias, residual=residual,
+    fused, _ = w4a16_cuda.fused_gemv(
+        x, qweight, qzeros, scales, 128, norm_weight=norm_weight, eps=1e-5, ss_in=ss_in,
+        silu_out=what == "silu", bias=bias, residual=residual,
     )  # fmt: skip
-    assert fused.shape == (1, n) and torch.isfinite(fused).all()
+    assert torch.isfinite(fused).all()
 
 
 @pytest.mark.gpu

@@ -173,47 +173,64 @@ __device__ __forceinline__ float row_rstd(const unsigned short* __restrict__ in,
   return rsqrtf(block_sum(ss, scratch) / (float)K + eps);
 }
 
-// one word (two rows) of the row the projection multiplies, from the input word v and the
-// prologue's word e (the norm weight, or the up half for SiLU-and-mul), in the unfused roundings
-template <bool BF16, int PRO>
-__device__ __forceinline__ u32 prologue_word(u32 v, u32 e, float rstd) {
-  if (PRO == 0) return v;
+// 1 / rms of the whole row from the producer's per-tile sums of squares (nparts a multiple of 4).
+// Each thread adds them all itself, in order: the same value in every thread, without a barrier.
+__device__ __forceinline__ float parts_rstd(const float* __restrict__ parts, int nparts, int K, float eps) {
+  float s = 0.0f;
+  for (int i = 0; i < nparts; i += 4) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(parts + i));
+    s += v.x;
+    s += v.y;
+    s += v.z;
+    s += v.w;
+  }
+  return rsqrtf(s / (float)K + eps);
+}
+
+// one word (two rows) of the normed row: round16(w * round16(x * rstd)), as reference.rms_norm
+template <bool BF16>
+__device__ __forceinline__ u32 norm_word(u32 v, u32 e, float rstd) {
   float a0, a1, b0, b1;
   halves<BF16>(v, a0, a1);
   halves<BF16>(e, b0, b1);
-  if (PRO == 1) {  // RMSNorm: round16(w * round16(x * rstd)), as reference.rms_norm
-    return (u32)to16<BF16>(b0 * round16<BF16>(a0 * rstd)) | ((u32)to16<BF16>(b1 * round16<BF16>(a1 * rstd)) << 16);
-  }
-  // SiLU-and-mul: round16(round16(silu(g)) * u), as reference.silu_and_mul
-  const float s0 = round16<BF16>(__fdividef(a0, 1.0f + __expf(-a0)));
-  const float s1 = round16<BF16>(__fdividef(a1, 1.0f + __expf(-a1)));
-  return (u32)to16<BF16>(s0 * b0) | ((u32)to16<BF16>(s1 * b1) << 16);
+  return (u32)to16<BF16>(b0 * round16<BF16>(a0 * rstd)) | ((u32)to16<BF16>(b1 * round16<BF16>(a1 * rstd)) << 16);
 }
 
 // output column n: round16(y), then + bias, then + residual, each rounded to 16 bits
 template <bool BF16>
-__device__ __forceinline__ unsigned short epilogue(float y, int n, const unsigned short* __restrict__ bias,
-                                                   const unsigned short* __restrict__ residual) {
-  if (bias == nullptr && residual == nullptr) return to16<BF16>(y);
+__device__ __forceinline__ float epilogue(float y, int n, const unsigned short* __restrict__ bias,
+                                          const unsigned short* __restrict__ residual) {
   float v = round16<BF16>(y);
   if (bias != nullptr) v = round16<BF16>(v + to_f32(bias[n], BF16));
-  if (residual != nullptr) v += to_f32(residual[n], BF16);
-  return to16<BF16>(v);
+  if (residual != nullptr) v = round16<BF16>(v + to_f32(residual[n], BF16));
+  return v;
 }
 
-template <bool BF16, int NL, int R, int PRO>
+// round16(round16(silu(g)) * u) of the rounded gate and up outputs, as reference.silu_and_mul
+template <bool BF16>
+__device__ __forceinline__ float silu_mul(float g, float u) {
+  return round16<BF16>(round16<BF16>(__fdividef(g, 1.0f + __expf(-g))) * u);
+}
+
+// PRO: 0 the row as given, 1 RMSNorm with a row pass, 2 RMSNorm from the producer's sums of squares.
+// SILU: the weight is [gate | up] (N columns); a block takes BN / 2 columns of each half and writes
+// N / 2 outputs silu(gate) * up. ss_out (nullable): this launch's output sums of squares per
+// column tile, for the next launch's PRO 2.
+template <bool BF16, int NL, int R, int PRO, bool SILU>
 __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, const u32* __restrict__ qw,
                                           const u32* __restrict__ qz, const u32* __restrict__ sc,
                                           float* __restrict__ ws, unsigned short* __restrict__ out,
                                           int* __restrict__ cnt, int N, int K, int G,
                                           const unsigned short* __restrict__ nw, float eps,
                                           const unsigned short* __restrict__ bias,
-                                          const unsigned short* __restrict__ residual) {
+                                          const unsigned short* __restrict__ residual,
+                                          const float* __restrict__ ss_in, int ss_parts, float* __restrict__ ss_out) {
   constexpr int TK = THREADS / NL;
   constexpr int BN = 32 * NL;
   constexpr int PER = THREADS / BN;  // threads per column in the block's reduction
   static_assert(R % ROWS == 0, "R must be a multiple of ROWS");
   static_assert(TK >= PER, "too few slots");
+  static_assert(!SILU || NL >= 2, "SILU pairs lanes");
   __shared__ __align__(16) float red[TK][BN + 4];
   __shared__ float scratch[THREADS / 32];
   __shared__ int last;
@@ -224,17 +241,26 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
   const int n8 = N >> 3;
   const int kps = K / gridDim.y;
   const int k0 = blockIdx.y * kps + slot * R;
-  const int w0 = blockIdx.x * (BN / 8) + lane_n * 4;  // this thread's first word column
+  // this thread's first word column (SILU: the first half of the lanes on gate columns, the second
+  // on the same up columns)
+  const int w0 = SILU ? (lane_n / (NL / 2)) * (n8 / 2) + blockIdx.x * (BN / 16) + (lane_n % (NL / 2)) * 4
+                      : blockIdx.x * (BN / 8) + lane_n * 4;
+  // the weight column of reduction column c of this block
+  auto column = [&](int c) {
+    return SILU ? (c / (BN / 2)) * (N / 2) + blockIdx.x * (BN / 2) + c % (BN / 2) : blockIdx.x * BN + c;
+  };
 
-  // programmatic dependent launch: the input row (and the residual) come from the kernel before (a
-  // no-op where the launch is not programmatic). Waiting before the weight loads, not after: with
-  // the wait (a compiler barrier) after them, every load is issued before any arithmetic, which
-  // needs R x 4 registers at once and was slower (fewer blocks per SM)
+  // programmatic dependent launch: the input row, the residual and the sums of squares come from
+  // the kernel before (a no-op where the launch is not programmatic). Waiting before the weight
+  // loads, not after: with the wait (a compiler barrier) after them every load is issued before any
+  // arithmetic, which needs R x 4 registers at once and was slower.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
-  // the RMSNorm's row pass before the weight loads: they cannot cross its barrier, and all R rows
-  // in flight at once take too many registers
-  const float rstd = (PRO == 1) ? row_rstd<BF16>(x, K, eps, scratch) : 1.0f;
+  // the row pass's barrier comes before the weight loads: they cannot cross it, and all R rows in
+  // flight at once take too many registers
+  float rstd = 1.0f;
+  if (PRO == 1) rstd = row_rstd<BF16>(x, K, eps, scratch);
+  if (PRO == 2) rstd = parts_rstd(ss_in, ss_parts, K, eps);  // (after the loads: 2x the registers)
   u32 w[R][4];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -250,9 +276,8 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
   }
   u32 xv[R / 2];
   load_rows<R>(x, k0, xv);
-  u32 ev[PRO == 0 ? 1 : R / 2];  // the prologue's second operand per word
-  if (PRO == 1) load_rows<R>(nw, k0, reinterpret_cast<u32(&)[R / 2]>(ev));
-  if (PRO == 2) load_rows<R>(x + K, k0, reinterpret_cast<u32(&)[R / 2]>(ev));
+  u32 ev[PRO == 0 ? 1 : R / 2];  // the norm weight's words
+  if (PRO != 0) load_rows<R>(nw, k0, reinterpret_cast<u32(&)[R / 2]>(ev));
 
   u32 Z[4][4];  // -(magic + z s_i) S_i per word and column pair (exact)
 #pragma unroll
@@ -274,9 +299,9 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
   }
 #pragma unroll
   for (int r0 = 0; r0 < R; r0 += ROWS) {
-    if (PRO != 0) {  // this chunk's words of the row, made as they are needed (few registers)
+    if (PRO != 0) {  // this chunk's words of the normed row, made as they are needed (few registers)
 #pragma unroll
-      for (int j = r0 / 2; j < (r0 + ROWS) / 2; ++j) xv[j] = prologue_word<BF16, PRO>(xv[j], ev[PRO == 0 ? 0 : j], rstd);
+      for (int j = r0 / 2; j < (r0 + ROWS) / 2; ++j) xv[j] = norm_word<BF16>(xv[j], ev[PRO == 0 ? 0 : j], rstd);
     }
     u32 p[4][4];
 #pragma unroll
@@ -332,52 +357,73 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
   __syncthreads();
   red[part][col] = s;
   __syncthreads();
-  const int n = blockIdx.x * BN + tid;
-  float v = 0.0f;
+  const int ncol = column(tid % BN);  // (threads past BN compute an unused column)
+  float total = 0.0f;
   if (tid < BN) {
 #pragma unroll
-    for (int q = 0; q < PER; ++q) v += red[q][tid];
+    for (int q = 0; q < PER; ++q) total += red[q][tid];
   }
-  if (gridDim.y == 1) {
-    if (tid < BN) out[n] = epilogue<BF16>(v, n, bias, residual);
-    return;
-  }
-  if (tid < BN) ws[(size_t)blockIdx.y * N + n] = v;
-  __threadfence();  // this block's partials are visible before its arrival is counted
-  __syncthreads();
-  if (tid == 0) last = atomicAdd(&cnt[blockIdx.x], 1) == (int)gridDim.y - 1;
-  __syncthreads();
-  if (last) {
+  if (gridDim.y > 1) {
+    if (tid < BN) ws[(size_t)blockIdx.y * N + ncol] = total;
+    __threadfence();  // this block's partials are visible before its arrival is counted
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&cnt[blockIdx.x], 1) == (int)gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
     if (tid < BN) {
-      float t = 0.0f;
-      for (int sp = 0; sp < (int)gridDim.y; ++sp) t += __ldcg(&ws[(size_t)sp * N + n]);
-      out[n] = epilogue<BF16>(t, n, bias, residual);
+      total = 0.0f;
+      for (int sp = 0; sp < (int)gridDim.y; ++sp) total += __ldcg(&ws[(size_t)sp * N + ncol]);
     }
     if (tid == 0) cnt[blockIdx.x] = 0;
   }
+  // the finishing block: the epilogue, and this tile's sum of squares of what it writes
+  float sq = 0.0f;
+  if (SILU) {
+    __syncthreads();  // red is free again
+    if (tid < BN) red[0][tid] = epilogue<BF16>(total, ncol, bias, nullptr);
+    __syncthreads();
+    if (tid < BN / 2) {
+      const int n = blockIdx.x * (BN / 2) + tid;
+      const float v = silu_mul<BF16>(red[0][tid], red[0][tid + BN / 2]);
+      out[n] = to16<BF16>(v);
+      sq = v * v;
+    }
+  } else if (tid < BN) {
+    const float v = epilogue<BF16>(total, ncol, bias, residual);
+    out[ncol] = to16<BF16>(v);
+    sq = v * v;
+  }
+  if (ss_out != nullptr) {
+    const float t = block_sum(sq, scratch);
+    if (tid == 0) ss_out[blockIdx.x] = t;
+  }
 }
 
-#define GEMV_ARGS                                                                                  \
-  const unsigned short *__restrict__ x, const u32 *__restrict__ qw, const u32 *__restrict__ qz,   \
-      const u32 *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out,       \
-      int *__restrict__ cnt, int N, int K, int G, const unsigned short *__restrict__ nw, float eps, \
-      const unsigned short *__restrict__ bias, const unsigned short *__restrict__ residual
+#define GEMV_ARGS                                                                                   \
+  const unsigned short *__restrict__ x, const u32 *__restrict__ qw, const u32 *__restrict__ qz,    \
+      const u32 *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out,        \
+      int *__restrict__ cnt, int N, int K, int G, const unsigned short *__restrict__ nw, float eps,  \
+      const unsigned short *__restrict__ bias, const unsigned short *__restrict__ residual,         \
+      const float *__restrict__ ss_in, int ss_parts, float *__restrict__ ss_out
 
-#define DEFINE_GEMV(DT, BF16, NL, R, PRO)                                                        \
-  extern "C" __global__ void __launch_bounds__(THREADS)                                         \
-      w4a16_gemv_##DT##_nl##NL##_r##R##_p##PRO(GEMV_ARGS) {                                     \
-    gemv_body<BF16, NL, R, PRO>(x, qw, qz, sc, ws, out, cnt, N, K, G, nw, eps, bias, residual); \
+#define DEFINE_GEMV(DT, BF16, NL, R, PRO, SILU)                                                     \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                            \
+      w4a16_gemv_##DT##_nl##NL##_r##R##_p##PRO##_s##SILU(GEMV_ARGS) {                              \
+    gemv_body<BF16, NL, R, PRO, SILU>(x, qw, qz, sc, ws, out, cnt, N, K, G, nw, eps, bias, residual, \
+                                      ss_in, ss_parts, ss_out);                                     \
   }
 
-#define DEFINE_ALL(NL, R)           \
-  DEFINE_GEMV(bf16, true, NL, R, 0) \
-  DEFINE_GEMV(bf16, true, NL, R, 1) \
-  DEFINE_GEMV(bf16, true, NL, R, 2) \
-  DEFINE_GEMV(f16, false, NL, R, 0) \
-  DEFINE_GEMV(f16, false, NL, R, 1) \
-  DEFINE_GEMV(f16, false, NL, R, 2)
+#define DEFINE_DTYPE(DT, BF16, NL, R)  \
+  DEFINE_GEMV(DT, BF16, NL, R, 0, 0) \
+  DEFINE_GEMV(DT, BF16, NL, R, 1, 0) \
+  DEFINE_GEMV(DT, BF16, NL, R, 2, 0) \
+  DEFINE_GEMV(DT, BF16, NL, R, 2, 1)
 
-// w4a16_cuda.VARIANTS: (NL, R), each with prologue 0 (none), 1 (RMSNorm) and 2 (SiLU-and-mul)
+#define DEFINE_ALL(NL, R)            \
+  DEFINE_DTYPE(bf16, true, NL, R)  \
+  DEFINE_DTYPE(f16, false, NL, R)
+
+// w4a16_cuda.VARIANTS: (NL, R), each with (prologue, SiLU epilogue) in w4a16_cuda.FORMS
 DEFINE_ALL(2, 16)
 DEFINE_ALL(4, 8)
 DEFINE_ALL(4, 16)
