@@ -40,8 +40,8 @@
 #            then W4A16 batch 1 with it, without it (HOTLOOP_CUDA_KERNELS=0), and with it again (one GPU).
 #   cuda2    the same tests and awq_gemm.py, W4A16 batch 1 twice, then the W4A16 batch-1 step's kernels
 #            (profile_step.py --model-format awq).
-#   cuda3    the CUDA GEMV, one-row and AWQ GPU tests, then W4A16 batch 1 with the fused one-row layer,
-#            unfused (HOTLOOP_DENSE_GEMV=0), without the CUDA kernels (HOTLOOP_CUDA_KERNELS=0), fused again.
+#   cuda3    the W4A16 GPU tests (CUDA GEMV and Triton), then W4A16 batch 1 with the CUDA GEMV and without
+#            it (HOTLOOP_CUDA_KERNELS=0), alternating, twice.
 #   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
@@ -520,14 +520,14 @@ fi
 if [ "$what" = cuda3 ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
   timeout 240 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
-    tests/models/test_one_row.py -k "w4a16 or cuda" >"$out/cuda_tests.log" 2>&1
+    tests/kernels/test_w4a16_gemm.py >"$out/cuda_tests.log" 2>&1
   echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/cuda_tests.log" | cut -c1-300 | head -60
-  bs1 awq llama3-8b --model-format awq
-  HOTLOOP_DENSE_GEMV=0 bs1 awq_unfused llama3-8b --model-format awq
-  HOTLOOP_CUDA_KERNELS=0 bs1 awq_triton llama3-8b --model-format awq
-  bs1 awq_2 llama3-8b --model-format awq
-  grep -h "one-row" "$out"/bs1_awq.log | cut -c1-200 | head -8
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/cuda_tests.log" | cut -c1-300 | head -40
+  local_i=0
+  for local_i in 1 2; do
+    bs1 "awq_$local_i" llama3-8b --model-format awq
+    HOTLOOP_CUDA_KERNELS=0 bs1 "awq_triton_$local_i" llama3-8b --model-format awq
+  done
   rm -f "$out"/*.json
   exit 0
 fi

@@ -222,56 +222,6 @@ class Linear(nn.Module):
             x, weight, self.bias, norm_weight=norm_weight, eps=eps, residual=residual, silu=silu
         )
 
-    @property
-    def is_w4a16_packed(self) -> bool:
-        """Whether the weight is AutoAWQ int4 kept packed (on the GPU; the CPU dequantizes at load)."""
-        return isinstance(self.quant_method, AWQLinearMethod) and "qweight" in self._parameters
-
-    def w4a16_row_fits(self, dtype: torch.dtype, silu_out: bool = False) -> bool:
-        """Whether :meth:`forward_one_row_w4a16` can run this layer for one row of ``dtype`` (a CUDA
-        W4A16 GEMV variant fits its shape; the kernels may still fail to build, see ``cuda_jit``)."""
-        from hotloop.kernels import w4a16_cuda
-
-        if not self.is_w4a16_packed or (silu_out and self.bias is not None):
-            return False
-        group = cast(AWQLinearMethod, self.quant_method).group_size
-        k, n = self.in_features, self.out_features
-        return any(w4a16_cuda.fits(1, n, k, group, dtype, *v) is None for v in w4a16_cuda.VARIANTS)
-
-    def forward_one_row_w4a16(
-        self,
-        x: torch.Tensor,
-        *,
-        norm_weight: torch.Tensor | None = None,
-        eps: float = 1e-6,
-        ss_in: torch.Tensor | None = None,
-        silu_out: bool = False,
-        residual: torch.Tensor | None = None,
-        want_ss: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One row through this packed W4A16 projection in one launch
-        (``kernels/w4a16_cuda.launch``): an RMSNorm (``norm_weight``; ``ss_in``: the sums of
-        squares that the launch producing ``x`` wrote) before it; its bias and ``residual`` adds,
-        or SiLU-and-mul (``silu_out``: ``[gate | up]`` -> ``[1, out / 2]``), after it. Returns the
-        output and, with ``want_ss``, its sums of squares for the next norm. Needs
-        ``is_w4a16_packed``."""
-        if not self.is_w4a16_packed:
-            raise ValueError("forward_one_row_w4a16 needs packed AWQ weights")
-        from hotloop.kernels.w4a16_cuda import fused_gemv
-
-        x = x.contiguous()
-        if x.data_ptr() % 16:
-            x = x.clone()
-        if ss_in is not None and ss_in.numel() % 4:
-            ss_in = None  # the kernel adds them four at a time: the norm makes its own pass instead
-        qweight, qzeros, scales = (cast(torch.Tensor, getattr(self, n)) for n in AWQ_PARAM_NAMES)
-        group = cast(AWQLinearMethod, self.quant_method).group_size
-        bias = cast(torch.Tensor, self.bias) if self.bias is not None else None
-        return fused_gemv(
-            x, qweight, qzeros, scales, group, norm_weight=norm_weight, eps=eps, ss_in=ss_in,
-            silu_out=silu_out, bias=bias, residual=residual, want_ss=want_ss,
-        )  # fmt: skip
-
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -198,40 +198,6 @@ class LlamaDecoderLayer(nn.Module):
         act = mlp.gate_up_proj.forward_fused(h, norm_weight=norm2.weight, eps=norm2.eps, silu=True)
         return mlp.down_proj.forward_fused(act, residual=h)
 
-    def forward_one_row_w4a16(
-        self,
-        h: torch.Tensor,
-        ss: torch.Tensor | None,
-        cos_sin: CosSin,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``forward_one_row`` for packed W4A16 projections (``Linear.forward_one_row_w4a16``): the
-        input norms in front of the q/k/v and gate/up launches, SiLU-and-mul behind gate/up, the
-        residual adds behind o and down; the same roundings as ``forward``. ``ss``: the sums of
-        squares of ``h`` that the launch writing it produced (``None``: the norm makes a pass over the
-        row); returns the stream after the layer and its sums of squares."""
-        attn, mlp = self.self_attn, self.mlp
-        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        qkv, _ = attn.qkv_proj.forward_one_row_w4a16(h, norm_weight=norm1.weight, eps=norm1.eps, ss_in=ss)
-        q, k, v = attn.split_heads(qkv)
-        o = attn.attn(q, k, v, kv_cache, meta, cos_sin)
-        h, ss = attn.o_proj.forward_one_row_w4a16(o, residual=h, want_ss=True)
-        act, _ = mlp.gate_up_proj.forward_one_row_w4a16(
-            h, norm_weight=norm2.weight, eps=norm2.eps, ss_in=ss, silu_out=True
-        )
-        return mlp.down_proj.forward_one_row_w4a16(act, residual=h, want_ss=True)
-
-    def w4a16_rows(self, dtype: torch.dtype) -> bool:
-        """Whether every projection is packed W4A16 and fits the one-row CUDA kernel for ``dtype``."""
-        attn, mlp = self.self_attn, self.mlp
-        return (
-            attn.qkv_proj.w4a16_row_fits(dtype)
-            and attn.o_proj.w4a16_row_fits(dtype)
-            and mlp.gate_up_proj.w4a16_row_fits(dtype, silu_out=True)
-            and mlp.down_proj.w4a16_row_fits(dtype)
-        )
-
     def _rope_in_projection(
         self, h: torch.Tensor, cos_sin: CosSin, kv_cache: KVCache, meta: AttentionMetadata
     ) -> bool:
@@ -264,24 +230,12 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype)
         self.rotary_emb = RotaryEmbedding(args.head_dim, args.rope)
         self._dense: bool | None = None
-        self._w4a16_rows: dict[torch.dtype, bool] = {}
 
     def dense(self) -> bool:
         """Whether every layer's projections are dense (decided once, after loading)."""
         if self._dense is None:
             self._dense = all(cast(LlamaDecoderLayer, layer).dense() for layer in self.layers)
         return self._dense
-
-    def w4a16_rows(self, h: torch.Tensor) -> bool:
-        """Whether the one-row path can take the W4A16 layers for ``h``: every projection packed and
-        fitting, and the CUDA kernels buildable here (decided once per dtype)."""
-        from hotloop.kernels import w4a16_cuda
-
-        if h.dtype not in self._w4a16_rows:
-            self._w4a16_rows[h.dtype] = w4a16_cuda.available(h.device) and all(
-                cast(LlamaDecoderLayer, layer).w4a16_rows(h.dtype) for layer in self.layers
-            )
-        return self._w4a16_rows[h.dtype]
 
     def forward(
         self,
@@ -299,11 +253,6 @@ class LlamaModel(nn.Module):
         if ops.one_row_fusion(h) and self.dense():
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
                 h = cast(LlamaDecoderLayer, layer).forward_one_row(h, cos_sin, kv_cache, meta)
-            return self.norm(h)
-        if ops.one_row_fusion(h) and self.w4a16_rows(h):
-            ss: torch.Tensor | None = None
-            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-                h, ss = cast(LlamaDecoderLayer, layer).forward_one_row_w4a16(h, ss, cos_sin, kv_cache, meta)
             return self.norm(h)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

@@ -113,12 +113,8 @@ class PagedRunner:
         args = model.args
         gen = torch.Generator().manual_seed(seed)
         shape = (NUM_BLOCKS, BLOCK_SIZE, args.num_kv_heads, args.head_dim)
-        # on the model's device and in its dtype (a CUDA model gets host-side metadata: the torch
-        # reference attention, with its projections on the GPU)
-        embed = model.model.embed_tokens.weight
-        self.device = embed.device
         self.kv_caches = [
-            tuple((torch.randn(shape, generator=gen) * 50).to(embed.device, embed.dtype) for _ in range(2))
+            (torch.randn(shape, generator=gen) * 50, torch.randn(shape, generator=gen) * 50)
             for _ in range(args.num_layers)
         ]
         self.free = list(range(NUM_BLOCKS))
@@ -151,15 +147,13 @@ class PagedRunner:
         tables = torch.zeros(len(batch), width, dtype=torch.int32)
         for row, (seq, _) in enumerate(batch):
             tables[row, : len(self.tables[seq])] = torch.tensor(self.tables[seq], dtype=torch.int32)
-        dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=tables.to(dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            block_tables=tables,
             query_lens=query_lens,
             seq_lens=seq_lens,
         )
-        ids_t, pos_t = torch.tensor(ids, device=dev), torch.tensor(positions, device=dev)
-        hidden = self.model(ids_t, pos_t, self.kv_caches, meta)
+        hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv_caches, meta)
         logits = self.model.compute_logits(hidden)
         assert logits.dtype == torch.float32 and logits.shape == (len(ids), self.model.args.vocab_size)
         out, row = {}, 0

@@ -22,11 +22,6 @@
 //   last block of a column tile to finish (an atomic counter per tile, reset by that block) adds the
 //   splits' float32 partials in split order and writes the output: one launch, and a result that
 //   does not depend on timing.
-// - the decoder's neighbours ride along (the one-row W4A16 layer, models/llama.py), with the
-//   unfused layer's roundings (kernels/reference.py): a prologue PRO makes the row from the input,
-//   1: RMSNorm (each block sums the squares of the whole row itself, its weight loads already in
-//   flight), 2: SiLU-and-mul of a [gate | up] input of 2K values; the epilogue adds a bias and a
-//   residual row (each rounded to 16 bits, as the separate adds are).
 
 typedef unsigned int u32;
 
@@ -122,118 +117,22 @@ __device__ __forceinline__ u32 pair_neg_scale(int i) {
   return BF16 ? 0xBF80BF80u : ((i & 1) ? 0x9C009C00u : 0xAC00AC00u);
 }
 
-__device__ __forceinline__ float to_f32(unsigned short h, bool bf16) {
-  if (bf16) return __uint_as_float(((u32)h) << 16);
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-}
-
-// float32 rounded to the 16-bit type and back (the rounding a 16-bit tensor op does)
-template <bool BF16>
-__device__ __forceinline__ float round16(float v) {
-  return to_f32(to16<BF16>(v), BF16);
-}
-
-// the block's sum of v over its threads (every thread gets it)
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x / 32] = v;
-  __syncthreads();
-  float t = 0.0f;
-#pragma unroll
-  for (int w = 0; w < THREADS / 32; ++w) t += scratch[w];
-  return t;
-}
-
-// the 16-bit values of rows [k, k + R) of a row, R / 2 words (k a multiple of 8)
-template <int R>
-__device__ __forceinline__ void load_rows(const unsigned short* __restrict__ in, int k, u32 (&v)[R / 2]) {
-  const u32* p = reinterpret_cast<const u32*>(in) + k / 2;
-#pragma unroll
-  for (int j = 0; j < R / 8; ++j) ldg4(p + 4 * j, v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
-}
-
-// 1 / rms of the whole row (every thread gets it): the RMSNorm prologue's row pass
-template <bool BF16>
-__device__ __forceinline__ float row_rstd(const unsigned short* __restrict__ in, int K, float eps, float* scratch) {
-  float ss = 0.0f;
-  const u32* words = reinterpret_cast<const u32*>(in);
-  for (int i = threadIdx.x * 4; i < K / 2; i += THREADS * 4) {
-    u32 q[4];
-    ldg4(words + i, q[0], q[1], q[2], q[3]);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float lo, hi;
-      halves<BF16>(q[e], lo, hi);
-      ss += lo * lo + hi * hi;
-    }
-  }
-  return rsqrtf(block_sum(ss, scratch) / (float)K + eps);
-}
-
-// 1 / rms of the whole row from the producer's per-tile sums of squares (nparts a multiple of 4).
-// Each thread adds them all itself, in order: the same value in every thread, without a barrier.
-__device__ __forceinline__ float parts_rstd(const float* __restrict__ parts, int nparts, int K, float eps) {
-  float s = 0.0f;
-  for (int i = 0; i < nparts; i += 4) {
-    const float4 v = __ldcg(reinterpret_cast<const float4*>(parts + i));
-    s += v.x;
-    s += v.y;
-    s += v.z;
-    s += v.w;
-  }
-  return rsqrtf(s / (float)K + eps);
-}
-
-// one word (two rows) of the normed row: round16(w * round16(x * rstd)), as reference.rms_norm
-template <bool BF16>
-__device__ __forceinline__ u32 norm_word(u32 v, u32 e, float rstd) {
-  float a0, a1, b0, b1;
-  halves<BF16>(v, a0, a1);
-  halves<BF16>(e, b0, b1);
-  return (u32)to16<BF16>(b0 * round16<BF16>(a0 * rstd)) | ((u32)to16<BF16>(b1 * round16<BF16>(a1 * rstd)) << 16);
-}
-
-// output column n: round16(y), then + bias, then + residual, each rounded to 16 bits
-template <bool BF16>
-__device__ __forceinline__ float epilogue(float y, int n, const unsigned short* __restrict__ bias,
-                                          const unsigned short* __restrict__ residual) {
-  float v = round16<BF16>(y);
-  if (bias != nullptr) v = round16<BF16>(v + to_f32(bias[n], BF16));
-  if (residual != nullptr) v = round16<BF16>(v + to_f32(residual[n], BF16));
-  return v;
-}
-
-// round16(round16(silu(g)) * u) of the rounded gate and up outputs, as reference.silu_and_mul
-template <bool BF16>
-__device__ __forceinline__ float silu_mul(float g, float u) {
-  return round16<BF16>(round16<BF16>(__fdividef(g, 1.0f + __expf(-g))) * u);
-}
-
-// PRO: 0 the row as given, 1 RMSNorm with a row pass, 2 RMSNorm from the producer's sums of squares.
-// SILU: the weight is [gate | up] (N columns); a block takes BN / 2 columns of each half and writes
-// N / 2 outputs silu(gate) * up. ss_out (nullable): this launch's output sums of squares per
-// column tile, for the next launch's PRO 2.
-template <bool BF16, int NL, int R, int PRO, bool SILU>
-__device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, const u32* __restrict__ qw,
+template <bool BF16, int NL, int R>
+__device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* __restrict__ qw,
                                           const u32* __restrict__ qz, const u32* __restrict__ sc,
                                           float* __restrict__ ws, unsigned short* __restrict__ out,
-                                          int* __restrict__ cnt, int N, int K, int G,
-                                          const unsigned short* __restrict__ nw, float eps,
-                                          const unsigned short* __restrict__ bias,
-                                          const unsigned short* __restrict__ residual,
-                                          const float* __restrict__ ss_in, int ss_parts, float* __restrict__ ss_out) {
+                                          int* __restrict__ cnt, int N, int K, int G) {
   constexpr int TK = THREADS / NL;
   constexpr int BN = 32 * NL;
   constexpr int PER = THREADS / BN;  // threads per column in the block's reduction
   static_assert(R % ROWS == 0, "R must be a multiple of ROWS");
   static_assert(TK >= PER, "too few slots");
-  static_assert(!SILU || NL >= 2, "SILU pairs lanes");
   __shared__ __align__(16) float red[TK][BN + 4];
-  __shared__ float scratch[THREADS / 32];
   __shared__ int last;
+
+  // programmatic dependent launch: x is written by the kernel before (a no-op otherwise)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
 
   const int tid = threadIdx.x;
   const int lane_n = tid % NL;
@@ -241,30 +140,17 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
   const int n8 = N >> 3;
   const int kps = K / gridDim.y;
   const int k0 = blockIdx.y * kps + slot * R;
-  // this thread's first word column (SILU: the first half of the lanes on gate columns, the second
-  // on the same up columns)
-  const int w0 = SILU ? (lane_n / (NL / 2)) * (n8 / 2) + blockIdx.x * (BN / 16) + (lane_n % (NL / 2)) * 4
-                      : blockIdx.x * (BN / 8) + lane_n * 4;
-  // the weight column of reduction column c of this block
-  auto column = [&](int c) {
-    return SILU ? (c / (BN / 2)) * (N / 2) + blockIdx.x * (BN / 2) + c % (BN / 2) : blockIdx.x * BN + c;
-  };
+  const int w0 = blockIdx.x * (BN / 8) + lane_n * 4;  // this thread's first word column
 
-  // programmatic dependent launch: the input row, the residual and the sums of squares come from
-  // the kernel before (a no-op where the launch is not programmatic). Waiting before the weight
-  // loads, not after: with the wait (a compiler barrier) after them every load is issued before any
-  // arithmetic, which needs R x 4 registers at once and was slower.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;");
-  // the row pass's barrier comes before the weight loads: they cannot cross it, and all R rows in
-  // flight at once take too many registers
-  float rstd = 1.0f;
-  if (PRO == 1) rstd = row_rstd<BF16>(x, K, eps, scratch);
-  if (PRO == 2) rstd = parts_rstd(ss_in, ss_parts, K, eps);  // (after the loads: 2x the registers)
   u32 w[R][4];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     ldg_stream4(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
+  }
+  u32 xv[R / 2];
+#pragma unroll
+  for (int j = 0; j < R / 8; ++j) {
+    ldg4(x + (k0 + 8 * j) / 2, xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3]);
   }
   const int g = k0 / G;
   u32 zv[4];
@@ -274,10 +160,6 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
   for (int c = 0; c < 4; ++c) {
     ldg4(sc + ((size_t)g * N + (size_t)(w0 + c) * 8) / 2, sv[c][0], sv[c][1], sv[c][2], sv[c][3]);
   }
-  u32 xv[R / 2];
-  load_rows<R>(x, k0, xv);
-  u32 ev[PRO == 0 ? 1 : R / 2];  // the norm weight's words
-  if (PRO != 0) load_rows<R>(nw, k0, reinterpret_cast<u32(&)[R / 2]>(ev));
 
   u32 Z[4][4];  // -(magic + z s_i) S_i per word and column pair (exact)
 #pragma unroll
@@ -299,10 +181,6 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
   }
 #pragma unroll
   for (int r0 = 0; r0 < R; r0 += ROWS) {
-    if (PRO != 0) {  // this chunk's words of the normed row, made as they are needed (few registers)
-#pragma unroll
-      for (int j = r0 / 2; j < (r0 + ROWS) / 2; ++j) xv[j] = norm_word<BF16>(xv[j], ev[PRO == 0 ? 0 : j], rstd);
-    }
     u32 p[4][4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -357,74 +235,52 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
   __syncthreads();
   red[part][col] = s;
   __syncthreads();
-  const int ncol = column(tid % BN);  // (threads past BN compute an unused column)
-  float total = 0.0f;
-  if (tid < BN) {
-#pragma unroll
-    for (int q = 0; q < PER; ++q) total += red[q][tid];
-  }
-  if (gridDim.y > 1) {
-    if (tid < BN) ws[(size_t)blockIdx.y * N + ncol] = total;
-    __threadfence();  // this block's partials are visible before its arrival is counted
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(&cnt[blockIdx.x], 1) == (int)gridDim.y - 1;
-    __syncthreads();
-    if (!last) return;
+  const int n = blockIdx.x * BN + tid;
+  if (gridDim.y == 1) {
     if (tid < BN) {
-      total = 0.0f;
-      for (int sp = 0; sp < (int)gridDim.y; ++sp) total += __ldcg(&ws[(size_t)sp * N + ncol]);
+      float v = 0.0f;
+#pragma unroll
+      for (int q = 0; q < PER; ++q) v += red[q][tid];
+      out[n] = to16<BF16>(v);
+    }
+    return;
+  }
+  if (tid < BN) {
+    float v = 0.0f;
+#pragma unroll
+    for (int q = 0; q < PER; ++q) v += red[q][tid];
+    ws[(size_t)blockIdx.y * N + n] = v;
+  }
+  __threadfence();  // this block's partials are visible before its arrival is counted
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(&cnt[blockIdx.x], 1) == (int)gridDim.y - 1;
+  __syncthreads();
+  if (last) {
+    if (tid < BN) {
+      float v = 0.0f;
+      for (int sp = 0; sp < (int)gridDim.y; ++sp) v += __ldcg(&ws[(size_t)sp * N + n]);
+      out[n] = to16<BF16>(v);
     }
     if (tid == 0) cnt[blockIdx.x] = 0;
-  }
-  // the finishing block: the epilogue, and this tile's sum of squares of what it writes
-  float sq = 0.0f;
-  if (SILU) {
-    __syncthreads();  // red is free again
-    if (tid < BN) red[0][tid] = epilogue<BF16>(total, ncol, bias, nullptr);
-    __syncthreads();
-    if (tid < BN / 2) {
-      const int n = blockIdx.x * (BN / 2) + tid;
-      const float v = silu_mul<BF16>(red[0][tid], red[0][tid + BN / 2]);
-      out[n] = to16<BF16>(v);
-      sq = v * v;
-    }
-  } else if (tid < BN) {
-    const float v = epilogue<BF16>(total, ncol, bias, residual);
-    out[ncol] = to16<BF16>(v);
-    sq = v * v;
-  }
-  if (ss_out != nullptr) {
-    const float t = block_sum(sq, scratch);
-    if (tid == 0) ss_out[blockIdx.x] = t;
   }
 }
 
 #define GEMV_ARGS                                                                                   \
-  const unsigned short *__restrict__ x, const u32 *__restrict__ qw, const u32 *__restrict__ qz,    \
+  const u32 *__restrict__ x, const u32 *__restrict__ qw, const u32 *__restrict__ qz,               \
       const u32 *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out,        \
-      int *__restrict__ cnt, int N, int K, int G, const unsigned short *__restrict__ nw, float eps,  \
-      const unsigned short *__restrict__ bias, const unsigned short *__restrict__ residual,         \
-      const float *__restrict__ ss_in, int ss_parts, float *__restrict__ ss_out
+      int *__restrict__ cnt, int N, int K, int G
 
-#define DEFINE_GEMV(DT, BF16, NL, R, PRO, SILU)                                                     \
-  extern "C" __global__ void __launch_bounds__(THREADS)                                            \
-      w4a16_gemv_##DT##_nl##NL##_r##R##_p##PRO##_s##SILU(GEMV_ARGS) {                              \
-    gemv_body<BF16, NL, R, PRO, SILU>(x, qw, qz, sc, ws, out, cnt, N, K, G, nw, eps, bias, residual, \
-                                      ss_in, ss_parts, ss_out);                                     \
+#define DEFINE_GEMV(DT, BF16, NL, R)                                                             \
+  extern "C" __global__ void __launch_bounds__(THREADS) w4a16_gemv_##DT##_nl##NL##_r##R(GEMV_ARGS) { \
+    gemv_body<BF16, NL, R>(x, qw, qz, sc, ws, out, cnt, N, K, G);                                  \
   }
 
-#define DEFINE_DTYPE(DT, BF16, NL, R)  \
-  DEFINE_GEMV(DT, BF16, NL, R, 0, 0) \
-  DEFINE_GEMV(DT, BF16, NL, R, 1, 0) \
-  DEFINE_GEMV(DT, BF16, NL, R, 2, 0) \
-  DEFINE_GEMV(DT, BF16, NL, R, 2, 1)
+#define DEFINE_BOTH(NL, R)       \
+  DEFINE_GEMV(bf16, true, NL, R) \
+  DEFINE_GEMV(f16, false, NL, R)
 
-#define DEFINE_ALL(NL, R)            \
-  DEFINE_DTYPE(bf16, true, NL, R)  \
-  DEFINE_DTYPE(f16, false, NL, R)
-
-// w4a16_cuda.VARIANTS: (NL, R), each with (prologue, SiLU epilogue) in w4a16_cuda.FORMS
-DEFINE_ALL(2, 16)
-DEFINE_ALL(4, 8)
-DEFINE_ALL(4, 16)
-DEFINE_ALL(4, 32)
+// w4a16_cuda.VARIANTS: (NL, R)
+DEFINE_BOTH(2, 16)
+DEFINE_BOTH(4, 8)
+DEFINE_BOTH(4, 16)
+DEFINE_BOTH(4, 32)
