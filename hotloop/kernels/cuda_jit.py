@@ -96,7 +96,18 @@ def compile_cubin(source: Path, arch: str, nvcc: str | None = None) -> bytes:
 
 
 class _LaunchAttribute(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+    # (c_ubyte arrays, not c_char: reading a c_char array field gives a new bytes object, and
+    # writing through it would write into that object, not the struct)
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_ubyte * 4), ("value", ctypes.c_ubyte * 64)]
+
+
+def pdl_attribute() -> _LaunchAttribute:
+    """The launch attribute that allows programmatic dependent launch (the kernel's
+    ``griddepcontrol.wait`` then orders it after the kernel before)."""
+    attr = _LaunchAttribute()
+    attr.id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    ctypes.c_int.from_buffer(attr, _LaunchAttribute.value.offset).value = 1
+    return attr
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -196,9 +207,7 @@ class Kernel:
         )
         gx, gy, gz = (list(grid) + [1, 1])[:3]
         stream = torch.cuda.current_stream(self.device_index).cuda_stream
-        attr = _LaunchAttribute()
-        attr.id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        ctypes.memmove(attr.value, ctypes.byref(ctypes.c_int(1)), 4)
+        attr = pdl_attribute()
         config = _LaunchConfig(
             gx, gy, gz, block, 1, 1, shared_bytes, stream, ctypes.pointer(attr), 1 if pdl else 0
         )

@@ -85,6 +85,19 @@ def test_find_nvcc_and_switch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     assert cuda_jit.load(w4a16_cuda.SOURCE, torch.device("cpu"), ["x"]) is None
 
 
+def test_pdl_attribute_layout() -> None:
+    """The driver's CUlaunchAttribute: a 4-byte id, 4 bytes of padding, a 64-byte value whose first
+    int is 1; built in the struct's own memory (an earlier version wrote through a bytes copy of
+    the field, which corrupted CPython's shared empty bytes object)."""
+    import ctypes
+
+    attr = cuda_jit.pdl_attribute()
+    raw = bytes(attr)
+    assert ctypes.sizeof(attr) == 72 and len(raw) == 72
+    assert int.from_bytes(raw[0:4], "little") == 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert int.from_bytes(raw[8:12], "little") == 1 and raw[12:] == bytes(60)
+
+
 def test_compile_reports_nvcc_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = tmp_path / "nvcc"
     fake.write_text(
