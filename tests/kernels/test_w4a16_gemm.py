@@ -372,6 +372,10 @@ def test_gpu_every_candidate_and_variant(m: int) -> None:
     for tpl, waves in templates:
         if tpl.kind == "gemv" and m > g.GEMV_MAX_M:
             continue
+        if tpl.kind == "cuda":  # whole column tiles only (the tuner skips it here): test_w4a16_cuda.py
+            with pytest.raises(ValueError, match="does not tile"):
+                g.fit_config(tpl, m, n, k, 128, dev, max(waves, 1.0))
+            continue
         cfg = g.fit_config(tpl, m, n, k, 128, dev, max(waves, 1.0))
         got = g.w4a16_gemm(x, qweight, qzeros, scales, 128, config=cfg)
         assert _rel_max_err(got, want) < 2e-2, cfg
