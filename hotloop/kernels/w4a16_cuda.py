@@ -16,6 +16,7 @@ import torch
 
 from hotloop.kernels import counters, cuda_jit
 from hotloop.kernels.pdl import pdl
+from hotloop.kernels.w4a16_layout import check_awq_shapes
 
 SOURCE = "w4a16_gemv.cu"
 THREADS = 256
@@ -51,15 +52,18 @@ def fits(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, nl: int, r
         return f"K={k} is not a multiple of the block's {kb} rows"
     if group_size % r:
         return f"group_size={group_size} is not a multiple of its {r} rows per thread"
-    if k // kb > counters.SLOTS or n // bn > counters.SLOTS:
-        return "too many tiles"
+    if n // bn > counters.SLOTS:
+        return "too many column tiles"
     return None
 
 
 def available(device: torch.device) -> bool:
-    """Whether the CUDA kernels can be compiled here (nvcc found, not turned off); cheap: compiling
-    and loading happen at the first launch."""
-    return device.type == "cuda" and cuda_jit.enabled() and cuda_jit.find_nvcc() is not None
+    """Whether the CUDA kernels can be compiled here (a Hopper or newer GPU: the kernel waits with
+    ``griddepcontrol``; nvcc found; not turned off); cheap: compiling and loading happen at the
+    first launch."""
+    if device.type != "cuda" or not cuda_jit.enabled() or cuda_jit.find_nvcc() is None:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _names() -> list[str]:
@@ -79,6 +83,13 @@ def gemv(
     """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(nl, r)``. Every tensor contiguous
     and 16-byte aligned (``w4a16_gemm._aligned``); scales in x's dtype. Raises ``ValueError`` where
     the variant does not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
+    check_awq_shapes(qweight, qzeros, scales, group_size)
+    if x2.dim() != 2 or x2.shape[1] != qweight.shape[0]:
+        raise ValueError(f"x must be [1, {qweight.shape[0]}]; got {tuple(x2.shape)}")
+    if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
+        raise ValueError(f"qweight and qzeros must be int32; got {qweight.dtype}, {qzeros.dtype}")
+    if len({t.device for t in (x2, qweight, qzeros, scales)}) != 1:
+        raise ValueError("x, qweight, qzeros and scales must be on one device")
     m, k = x2.shape
     n = qweight.shape[1] * 8
     why = fits(m, n, k, group_size, x2.dtype, nl, r)
@@ -97,6 +108,8 @@ def gemv(
     tiles = n // bn
     if out is None:
         out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
+    elif out.shape != (1, n) or out.dtype != x2.dtype or out.device != x2.device or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [1, {n}] {x2.dtype} tensor on {x2.device}")
     ws: torch.Tensor | None = None
     cnt: torch.Tensor | None = None
     if split > 1:

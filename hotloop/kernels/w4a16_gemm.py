@@ -547,6 +547,13 @@ def _check_half2(cfg: GemmConfig, dtype: torch.dtype) -> None:
 
 
 _dequant_oom_warned = False
+_cuda_fallback_warned = False
+
+
+def _warn_cuda_fallback(e: Exception) -> None:
+    global _cuda_fallback_warned
+    _cuda_fallback_warned = True
+    logger.warning("W4A16: the CUDA GEMV cannot run here (%s); using the Triton GEMV", e)
 
 
 def _warn_dequant_oom(n: int, k: int) -> None:
@@ -596,9 +603,17 @@ def _launch(
                 group_size,
             )
     if cfg.kind == "cuda":
-        from hotloop.kernels import w4a16_cuda
+        from hotloop.kernels import cuda_jit, w4a16_cuda
 
-        return w4a16_cuda.gemv(x2, qweight, qzeros, scales, group_size, cfg.block_n // 32, cfg.block_k)
+        try:
+            return w4a16_cuda.gemv(x2, qweight, qzeros, scales, group_size, cfg.block_n // 32, cfg.block_k)
+        except (cuda_jit.CudaError, ValueError) as e:
+            # a choice tuned (and stored) where the CUDA kernel ran, used where it cannot (no nvcc
+            # now, a first launch inside a CUDA-graph capture): the Triton GEMV instead
+            if not _cuda_fallback_warned:
+                _warn_cuda_fallback(e)
+            return _launch(choose_config(m, n, k, group_size, x2.device, "gemv"), x2, qweight, qzeros, scales,
+                           group_size)  # fmt: skip
     if cfg.kind == "gemv":
         rows = 1 if cfg.unpack in ONE_ROW_UNPACK else GEMV_MAX_M
         if m > rows:

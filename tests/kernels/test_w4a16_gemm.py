@@ -216,6 +216,18 @@ def _large_fp16_case(device: str):  # type: ignore[no-untyped-def]
     return x.to(device), qweight, qzeros, scales, group
 
 
+def test_interpreted_cuda_choice_falls_back(interpreted: ModuleType) -> None:
+    # a "cuda" launch (a tuned choice stored where the CUDA GEMV ran) where it cannot run -- here
+    # the CPU, with no kernels loaded -- runs the Triton GEMV instead, and the result stays right
+    k, n, group = 1024, 128, 128
+    qweight, qzeros, scales = random_awq(k, n, group, torch.bfloat16, "cpu", seed=9)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    cfg = interpreted.GemmConfig("cuda", 1, 128, 16, num_warps=8, num_stages=1)
+    got = interpreted.w4a16_gemm(x, qweight, qzeros, scales, group, config=cfg)
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), group)
+    assert got.shape == (1, n) and _rel_max_err(got, want) < 1e-2
+
+
 def test_interpreted_gemv_half2_fp16_headroom(interpreted: ModuleType) -> None:
     # the fp16 partial sums carry (q - z) / 16: large activations over eight rows stay finite
     x, qweight, qzeros, scales, group = _large_fp16_case("cpu")

@@ -18,7 +18,7 @@
 //   bf16: magic 128 (0x4300), D = 1. fp16: magic 1024 (0x6400); the nibbles of the word's second byte
 //   are masked in place (1024 + 16 q) and scaled by 1/256, the first byte's by 1/16, so D = 16 (the
 //   partial sums are kept 16 times smaller, away from fp16's overflow).
-// - the block's TK partial rows are summed through shared memory in slot order; with a split, the
+// - the block's TK partial rows are summed through shared memory in a fixed order; with a split, the
 //   last block of a column tile to finish (an atomic counter per tile, reset by that block) adds the
 //   splits' float32 partials in split order and writes the output: one launch, and a result that
 //   does not depend on timing.
@@ -34,8 +34,10 @@ __device__ __forceinline__ void ldg_stream4(const u32* p, u32& a, u32& b, u32& c
       : "l"(p));
 }
 
+// volatile, as the weight loads: the compiler keeps it after griddepcontrol.wait (the input row is
+// written by the kernel before)
 __device__ __forceinline__ void ldg4(const u32* p, u32& a, u32& b, u32& c, u32& d) {
-  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p));
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p));
 }
 
 template <bool BF16>
@@ -256,6 +258,7 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   if (tid == 0) last = atomicAdd(&cnt[blockIdx.x], 1) == (int)gridDim.y - 1;
   __syncthreads();
   if (last) {
+    __threadfence();  // acquire: the other blocks' partials, counted in before this block's arrival
     if (tid < BN) {
       float v = 0.0f;
       for (int sp = 0; sp < (int)gridDim.y; ++sp) v += __ldcg(&ws[(size_t)sp * N + n]);
