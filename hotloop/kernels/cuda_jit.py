@@ -86,12 +86,15 @@ def compile_cubin(source: Path, arch: str, nvcc: str | None = None) -> bytes:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     logger.info("compiling %s for %s with %s (once; cached in %s)", source.name, arch, nvcc, path.parent)
-    proc = subprocess.run(
-        [nvcc, *flags, "-o", str(tmp), str(source)], capture_output=True, text=True, timeout=600
-    )
-    if proc.returncode != 0:
-        raise CudaError(f"nvcc failed on {source.name} for {arch}:\n{proc.stderr[-4000:]}")
-    os.replace(tmp, path)
+    try:
+        proc = subprocess.run(
+            [nvcc, *flags, "-o", str(tmp), str(source)], capture_output=True, text=True, timeout=600
+        )
+        if proc.returncode != 0:
+            raise CudaError(f"nvcc failed on {source.name} for {arch}:\n{proc.stderr[-4000:]}")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path.read_bytes()
 
 
@@ -144,7 +147,8 @@ class _Driver:
             raise CudaError(f"{what} failed: {name.value.decode() if name.value else status}")
 
     def ensure_context(self, index: int) -> None:
-        """Make the device's primary context (the one torch uses) current on this thread."""
+        """Make the device's primary context (the one torch uses) current on this thread, where
+        ``torch.cuda.device(index)`` has not already (a retain, once: torch holds the same context)."""
         ctx = ctypes.c_void_p()
         self.check(self.lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
         if ctx.value:
@@ -188,6 +192,18 @@ class Kernel:
         shared_bytes: int = 0,
         pdl: bool = False,
     ) -> None:
+        # the device's primary context current for the launch; torch's current device restored after
+        with torch.cuda.device(self.device_index):
+            self._launch(grid, block, args, shared_bytes, pdl)
+
+    def _launch(
+        self,
+        grid: Sequence[int],
+        block: int,
+        args: Sequence[torch.Tensor | int | float | None],
+        shared_bytes: int,
+        pdl: bool,
+    ) -> None:
         drv = _get_driver()
         drv.ensure_context(self.device_index)
         values: list[ctypes._SimpleCData] = []
@@ -197,6 +213,8 @@ class Kernel:
             elif a is None:
                 values.append(ctypes.c_void_p(0))
             elif isinstance(a, bool) or isinstance(a, int):
+                if not -(2**31) <= int(a) < 2**31:
+                    raise ValueError(f"{self.name}: integer argument {a} does not fit a 32-bit int")
                 values.append(ctypes.c_int(int(a)))
             elif isinstance(a, float):
                 values.append(ctypes.c_float(a))
@@ -234,20 +252,26 @@ def load(source_name: str, device: torch.device, names: Sequence[str]) -> dict[s
         try:
             cubin = compile_cubin(SOURCE_DIR / source_name, arch_of(torch.device("cuda", index)))
             drv = _get_driver()
-            drv.ensure_context(index)
-            module = ctypes.c_void_p()
-            buf = ctypes.create_string_buffer(cubin, len(cubin))
-            drv.check(drv.lib.cuModuleLoadData(ctypes.byref(module), buf), "cuModuleLoadData")
             kernels = {}
-            for name in names:
-                fn = ctypes.c_void_p()
-                drv.check(
-                    drv.lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
-                    f"cuModuleGetFunction({name})",
-                )
-                kernels[name] = Kernel(name, int(fn.value or 0), index)
+            with torch.cuda.device(index):  # loaded into the primary context torch uses
+                drv.ensure_context(index)
+                module = ctypes.c_void_p()
+                buf = ctypes.create_string_buffer(cubin, len(cubin))
+                drv.check(drv.lib.cuModuleLoadData(ctypes.byref(module), buf), "cuModuleLoadData")
+                for name in names:
+                    fn = ctypes.c_void_p()
+                    drv.check(
+                        drv.lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
+                        f"cuModuleGetFunction({name})",
+                    )
+                    kernels[name] = Kernel(name, int(fn.value or 0), index)
             _modules[key] = kernels
-        except (CudaError, OSError, subprocess.SubprocessError) as e:
+        except (
+            CudaError,
+            OSError,
+            AttributeError,
+            subprocess.SubprocessError,
+        ) as e:  # (old libcuda: no symbol)
             logger.warning(
                 "CUDA kernels of %s unavailable (%s); the Triton kernels stay in use", source_name, e
             )
