@@ -486,29 +486,25 @@ if [ "$what" = probe ]; then  # which host calls block on the GPU, then the 8B b
   bs1 smollm2_k1 smollm2-135m
   exit 0
 fi
-if [ "$what" = cuda ]; then  # one GPU, in turn
+cuda_gemv_checks() {  # the CUDA GEMV's GPU tests, then awq_gemm.py at M = 1 (every tuner candidate's time)
   export CUDA_VISIBLE_DEVICES=0
   timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
     >"$out/cuda_tests.log" 2>&1
   echo "CUDA GEMV GPU tests rc=$?"
-  tail -25 "$out/cuda_tests.log" | grep -E "passed|failed|FAILED|ERROR|Error|error" | head -20
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/cuda_tests.log" | cut -c1-300 | head -20
   timeout 200 python3 "$here/awq_gemm.py" "$out/awq_gemm.json" --m 1 >"$out/awq_gemm.log" 2>&1
   echo "awq_gemm rc=$?"
-  sed -n '/^tuner/,$p' "$out/awq_gemm.log" | cut -c1-400
+  sed -n '/^tuner/,$p' "$out/awq_gemm.log" | cut -c1-600
+}
+if [ "$what" = cuda ]; then  # one GPU, in turn
+  cuda_gemv_checks
   bs1 awq llama3-8b --model-format awq
   HOTLOOP_CUDA_KERNELS=0 bs1 awq_triton llama3-8b --model-format awq
   bs1 awq_2 llama3-8b --model-format awq
   exit 0
 fi
 if [ "$what" = cuda2 ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
-    >"$out/cuda_tests.log" 2>&1
-  echo "CUDA GEMV GPU tests rc=$?"
-  tail -25 "$out/cuda_tests.log" | grep -E "passed|failed|FAILED|ERROR|Error|error" | head -20
-  timeout 200 python3 "$here/awq_gemm.py" "$out/awq_gemm.json" --m 1 >"$out/awq_gemm.log" 2>&1
-  echo "awq_gemm rc=$?"
-  sed -n '/^tuner/,$p' "$out/awq_gemm.log" | cut -c1-600
+  cuda_gemv_checks
   bs1 awq llama3-8b --model-format awq
   bs1 awq_2 llama3-8b --model-format awq
   timeout 200 python3 "$here/profile_step.py" --model-format awq --cases "decode 1@128" \
@@ -523,10 +519,9 @@ if [ "$what" = cuda3 ]; then  # one GPU, in turn
     tests/kernels/test_w4a16_gemm.py >"$out/cuda_tests.log" 2>&1
   echo "GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/cuda_tests.log" | cut -c1-300 | head -40
-  local_i=0
-  for local_i in 1 2; do
-    bs1 "awq_$local_i" llama3-8b --model-format awq
-    HOTLOOP_CUDA_KERNELS=0 bs1 "awq_triton_$local_i" llama3-8b --model-format awq
+  for i in 1 2; do
+    bs1 "awq_$i" llama3-8b --model-format awq
+    HOTLOOP_CUDA_KERNELS=0 bs1 "awq_triton_$i" llama3-8b --model-format awq
   done
   rm -f "$out"/*.json
   exit 0
