@@ -92,6 +92,16 @@ bs1() {  # name model extra-flags...
     --output-json "$out/bs1_$name.json" "$@" >"$out/bs1_$name.log" 2>&1
   echo "[bs1 $name] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*\|"decode_tokens_per_s": [0-9.]*' "$out/bs1_$name.json" 2>/dev/null | tr '\n' ' ')"
 }
+profile_ab() {  # VAR tag cases value...: profile_step.py's cases once per value of the environment variable VAR
+  local var=$1 tag=$2 cases=$3 v
+  shift 3
+  for v in "$@"; do
+    env "$var=$v" timeout 150 python3 "$here/profile_step.py" --out "$out/profile_$tag$v.json" \
+      --cases "$cases" >"$out/profile_$tag$v.log" 2>&1
+    echo "profile_step $var=$v rc=$?"
+    grep -E "floor" "$out/profile_$tag$v.log"
+  done
+}
 gpu_tests() {  # [tag [seconds [pytest paths and options...]]]: the GPU tests, every one by default
   local tag=${1:-gpu_tests} secs=${2:-450}
   shift 2 2>/dev/null || shift $#
@@ -314,12 +324,7 @@ skinny_lane0() {  # the skinny GEMM's GPU tests, then it against cuBLAS per proj
 }
 skinny_lane1() {  # decode steps at batch 16 and 32 with the skinny GEMM and without, then the engine's GPU tests
   export CUDA_VISIBLE_DEVICES=$g1
-  for sk in 1 0; do
-    HOTLOOP_SKINNY_GEMM=$sk timeout 120 python3 "$here/profile_step.py" --out "$out/profile_sk$sk.json" \
-      --cases "decode 16@1k,decode 32@1k" >"$out/profile_sk$sk.log" 2>&1
-    echo "profile_step HOTLOOP_SKINNY_GEMM=$sk rc=$?"
-    grep -E "floor" "$out/profile_sk$sk.log"
-  done
+  profile_ab HOTLOOP_SKINNY_GEMM sk "decode 16@1k,decode 32@1k" 1 0
   gpu_tests engine_tests 200 tests/api/test_gpu_parity.py tests/models/test_one_row.py tests/executor \
     tests/engine/test_multi_step.py
 }
@@ -369,13 +374,7 @@ merge_lane0() {  # decode attention at batch 8-24: the split merge fused or laun
 }
 merge_lane1() {  # the decode-16 and -24 steps with the merge fused and launched
   export CUDA_VISIBLE_DEVICES=$g1
-  local fm
-  for fm in 0 1; do
-    HOTLOOP_DECODE_FUSED_MERGE=$fm timeout 150 python3 "$here/profile_step.py" --out "$out/profile_fm$fm.json" \
-      --cases "decode 16@1k" >"$out/profile_fm$fm.log" 2>&1
-    echo "profile_step HOTLOOP_DECODE_FUSED_MERGE=$fm rc=$?"
-    grep -E "floor" "$out/profile_fm$fm.log"
-  done
+  profile_ab HOTLOOP_DECODE_FUSED_MERGE fm "decode 16@1k" 0 1
 }
 last_lane0() {  # the serving run, whole prompts (8,192-token steps) and 2,048-token steps
   serve 0 c8192
