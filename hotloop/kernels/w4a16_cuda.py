@@ -16,7 +16,7 @@ import torch
 
 from hotloop.kernels import counters, cuda_jit
 from hotloop.kernels.pdl import pdl
-from hotloop.kernels.w4a16_layout import check_awq_shapes
+from hotloop.kernels.w4a16_layout import STRIP_WORDS, check_awq_shapes
 
 SOURCE = "w4a16_gemv.cu"
 THREADS = 256
@@ -28,8 +28,13 @@ VARIANTS: tuple[tuple[int, int], ...] = ((2, 16), (4, 8), (4, 16), (4, 32))
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
-def kernel_name(dtype: torch.dtype, nl: int, r: int) -> str:
-    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}"
+# weight layouts: "" AutoAWQ [K, N/8]; "_s16" strips [N/8/16, K, 16] (w4a16_layout.to_strips), each
+# thread R consecutive rows; "_s16w" the same strips, the 8 slots of a warp on 8 consecutive rows
+LAYOUTS = ("", "_s16", "_s16w")
+
+
+def kernel_name(dtype: torch.dtype, nl: int, r: int, layout: str = "") -> str:
+    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}{layout}"
 
 
 def tile(nl: int, r: int) -> tuple[int, int]:
@@ -37,9 +42,15 @@ def tile(nl: int, r: int) -> tuple[int, int]:
     return 32 * nl, (THREADS // nl) * r
 
 
-def fits(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, nl: int, r: int) -> str | None:
+def fits(
+    m: int, n: int, k: int, group_size: int, dtype: torch.dtype, nl: int, r: int, layout: str = ""
+) -> str | None:
     """Why variant ``(nl, r)`` cannot run this product, or ``None`` when it can."""
     bn, kb = tile(nl, r)
+    if layout not in LAYOUTS:
+        return f"no layout {layout!r}; there are {LAYOUTS}"
+    if layout == "_s16w" and group_size % (8 * r):
+        return f"group_size={group_size} is not a multiple of a warp's {8 * r} rows"
     if (nl, r) not in VARIANTS:
         return f"no variant ({nl}, {r}); there are {VARIANTS}"
     if m != 1:
@@ -67,7 +78,7 @@ def available(device: torch.device) -> bool:
 
 
 def _names() -> list[str]:
-    return [kernel_name(dt, *v) for dt in _DTYPES for v in VARIANTS]
+    return [kernel_name(dt, *v, lay) for dt in _DTYPES for v in VARIANTS for lay in LAYOUTS]
 
 
 def gemv(
@@ -79,20 +90,30 @@ def gemv(
     nl: int,
     r: int,
     out: torch.Tensor | None = None,
+    layout: str = "",
 ) -> torch.Tensor:
     """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(nl, r)``. Every tensor contiguous
     and 16-byte aligned (``w4a16_gemm._aligned``); scales in x's dtype. Raises ``ValueError`` where
-    the variant does not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
-    check_awq_shapes(qweight, qzeros, scales, group_size)
-    if x2.dim() != 2 or x2.shape[1] != qweight.shape[0]:
-        raise ValueError(f"x must be [1, {qweight.shape[0]}]; got {tuple(x2.shape)}")
+    the variant does not fit and ``cuda_jit.CudaError`` where the kernels cannot be built. With a
+    strip ``layout``, ``qweight`` is ``w4a16_layout.to_strips`` of the AWQ one."""
+    if layout:
+        if qweight.dim() != 3 or qweight.shape[2] != STRIP_WORDS:
+            raise ValueError(f"strip qweight must be [S, K, {STRIP_WORDS}]; got {tuple(qweight.shape)}")
+        sk, kk, width = qweight.shape
+        shape_only = torch.empty((kk, sk * width), dtype=torch.int32, device="meta")
+        check_awq_shapes(shape_only, qzeros, scales, group_size)
+    else:
+        check_awq_shapes(qweight, qzeros, scales, group_size)
+    k_in = qweight.shape[1] if layout else qweight.shape[0]
+    if x2.dim() != 2 or x2.shape[1] != k_in:
+        raise ValueError(f"x must be [1, {k_in}]; got {tuple(x2.shape)}")
     if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
         raise ValueError(f"qweight and qzeros must be int32; got {qweight.dtype}, {qzeros.dtype}")
     if len({t.device for t in (x2, qweight, qzeros, scales)}) != 1:
         raise ValueError("x, qweight, qzeros and scales must be on one device")
     m, k = x2.shape
-    n = qweight.shape[1] * 8
-    why = fits(m, n, k, group_size, x2.dtype, nl, r)
+    n = qzeros.shape[1] * 8
+    why = fits(m, n, k, group_size, x2.dtype, nl, r, layout)
     if why is not None:
         raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}) {why}")
     if scales.dtype != x2.dtype:
@@ -117,7 +138,7 @@ def gemv(
         cnt = counters.counters(x2.device, "w4a16_cuda", tiles)
         if cnt is None:
             raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
-    kernels[kernel_name(x2.dtype, nl, r)](
+    kernels[kernel_name(x2.dtype, nl, r, layout)](
         (tiles, split),
         THREADS,
         (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),

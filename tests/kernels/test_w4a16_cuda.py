@@ -16,7 +16,7 @@ from kernel_checks import random_awq
 from test_w4a16_gemm import _assert_rounds_like, _half2_emulated, _rel_max_err
 
 from hotloop.kernels import counters, cuda_jit, reference, w4a16_cuda
-from hotloop.kernels.w4a16_layout import pack_int4
+from hotloop.kernels.w4a16_layout import pack_int4, to_strips
 
 pytest.importorskip("triton")
 
@@ -37,6 +37,19 @@ def test_tile_and_fits() -> None:
     assert "K=1536" in why(1, 4096, 1536, 128, torch.bfloat16)
     assert "group_size=8" in why(1, 4096, 4096, 8, torch.bfloat16)
     assert "no variant" in why(1, 4096, 4096, 128, torch.bfloat16, nl=3)
+
+
+def test_strip_layout_limits() -> None:
+    assert "no layout" in (w4a16_cuda.fits(1, 4096, 4096, 128, torch.bfloat16, 4, 16, "_x") or "")
+    assert w4a16_cuda.fits(1, 4096, 4096, 128, torch.bfloat16, 4, 16, "_s16w") is None
+    # a warp's 8 slots of 32 rows span 256 rows: more than a group of 128
+    assert "a warp's 256 rows" in (w4a16_cuda.fits(1, 4096, 4096, 128, torch.bfloat16, 4, 32, "_s16w") or "")
+    qweight, qzeros, scales = random_awq(1024, 256, 128, torch.bfloat16, "cpu")
+    x = torch.randn(1, 1024, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="strip qweight must be"):
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 8, layout="_s16")
+    with pytest.raises(ValueError, match="qzeros shape"):
+        w4a16_cuda.gemv(x, to_strips(qweight), qzeros[:, :8], scales, 128, 4, 8, layout="_s16")
 
 
 def test_gemv_refuses_what_does_not_fit() -> None:
@@ -117,7 +130,8 @@ def test_source_compiles_for_hopper_and_is_cached(monkeypatch: pytest.MonkeyPatc
     assert cubin[:4] == b"\x7fELF"
     for dtype in (torch.bfloat16, torch.float16):
         for v in w4a16_cuda.VARIANTS:
-            assert w4a16_cuda.kernel_name(dtype, *v).encode() in cubin
+            for layout in w4a16_cuda.LAYOUTS:
+                assert w4a16_cuda.kernel_name(dtype, *v, layout).encode() in cubin
     cached = list((tmp_path / "cuda").glob("*.cubin"))
     assert len(cached) == 1
     monkeypatch.setenv("HOTLOOP_NVCC", "/nonexistent/nvcc")
@@ -154,18 +168,21 @@ def test_gpu_every_variant(shape: tuple[int, int], dtype: torch.dtype) -> None:
     emulated = _half2_emulated(x, qweight, qzeros, scales, 128, 8)
     tol = 2e-3 if dtype == torch.float16 else 1e-2
     ulp = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+    strips = to_strips(qweight) if n % 128 == 0 else None
     ran = 0
     for v in w4a16_cuda.VARIANTS:
-        if w4a16_cuda.fits(1, n, k, 128, dtype, *v) is not None:
-            continue
-        got = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, *v)
-        torch.cuda.synchronize()
-        assert got.dtype == dtype and got.shape == (1, n)
-        assert _rel_max_err(got, want) < tol, (v, _rel_max_err(got, want))
-        _assert_rounds_like(got, emulated, ulp)
-        assert int(counters.buffer(x.device, "w4a16_cuda").abs().sum()) == 0
-        ran += 1
-    assert ran >= (3 if k >= 4096 else 2)
+        for layout in w4a16_cuda.LAYOUTS:
+            if w4a16_cuda.fits(1, n, k, 128, dtype, *v, layout) is not None or (layout and strips is None):
+                continue
+            got = w4a16_cuda.gemv(x, strips if layout else qweight, qzeros, scales, 128, *v, layout=layout)
+            torch.cuda.synchronize()
+            assert got.dtype == dtype and got.shape == (1, n)
+            assert _rel_max_err(got, want) < tol, (v, layout, _rel_max_err(got, want))
+            if layout != "_s16w":  # the same rows per thread in the same order as the emulation
+                _assert_rounds_like(got, emulated, ulp)
+            assert int(counters.buffer(x.device, "w4a16_cuda").abs().sum()) == 0
+            ran += 1
+    assert ran >= (8 if k >= 4096 else 6)
 
 
 @pytest.mark.gpu

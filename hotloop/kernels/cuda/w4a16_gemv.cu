@@ -119,7 +119,7 @@ __device__ __forceinline__ u32 pair_neg_scale(int i) {
   return BF16 ? 0xBF80BF80u : ((i & 1) ? 0x9C009C00u : 0xAC00AC00u);
 }
 
-template <bool BF16, int NL, int R>
+template <bool BF16, int NL, int R, int STRIP, bool WROWS>
 __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* __restrict__ qw,
                                           const u32* __restrict__ qz, const u32* __restrict__ sc,
                                           float* __restrict__ ws, unsigned short* __restrict__ out,
@@ -141,18 +141,36 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   const int slot = tid / NL;
   const int n8 = N >> 3;
   const int kps = K / gridDim.y;
-  const int k0 = blockIdx.y * kps + slot * R;
   const int w0 = blockIdx.x * (BN / 8) + lane_n * 4;  // this thread's first word column
+  // this thread's rows: k0 + r * rstep (r < R). WROWS: the 8 slots of a warp take 8 consecutive rows
+  // per load (one 512-byte piece of a strip), a warp's R loads 8 R consecutive rows (8 R divides G)
+  constexpr int RSTEP = WROWS ? 8 : 1;
+  const int k0 = WROWS ? blockIdx.y * kps + (slot / 8) * 8 * R + (slot % 8) : blockIdx.y * kps + slot * R;
+  // word (k, w) of qweight: AWQ [K, N/8] (STRIP 0), or strips [N/8/STRIP, K, STRIP] (the columns of a
+  // strip contiguous along K)
+  const u32* qrow = STRIP ? qw + (size_t)(w0 / STRIP) * K * STRIP + (w0 % STRIP) : qw + w0;
+  const int qstride = STRIP ? STRIP : n8;
 
   u32 w[R][4];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    ldg_stream4(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
+    ldg_stream4(qrow + (size_t)(k0 + r * RSTEP) * qstride, w[r][0], w[r][1], w[r][2], w[r][3]);
   }
   u32 xv[R / 2];
+  if (WROWS) {
+    const unsigned short* xh = reinterpret_cast<const unsigned short*>(x);
 #pragma unroll
-  for (int j = 0; j < R / 8; ++j) {
-    ldg4(x + (k0 + 8 * j) / 2, xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3]);
+    for (int j = 0; j < R / 2; ++j) {
+      unsigned short a, b;
+      asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(a) : "l"(xh + k0 + (2 * j) * RSTEP));
+      asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(b) : "l"(xh + k0 + (2 * j + 1) * RSTEP));
+      xv[j] = (u32)a | ((u32)b << 16);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < R / 8; ++j) {
+      ldg4(x + (k0 + 8 * j) / 2, xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3]);
+    }
   }
   const int g = k0 / G;
   u32 zv[4];
@@ -273,14 +291,19 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
       const u32 *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out,        \
       int *__restrict__ cnt, int N, int K, int G
 
-#define DEFINE_GEMV(DT, BF16, NL, R)                                                             \
-  extern "C" __global__ void __launch_bounds__(THREADS) w4a16_gemv_##DT##_nl##NL##_r##R(GEMV_ARGS) { \
-    gemv_body<BF16, NL, R>(x, qw, qz, sc, ws, out, cnt, N, K, G);                                  \
+#define DEFINE_GEMV(DT, BF16, NL, R, SUF, STRIP, WROWS)                                                 \
+  extern "C" __global__ void __launch_bounds__(THREADS) w4a16_gemv_##DT##_nl##NL##_r##R##SUF(GEMV_ARGS) { \
+    gemv_body<BF16, NL, R, STRIP, WROWS>(x, qw, qz, sc, ws, out, cnt, N, K, G);                          \
   }
 
-#define DEFINE_BOTH(NL, R)       \
-  DEFINE_GEMV(bf16, true, NL, R) \
-  DEFINE_GEMV(f16, false, NL, R)
+#define DEFINE_LAYOUTS(DT, BF16, NL, R)         \
+  DEFINE_GEMV(DT, BF16, NL, R, , 0, false)       \
+  DEFINE_GEMV(DT, BF16, NL, R, _s16, 16, false)  \
+  DEFINE_GEMV(DT, BF16, NL, R, _s16w, 16, true)
+
+#define DEFINE_BOTH(NL, R)          \
+  DEFINE_LAYOUTS(bf16, true, NL, R) \
+  DEFINE_LAYOUTS(f16, false, NL, R)
 
 // w4a16_cuda.VARIANTS: (NL, R)
 DEFINE_BOTH(2, 16)

@@ -1,0 +1,68 @@
+"""Does the weight layout limit the CUDA W4A16 one-row GEMV? AutoAWQ layout against strips.
+
+For each Llama-3-8B projection at M = 1, times every CUDA GEMV variant (``kernels/w4a16_cuda.py``)
+on the AutoAWQ ``qweight [K, N/8]`` and on the same words as strips ``[N/8/16, K, 16]``
+(``w4a16_layout.to_strips``: a block's 64-byte pieces of consecutive rows are contiguous), with the
+threads' rows in the AWQ order or a warp on 8 consecutive rows per load (``_s16w``). Checks every
+output against the AWQ-layout kernel (strips: bit-identical; ``_s16w`` sums in another order:
+close) and prints GPU time (cold L2, ``w4a16_gemm.graph_time_us``) and the bytes read over it.
+
+    python benchmarks/w4a16_strip_probe.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from hotloop.kernels import w4a16_cuda
+from hotloop.kernels.w4a16_gemm import graph_time_us
+from hotloop.kernels.w4a16_layout import pack_int4, to_strips
+
+SHAPES = {"qkv_proj": (4096, 6144), "o_proj": (4096, 4096), "gate_up_proj": (4096, 28672), "down_proj": (14336, 4096)}
+GROUP = 128
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    dtype = torch.bfloat16
+    rows = []
+    for name, (k, n) in SHAPES.items():
+        gen = torch.Generator(device=dev).manual_seed(0)
+        qw = pack_int4(torch.randint(0, 16, (k, n), device=dev, generator=gen, dtype=torch.int32))
+        qz = pack_int4(torch.randint(0, 16, (k // GROUP, n), device=dev, generator=gen, dtype=torch.int32))
+        sc = (torch.rand(k // GROUP, n, device=dev, generator=gen) * 0.01 + 1e-3).to(dtype)
+        x = torch.randn(1, k, device=dev, generator=gen).to(dtype)
+        strips = to_strips(qw)
+        nbytes = qw.numel() * 4 + qz.numel() * 4 + sc.numel() * 2 + x.numel() * 2 + n * 2
+        for nl, r in w4a16_cuda.VARIANTS:
+            ref = None
+            for layout in w4a16_cuda.LAYOUTS:
+                if w4a16_cuda.fits(1, n, k, GROUP, dtype, nl, r, layout) is not None:
+                    continue
+                w = strips if layout else qw
+                out = w4a16_cuda.gemv(x, w, qz, sc, GROUP, nl, r, layout=layout)
+                if ref is None:
+                    ref = out.float()
+                err = (out.float() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
+                us = graph_time_us(lambda w=w, layout=layout: w4a16_cuda.gemv(x, w, qz, sc, GROUP, nl, r, layout=layout), dev)
+                row = {"shape": name, "nl": nl, "r": r, "layout": layout or "awq", "us": round(us, 2),
+                       "tb_s": round(nbytes / us / 1e6, 3), "rel_err": err}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    with open(sys.argv[1], "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(dev), "rows": rows}, f, indent=1)
+    for name in SHAPES:
+        best = {}
+        for row in rows:
+            if row["shape"] == name:
+                lay = row["layout"]
+                if lay not in best or row["us"] < best[lay]["us"]:
+                    best[lay] = row
+        print(name, {lay: (b["us"], b["tb_s"], b["nl"], b["r"]) for lay, b in best.items()})
+
+
+if __name__ == "__main__":
+    main()
