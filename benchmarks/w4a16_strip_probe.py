@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 
 import torch
 
@@ -21,7 +22,12 @@ from hotloop.kernels import w4a16_cuda
 from hotloop.kernels.w4a16_gemm import graph_time_us
 from hotloop.kernels.w4a16_layout import pack_int4, to_strips
 
-SHAPES = {"qkv_proj": (4096, 6144), "o_proj": (4096, 4096), "gate_up_proj": (4096, 28672), "down_proj": (14336, 4096)}
+SHAPES = {
+    "qkv_proj": (4096, 6144),
+    "o_proj": (4096, 4096),
+    "gate_up_proj": (4096, 28672),
+    "down_proj": (14336, 4096),
+}
 GROUP = 128
 
 
@@ -47,9 +53,17 @@ def main() -> None:
                 if ref is None:
                     ref = out.float()
                 err = (out.float() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
-                us = graph_time_us(lambda w=w, layout=layout: w4a16_cuda.gemv(x, w, qz, sc, GROUP, nl, r, layout=layout), dev)
-                row = {"shape": name, "nl": nl, "r": r, "layout": layout or "awq", "us": round(us, 2),
-                       "tb_s": round(nbytes / us / 1e6, 3), "rel_err": err}
+                call = partial(w4a16_cuda.gemv, x, w, qz, sc, GROUP, nl, r, layout=layout)
+                us = graph_time_us(call, dev)
+                row = {
+                    "shape": name,
+                    "nl": nl,
+                    "r": r,
+                    "layout": layout or "awq",
+                    "us": round(us, 2),
+                    "tb_s": round(nbytes / us / 1e6, 3),
+                    "rel_err": err,
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     with open(sys.argv[1], "w") as f:
