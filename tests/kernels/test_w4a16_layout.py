@@ -18,7 +18,9 @@ def test_strips_place_every_word_and_invert() -> None:
         for word in range(n8):  # word (row, word) at strip word // 16, row, word % 16
             assert strips[word // STRIP_WORDS, row, word % STRIP_WORDS] == qweight[row, word]
     flat = strips.flatten()  # a strip's rows one after the other: 16 words of row 0, then of row 1
-    assert torch.equal(flat[: 2 * STRIP_WORDS], torch.cat([qweight[0, :STRIP_WORDS], qweight[1, :STRIP_WORDS]]))
+    assert torch.equal(
+        flat[: 2 * STRIP_WORDS], torch.cat([qweight[0, :STRIP_WORDS], qweight[1, :STRIP_WORDS]])
+    )
     assert torch.equal(from_strips(strips), qweight)
 
 
