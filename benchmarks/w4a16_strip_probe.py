@@ -7,7 +7,10 @@ threads' rows in the AWQ order or a warp on 8 consecutive rows per load (``_s16w
 output against the AWQ-layout kernel (strips: bit-identical; ``_s16w`` sums in another order:
 close) and prints GPU time (cold L2, ``w4a16_gemm.graph_time_us``) and the bytes read over it.
 
-    python benchmarks/w4a16_strip_probe.py OUT.json
+With ``--read``, first the read-only probes of ``benchmarks/cuda/read_probe.cu``: each shape's
+``qweight`` read as one plain stream, and in the GEMV's exact access pattern with no arithmetic.
+
+    python benchmarks/w4a16_strip_probe.py OUT.json [--read]
 """
 
 from __future__ import annotations
@@ -31,10 +34,44 @@ SHAPES = {
 GROUP = 128
 
 
+def read_probes(dev: torch.device) -> list[dict]:
+    from pathlib import Path
+
+    from hotloop.kernels import cuda_jit
+
+    names = ["read_stream_u4", "read_stream_u8", "read_gemv_nl4_r16", "read_gemv_nl4_r32"]
+    source = Path(__file__).resolve().parent / "cuda" / "read_probe.cu"  # (an absolute path joins as itself)
+    kernels = cuda_jit.load(str(source), dev, names)
+    assert kernels is not None, "the read probes did not build"
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    out = torch.zeros(4, dtype=torch.int32, device=dev)
+    rows = []
+    for name, (k, n) in SHAPES.items():
+        qw = torch.randint(-(2**31), 2**31 - 1, (k, n // 8), dtype=torch.int32, device=dev)
+        nbytes = qw.numel() * 4
+        launches = {}
+        for u in (4, 8):
+            for blocks_per_sm in (2, 4, 8):
+                launches[f"stream_u{u}_b{blocks_per_sm}"] = partial(
+                    kernels[f"read_stream_u{u}"], (sms * blocks_per_sm,), 256, (qw, nbytes // 16, out)
+                )
+        for r in (16, 32):
+            grid = (n // 128, k // (64 * r))
+            launches[f"gemv_pattern_nl4_r{r}"] = partial(
+                kernels[f"read_gemv_nl4_r{r}"], grid, 256, (qw, out, n, k)
+            )
+        for label, call in launches.items():
+            us = graph_time_us(call, dev)
+            row = {"shape": name, "probe": label, "us": round(us, 2), "tb_s": round(nbytes / us / 1e6, 3)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     dev = torch.device("cuda")
     dtype = torch.bfloat16
-    rows = []
+    rows = read_probes(dev) if "--read" in sys.argv else []
     for name, (k, n) in SHAPES.items():
         gen = torch.Generator(device=dev).manual_seed(0)
         qw = pack_int4(torch.randint(0, 16, (k, n), device=dev, generator=gen, dtype=torch.int32))
@@ -71,7 +108,7 @@ def main() -> None:
     for name in SHAPES:
         best = {}
         for row in rows:
-            if row["shape"] == name:
+            if row["shape"] == name and "layout" in row:
                 lay = row["layout"]
                 if lay not in best or row["us"] < best[lay]["us"]:
                     best[lay] = row
