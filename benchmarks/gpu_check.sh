@@ -44,6 +44,8 @@
 #            it (HOTLOOP_CUDA_KERNELS=0), alternating, twice.
 #   strip    the W4A16 GPU tests, then w4a16_strip_probe.py (the CUDA GEMV on the AWQ layout against strips).
 #   read     the every-candidate W4A16 GPU test, then w4a16_strip_probe.py --read (read-only probes first).
+#   stream   the CUDA GEMV GPU tests, then w4a16_strip_probe.py (classic, strip and persistent variants,
+#            and a decode-like chain of 8 layers with each).
 #   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
@@ -534,6 +536,18 @@ if [ "$what" = read ]; then  # one GPU
   timeout 240 python3 "$here/w4a16_strip_probe.py" "$out/read_probe.json" --read >"$out/read_probe.log" 2>&1
   echo "read probe rc=$?"
   grep -v '"layout"' "$out/read_probe.log" | cut -c1-300 | tail -60
+  exit 0
+fi
+if [ "$what" = stream ]; then  # one GPU
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
+    >"$out/cuda_tests.log" 2>&1
+  echo "CUDA GEMV tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/cuda_tests.log" | cut -c1-300 | head -30
+  timeout 240 python3 "$here/w4a16_strip_probe.py" "$out/stream_probe.json" >"$out/stream_probe.log" 2>&1
+  echo "stream probe rc=$?"
+  grep -E 'stream|chain|Error|error' "$out/stream_probe.log" | cut -c1-400 | tail -40
+  tail -5 "$out/stream_probe.log" | cut -c1-300
   exit 0
 fi
 if [ "$what" = cuda3 ]; then  # one GPU, in turn

@@ -68,6 +68,73 @@ def read_probes(dev: torch.device) -> list[dict]:
     return rows
 
 
+def decode_chain(dev: torch.device, dtype: torch.dtype, rows: list[dict]) -> list[dict]:
+    """The four projections of 8 distinct layers in one CUDA graph (no flush: a decode step's
+    order), each shape with its fastest classic variant, then with its fastest stream variant."""
+    layers = []
+    for i in range(8):
+        layer = {}
+        for name, (k, n) in SHAPES.items():
+            gen = torch.Generator(device=dev).manual_seed(100 + i)
+            qw = pack_int4(torch.randint(0, 16, (k, n), device=dev, generator=gen, dtype=torch.int32))
+            qz = pack_int4(
+                torch.randint(0, 16, (k // GROUP, n), device=dev, generator=gen, dtype=torch.int32)
+            )
+            sc = (torch.rand(k // GROUP, n, device=dev, generator=gen) * 0.01 + 1e-3).to(dtype)
+            layer[name] = (qw, qz, sc)
+        layers.append(layer)
+    xs = {name: torch.randn(1, k, device=dev).to(dtype) for name, (k, n) in SHAPES.items()}
+    outs = {name: torch.empty(1, n, device=dev, dtype=dtype) for name, (k, n) in SHAPES.items()}
+
+    def best(name: str, stream: bool) -> dict:
+        cands = [
+            r
+            for r in rows
+            if r["shape"] == name
+            and r.get("layout", "").startswith("stream") == stream
+            and r.get("layout") in ("awq",) + tuple(f"stream_s{s}" for _, s in w4a16_cuda.STREAM_VARIANTS)
+        ]
+        return min(cands, key=lambda r: r["us"])
+
+    result = []
+    for stream in (False, True):
+        choice = {name: best(name, stream) for name in SHAPES}
+
+        def run(choice: dict = choice) -> None:
+            for layer in layers:
+                for name, (qw, qz, sc) in layer.items():
+                    c = choice[name]
+                    if "stages" in c:
+                        w4a16_cuda.gemv_stream(
+                            xs[name], qw, qz, sc, GROUP, c["r"], c["stages"], out=outs[name]
+                        )
+                    else:
+                        w4a16_cuda.gemv(xs[name], qw, qz, sc, GROUP, c["nl"], c["r"], out=outs[name])
+
+        run()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        graph.replay()
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000.0 / len(layers))
+        row = {
+            "chain": "stream" if stream else "classic",
+            "us_per_layer": round(min(times), 2),
+            "choice": {name: c["layout"] + f"/{c.get('nl', '')}/{c['r']}" for name, c in choice.items()},
+        }
+        print(json.dumps(row), flush=True)
+        result.append(row)
+    return result
+
+
 def main() -> None:
     dev = torch.device("cuda")
     dtype = torch.bfloat16
@@ -103,12 +170,31 @@ def main() -> None:
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+        for r, stages in w4a16_cuda.STREAM_VARIANTS:
+            if w4a16_cuda.stream_fits(1, n, k, GROUP, dtype, r, stages) is not None:
+                continue
+            ref = w4a16_cuda.gemv(x, qw, qz, sc, GROUP, 4, 16 if k % 1024 == 0 else 8).float()
+            out = w4a16_cuda.gemv_stream(x, qw, qz, sc, GROUP, r, stages)
+            err = (out.float() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
+            us = graph_time_us(partial(w4a16_cuda.gemv_stream, x, qw, qz, sc, GROUP, r, stages), dev)
+            row = {
+                "shape": name,
+                "r": r,
+                "stages": stages,
+                "layout": f"stream_s{stages}",
+                "us": round(us, 2),
+                "tb_s": round(nbytes / us / 1e6, 3),
+                "rel_err": err,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    rows += decode_chain(dev, dtype, rows)
     with open(sys.argv[1], "w") as f:
         json.dump({"device": torch.cuda.get_device_name(dev), "rows": rows}, f, indent=1)
     for name in SHAPES:
         best = {}
         for row in rows:
-            if row["shape"] == name and "layout" in row:
+            if row.get("shape") == name and "layout" in row:
                 lay = row["layout"]
                 if lay not in best or row["us"] < best[lay]["us"]:
                     best[lay] = row

@@ -233,3 +233,71 @@ def test_gpu_graph_replay_and_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
     assert any(cfg.kind == "cuda" for cfg, _ in g.tuning_log[key])
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
     assert _rel_max_err(got, want) < 1e-2
+
+
+def test_stream_plan_and_limits() -> None:
+    """Every tile's contributors are consecutive blocks, at most ``maxc`` of them; the launch is
+    at most one block per unit; what does not fit is refused with the reason."""
+    for n, k, r, blocks in [
+        (28672, 4096, 8, 132),
+        (4096, 14336, 16, 132),
+        (256, 1024, 8, 3),
+        (4096, 4096, 8, 7),
+    ]:
+        grid, maxc = w4a16_cuda.stream_plan(n, k, r, blocks)
+        per_tile = k // (64 * r)
+        units = (n // 128) * per_tile
+        assert grid == min(units, blocks)
+        starts = [b * units // grid for b in range(grid + 1)]
+        owners = [next(b for b in range(grid) if starts[b] <= u < starts[b + 1]) for u in range(units)]
+        assert [w4a16_cuda._block_of_unit(u, units, grid) for u in range(units)] == owners
+        spans = [len(set(owners[t * per_tile : (t + 1) * per_tile])) for t in range(n // 128)]
+        assert max(spans) == maxc
+    bf16 = torch.bfloat16
+    assert w4a16_cuda.stream_fits(1, 28672, 4096, 128, bf16, 8, 4) is None
+    assert "N=4000" in (w4a16_cuda.stream_fits(1, 4000, 4096, 128, bf16, 8, 4) or "")
+    assert "K=1536" in (w4a16_cuda.stream_fits(1, 4096, 1536, 128, bf16, 16, 3) or "")
+    assert "shared memory" in (w4a16_cuda.stream_fits(1, 4096, 32768, 128, bf16, 8, 6) or "")
+    assert "no stream variant" in (w4a16_cuda.stream_fits(1, 4096, 4096, 128, bf16, 8, 5) or "")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize(
+    "shape_blocks",
+    [
+        ((4096, 6144), None),
+        ((4096, 4096), None),
+        ((4096, 28672), None),
+        ((14336, 4096), None),
+        ((1024, 256), 3),
+        ((4096, 4096), 7),
+        ((2048, 1024), 64),
+    ],
+    ids=lambda s: f"{s[0][0]}x{s[0][1]}-b{s[1]}",
+)
+def test_gpu_stream_variants(shape_blocks: tuple[tuple[int, int], int | None], dtype: torch.dtype) -> None:
+    """The persistent variants against float32 dequantize-then-matmul and the 16-bit emulation,
+    on one block per SM and on few blocks (tiles shared by several blocks, ranges ending mid-tile);
+    the counters are zero after each launch, and a second launch gives the same bits."""
+    _require_cuda_kernels()
+    (k, n), blocks = shape_blocks
+    qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=k + n + 1)
+    x = _spiky_x(k, dtype, n + 1)
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
+    emulated = _half2_emulated(x, qweight, qzeros, scales, 128, 8)
+    tol = 2e-3 if dtype == torch.float16 else 1e-2
+    ulp = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+    ran = 0
+    for r, stages in w4a16_cuda.STREAM_VARIANTS:
+        if w4a16_cuda.stream_fits(1, n, k, 128, dtype, r, stages) is not None:
+            continue
+        got = w4a16_cuda.gemv_stream(x, qweight, qzeros, scales, 128, r, stages, blocks=blocks)
+        again = w4a16_cuda.gemv_stream(x, qweight, qzeros, scales, 128, r, stages, blocks=blocks)
+        torch.cuda.synchronize()
+        assert _rel_max_err(got, want) < tol, (r, stages, _rel_max_err(got, want))
+        _assert_rounds_like(got, emulated, ulp)
+        assert torch.equal(got, again)
+        assert int(counters.buffer(x.device, "w4a16_cuda").abs().sum()) == 0
+        ran += 1
+    assert ran >= 2
