@@ -42,10 +42,7 @@
 #            (profile_step.py --model-format awq).
 #   cuda3    the W4A16 GPU tests (CUDA GEMV and Triton), then W4A16 batch 1 with the CUDA GEMV and without
 #            it (HOTLOOP_CUDA_KERNELS=0), alternating, twice.
-#   strip    the W4A16 GPU tests, then w4a16_strip_probe.py (the CUDA GEMV on the AWQ layout against strips).
-#   read     the every-candidate W4A16 GPU test, then w4a16_strip_probe.py --read (read-only probes first).
-#   stream   the CUDA GEMV GPU tests, then w4a16_strip_probe.py (classic, strip and persistent variants,
-#            and a decode-like chain of 8 layers with each).
+#   read     the every-candidate W4A16 GPU test, then w4a16_read_probe.py (plain and GEMV-pattern reads vs the GEMV).
 #   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
@@ -516,38 +513,15 @@ if [ "$what" = cuda2 ]; then  # one GPU, in turn
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(k, round(v['ms_p50'],3), [(r['kernel'][:60], round(r['ms'],3), r['calls']) for r in v['kernels']]) for k,v in d.items()]" "$out/profile_awq.json"
   exit 0
 fi
-if [ "$what" = strip ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 300 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
-    tests/kernels/test_w4a16_gemm.py >"$out/cuda_tests.log" 2>&1
-  echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/cuda_tests.log" | cut -c1-300 | head -40
-  timeout 200 python3 "$here/w4a16_strip_probe.py" "$out/strip_probe.json" >"$out/strip_probe.log" 2>&1
-  echo "strip probe rc=$?"
-  cut -c1-300 "$out/strip_probe.log" | tail -60
-  exit 0
-fi
 if [ "$what" = read ]; then  # one GPU
   export CUDA_VISIBLE_DEVICES=0
   timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
     "tests/kernels/test_w4a16_gemm.py::test_gpu_every_candidate_and_variant" >"$out/cand_tests.log" 2>&1
   echo "candidate tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/cand_tests.log" | cut -c1-300 | head -20
-  timeout 240 python3 "$here/w4a16_strip_probe.py" "$out/read_probe.json" --read >"$out/read_probe.log" 2>&1
+  timeout 240 python3 "$here/w4a16_read_probe.py" "$out/read_probe.json" >"$out/read_probe.log" 2>&1
   echo "read probe rc=$?"
-  grep -v '"layout"' "$out/read_probe.log" | cut -c1-300 | tail -60
-  exit 0
-fi
-if [ "$what" = stream ]; then  # one GPU
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 200 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
-    >"$out/cuda_tests.log" 2>&1
-  echo "CUDA GEMV tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/cuda_tests.log" | cut -c1-300 | head -30
-  timeout 240 python3 "$here/w4a16_strip_probe.py" "$out/stream_probe.json" >"$out/stream_probe.log" 2>&1
-  echo "stream probe rc=$?"
-  grep -E 'stream|chain|Error|error' "$out/stream_probe.log" | cut -c1-400 | tail -40
-  tail -5 "$out/stream_probe.log" | cut -c1-300
+  cut -c1-300 "$out/read_probe.log" | tail -60
   exit 0
 fi
 if [ "$what" = cuda3 ]; then  # one GPU, in turn

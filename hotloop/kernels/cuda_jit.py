@@ -98,9 +98,6 @@ def compile_cubin(source: Path, arch: str, nvcc: str | None = None) -> bytes:
     return path.read_bytes()
 
 
-_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-
-
 class _LaunchAttribute(ctypes.Structure):
     # (c_ubyte arrays, not c_char: reading a c_char array field gives a new bytes object, and
     # writing through it would write into that object, not the struct)
@@ -186,21 +183,6 @@ class Kernel:
         self.name = name
         self.handle = handle
         self.device_index = device_index
-        self._shared_allowed = 48 * 1024
-
-    def allow_shared(self, nbytes: int) -> None:
-        """Let launches use ``nbytes`` of dynamic shared memory (past the default 48 KiB)."""
-        if nbytes > self._shared_allowed:
-            with torch.cuda.device(self.device_index):
-                drv = _get_driver()
-                drv.ensure_context(self.device_index)
-                drv.check(
-                    drv.lib.cuFuncSetAttribute(
-                        ctypes.c_void_p(self.handle), _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes
-                    ),
-                    f"cuFuncSetAttribute({self.name}, shared {nbytes})",
-                )
-            self._shared_allowed = nbytes
 
     def __call__(
         self,

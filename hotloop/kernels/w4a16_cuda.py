@@ -12,13 +12,11 @@ fixed order); ``FENCE`` 1 puts all of a thread's loads in flight before its arit
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from hotloop.kernels import counters, cuda_jit
 from hotloop.kernels.pdl import pdl
-from hotloop.kernels.w4a16_layout import STRIP_WORDS, check_awq_shapes
+from hotloop.kernels.w4a16_layout import check_awq_shapes
 
 SOURCE = "w4a16_gemv.cu"
 THREADS = 256
@@ -30,13 +28,8 @@ VARIANTS: tuple[tuple[int, int], ...] = ((2, 16), (4, 8), (4, 16), (4, 32))
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
-# weight layouts: "" AutoAWQ [K, N/8]; "_s16" strips [N/8/16, K, 16] (w4a16_layout.to_strips), each
-# thread R consecutive rows; "_s16w" the same strips, the 8 slots of a warp on 8 consecutive rows
-LAYOUTS = ("", "_s16", "_s16w")
-
-
-def kernel_name(dtype: torch.dtype, nl: int, r: int, layout: str = "") -> str:
-    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}{layout}"
+def kernel_name(dtype: torch.dtype, nl: int, r: int) -> str:
+    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}"
 
 
 def tile(nl: int, r: int) -> tuple[int, int]:
@@ -44,15 +37,9 @@ def tile(nl: int, r: int) -> tuple[int, int]:
     return 32 * nl, (THREADS // nl) * r
 
 
-def fits(
-    m: int, n: int, k: int, group_size: int, dtype: torch.dtype, nl: int, r: int, layout: str = ""
-) -> str | None:
+def fits(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, nl: int, r: int) -> str | None:
     """Why variant ``(nl, r)`` cannot run this product, or ``None`` when it can."""
     bn, kb = tile(nl, r)
-    if layout not in LAYOUTS:
-        return f"no layout {layout!r}; there are {LAYOUTS}"
-    if layout == "_s16w" and group_size % (8 * r):
-        return f"group_size={group_size} is not a multiple of a warp's {8 * r} rows"
     if (nl, r) not in VARIANTS:
         return f"no variant ({nl}, {r}); there are {VARIANTS}"
     if m != 1:
@@ -80,140 +67,7 @@ def available(device: torch.device) -> bool:
 
 
 def _names() -> list[str]:
-    names = [kernel_name(dt, *v, lay) for dt in _DTYPES for v in VARIANTS for lay in LAYOUTS]
-    return names + [stream_kernel_name(dt, *v) for dt in _DTYPES for v in STREAM_VARIANTS]
-
-
-# The persistent variants (``stream_body`` in the source): ``(R, STAGES)``, R rows per thread of a
-# unit (a 128-column tile by 64 R rows), STAGES units in the shared-memory ring.
-STREAM_VARIANTS: tuple[tuple[int, int], ...] = ((8, 4), (16, 3), (8, 6))
-STREAM_COLUMNS = 128
-SHARED_LIMIT = 227 * 1024  # the opt-in shared memory per block of Hopper
-
-
-def stream_kernel_name(dtype: torch.dtype, r: int, stages: int) -> str:
-    return f"w4a16_stream_{_DTYPES[dtype]}_r{r}_s{stages}"
-
-
-def stream_shared_bytes(r: int, stages: int, k: int) -> int:
-    """Dynamic shared memory of a stream launch: the ring, the reduction rows and x."""
-    return stages * r * THREADS * 16 + (THREADS // 32) * STREAM_COLUMNS * 4 + 2 * k
-
-
-def stream_fits(
-    m: int, n: int, k: int, group_size: int, dtype: torch.dtype, r: int, stages: int
-) -> str | None:
-    """Why stream variant ``(r, stages)`` cannot run this product, or ``None`` when it can."""
-    if (r, stages) not in STREAM_VARIANTS:
-        return f"no stream variant ({r}, {stages}); there are {STREAM_VARIANTS}"
-    if m != 1:
-        return f"takes one row; got {m}"
-    if dtype not in _DTYPES:
-        return f"needs float16 or bfloat16 activations; got {dtype}"
-    if n % STREAM_COLUMNS:
-        return f"N={n} is not a multiple of {STREAM_COLUMNS} columns"
-    unit_rows = (THREADS // 4) * r
-    if k % unit_rows:
-        return f"K={k} is not a multiple of a unit's {unit_rows} rows"
-    if group_size % r:
-        return f"group_size={group_size} is not a multiple of its {r} rows per thread"
-    if stream_shared_bytes(r, stages, k) > SHARED_LIMIT:
-        return f"needs {stream_shared_bytes(r, stages, k)} bytes of shared memory (K={k}); the limit is {SHARED_LIMIT}"
-    if n // STREAM_COLUMNS > counters.SLOTS:
-        return "too many column tiles"
-    return None
-
-
-def _block_of_unit(u: int, units: int, blocks: int) -> int:
-    return ((u + 1) * blocks + units - 1) // units - 1
-
-
-@functools.lru_cache(maxsize=256)
-def stream_plan(n: int, k: int, r: int, blocks: int) -> tuple[int, int]:
-    """``(grid, maxc)`` of a stream launch on ``blocks`` SMs: the blocks launched (at most one per
-    unit) and the most blocks that share a tile (the partial rows per tile in the workspace)."""
-    per_tile = k // ((THREADS // 4) * r)
-    tiles = n // STREAM_COLUMNS
-    units = tiles * per_tile
-    grid = min(units, blocks)
-    maxc = 1
-    for t in range(tiles):
-        first = _block_of_unit(t * per_tile, units, grid)
-        last = _block_of_unit(t * per_tile + per_tile - 1, units, grid)
-        maxc = max(maxc, last - first + 1)
-    return grid, maxc
-
-
-def gemv_stream(
-    x2: torch.Tensor,
-    qweight: torch.Tensor,
-    qzeros: torch.Tensor,
-    scales: torch.Tensor,
-    group_size: int,
-    r: int,
-    stages: int,
-    out: torch.Tensor | None = None,
-    blocks: int | None = None,
-) -> torch.Tensor:
-    """``x2 [1, K] @ W`` -> ``[1, N]`` with the persistent variant ``(r, stages)`` on ``blocks``
-    blocks (default: one per SM). The same contract as :func:`gemv` (AWQ layout)."""
-    _check(x2, qweight, qzeros, scales, group_size)
-    m, k = x2.shape
-    n = qzeros.shape[1] * 8
-    why = stream_fits(m, n, k, group_size, x2.dtype, r, stages)
-    if why is not None:
-        raise ValueError(f"the CUDA W4A16 stream GEMV ({r}, {stages}) {why}")
-    kernels = cuda_jit.load(SOURCE, x2.device, _names())
-    if kernels is None:
-        raise cuda_jit.CudaError("the CUDA W4A16 kernels are not available on this machine")
-    if blocks is None:
-        blocks = torch.cuda.get_device_properties(x2.device).multi_processor_count
-    grid, maxc = stream_plan(n, k, r, blocks)
-    tiles = n // STREAM_COLUMNS
-    out = _out(out, x2, n)
-    ws: torch.Tensor | None = None
-    cnt: torch.Tensor | None = None
-    if maxc > 1:
-        ws = torch.empty(tiles * maxc * STREAM_COLUMNS, dtype=torch.float32, device=x2.device)
-        cnt = counters.counters(x2.device, "w4a16_cuda", tiles)
-        if cnt is None:
-            raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
-    kernel = kernels[stream_kernel_name(x2.dtype, r, stages)]
-    shared = stream_shared_bytes(r, stages, k)
-    kernel.allow_shared(shared)
-    kernel(
-        (grid,),
-        THREADS,
-        (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size, maxc),
-        shared_bytes=shared,
-        pdl=pdl(x2.device),
-    )
-    return out
-
-
-def _check(
-    x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
-) -> None:
-    check_awq_shapes(qweight, qzeros, scales, group_size)
-    if x2.dim() != 2 or x2.shape[1] != qweight.shape[0]:
-        raise ValueError(f"x must be [1, {qweight.shape[0]}]; got {tuple(x2.shape)}")
-    if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
-        raise ValueError(f"qweight and qzeros must be int32; got {qweight.dtype}, {qzeros.dtype}")
-    if len({t.device for t in (x2, qweight, qzeros, scales)}) != 1:
-        raise ValueError("x, qweight, qzeros and scales must be on one device")
-    if scales.dtype != x2.dtype:
-        raise ValueError(f"scales dtype {scales.dtype} must equal x dtype {x2.dtype}")
-    for name, t in (("x", x2), ("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
-        if not t.is_contiguous() or t.data_ptr() % 16:
-            raise ValueError(f"{name} must be contiguous and 16-byte aligned")
-
-
-def _out(out: torch.Tensor | None, x2: torch.Tensor, n: int) -> torch.Tensor:
-    if out is None:
-        return torch.empty(1, n, dtype=x2.dtype, device=x2.device)
-    if out.shape != (1, n) or out.dtype != x2.dtype or out.device != x2.device or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous [1, {n}] {x2.dtype} tensor on {x2.device}")
-    return out
+    return [kernel_name(dt, *v) for dt in _DTYPES for v in VARIANTS]
 
 
 def gemv(
@@ -225,30 +79,20 @@ def gemv(
     nl: int,
     r: int,
     out: torch.Tensor | None = None,
-    layout: str = "",
 ) -> torch.Tensor:
     """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(nl, r)``. Every tensor contiguous
     and 16-byte aligned (``w4a16_gemm._aligned``); scales in x's dtype. Raises ``ValueError`` where
-    the variant does not fit and ``cuda_jit.CudaError`` where the kernels cannot be built. With a
-    strip ``layout``, ``qweight`` is ``w4a16_layout.to_strips`` of the AWQ one."""
-    if layout:
-        if qweight.dim() != 3 or qweight.shape[2] != STRIP_WORDS:
-            raise ValueError(f"strip qweight must be [S, K, {STRIP_WORDS}]; got {tuple(qweight.shape)}")
-        sk, kk, width = qweight.shape
-        shape_only = torch.empty((kk, sk * width), dtype=torch.int32, device="meta")
-        check_awq_shapes(shape_only, qzeros, scales, group_size)
-    else:
-        check_awq_shapes(qweight, qzeros, scales, group_size)
-    k_in = qweight.shape[1] if layout else qweight.shape[0]
-    if x2.dim() != 2 or x2.shape[1] != k_in:
-        raise ValueError(f"x must be [1, {k_in}]; got {tuple(x2.shape)}")
+    the variant does not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
+    check_awq_shapes(qweight, qzeros, scales, group_size)
+    if x2.dim() != 2 or x2.shape[1] != qweight.shape[0]:
+        raise ValueError(f"x must be [1, {qweight.shape[0]}]; got {tuple(x2.shape)}")
     if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
         raise ValueError(f"qweight and qzeros must be int32; got {qweight.dtype}, {qzeros.dtype}")
     if len({t.device for t in (x2, qweight, qzeros, scales)}) != 1:
         raise ValueError("x, qweight, qzeros and scales must be on one device")
     m, k = x2.shape
-    n = qzeros.shape[1] * 8
-    why = fits(m, n, k, group_size, x2.dtype, nl, r, layout)
+    n = qweight.shape[1] * 8
+    why = fits(m, n, k, group_size, x2.dtype, nl, r)
     if why is not None:
         raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}) {why}")
     if scales.dtype != x2.dtype:
@@ -273,7 +117,7 @@ def gemv(
         cnt = counters.counters(x2.device, "w4a16_cuda", tiles)
         if cnt is None:
             raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
-    kernels[kernel_name(x2.dtype, nl, r, layout)](
+    kernels[kernel_name(x2.dtype, nl, r)](
         (tiles, split),
         THREADS,
         (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),

@@ -41,25 +41,6 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return v.reshape(packed.shape[0], -1).to(torch.uint8)
 
 
-STRIP_WORDS = 16  # words (128 columns, 64 bytes) per row of a strip
-
-
-def to_strips(qweight: torch.Tensor, width: int = STRIP_WORDS) -> torch.Tensor:
-    """AWQ ``qweight [K, N/8]`` -> strips ``[N/8/width, K, width]``: the same words, with the
-    ``width`` words of each column strip contiguous along K (a one-row GEMV block then streams one
-    contiguous piece instead of 64-byte pieces one row apart)."""
-    k, n8 = qweight.shape
-    if n8 % width:
-        raise ValueError(f"N/8={n8} is not a multiple of the strip width {width}")
-    return qweight.view(k, n8 // width, width).permute(1, 0, 2).contiguous()
-
-
-def from_strips(strips: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`to_strips`: ``[S, K, width]`` -> ``[K, S * width]``."""
-    s, k, width = strips.shape
-    return strips.permute(1, 0, 2).reshape(k, s * width)
-
-
 def check_awq_shapes(
     qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
 ) -> None:

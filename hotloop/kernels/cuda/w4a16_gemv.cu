@@ -119,7 +119,7 @@ __device__ __forceinline__ u32 pair_neg_scale(int i) {
   return BF16 ? 0xBF80BF80u : ((i & 1) ? 0x9C009C00u : 0xAC00AC00u);
 }
 
-template <bool BF16, int NL, int R, int STRIP, bool WROWS>
+template <bool BF16, int NL, int R>
 __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* __restrict__ qw,
                                           const u32* __restrict__ qz, const u32* __restrict__ sc,
                                           float* __restrict__ ws, unsigned short* __restrict__ out,
@@ -141,36 +141,18 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   const int slot = tid / NL;
   const int n8 = N >> 3;
   const int kps = K / gridDim.y;
+  const int k0 = blockIdx.y * kps + slot * R;
   const int w0 = blockIdx.x * (BN / 8) + lane_n * 4;  // this thread's first word column
-  // this thread's rows: k0 + r * rstep (r < R). WROWS: the 8 slots of a warp take 8 consecutive rows
-  // per load (one 512-byte piece of a strip), a warp's R loads 8 R consecutive rows (8 R divides G)
-  constexpr int RSTEP = WROWS ? 8 : 1;
-  const int k0 = WROWS ? blockIdx.y * kps + (slot / 8) * 8 * R + (slot % 8) : blockIdx.y * kps + slot * R;
-  // word (k, w) of qweight: AWQ [K, N/8] (STRIP 0), or strips [N/8/STRIP, K, STRIP] (the columns of a
-  // strip contiguous along K)
-  const u32* qrow = STRIP ? qw + (size_t)(w0 / STRIP) * K * STRIP + (w0 % STRIP) : qw + w0;
-  const int qstride = STRIP ? STRIP : n8;
 
   u32 w[R][4];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    ldg_stream4(qrow + (size_t)(k0 + r * RSTEP) * qstride, w[r][0], w[r][1], w[r][2], w[r][3]);
+    ldg_stream4(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
   }
   u32 xv[R / 2];
-  if (WROWS) {
-    const unsigned short* xh = reinterpret_cast<const unsigned short*>(x);
 #pragma unroll
-    for (int j = 0; j < R / 2; ++j) {
-      unsigned short a, b;
-      asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(a) : "l"(xh + k0 + (2 * j) * RSTEP));
-      asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(b) : "l"(xh + k0 + (2 * j + 1) * RSTEP));
-      xv[j] = (u32)a | ((u32)b << 16);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < R / 8; ++j) {
-      ldg4(x + (k0 + 8 * j) / 2, xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3]);
-    }
+  for (int j = 0; j < R / 8; ++j) {
+    ldg4(x + (k0 + 8 * j) / 2, xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3]);
   }
   const int g = k0 / G;
   u32 zv[4];
@@ -291,283 +273,17 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
       const u32 *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out,        \
       int *__restrict__ cnt, int N, int K, int G
 
-#define DEFINE_GEMV(DT, BF16, NL, R, SUF, STRIP, WROWS)                                                 \
-  extern "C" __global__ void __launch_bounds__(THREADS) w4a16_gemv_##DT##_nl##NL##_r##R##SUF(GEMV_ARGS) { \
-    gemv_body<BF16, NL, R, STRIP, WROWS>(x, qw, qz, sc, ws, out, cnt, N, K, G);                          \
+#define DEFINE_GEMV(DT, BF16, NL, R)                                                             \
+  extern "C" __global__ void __launch_bounds__(THREADS) w4a16_gemv_##DT##_nl##NL##_r##R(GEMV_ARGS) { \
+    gemv_body<BF16, NL, R>(x, qw, qz, sc, ws, out, cnt, N, K, G);                                  \
   }
 
-#define DEFINE_LAYOUTS(DT, BF16, NL, R)         \
-  DEFINE_GEMV(DT, BF16, NL, R, , 0, false)       \
-  DEFINE_GEMV(DT, BF16, NL, R, _s16, 16, false)  \
-  DEFINE_GEMV(DT, BF16, NL, R, _s16w, 16, true)
-
-#define DEFINE_BOTH(NL, R)          \
-  DEFINE_LAYOUTS(bf16, true, NL, R) \
-  DEFINE_LAYOUTS(f16, false, NL, R)
+#define DEFINE_BOTH(NL, R)       \
+  DEFINE_GEMV(bf16, true, NL, R) \
+  DEFINE_GEMV(f16, false, NL, R)
 
 // w4a16_cuda.VARIANTS: (NL, R)
 DEFINE_BOTH(2, 16)
 DEFINE_BOTH(4, 8)
 DEFINE_BOTH(4, 16)
 DEFINE_BOTH(4, 32)
-
-// ---------------------------------------------------------------------------------------------------
-// The persistent one-row GEMV ("stream" variants): the same arithmetic, but each block stays on one SM
-// and walks a contiguous range of work units with its next STAGES - 1 units' weights in flight.
-//
-// Why: the kernel above loads all of a thread's rows, then computes, then exits; with two blocks on
-// an SM, the SM's loads stop while both compute, and the grid's last wave runs part-empty. Reading
-// the same bytes in the same pattern with no arithmetic takes about 70% of its time (H200, gate/up).
-//
-// - A unit is a column tile of BN = 128 columns by UR = 64 R rows: thread (slot, lane) takes rows
-//   slot R .. slot R + R - 1 (one group: R divides G) and the lane's 4 words (32 columns).
-// - The U = (N / 128)(K / UR) units are ordered tile by tile, K inside; block b takes units
-//   [b U / B, (b + 1) U / B) of the B = gridDim.x blocks (equal shares, one wave).
-// - Each thread copies its own 16-byte words of a unit into its own slots of a shared-memory ring
-//   with cp.async (no registers held, no block barrier: a thread only reads what it copied), STAGES
-//   deep; the weights do not depend on the kernel before, so the first copies start before
-//   griddepcontrol.wait. The unit's zero points and scales are loaded one unit ahead into registers.
-// - A block's float32 sums for a tile are reduced (warp shuffles, then shared memory) when its range
-//   leaves the tile. A tile whose units span several blocks gets one partial row per block (the
-//   blocks are consecutive); the last to arrive (a counter per tile, reset by that block) adds them
-//   in block order: the result does not depend on timing.
-
-__device__ __forceinline__ void cp_async16(u32 smem_addr, const void* gptr) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr), "l"(gptr) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// the block that holds unit u when U units are shared by B blocks as [b U / B, (b + 1) U / B)
-__device__ __forceinline__ int block_of_unit(int u, int U, int B) {
-  return (int)((((long long)u + 1) * B + U - 1) / U) - 1;
-}
-
-template <bool BF16, int R, int STAGES>
-__device__ __forceinline__ void stream_body(const u32* __restrict__ x, const u32* __restrict__ qw,
-                                            const u32* __restrict__ qz, const u32* __restrict__ sc,
-                                            float* __restrict__ ws, unsigned short* __restrict__ out,
-                                            int* __restrict__ cnt, int N, int K, int G, int maxc) {
-  constexpr int NL = 4;
-  constexpr int BN = 32 * NL;
-  constexpr int TK = THREADS / NL;
-  constexpr int UR = TK * R;
-  static_assert(R % ROWS == 0, "R must be a multiple of ROWS");
-  extern __shared__ __align__(16) unsigned char smem[];
-  uint4* ring = reinterpret_cast<uint4*>(smem);                                   // [STAGES][R][THREADS]
-  float* red = reinterpret_cast<float*>(smem + STAGES * R * THREADS * 16);        // [THREADS / 32][BN]
-  u32* xs = reinterpret_cast<u32*>(smem + STAGES * R * THREADS * 16 + (THREADS / 32) * BN * 4);  // [K / 2]
-  __shared__ int last;
-
-  const int tid = threadIdx.x;
-  const int lane_n = tid % NL;
-  const int slot = tid / NL;
-  const int n8 = N >> 3;
-  const int C = K / UR;  // units per tile
-  const int U = (N / BN) * C;
-  const int B = gridDim.x;
-  const int b = blockIdx.x;
-  const int u_begin = (int)((long long)b * U / B);
-  const int u_end = (int)((long long)(b + 1) * U / B);
-  const u32 ring_base = (u32)__cvta_generic_to_shared(ring);
-
-  // this thread's words of unit u: rows (u % C) UR + slot R + r, words (u / C) 16 + 4 lane_n
-  auto issue = [&](int u, int stage) {
-    const int t = u / C;
-    const int k0 = (u - t * C) * UR + slot * R;
-    const u32* src = qw + (size_t)k0 * n8 + t * (BN / 8) + lane_n * 4;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      cp_async16(ring_base + (u32)(((stage * R + r) * THREADS + tid) * 16), src + (size_t)r * n8);
-    }
-  };
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (u_begin + s < u_end) issue(u_begin + s, s);
-    cp_async_commit();  // (an empty group where the range is shorter: the count stays uniform)
-  }
-
-  // programmatic dependent launch: x is written by the kernel before (a no-op otherwise)
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;");
-  for (int i = tid; i < K / 8; i += THREADS) {
-    uint4 v;
-    ldg4(x + 4 * i, v.x, v.y, v.z, v.w);
-    reinterpret_cast<uint4*>(xs)[i] = v;
-  }
-  __syncthreads();
-
-  // zero points and scales of a unit, for this thread's group and columns
-  auto load_zs = [&](int u, u32 (&zv)[4], u32 (&sv)[4][4]) {
-    const int t = u / C;
-    const int g = ((u - t * C) * UR + slot * R) / G;
-    const int w0 = t * (BN / 8) + lane_n * 4;
-    ldg4(qz + (size_t)g * n8 + w0, zv[0], zv[1], zv[2], zv[3]);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      ldg4(sc + ((size_t)g * N + (size_t)(w0 + c) * 8) / 2, sv[c][0], sv[c][1], sv[c][2], sv[c][3]);
-    }
-  };
-
-  float acc[4][4][2];
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[c][i][0] = acc[c][i][1] = 0.0f;
-  }
-  u32 zv[4], sv[4][4];
-  if (u_begin < u_end) load_zs(u_begin, zv, sv);
-  const float D = BF16 ? 1.0f : 16.0f;
-
-  for (int u = u_begin; u < u_end; ++u) {
-    const int it = u - u_begin;
-    const int stage = it % STAGES;
-    u32 zn[4], sn[4][4];
-    if (u + 1 < u_end) load_zs(u + 1, zn, sn);
-    cp_async_wait<STAGES - 2>();  // this thread's copies of unit u have landed
-    {
-      const int nu = u + STAGES - 1;  // into the stage read in the iteration before
-      if (nu < u_end) issue(nu, (it + STAGES - 1) % STAGES);
-      cp_async_commit();
-    }
-    const int t = u / C;
-    const int k0 = (u - t * C) * UR + slot * R;
-
-    u32 Z[4][4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        Z[c][i] = fma2<BF16>(pair_magic<BF16>(zv[c], i), pair_neg_scale<BF16>(i), 0x80008000u);
-      }
-    }
-#pragma unroll
-    for (int r0 = 0; r0 < R; r0 += ROWS) {
-      const uint4 xa = reinterpret_cast<const uint4*>(xs)[(k0 + r0) / 8];
-      const u32 xv[4] = {xa.x, xa.y, xa.z, xa.w};
-      u32 p[4][4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) p[c][i] = 0u;
-      }
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        const uint4 wv = ring[(stage * R + r0 + r) * THREADS + tid];
-        const u32 w[4] = {wv.x, wv.y, wv.z, wv.w};
-        const u32 xx = (r & 1) ? bcast_hi(xv[r / 2]) : bcast_lo(xv[r / 2]);
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const u32 d = fma2<BF16>(pair_magic<BF16>(w[c], i), pair_scale<BF16>(i), Z[c][i]);
-            p[c][i] = fma2<BF16>(d, xx, p[c][i]);
-          }
-        }
-      }
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float lo, hi, s_lo, s_hi;
-          halves<BF16>(p[c][i], lo, hi);
-          halves<BF16>(sv[c][i], s_lo, s_hi);
-          acc[c][i][0] = fmaf(lo, s_lo * D, acc[c][i][0]);
-          acc[c][i][1] = fmaf(hi, s_hi * D, acc[c][i][1]);
-        }
-      }
-    }
-    if (u + 1 < u_end) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        zv[c] = zn[c];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) sv[c][i] = sn[c][i];
-      }
-    }
-
-    if (u + 1 == u_end || (u + 1) / C != t) {  // the block leaves tile t: reduce and hand it on
-      // the 8 slots of a warp that share a lane: lanes 4 apart
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float v = acc[c][i][h];
-            v += __shfl_xor_sync(0xFFFFFFFFu, v, 4);
-            v += __shfl_xor_sync(0xFFFFFFFFu, v, 8);
-            v += __shfl_xor_sync(0xFFFFFFFFu, v, 16);
-            acc[c][i][h] = v;
-          }
-        }
-      }
-      const int warp = tid / 32;
-      if ((tid & 31) < NL) {
-        float* row = red + warp * BN + lane_n * 32;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          *reinterpret_cast<float4*>(row + 8 * c) =
-              make_float4(acc[c][0][0], acc[c][0][1], acc[c][1][0], acc[c][1][1]);
-          *reinterpret_cast<float4*>(row + 8 * c + 4) =
-              make_float4(acc[c][2][0], acc[c][2][1], acc[c][3][0], acc[c][3][1]);
-        }
-      }
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[c][i][0] = acc[c][i][1] = 0.0f;
-      }
-      __syncthreads();
-      const int b_first = block_of_unit(t * C, U, B);
-      const int nt = block_of_unit(t * C + C - 1, U, B) - b_first + 1;
-      const int n = t * BN + tid;
-      float s = 0.0f;
-      if (tid < BN) {
-#pragma unroll
-        for (int w = 0; w < THREADS / 32; ++w) s += red[w * BN + tid];
-      }
-      if (nt == 1) {
-        if (tid < BN) out[n] = to16<BF16>(s);
-      } else {
-        if (tid < BN) ws[((size_t)t * maxc + (b - b_first)) * BN + tid] = s;
-        __threadfence();  // this block's partial is visible before its arrival is counted
-        __syncthreads();
-        if (tid == 0) last = atomicAdd(&cnt[t], 1) == nt - 1;
-        __syncthreads();
-        if (last) {
-          __threadfence();  // acquire: the other blocks' partials
-          if (tid < BN) {
-            float v = 0.0f;
-            for (int q = 0; q < nt; ++q) v += __ldcg(&ws[((size_t)t * maxc + q) * BN + tid]);
-            out[n] = to16<BF16>(v);
-          }
-          if (tid == 0) cnt[t] = 0;
-        }
-      }
-      __syncthreads();  // red and last are reused by the next tile
-    }
-  }
-  cp_async_wait<0>();
-}
-
-#define STREAM_ARGS                                                                                  \
-  const u32 *__restrict__ x, const u32 *__restrict__ qw, const u32 *__restrict__ qz,                 \
-      const u32 *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out,          \
-      int *__restrict__ cnt, int N, int K, int G, int maxc
-
-#define DEFINE_STREAM(DT, BF16, R, STAGES)                                                                   \
-  extern "C" __global__ void __launch_bounds__(THREADS, 1) w4a16_stream_##DT##_r##R##_s##STAGES(STREAM_ARGS) { \
-    stream_body<BF16, R, STAGES>(x, qw, qz, sc, ws, out, cnt, N, K, G, maxc);                                \
-  }
-
-// w4a16_cuda.STREAM_VARIANTS: (R, STAGES)
-DEFINE_STREAM(bf16, true, 8, 4)
-DEFINE_STREAM(f16, false, 8, 4)
-DEFINE_STREAM(bf16, true, 16, 3)
-DEFINE_STREAM(f16, false, 16, 3)
-DEFINE_STREAM(bf16, true, 8, 6)
-DEFINE_STREAM(f16, false, 8, 6)

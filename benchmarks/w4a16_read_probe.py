@@ -1,0 +1,109 @@
+"""How far the CUDA W4A16 one-row GEMV is from reading its weights: three times per projection.
+
+For each Llama-3-8B projection at M = 1 (GPU time, cold L2: ``w4a16_gemm.graph_time_us``):
+
+- ``stream``: the ``qweight`` bytes read as one plain stream (``benchmarks/cuda/read_probe.cu``,
+  a grid-stride loop of 16-byte loads; 2, 4 or 8 blocks per SM, 4 or 8 loads in flight per thread);
+- ``gemv_pattern``: the same bytes in exactly the GEMV's access pattern (AutoAWQ layout, 4 lanes of
+  16-byte loads by 64 slots of R rows, K split across blocks), with no arithmetic;
+- every variant of the GEMV itself (``kernels/w4a16_cuda.py``).
+
+The differences say what a faster kernel could win: GEMV minus pattern is arithmetic and reduction
+not hidden behind the loads; pattern minus stream is the access pattern and the grid.
+
+    python benchmarks/w4a16_read_probe.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from hotloop.kernels import cuda_jit, w4a16_cuda
+from hotloop.kernels.w4a16_gemm import graph_time_us
+from hotloop.kernels.w4a16_layout import pack_int4
+
+SHAPES = {
+    "qkv_proj": (4096, 6144),
+    "o_proj": (4096, 4096),
+    "gate_up_proj": (4096, 28672),
+    "down_proj": (14336, 4096),
+}
+GROUP = 128
+PROBES = ["read_stream_u4", "read_stream_u8", "read_gemv_nl4_r16", "read_gemv_nl4_r32"]
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    dtype = torch.bfloat16
+    source = Path(__file__).resolve().parent / "cuda" / "read_probe.cu"  # (an absolute path joins as itself)
+    kernels = cuda_jit.load(str(source), dev, PROBES)
+    if kernels is None:
+        raise SystemExit("the read probes did not build (see the log); nvcc is needed")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    sink = torch.zeros(4, dtype=torch.int32, device=dev)
+    rows = []
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    for name, (k, n) in SHAPES.items():
+        gen = torch.Generator(device=dev).manual_seed(0)
+        qw = pack_int4(torch.randint(0, 16, (k, n), device=dev, generator=gen, dtype=torch.int32))
+        qz = pack_int4(torch.randint(0, 16, (k // GROUP, n), device=dev, generator=gen, dtype=torch.int32))
+        sc = (torch.rand(k // GROUP, n, device=dev, generator=gen) * 0.01 + 1e-3).to(dtype)
+        x = torch.randn(1, k, device=dev, generator=gen).to(dtype)
+        wbytes = qw.numel() * 4
+        for u in (4, 8):
+            for per_sm in (2, 4, 8):
+                call = partial(kernels[f"read_stream_u{u}"], (sms * per_sm,), 256, (qw, wbytes // 16, sink))
+                us = graph_time_us(call, dev)
+                record(
+                    {
+                        "shape": name,
+                        "probe": f"stream_u{u}_b{per_sm}",
+                        "us": round(us, 2),
+                        "tb_s": round(wbytes / us / 1e6, 3),
+                    }
+                )
+        for r in (16, 32):
+            grid = (n // 128, k // (64 * r))
+            us = graph_time_us(partial(kernels[f"read_gemv_nl4_r{r}"], grid, 256, (qw, sink, n, k)), dev)
+            record(
+                {
+                    "shape": name,
+                    "probe": f"gemv_pattern_nl4_r{r}",
+                    "us": round(us, 2),
+                    "tb_s": round(wbytes / us / 1e6, 3),
+                }
+            )
+        for nl, r in w4a16_cuda.VARIANTS:
+            if w4a16_cuda.fits(1, n, k, GROUP, dtype, nl, r) is not None:
+                continue
+            us = graph_time_us(partial(w4a16_cuda.gemv, x, qw, qz, sc, GROUP, nl, r), dev)
+            record(
+                {
+                    "shape": name,
+                    "probe": f"gemv_nl{nl}_r{r}",
+                    "us": round(us, 2),
+                    "tb_s": round(wbytes / us / 1e6, 3),
+                }
+            )
+    with open(sys.argv[1], "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(dev), "rows": rows}, f, indent=1)
+    for name in SHAPES:
+        mine = [r for r in rows if r["shape"] == name]
+        best = {
+            kind: min((r["us"] for r in mine if r["probe"].startswith(kind)), default=None)
+            for kind in ("stream", "gemv_pattern", "gemv_nl")
+        }
+        print(name, "best us:", best)
+
+
+if __name__ == "__main__":
+    main()
