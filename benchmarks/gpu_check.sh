@@ -43,6 +43,8 @@
 #   cuda3    the W4A16 GPU tests (CUDA GEMV and Triton), then W4A16 batch 1 with the CUDA GEMV and without
 #            it (HOTLOOP_CUDA_KERNELS=0), alternating, twice.
 #   read     the every-candidate W4A16 GPU test, then w4a16_read_probe.py (plain and GEMV-pattern reads vs the GEMV).
+#   mma      the tensor-core W4A16 GEMV's GPU tests, then w4a16_read_probe.py (it against the CUDA-core GEMV,
+#            per shape and in a decode-like chain of 8 layers).
 #   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
@@ -522,6 +524,17 @@ if [ "$what" = read ]; then  # one GPU
   timeout 240 python3 "$here/w4a16_read_probe.py" "$out/read_probe.json" >"$out/read_probe.log" 2>&1
   echo "read probe rc=$?"
   cut -c1-300 "$out/read_probe.log" | tail -60
+  exit 0
+fi
+if [ "$what" = mma ]; then  # one GPU
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_mma.py \
+    >"$out/mma_tests.log" 2>&1
+  echo "MMA GEMV tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/mma_tests.log" | cut -c1-300 | head -30
+  timeout 300 python3 "$here/w4a16_read_probe.py" "$out/read_probe.json" >"$out/read_probe.log" 2>&1
+  echo "read probe rc=$?"
+  grep -E 'gemv_nl|mma|chain|best|Error' "$out/read_probe.log" | cut -c1-300 | tail -50
   exit 0
 fi
 if [ "$what" = cuda3 ]; then  # one GPU, in turn

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from hotloop.kernels import cuda_jit, w4a16_cuda
+from hotloop.kernels import cuda_jit, w4a16_cuda, w4a16_mma
 from hotloop.kernels.w4a16_gemm import graph_time_us
 from hotloop.kernels.w4a16_layout import pack_int4
 
@@ -35,6 +35,61 @@ SHAPES = {
 }
 GROUP = 128
 PROBES = ["read_stream_u4", "read_stream_u8", "read_gemv_nl4_r16", "read_gemv_nl4_r32"]
+
+
+def decode_chain(dev: torch.device, dtype: torch.dtype, rows: list[dict]) -> list[dict]:
+    """The four projections of 8 distinct layers in one CUDA graph (no flush between them, as in a
+    decode step), each shape with its fastest CUDA-core launch, then with its fastest MMA launch."""
+    layers = []
+    for i in range(8):
+        layer = {}
+        for name, (k, n) in SHAPES.items():
+            gen = torch.Generator(device=dev).manual_seed(100 + i)
+            qw = pack_int4(torch.randint(0, 16, (k, n), device=dev, generator=gen, dtype=torch.int32))
+            qz = pack_int4(
+                torch.randint(0, 16, (k // GROUP, n), device=dev, generator=gen, dtype=torch.int32)
+            )
+            sc = (torch.rand(k // GROUP, n, device=dev, generator=gen) * 0.01 + 1e-3).to(dtype)
+            layer[name] = (qw, w4a16_mma.mma_layout(qw), qz, sc)
+        layers.append(layer)
+    xs = {name: torch.randn(1, k, device=dev).to(dtype) for name, (k, n) in SHAPES.items()}
+    outs = {name: torch.empty(1, n, device=dev, dtype=dtype) for name, (k, n) in SHAPES.items()}
+    result = []
+    for kind in ("gemv_nl", "mma"):
+        choice = {}
+        for name in SHAPES:
+            cands = [r for r in rows if r.get("shape") == name and r["probe"].startswith(kind)]
+            choice[name] = min(cands, key=lambda r: r["us"])["probe"]
+
+        def run(choice: dict = choice) -> None:
+            for layer in layers:
+                for name, (qw, qmma, qz, sc) in layer.items():
+                    probe = choice[name]
+                    if probe.startswith("mma"):
+                        split = int(probe.removeprefix("mma_split"))
+                        w4a16_mma.gemv(xs[name], qmma, qz, sc, GROUP, split, out=outs[name])
+                    else:
+                        nl, r = (int(v) for v in probe.removeprefix("gemv_nl").split("_r"))
+                        w4a16_cuda.gemv(xs[name], qw, qz, sc, GROUP, nl, r, out=outs[name])
+
+        run()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        graph.replay()
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000.0 / len(layers))
+        row = {"chain": kind, "us_per_layer": round(min(times), 2), "choice": choice}
+        print(json.dumps(row), flush=True)
+        result.append(row)
+    return result
 
 
 def main() -> None:
@@ -94,6 +149,7 @@ def main() -> None:
                     "tb_s": round(wbytes / us / 1e6, 3),
                 }
             )
+    rows += decode_chain(dev, dtype, rows)
     with open(sys.argv[1], "w") as f:
         json.dump({"device": torch.cuda.get_device_name(dev), "rows": rows}, f, indent=1)
     for name in SHAPES:
