@@ -149,14 +149,31 @@ def main() -> None:
                     "tb_s": round(wbytes / us / 1e6, 3),
                 }
             )
+        qmma = w4a16_mma.mma_layout(qw)
+        want = w4a16_cuda.gemv(x, qw, qz, sc, GROUP, 4, 16).float()
+        for split in w4a16_mma.SPLITS:
+            if w4a16_mma.fits(1, n, k, GROUP, dtype, split) is not None:
+                continue
+            got = w4a16_mma.gemv(x, qmma, qz, sc, GROUP, split).float()
+            err = float((got - want).abs().max() / want.abs().max())
+            us = graph_time_us(partial(w4a16_mma.gemv, x, qmma, qz, sc, GROUP, split), dev)
+            record(
+                {
+                    "shape": name,
+                    "probe": f"mma_split{split}",
+                    "us": round(us, 2),
+                    "tb_s": round(wbytes / us / 1e6, 3),
+                    "rel_err_vs_gemv": round(err, 5),
+                }
+            )
     rows += decode_chain(dev, dtype, rows)
     with open(sys.argv[1], "w") as f:
         json.dump({"device": torch.cuda.get_device_name(dev), "rows": rows}, f, indent=1)
     for name in SHAPES:
-        mine = [r for r in rows if r["shape"] == name]
+        mine = [r for r in rows if r.get("shape") == name]
         best = {
             kind: min((r["us"] for r in mine if r["probe"].startswith(kind)), default=None)
-            for kind in ("stream", "gemv_pattern", "gemv_nl")
+            for kind in ("stream", "gemv_pattern", "gemv_nl", "mma")
         }
         print(name, "best us:", best)
 

@@ -100,7 +100,8 @@ def test_gpu_every_split_and_row_count(shape: tuple[int, int], dtype: torch.dtyp
             err = float((got.float() - want).abs().max() / want.abs().max())
             assert err < ulp, (m, split, err)
             assert torch.equal(got, again)
-            assert int(counters.buffer(x.device, "w4a16_mma").abs().sum()) == 0
+            if split > 1:
+                assert int(counters.buffer(x.device, "w4a16_mma").abs().sum()) == 0
 
 
 @pytest.mark.gpu
