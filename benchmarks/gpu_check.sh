@@ -45,6 +45,7 @@
 #   read     the every-candidate W4A16 GPU test, then w4a16_read_probe.py (plain and GEMV-pattern reads vs the GEMV).
 #   mma      the tensor-core W4A16 GEMV's GPU tests, then w4a16_read_probe.py (it against the CUDA-core GEMV,
 #            per shape and in a decode-like chain of 8 layers).
+#   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
 #   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
@@ -535,6 +536,18 @@ if [ "$what" = mma ]; then  # one GPU
   timeout 300 python3 "$here/w4a16_read_probe.py" "$out/read_probe.json" >"$out/read_probe.log" 2>&1
   echo "read probe rc=$?"
   grep -E 'gemv_nl|mma|chain|best|Error' "$out/read_probe.log" | cut -c1-300 | tail -50
+  exit 0
+fi
+if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kernels
+  export CUDA_VISIBLE_DEVICES=0
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  echo "ncu: $NCU"
+  python3 "$here/ncu_w4a16.py" && echo "warm run ok"
+  timeout 400 "$NCU" --clock-control none --launch-skip 6 -k 'regex:w4a16|read_' --section SpeedOfLight \
+    --section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+    python3 "$here/ncu_w4a16.py" >"$out/ncu.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|Registers Per|Block Limit" "$out/ncu.txt" | cut -c1-160 | head -120
   exit 0
 fi
 if [ "$what" = cuda3 ]; then  # one GPU, in turn
