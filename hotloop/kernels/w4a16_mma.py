@@ -63,6 +63,16 @@ def mma_layout(qweight: torch.Tensor) -> torch.Tensor:
     return words.permute(0, 1, 3, 2).contiguous()  # [N/16, K/64, 32, 4]
 
 
+SHARED_LIMIT = 48 * 1024  # dynamic shared memory without the opt-in attribute
+
+
+def shared_bytes(m: int, k: int, group_size: int, split: int) -> int:
+    """A block's dynamic shared memory: its K slice of x (``m`` rows, padded), zero points, scales."""
+    kps = k // split
+    groups = kps // group_size
+    return 4 * (m * (kps // 2 + 4) + groups * 2 * (COLUMNS // 16)) + 2 * groups * COLUMNS
+
+
 def fits(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, split: int) -> str | None:
     """Why a launch with ``split`` K slices cannot run this product, or ``None`` when it can."""
     if not 1 <= m <= MAX_ROWS:
@@ -79,6 +89,8 @@ def fits(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, split: int
         return f"K={k} is not {split} slices of whole groups of {group_size}"
     if n // COLUMNS > counters.SLOTS:
         return "too many column tiles"
+    if shared_bytes(m, k, group_size, split) > SHARED_LIMIT:
+        return f"{m} rows of a {k // split}-row K slice need more than {SHARED_LIMIT} bytes of shared memory"
     return None
 
 
@@ -142,6 +154,7 @@ def gemv(
         (tiles, split),
         THREADS,
         (x2, qmma, qzeros, scales, ws, out, cnt, m, n, k, group_size, x2.stride(0)),
+        shared_bytes=shared_bytes(m, k, group_size, split),
         pdl=pdl(x2.device),
     )
     return out

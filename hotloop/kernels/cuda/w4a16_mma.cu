@@ -20,7 +20,9 @@
 // - The mma sums x (q - z) over a group in float32; each group's sums are scaled by the column's
 //   scale into float32 totals (exact integers in, float32 out: no 16-bit partial sums).
 // - A block is 4 warps on 4 neighbouring 16-column tiles (64 columns) and one K slice (gridDim.y
-//   slices). With a split, each block writes float32 partials; the last block of a column tile to
+//   slices). Its slice of x and of the zero points and scales is staged in shared memory first (an
+//   activation load from global memory before every mma made the warps wait on L2: ncu saw 55% of
+//   stalls there and the DRAM at 40%). With a split, each block writes float32 partials; the last block of a column tile to
 //   arrive (a counter, reset by that block) adds them in slice order: one launch, a result that does
 //   not depend on timing.
 
@@ -128,15 +130,17 @@ __device__ __forceinline__ unsigned short to16(float v) {
   return h;
 }
 
-// x: [M, K] 16-bit (row stride sx elements), qm: the MMA layout [N/16][K/64][32][4], out: [M, N]
+// x: [M, K] 16-bit (row stride sx elements), qm: the MMA layout [N/16][K/64][32][4], out: [M, N].
+// Shared memory (dynamic): the block's K slice of x, M rows of kps / 2 + 4 words (the 4-word pad puts
+// the 8 rows a warp reads on distinct banks); the slice's zero-point words (2 per warp per group) and
+// scales (64 per group).
 template <bool BF16>
 __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, const u32* __restrict__ qm,
                                          const u32* __restrict__ qz, const unsigned short* __restrict__ sc,
                                          float* __restrict__ ws, unsigned short* __restrict__ out,
                                          int* __restrict__ cnt, int M, int N, int K, int G, int sx) {
   __shared__ int last;
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;");
+  extern __shared__ __align__(16) u32 smem[];
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -148,26 +152,47 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
   const int kb = blockIdx.y * kps;
   const int chunks = kps / 64;
   const int n8 = N >> 3;
-  // the activation row of this lane's B column: g (rows past M repeat the last: their sums are unused)
-  const u32* xr = reinterpret_cast<const u32*>(x + (size_t)min(g, M - 1) * sx);
+  const int groups = kps / G;
+  const int xstride = kps / 2 + 4;
+  u32* xs = smem;                                                         // [M][xstride]
+  u32* zs = smem + M * xstride;                                           // [groups][2 WARPS]
+  unsigned short* ss = reinterpret_cast<unsigned short*>(zs + groups * 2 * WARPS);  // [groups][64]
   const u32* src = qm + (((size_t)ct * (K / 64) + kb / 64) * 32 + lane) * 4;
 
-  // zero points (AutoAWQ nibble order) and scales of columns n0 + g and n0 + g + 8
-  const int zshift = 4 * ((g & 1) * 4 + (g >> 1));
-  float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  u32 zg = 0, zh = 0, zg0 = 0, zh0 = 0;
-  float sg = 0.0f, sh = 0.0f;
-  const int cpg = G / 64;  // 16-byte loads per group
-
+  // the weights, zero points and scales do not depend on the kernel before: load them before the wait
   uint4 buf[AHEAD];
 #pragma unroll
   for (int i = 0; i < AHEAD; ++i) {
     if (i < chunks) ldg_stream4(src + (size_t)i * 128, buf[i]);
   }
-  const u32* xk = xr + kb / 2 + t;  // x words of the chunk: rows k + 16 q + 2 t (+ 8)
-  int gi = kb / G;                   // the group of the next chunk
-  int left = 0;                      // chunks left in the current group
+  const int g0 = kb / G;
+  for (int e = threadIdx.x; e < groups * 2 * WARPS; e += THREADS) {
+    const int gi = e / (2 * WARPS);
+    zs[e] = ldg_u32(qz + (size_t)(g0 + gi) * n8 + blockIdx.x * 2 * WARPS + e % (2 * WARPS));
+  }
+  for (int e = threadIdx.x; e < groups * 16 * WARPS; e += THREADS) {
+    const int gi = e / (16 * WARPS);
+    ss[e] = ldg_u16(sc + (size_t)(g0 + gi) * N + blockIdx.x * 16 * WARPS + e % (16 * WARPS));
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // x is written by the kernel before
+  asm volatile("griddepcontrol.launch_dependents;");
+  for (int e = threadIdx.x; e < M * (kps / 2); e += THREADS) {
+    const int m = e / (kps / 2);
+    const int w = e - m * (kps / 2);
+    xs[m * xstride + w] = ldg_u32(reinterpret_cast<const u32*>(x + (size_t)m * sx + kb) + w);
+  }
+  __syncthreads();
+
+  // this lane's B column is activation row g (rows past M repeat the last: their sums are unused)
+  const u32* xk = xs + min(g, M - 1) * xstride + t;
+  const int zshift = 4 * ((g & 1) * 4 + (g >> 1));  // column g of a zero-point word (AutoAWQ order)
+  float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  u32 zg = 0, zh = 0, zg0 = 0, zh0 = 0;
+  float sg = 0.0f, sh = 0.0f;
+  const int cpg = G / 64;  // 16-byte loads per group
+  int gi = 0;              // the slice's group of the next chunk
+  int left = 0;            // chunks left in the current group
   for (int j0 = 0; j0 < chunks; j0 += AHEAD) {
 #pragma unroll
     for (int i = 0; i < AHEAD; ++i) {
@@ -176,12 +201,10 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
       const uint4 v = buf[i];
       if (j + AHEAD < chunks) ldg_stream4(src + (size_t)(j + AHEAD) * 128, buf[i]);
       if (left == 0) {  // a new group: its zero points and scales
-        const u32 w0 = ldg_u32(qz + (size_t)gi * n8 + 2 * ct);
-        const u32 w1 = ldg_u32(qz + (size_t)gi * n8 + 2 * ct + 1);
-        const float z0 = (float)((w0 >> zshift) & 0xFu);
-        const float z1 = (float)((w1 >> zshift) & 0xFu);
-        sg = to_f32<BF16>(ldg_u16(sc + (size_t)gi * N + n0 + g));
-        sh = to_f32<BF16>(ldg_u16(sc + (size_t)gi * N + n0 + g + 8));
+        const float z0 = (float)((zs[gi * 2 * WARPS + 2 * warp] >> zshift) & 0xFu);
+        const float z1 = (float)((zs[gi * 2 * WARPS + 2 * warp + 1] >> zshift) & 0xFu);
+        sg = to_f32<BF16>(ss[gi * 16 * WARPS + warp * 16 + g]);
+        sh = to_f32<BF16>(ss[gi * 16 * WARPS + warp * 16 + g + 8]);
         if (BF16) {
           // -(128 + z) in bf16 (exact), both halves
           const u32 bg = (u32)to16<true>(-(128.0f + z0));
@@ -200,8 +223,8 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
       const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const u32 b0 = ldg_u32(xk + 8 * q);
-        const u32 b1 = ldg_u32(xk + 8 * q + 4);
+        const u32 b0 = xk[8 * q];
+        const u32 b1 = xk[8 * q + 4];
         u32 a[4];
         unpack<BF16>(w[q], zg, zh, zg0, zh0, a);
         mma<BF16>(a, b0, b1, acc);
