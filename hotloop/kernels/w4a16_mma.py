@@ -30,6 +30,7 @@ THREADS = 128
 COLUMNS = 64  # per block: 4 warps of 16 columns
 MAX_ROWS = 8
 SPLITS = (1, 2, 4, 8, 16)
+AHEADS = (4, 8)  # 16-byte weight loads in flight per lane (compiled variants)
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -109,6 +110,7 @@ def gemv(
     group_size: int,
     split: int = 1,
     out: torch.Tensor | None = None,
+    ahead: int = 4,
 ) -> torch.Tensor:
     """``x2 [M, K] @ W`` -> ``[M, N]`` in x's dtype, ``W`` given as ``qmma`` (:func:`mma_layout`),
     ``qzeros`` and ``scales`` (AutoAWQ). ``x2``'s rows may be strided (unit stride along K); the
@@ -135,7 +137,11 @@ def gemv(
     why = fits(m, n, k, group_size, x2.dtype, split)
     if why is not None:
         raise ValueError(f"the tensor-core W4A16 GEMV {why}")
-    kernels = cuda_jit.load(SOURCE, x2.device, [f"w4a16_mma_{d}" for d in _DTYPES.values()])
+    if ahead not in AHEADS:
+        raise ValueError(f"no variant with {ahead} loads ahead; there are {AHEADS}")
+    kernels = cuda_jit.load(
+        SOURCE, x2.device, [f"w4a16_mma_{d}_a{a}" for d in _DTYPES.values() for a in AHEADS]
+    )
     if kernels is None:
         raise cuda_jit.CudaError("the CUDA W4A16 kernels are not available on this machine")
     if out is None:
@@ -150,7 +156,7 @@ def gemv(
         cnt = counters.counters(x2.device, "w4a16_mma", tiles)
         if cnt is None:
             raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
-    kernels[f"w4a16_mma_{_DTYPES[x2.dtype]}"](
+    kernels[f"w4a16_mma_{_DTYPES[x2.dtype]}_a{ahead}"](
         (tiles, split),
         THREADS,
         (x2, qmma, qzeros, scales, ws, out, cnt, m, n, k, group_size, x2.stride(0)),

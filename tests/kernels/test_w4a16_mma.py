@@ -84,7 +84,7 @@ def _require() -> None:
 def test_gpu_every_split_and_row_count(shape: tuple[int, int], dtype: torch.dtype) -> None:
     """Against float32 dequantize-then-matmul: the products (q - z) x are exact and summed in
     float32, so only the output's rounding remains (bound: 1 ulp of max |y|); a second launch gives
-    the same bits; the split counters are zero after each launch."""
+    the same bits (with the other number of loads ahead); the split counters are zero after each launch."""
     _require()
     k, n = shape
     qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=k + n)
@@ -98,7 +98,7 @@ def test_gpu_every_split_and_row_count(shape: tuple[int, int], dtype: torch.dtyp
             if w4a16_mma.fits(m, n, k, 128, dtype, split) is not None:
                 continue
             got = w4a16_mma.gemv(x, qmma, qzeros, scales, 128, split)
-            again = w4a16_mma.gemv(x, qmma, qzeros, scales, 128, split)
+            again = w4a16_mma.gemv(x, qmma, qzeros, scales, 128, split, ahead=8)
             torch.cuda.synchronize()
             assert got.shape == (m, n) and got.dtype == dtype
             err = float((got.float() - want).abs().max() / want.abs().max())
@@ -138,4 +138,6 @@ def test_gpu_strided_rows_and_graph_replay() -> None:
 def test_source_compiles_for_hopper(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("HOTLOOP_CACHE", str(tmp_path))
     cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / w4a16_mma.SOURCE, "sm_90a")
-    assert b"w4a16_mma_bf16" in cubin and b"w4a16_mma_f16" in cubin
+    for name in ("bf16", "f16"):
+        for ahead in w4a16_mma.AHEADS:
+            assert f"w4a16_mma_{name}_a{ahead}".encode() in cubin

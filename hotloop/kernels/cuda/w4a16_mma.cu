@@ -30,7 +30,6 @@ typedef unsigned int u32;
 
 #define WARPS 4
 #define THREADS (32 * WARPS)
-#define AHEAD 4  // 16-byte loads in flight per lane
 
 __device__ __forceinline__ void ldg_stream4(const u32* p, uint4& v) {
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -134,7 +133,8 @@ __device__ __forceinline__ unsigned short to16(float v) {
 // Shared memory (dynamic): the block's K slice of x, M rows of kps / 2 + 4 words (the 4-word pad puts
 // the 8 rows a warp reads on distinct banks); the slice's zero-point words (2 per warp per group) and
 // scales (64 per group).
-template <bool BF16>
+// AHEAD: 16-byte weight loads in flight per lane
+template <bool BF16, int AHEAD>
 __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, const u32* __restrict__ qm,
                                          const u32* __restrict__ qz, const unsigned short* __restrict__ sc,
                                          float* __restrict__ ws, unsigned short* __restrict__ out,
@@ -283,9 +283,13 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
       const unsigned short *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out, \
       int *__restrict__ cnt, int M, int N, int K, int G, int sx
 
-extern "C" __global__ void __launch_bounds__(THREADS) w4a16_mma_bf16(MMA_ARGS) {
-  mma_body<true>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
-}
-extern "C" __global__ void __launch_bounds__(THREADS) w4a16_mma_f16(MMA_ARGS) {
-  mma_body<false>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
-}
+#define DEFINE_MMA(DT, BF16, AHEAD)                                                             \
+  extern "C" __global__ void __launch_bounds__(THREADS) w4a16_mma_##DT##_a##AHEAD(MMA_ARGS) { \
+    mma_body<BF16, AHEAD>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);                          \
+  }
+
+// w4a16_mma.AHEADS
+DEFINE_MMA(bf16, true, 4)
+DEFINE_MMA(f16, false, 4)
+DEFINE_MMA(bf16, true, 8)
+DEFINE_MMA(f16, false, 8)
