@@ -61,6 +61,10 @@ def test_fits_and_refusals() -> None:
     assert "shared memory" in (w4a16_mma.fits(8, 4096, 14336, 128, bf16, 1) or "")
     assert w4a16_mma.fits(8, 4096, 14336, 128, bf16, 8) is None
     assert w4a16_mma.shared_bytes(1, 4096, 128, 2) == 4 * (1 * (1024 + 4) + 16 * 8) + 2 * 16 * 64
+    assert w4a16_mma.shared_bytes(1, 4096, 128, 2, "c16") == 16 * 128 * 16 + w4a16_mma.shared_bytes(
+        1, 4096, 128, 2
+    )
+    assert "no pipe" in (w4a16_mma.fits(1, 4096, 4096, 128, bf16, 1, "c4") or "")
     with pytest.raises(ValueError, match="MMA layout needs"):
         w4a16_mma.mma_layout(torch.zeros(100, 8, dtype=torch.int32))
     qweight, qzeros, scales = random_awq(256, 128, 128, bf16, "cpu")
@@ -84,7 +88,7 @@ def _require() -> None:
 def test_gpu_every_split_and_row_count(shape: tuple[int, int], dtype: torch.dtype) -> None:
     """Against float32 dequantize-then-matmul: the products (q - z) x are exact and summed in
     float32, so only the output's rounding remains (bound: 1 ulp of max |y|); a second launch gives
-    the same bits (with the other number of loads ahead); the split counters are zero after each launch."""
+    the same bits (and every other pipe, where it fits); the split counters are zero after each launch."""
     _require()
     k, n = shape
     qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=k + n)
@@ -98,12 +102,14 @@ def test_gpu_every_split_and_row_count(shape: tuple[int, int], dtype: torch.dtyp
             if w4a16_mma.fits(m, n, k, 128, dtype, split) is not None:
                 continue
             got = w4a16_mma.gemv(x, qmma, qzeros, scales, 128, split)
-            again = w4a16_mma.gemv(x, qmma, qzeros, scales, 128, split, ahead=8)
+            for pipe in w4a16_mma.PIPES:
+                if w4a16_mma.fits(m, n, k, 128, dtype, split, pipe) is None:
+                    again = w4a16_mma.gemv(x, qmma, qzeros, scales, 128, split, pipe=pipe)
+                    assert torch.equal(got, again), (m, split, pipe)
             torch.cuda.synchronize()
             assert got.shape == (m, n) and got.dtype == dtype
             err = float((got.float() - want).abs().max() / want.abs().max())
             assert err < ulp, (m, split, err)
-            assert torch.equal(got, again)
             if split > 1:
                 assert int(counters.buffer(x.device, "w4a16_mma").abs().sum()) == 0
 
@@ -139,5 +145,5 @@ def test_source_compiles_for_hopper(monkeypatch: pytest.MonkeyPatch, tmp_path) -
     monkeypatch.setenv("HOTLOOP_CACHE", str(tmp_path))
     cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / w4a16_mma.SOURCE, "sm_90a")
     for name in ("bf16", "f16"):
-        for ahead in w4a16_mma.AHEADS:
-            assert f"w4a16_mma_{name}_a{ahead}".encode() in cubin
+        for pipe in w4a16_mma.PIPES:
+            assert f"w4a16_mma_{name}_{pipe}".encode() in cubin

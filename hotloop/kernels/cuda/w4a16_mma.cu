@@ -133,8 +133,19 @@ __device__ __forceinline__ unsigned short to16(float v) {
 // Shared memory (dynamic): the block's K slice of x, M rows of kps / 2 + 4 words (the 4-word pad puts
 // the 8 rows a warp reads on distinct banks); the slice's zero-point words (2 per warp per group) and
 // scales (64 per group).
-// AHEAD: 16-byte weight loads in flight per lane
-template <bool BF16, int AHEAD>
+__device__ __forceinline__ void cp_async16(u32 smem_addr, const void* gptr) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr), "l"(gptr) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// RING 0: each lane keeps AHEAD 16-byte weight loads in flight in registers. RING > 0: each lane
+// copies its next RING - 1 words into its own slots of a shared-memory ring with cp.async (more
+// bytes in flight for no registers; a lane reads only what it copied, so no barrier)
+template <bool BF16, int AHEAD, int RING>
 __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, const u32* __restrict__ qm,
                                          const u32* __restrict__ qz, const unsigned short* __restrict__ sc,
                                          float* __restrict__ ws, unsigned short* __restrict__ out,
@@ -154,16 +165,26 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
   const int n8 = N >> 3;
   const int groups = kps / G;
   const int xstride = kps / 2 + 4;
-  u32* xs = smem;                                                         // [M][xstride]
+  uint4* ring = reinterpret_cast<uint4*>(smem);                           // [RING][THREADS]
+  u32* xs = smem + RING * THREADS * 4;                                    // [M][xstride]
   u32* zs = smem + M * xstride;                                           // [groups][2 WARPS]
   unsigned short* ss = reinterpret_cast<unsigned short*>(zs + groups * 2 * WARPS);  // [groups][64]
   const u32* src = qm + (((size_t)ct * (K / 64) + kb / 64) * 32 + lane) * 4;
 
   // the weights, zero points and scales do not depend on the kernel before: load them before the wait
-  uint4 buf[AHEAD];
+  uint4 buf[RING ? 1 : AHEAD];
+  const u32 rbase = (u32)__cvta_generic_to_shared(ring) + threadIdx.x * 16;
+  if constexpr (RING > 0) {
 #pragma unroll
-  for (int i = 0; i < AHEAD; ++i) {
-    if (i < chunks) ldg_stream4(src + (size_t)i * 128, buf[i]);
+    for (int i = 0; i < RING - 1; ++i) {
+      if (i < chunks) cp_async16(rbase + i * THREADS * 16, src + (size_t)i * 128);
+      cp_async_commit();  // (empty groups past the end keep the count uniform)
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < AHEAD; ++i) {
+      if (i < chunks) ldg_stream4(src + (size_t)i * 128, buf[i]);
+    }
   }
   const int g0 = kb / G;
   for (int e = threadIdx.x; e < groups * 2 * WARPS; e += THREADS) {
@@ -193,49 +214,63 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
   const int cpg = G / 64;  // 16-byte loads per group
   int gi = 0;              // the slice's group of the next chunk
   int left = 0;            // chunks left in the current group
-  for (int j0 = 0; j0 < chunks; j0 += AHEAD) {
-#pragma unroll
-    for (int i = 0; i < AHEAD; ++i) {
-      const int j = j0 + i;
-      if (j >= chunks) break;
-      const uint4 v = buf[i];
-      if (j + AHEAD < chunks) ldg_stream4(src + (size_t)(j + AHEAD) * 128, buf[i]);
-      if (left == 0) {  // a new group: its zero points and scales
-        const float z0 = (float)((zs[gi * 2 * WARPS + 2 * warp] >> zshift) & 0xFu);
-        const float z1 = (float)((zs[gi * 2 * WARPS + 2 * warp + 1] >> zshift) & 0xFu);
-        sg = to_f32<BF16>(ss[gi * 16 * WARPS + warp * 16 + g]);
-        sh = to_f32<BF16>(ss[gi * 16 * WARPS + warp * 16 + g + 8]);
-        if (BF16) {
-          // -(128 + z) in bf16 (exact), both halves
-          const u32 bg = (u32)to16<true>(-(128.0f + z0));
-          const u32 bh = (u32)to16<true>(-(128.0f + z1));
-          zg = bg | (bg << 16);
-          zh = bh | (bh << 16);
-        } else {
-          const u32 a0 = (u32)to16<false>(-(1024.0f + z0));  // registers 0 / 2: column g, low nibbles
-          const u32 a1 = (u32)to16<false>(-(64.0f + z1));    // registers 1 / 3: column g + 8, high
-          zg0 = a0 | (a0 << 16);
-          zh = a1 | (a1 << 16);
-        }
-        ++gi;
-        left = cpg;
+  auto chunk = [&](const uint4 v) {
+    if (left == 0) {  // a new group: its zero points and scales
+      const float z0 = (float)((zs[gi * 2 * WARPS + 2 * warp] >> zshift) & 0xFu);
+      const float z1 = (float)((zs[gi * 2 * WARPS + 2 * warp + 1] >> zshift) & 0xFu);
+      sg = to_f32<BF16>(ss[gi * 16 * WARPS + warp * 16 + g]);
+      sh = to_f32<BF16>(ss[gi * 16 * WARPS + warp * 16 + g + 8]);
+      if (BF16) {
+        // -(128 + z) in bf16 (exact), both halves
+        const u32 bg = (u32)to16<true>(-(128.0f + z0));
+        const u32 bh = (u32)to16<true>(-(128.0f + z1));
+        zg = bg | (bg << 16);
+        zh = bh | (bh << 16);
+      } else {
+        const u32 a0 = (u32)to16<false>(-(1024.0f + z0));  // registers 0 / 2: column g, low nibbles
+        const u32 a1 = (u32)to16<false>(-(64.0f + z1));    // registers 1 / 3: column g + 8, high
+        zg0 = a0 | (a0 << 16);
+        zh = a1 | (a1 << 16);
       }
-      const u32 w[4] = {v.x, v.y, v.z, v.w};
+      ++gi;
+      left = cpg;
+    }
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const u32 b0 = xk[8 * q];
-        const u32 b1 = xk[8 * q + 4];
-        u32 a[4];
-        unpack<BF16>(w[q], zg, zh, zg0, zh0, a);
-        mma<BF16>(a, b0, b1, acc);
-      }
-      xk += 32;
-      if (--left == 0) {  // the group ends: scale its sums into the totals
-        tot[0] = fmaf(acc[0], sg, tot[0]);
-        tot[1] = fmaf(acc[1], sg, tot[1]);
-        tot[2] = fmaf(acc[2], sh, tot[2]);
-        tot[3] = fmaf(acc[3], sh, tot[3]);
-        acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+    for (int q = 0; q < 4; ++q) {
+      const u32 b0 = xk[8 * q];
+      const u32 b1 = xk[8 * q + 4];
+      u32 a[4];
+      unpack<BF16>(w[q], zg, zh, zg0, zh0, a);
+      mma<BF16>(a, b0, b1, acc);
+    }
+    xk += 32;
+    if (--left == 0) {  // the group ends: scale its sums into the totals
+      tot[0] = fmaf(acc[0], sg, tot[0]);
+      tot[1] = fmaf(acc[1], sg, tot[1]);
+      tot[2] = fmaf(acc[2], sh, tot[2]);
+      tot[3] = fmaf(acc[3], sh, tot[3]);
+      acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+    }
+  };
+  if constexpr (RING > 0) {
+    for (int j = 0; j < chunks; ++j) {
+      cp_async_wait<RING - 2>();  // this lane's copy of chunk j has landed
+      const int nj = j + RING - 1;  // into the slot read in the iteration before
+      if (nj < chunks) cp_async16(rbase + (nj % RING) * THREADS * 16, src + (size_t)nj * 128);
+      cp_async_commit();
+      chunk(ring[(j % RING) * THREADS + threadIdx.x]);
+    }
+    cp_async_wait<0>();
+  } else {
+    for (int j0 = 0; j0 < chunks; j0 += AHEAD) {
+#pragma unroll
+      for (int i = 0; i < AHEAD; ++i) {
+        const int j = j0 + i;
+        if (j >= chunks) break;
+        const uint4 v = buf[i];
+        if (j + AHEAD < chunks) ldg_stream4(src + (size_t)(j + AHEAD) * 128, buf[i]);
+        chunk(v);
       }
     }
   }
@@ -283,13 +318,15 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
       const unsigned short *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out, \
       int *__restrict__ cnt, int M, int N, int K, int G, int sx
 
-#define DEFINE_MMA(DT, BF16, AHEAD)                                                             \
-  extern "C" __global__ void __launch_bounds__(THREADS) w4a16_mma_##DT##_a##AHEAD(MMA_ARGS) { \
-    mma_body<BF16, AHEAD>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);                          \
+#define DEFINE_MMA(DT, BF16, NAME, AHEAD, RING)                                                 \
+  extern "C" __global__ void __launch_bounds__(THREADS) w4a16_mma_##DT##_##NAME(MMA_ARGS) { \
+    mma_body<BF16, AHEAD, RING>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);                \
   }
 
-// w4a16_mma.AHEADS
-DEFINE_MMA(bf16, true, 4)
-DEFINE_MMA(f16, false, 4)
-DEFINE_MMA(bf16, true, 8)
-DEFINE_MMA(f16, false, 8)
+// w4a16_mma.PIPES: "a4" 4 loads ahead in registers; "c8", "c16" a cp.async ring of 8 / 16 chunks
+DEFINE_MMA(bf16, true, a4, 4, 0)
+DEFINE_MMA(f16, false, a4, 4, 0)
+DEFINE_MMA(bf16, true, c8, 1, 8)
+DEFINE_MMA(f16, false, c8, 1, 8)
+DEFINE_MMA(bf16, true, c16, 1, 16)
+DEFINE_MMA(f16, false, c16, 1, 16)
