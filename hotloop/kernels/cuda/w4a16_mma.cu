@@ -167,7 +167,7 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
   const int xstride = kps / 2 + 4;
   uint4* ring = reinterpret_cast<uint4*>(smem);                           // [RING][THREADS]
   u32* xs = smem + RING * THREADS * 4;                                    // [M][xstride]
-  u32* zs = smem + M * xstride;                                           // [groups][2 WARPS]
+  u32* zs = xs + M * xstride;                                             // [groups][2 WARPS]
   unsigned short* ss = reinterpret_cast<unsigned short*>(zs + groups * 2 * WARPS);  // [groups][64]
   const u32* src = qm + (((size_t)ct * (K / 64) + kb / 64) * 32 + lane) * 4;
 
