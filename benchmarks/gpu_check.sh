@@ -43,6 +43,7 @@
 #   cuda3    the W4A16 GPU tests (CUDA GEMV and Triton), then W4A16 batch 1 with the CUDA GEMV and without
 #            it (HOTLOOP_CUDA_KERNELS=0), alternating, twice.
 #   read     the every-candidate W4A16 GPU test, then w4a16_read_probe.py (plain and GEMV-pattern reads vs the GEMV).
+#   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   mma      the tensor-core W4A16 GEMV's GPU tests, then w4a16_read_probe.py (it against the CUDA-core GEMV,
 #            per shape and in a decode-like chain of 8 layers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -525,6 +526,11 @@ if [ "$what" = read ]; then  # one GPU
   timeout 240 python3 "$here/w4a16_read_probe.py" "$out/read_probe.json" >"$out/read_probe.log" 2>&1
   echo "read probe rc=$?"
   cut -c1-300 "$out/read_probe.log" | tail -60
+  exit 0
+fi
+if [ "$what" = all ]; then  # one GPU: every GPU test (tests/cli too: it needs pexpect from .whl)
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests all_gpu_tests 540 tests
   exit 0
 fi
 if [ "$what" = mma ]; then  # one GPU
