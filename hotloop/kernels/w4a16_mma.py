@@ -3,9 +3,8 @@ limits and launch.
 
 ``y = x @ W`` for ``x`` of 1-8 16-bit rows and ``W`` int4 with AutoAWQ zero points and scales. The
 multiply-adds run on the tensor cores (``mma.sync`` m16n8k16, ``W^T`` as the A operand, ``x^T`` as
-B) on ``magic + q`` straight out of one mask per register; the magic and the zero point come off
-once per group in float32, with the group's sum of x. A 32-bit word of weights costs about 8
-instructions (the CUDA-core GEMV of ``w4a16_cuda.py``: about 21). The packed weights must first be put in the **MMA layout**
+B), so a 32-bit word of weights costs about 12 instructions instead of the CUDA-core GEMV's 21
+(``w4a16_cuda.py``). The packed weights must first be put in the **MMA layout**
 (:func:`mma_layout`): per 16-column tile and 64 rows of K, lane ``4g + t`` of a warp holds four
 words, one per 16-row tile, and word ``i``'s nibbles ``i`` and ``i + 4`` are the two halves of its A
 register ``i``:
@@ -68,11 +67,10 @@ SHARED_LIMIT = 48 * 1024  # dynamic shared memory without the opt-in attribute
 
 
 def shared_bytes(m: int, k: int, group_size: int, split: int) -> int:
-    """A block's dynamic shared memory: its K slice of x (``m`` rows), the sums of x per group and
-    row, and the slice's zero points and scales."""
+    """A block's dynamic shared memory: its K slice of x (``m`` rows, padded), zero points, scales."""
     kps = k // split
     groups = kps // group_size
-    return 4 * (m * (kps // 2) + m * groups + groups * 2 * (COLUMNS // 16)) + 2 * groups * COLUMNS
+    return 4 * (m * (kps // 2 + 4) + groups * 2 * (COLUMNS // 16)) + 2 * groups * COLUMNS
 
 
 def fits(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, split: int) -> str | None:

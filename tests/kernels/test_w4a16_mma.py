@@ -60,7 +60,7 @@ def test_fits_and_refusals() -> None:
     # 8 rows of a whole 14336-row K in shared memory: 229 KB; in 8 slices: 29 KB
     assert "shared memory" in (w4a16_mma.fits(8, 4096, 14336, 128, bf16, 1) or "")
     assert w4a16_mma.fits(8, 4096, 14336, 128, bf16, 8) is None
-    assert w4a16_mma.shared_bytes(1, 4096, 128, 2) == 4 * (1024 + 16 + 16 * 8) + 2 * 16 * 64
+    assert w4a16_mma.shared_bytes(1, 4096, 128, 2) == 4 * (1 * (1024 + 4) + 16 * 8) + 2 * 16 * 64
     with pytest.raises(ValueError, match="MMA layout needs"):
         w4a16_mma.mma_layout(torch.zeros(100, 8, dtype=torch.int32))
     qweight, qzeros, scales = random_awq(256, 128, 128, bf16, "cpu")
@@ -82,9 +82,9 @@ def _require() -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape", LLAMA3_8B + [(1024, 192)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gpu_every_split_and_row_count(shape: tuple[int, int], dtype: torch.dtype) -> None:
-    """Against float32 dequantize-then-matmul: the products (magic + q) x are exact and summed in
-    float32, the magic and zero point removed per group in float32, so only the output's rounding
-    remains (bound: 1 ulp of max |y|, spiky activations); a second launch gives
+    """Against float32 dequantize-then-matmul: the products (q - z) x are exact and summed in
+    float32, so only the output's rounding remains (bound: 1 ulp of max |y|, outlier activation
+    channels); a second launch gives
     the same bits; the split counters are zero after each launch."""
     _require()
     k, n = shape

@@ -2,36 +2,34 @@
 // (hotloop/kernels/w4a16_mma.py: mma_layout), zero points and scales in the AutoAWQ layout
 // (qzeros [K/G, N/8] int32, scales [K/G, N] in x's dtype). Compiled by cuda_jit.py at first use.
 //
-// One mma.sync m16n8k16 does the multiply-adds of a 16 x 16 weight tile: W^T is the A operand (16
-// columns by 16 rows of K), x^T the B operand (its 8 columns are the activation rows: row 0 only at
-// batch 1; the other columns' sums are not used).
+// Why: the one-row GEMV of w4a16_gemv.cu spends about 21 instructions per 32-bit word of weights
+// (unpack, zero point, a packed multiply-add per column pair, float32 sums every 8 rows) and the SM's
+// instruction rate, not the bytes, sets its time. Here one mma.sync m16n8k16 does the multiply-adds
+// of a 16 x 16 weight tile: W^T is the A operand (16 columns by 16 rows of K), x^T the B operand (its
+// 8 columns are the activation rows: row 0 only at batch 1; the other columns' sums are not used).
 //
 // - The MMA layout gives each lane of a warp, per 16 x 16 tile, one 32-bit word that holds exactly its
 //   A fragment: lane 4g + t, nibble i (bits 4i .. 4i + 3) and i + 4 (bits 16 + 4i ..) are the two
 //   16-bit halves of A register i: register 0 = W[2t, 2t+1][g], 1 = W[2t, 2t+1][g + 8],
 //   2 = W[2t+8, 2t+9][g], 3 = W[2t+8, 2t+9][g + 8] (rows of the tile, then its column). A lane's four
 //   words of 4 consecutive K tiles are one 16-byte load; a warp's load is 512 contiguous bytes.
-// - Unpacking is one mask-and-or (lop3) per register, after a shift: the A operand holds magic + q,
-//   never q - z. bf16: (v >> 4i) & 0x000F000F | 0x4300 gives 128 + q in both halves (3 shifts, 4
-//   lop3 per word). fp16: magic 1024 (0x6400); registers 1 and 3 take their nibbles 4 bits up, in
-//   place, as 1024 + 16 q (1 shift, 4 lop3 per word). The mma multiplies exactly and sums in float32.
-// - The zero point and the magic come off once per group and column, in float32:
-//   sum_k x_k (q_k - z) = sum_k x_k (magic + q_k) - (magic + z) sum_k x_k, with sum_k x_k per group
-//   and activation row computed once per block. The bias term is at most 2^7 (bf16) or 2^10 (fp16)
-//   times the sum's size, far inside float32's 24 bits. Each group's sums are then scaled by the
-//   column's scale (times 1/16 for the fp16 columns held 16 times larger) into float32 totals.
+// - Unpacking: bf16: (v >> 4i) & 0x000F000F | 0x4300 (128 + q in both halves), one packed add of
+//   -(128 + z): q - z exactly. fp16: magic 1024 (0x6400), nibbles 4-7 masked in place (1024 + 16 q)
+//   and scaled by 1/16 in a packed fma (exact). 3 shifts (bf16) or 1 (fp16), 4 lop3, 4 packed ops and
+//   one mma per word.
+// - The mma sums x (q - z) over a group in float32; each group's sums are scaled by the column's
+//   scale into float32 totals (exact integers in, float32 out: no 16-bit partial sums).
 // - A block is 4 warps on 4 neighbouring 16-column tiles (64 columns) and one K slice (gridDim.y
-//   slices). Its slice of x (rearranged so that a lane's 8 B-fragment words of a 64-row chunk are two
-//   16-byte shared loads), the per-group sums of x, and the slice's zero points and scales are
-//   staged in shared memory first. With a split, each block writes float32 partials; the last block of
-//   a column tile to arrive (a counter, reset by that block) adds them in slice order: one launch, a
-//   result that does not depend on timing.
+//   slices). Its slice of x and of the zero points and scales is staged in shared memory first (an
+//   activation load from global memory before every mma made the warps wait on L2: ncu saw 55% of
+//   stalls there and the DRAM at 40%). With a split, each block writes float32 partials; the last block of a column tile to
+//   arrive (a counter, reset by that block) adds them in slice order: one launch, a result that does
+//   not depend on timing.
 
 typedef unsigned int u32;
 
 #define WARPS 4
 #define THREADS (32 * WARPS)
-#define AHEAD 4  // 16-byte weight loads in flight per lane
 
 __device__ __forceinline__ void ldg_stream4(const u32* p, uint4& v) {
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -58,21 +56,40 @@ __device__ __forceinline__ u32 lop_magic(u32 v, u32 m) {
   return d;
 }
 
-// the A registers of a word, as magic + q (bf16: 128 + q; fp16: 1024 + q for registers 0 / 2 and
-// 1024 + 16 q for 1 / 3)
 template <bool BF16>
-__device__ __forceinline__ void unpack(u32 v, u32 (&a)[4]) {
+__device__ __forceinline__ u32 hadd2(u32 a, u32 b) {
+  u32 d;
   if (BF16) {
-    a[0] = lop_magic<true>(v, 0x000F000Fu);
-    a[1] = lop_magic<true>(v >> 4, 0x000F000Fu);
-    a[2] = lop_magic<true>(v >> 8, 0x000F000Fu);
-    a[3] = lop_magic<true>(v >> 12, 0x000F000Fu);
+    asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  } else {
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  }
+  return d;
+}
+
+__device__ __forceinline__ u32 hfma2_f16(u32 a, u32 b, u32 c) {
+  u32 d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// A register i of a word, as (q - z) in both halves; zg / zh: the packed -(magic + z) of columns g and
+// g + 8 (bf16), or -(magic / 16 + z) (fp16, for the nibbles masked in place)
+template <bool BF16>
+__device__ __forceinline__ void unpack(u32 v, u32 zg, u32 zh, u32 zg0, u32 zh0, u32 (&a)[4]) {
+  if (BF16) {
+    a[0] = hadd2<true>(lop_magic<true>(v, 0x000F000Fu), zg);
+    a[1] = hadd2<true>(lop_magic<true>(v >> 4, 0x000F000Fu), zh);
+    a[2] = hadd2<true>(lop_magic<true>(v >> 8, 0x000F000Fu), zg);
+    a[3] = hadd2<true>(lop_magic<true>(v >> 12, 0x000F000Fu), zh);
   } else {
     const u32 v8 = v >> 8;
-    a[0] = lop_magic<false>(v, 0x000F000Fu);
-    a[1] = lop_magic<false>(v, 0x00F000F0u);
-    a[2] = lop_magic<false>(v8, 0x000F000Fu);
-    a[3] = lop_magic<false>(v8, 0x00F000F0u);
+    a[0] = hadd2<false>(lop_magic<false>(v, 0x000F000Fu), zg0);                // 1024 + q - (1024 + z)
+    a[1] = hfma2_f16(lop_magic<false>(v, 0x00F000F0u), 0x2C002C00u, zh);     // (1024 + 16 q) / 16 - (64 + z)
+    a[2] = hadd2<false>(lop_magic<false>(v8, 0x000F000Fu), zg0);
+    a[3] = hfma2_f16(lop_magic<false>(v8, 0x00F000F0u), 0x2C002C00u, zh);
+    (void)zg;
+    (void)zh0;  // (fp16 uses zg0 for column g and zh for column g + 8)
   }
 }
 
@@ -113,13 +130,12 @@ __device__ __forceinline__ unsigned short to16(float v) {
 }
 
 // x: [M, K] 16-bit (row stride sx elements), qm: the MMA layout [N/16][K/64][32][4], out: [M, N].
-// Shared memory (dynamic), for the block's K slice of kps rows (chunks = kps / 64, groups = kps / G):
-//   xf [M][chunks][4 t][8]  u32: lane t's B words of a chunk: for K tile q, (x[16q + 2t], x[16q + 2t + 1])
-//                                at 2q and (x[16q + 2t + 8], x[16q + 2t + 9]) at 2q + 1
-//   xsum [M][groups]        f32: the sum of x over each group
-//   zs [groups][2 WARPS]    u32: the zero-point words of the block's 64 columns
-//   ss [groups][64]         u16: their scales
-template <bool BF16>
+// Shared memory (dynamic): the block's K slice of x, M rows of kps / 2 + 4 words (the 4-word pad puts
+// the 8 rows a warp reads on distinct banks); the slice's zero-point words (2 per warp per group) and
+// scales (64 per group).
+// AHEAD: 16-byte weight loads in flight per lane, in registers. (A cp.async ring in shared memory,
+// 8 or 16 chunks per lane, was slower on the H200: gate/up 31.4 / 35.9 us against 29.2.)
+template <bool BF16, int AHEAD>
 __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, const u32* __restrict__ qm,
                                          const u32* __restrict__ qz, const unsigned short* __restrict__ sc,
                                          float* __restrict__ ws, unsigned short* __restrict__ out,
@@ -138,10 +154,10 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
   const int chunks = kps / 64;
   const int n8 = N >> 3;
   const int groups = kps / G;
-  u32* xf = smem;
-  float* xsum = reinterpret_cast<float*>(xf + M * chunks * 32);
-  u32* zs = reinterpret_cast<u32*>(xsum + M * groups);
-  unsigned short* ss = reinterpret_cast<unsigned short*>(zs + groups * 2 * WARPS);
+  const int xstride = kps / 2 + 4;
+  u32* xs = smem;                                                         // [M][xstride]
+  u32* zs = xs + M * xstride;                                             // [groups][2 WARPS]
+  unsigned short* ss = reinterpret_cast<unsigned short*>(zs + groups * 2 * WARPS);  // [groups][64]
   const u32* src = qm + (((size_t)ct * (K / 64) + kb / 64) * 32 + lane) * 4;
 
   // the weights, zero points and scales do not depend on the kernel before: load them before the wait
@@ -161,74 +177,60 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x is written by the kernel before
   asm volatile("griddepcontrol.launch_dependents;");
-  // x word w of row m (rows k = 2w, 2w + 1 of the slice) to its place in xf
   for (int e = threadIdx.x; e < M * (kps / 2); e += THREADS) {
     const int m = e / (kps / 2);
     const int w = e - m * (kps / 2);
-    const int k = 2 * w;
-    const int r = k & 15;                 // row inside its K tile
-    const int q = (k >> 4) & 3;           // K tile inside its chunk
-    const int tt = (r & 7) >> 1;          // the lane (t) that holds it
-    const int slot = 2 * q + (r >> 3);    // b0 (rows 2t, 2t+1) or b1 (2t+8, 2t+9) of tile q
-    xf[((m * chunks + (k >> 6)) * 4 + tt) * 8 + slot] =
-        ldg_u32(reinterpret_cast<const u32*>(x + (size_t)m * sx + kb) + w);
-  }
-  // the sum of x over each (row, group): a warp per pair, 4 values per lane
-  for (int p = warp; p < M * groups; p += WARPS) {
-    const int m = p / groups;
-    const int gi = p - m * groups;
-    const unsigned short* xr = x + (size_t)m * sx + kb + gi * G;
-    float v = 0.0f;
-    for (int i = lane; i < G; i += 32) v += to_f32<BF16>(ldg_u16(xr + i));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    if (lane == 0) xsum[p] = v;
+    xs[m * xstride + w] = ldg_u32(reinterpret_cast<const u32*>(x + (size_t)m * sx + kb) + w);
   }
   __syncthreads();
 
-  // this lane's B column is activation row g (rows past M repeat the last: their sums are unused);
-  // its C columns are rows 2t and 2t + 1
-  const int mb = min(g, M - 1);
-  const uint4* xk = reinterpret_cast<const uint4*>(xf + (mb * chunks * 4 + t) * 8);
-  const float* xs0 = xsum + min(2 * t, M - 1) * groups;
-  const float* xs1 = xsum + min(2 * t + 1, M - 1) * groups;
+  // this lane's B column is activation row g (rows past M repeat the last: their sums are unused)
+  const u32* xk = xs + min(g, M - 1) * xstride + t;
   const int zshift = 4 * ((g & 1) * 4 + (g >> 1));  // column g of a zero-point word (AutoAWQ order)
-  // fp16 holds the column g + 8 registers 16 times larger
-  const float hscale = BF16 ? 1.0f : 1.0f / 16.0f;
-  const float magic = BF16 ? 128.0f : 1024.0f;
   float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const int cpg = G / 64;  // chunks per group
+  u32 zg = 0, zh = 0, zg0 = 0, zh0 = 0;
+  float sg = 0.0f, sh = 0.0f;
+  const int cpg = G / 64;  // 16-byte loads per group
   int gi = 0;              // the slice's group of the next chunk
-  int left = cpg;          // chunks left in the current group
+  int left = 0;            // chunks left in the current group
   auto chunk = [&](const uint4 v) {
-    const uint4 xa = xk[0];
-    const uint4 xb = xk[1];
-    xk += 8;  // the next chunk's 4 lanes x 8 words
-    const u32 xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    if (left == 0) {  // a new group: its zero points and scales
+      const float z0 = (float)((zs[gi * 2 * WARPS + 2 * warp] >> zshift) & 0xFu);
+      const float z1 = (float)((zs[gi * 2 * WARPS + 2 * warp + 1] >> zshift) & 0xFu);
+      sg = to_f32<BF16>(ss[gi * 16 * WARPS + warp * 16 + g]);
+      sh = to_f32<BF16>(ss[gi * 16 * WARPS + warp * 16 + g + 8]);
+      if (BF16) {
+        // -(128 + z) in bf16 (exact), both halves
+        const u32 bg = (u32)to16<true>(-(128.0f + z0));
+        const u32 bh = (u32)to16<true>(-(128.0f + z1));
+        zg = bg | (bg << 16);
+        zh = bh | (bh << 16);
+      } else {
+        const u32 a0 = (u32)to16<false>(-(1024.0f + z0));  // registers 0 / 2: column g, low nibbles
+        const u32 a1 = (u32)to16<false>(-(64.0f + z1));    // registers 1 / 3: column g + 8, high
+        zg0 = a0 | (a0 << 16);
+        zh = a1 | (a1 << 16);
+      }
+      ++gi;
+      left = cpg;
+    }
     const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
+      const u32 b0 = xk[8 * q];
+      const u32 b1 = xk[8 * q + 4];
       u32 a[4];
-      unpack<BF16>(w[q], a);
-      mma<BF16>(a, xw[2 * q], xw[2 * q + 1], acc);
+      unpack<BF16>(w[q], zg, zh, zg0, zh0, a);
+      mma<BF16>(a, b0, b1, acc);
     }
-    if (--left == 0) {  // the group ends: remove the magic and zero point, scale into the totals
-      const float z0 = (float)((zs[gi * 2 * WARPS + 2 * warp] >> zshift) & 0xFu);
-      const float z1 = (float)((zs[gi * 2 * WARPS + 2 * warp + 1] >> zshift) & 0xFu);
-      const float sg = to_f32<BF16>(ss[gi * 16 * WARPS + warp * 16 + g]);
-      const float sh = to_f32<BF16>(ss[gi * 16 * WARPS + warp * 16 + g + 8]) * hscale;
-      const float bg = magic + z0;
-      const float bh = BF16 ? magic + z1 : magic + 16.0f * z1;
-      const float x0 = xs0[gi];
-      const float x1 = xs1[gi];
-      tot[0] = fmaf(fmaf(-bg, x0, acc[0]), sg, tot[0]);
-      tot[1] = fmaf(fmaf(-bg, x1, acc[1]), sg, tot[1]);
-      tot[2] = fmaf(fmaf(-bh, x0, acc[2]), sh, tot[2]);
-      tot[3] = fmaf(fmaf(-bh, x1, acc[3]), sh, tot[3]);
+    xk += 32;
+    if (--left == 0) {  // the group ends: scale its sums into the totals
+      tot[0] = fmaf(acc[0], sg, tot[0]);
+      tot[1] = fmaf(acc[1], sg, tot[1]);
+      tot[2] = fmaf(acc[2], sh, tot[2]);
+      tot[3] = fmaf(acc[3], sh, tot[3]);
       acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-      ++gi;
-      left = cpg;
     }
   };
   for (int j0 = 0; j0 < chunks; j0 += AHEAD) {
@@ -286,8 +288,8 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
       int *__restrict__ cnt, int M, int N, int K, int G, int sx
 
 extern "C" __global__ void __launch_bounds__(THREADS) w4a16_mma_bf16(MMA_ARGS) {
-  mma_body<true>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
+  mma_body<true, 4>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
 }
 extern "C" __global__ void __launch_bounds__(THREADS) w4a16_mma_f16(MMA_ARGS) {
-  mma_body<false>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
+  mma_body<false, 4>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
 }
