@@ -80,7 +80,8 @@
 # Batch-1 rows are `hotloop bench latency --load-format dummy --dtype bfloat16 --batch-size 1
 # --input-len 128 --output-len 512 --num-iters 3` (the `bs1` helper); environment switches (see
 # hotloop/kernels/ops.py) go in front of a call. Expects the wheels of `.whl` on PYTHONPATH (see
-# ../shared/GPU.md).
+# ../shared/GPU.md); add `pip download --no-deps llama-models==0.3.0 -d .whl` (its test image), or the
+# 20 VL parity GPU tests skip.
 set -u
 out=${1:?OUT_DIR}
 what=${2:-tests}
