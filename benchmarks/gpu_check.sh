@@ -44,6 +44,7 @@
 #            it (HOTLOOP_CUDA_KERNELS=0), alternating, twice.
 #   read     the every-candidate W4A16 GPU test, then w4a16_read_probe.py (plain and GEMV-pattern reads vs the GEMV).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
+#   ncusass  Nsight Compute on the tensor-core GEMV: instruction statistics and per-SASS-line counters.
 #   mma      the tensor-core W4A16 GEMV's GPU tests, then w4a16_read_probe.py (it against the CUDA-core GEMV,
 #            per shape and in a decode-like chain of 8 layers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -532,6 +533,21 @@ fi
 if [ "$what" = all ]; then  # one GPU: every GPU test (tests/cli too: it needs pexpect from .whl)
   export CUDA_VISIBLE_DEVICES=0
   gpu_tests all_gpu_tests 540 tests
+  exit 0
+fi
+if [ "$what" = ncusass ]; then  # one GPU: the tensor-core GEMV's instructions and stalls, per SASS line
+  export CUDA_VISIBLE_DEVICES=0
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  timeout 250 "$NCU" --clock-control none -k regex:w4a16_mma_bf16 --launch-skip 2 --launch-count 1 \
+    --section InstructionStats --section SourceCounters --section WarpStateStats --print-details all \
+    python3 "$here/ncu_w4a16.py" >"$out/ncu_details.txt" 2>&1
+  echo "ncu details rc=$?"
+  grep -iE "Executed Instructions|Issued Instructions|stall|Avg. Executed|Branch" "$out/ncu_details.txt" | cut -c1-160 | head -30
+  timeout 250 "$NCU" --clock-control none -k regex:w4a16_mma_bf16 --launch-skip 2 --launch-count 1 \
+    --section SourceCounters --page source --print-source sass --csv \
+    python3 "$here/ncu_w4a16.py" >"$out/ncu_sass.csv" 2>&1
+  echo "ncu sass rc=$? lines=$(wc -l <"$out/ncu_sass.csv")"
+  head -3 "$out/ncu_sass.csv" | cut -c1-400
   exit 0
 fi
 if [ "$what" = mma ]; then  # one GPU
