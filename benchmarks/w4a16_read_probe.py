@@ -22,18 +22,12 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from awq_gemm import GROUP, SHAPES  # (benchmarks/ is on the path when this script runs)
 
 from hotloop.kernels import cuda_jit, w4a16_cuda, w4a16_mma
 from hotloop.kernels.w4a16_gemm import graph_time_us
 from hotloop.kernels.w4a16_layout import pack_int4
 
-SHAPES = {
-    "qkv_proj": (4096, 6144),
-    "o_proj": (4096, 4096),
-    "gate_up_proj": (4096, 28672),
-    "down_proj": (14336, 4096),
-}
-GROUP = 128
 PROBES = ["read_stream_u4", "read_stream_u8", "read_gemv_nl4_r16", "read_gemv_nl4_r32"]
 
 
