@@ -151,9 +151,9 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 phase) {
 }
 
 // BULK: each warp's weights come through a ring of SLOTS stages of 4 chunks (2 KB) in shared memory,
-// copied by its lane 0 with one bulk copy per stage. Otherwise:
-// (A cp.async ring in shared memory,
-// 8 or 16 chunks per lane, was slower on the H200: gate/up 31.4 / 35.9 us against 29.2.)
+// copied by its lane 0 with one bulk copy per stage. Otherwise AHEAD 16-byte loads per lane stay in
+// flight in registers. (A per-lane cp.async ring of 8 or 16 chunks was slower on the H200: gate/up
+// 31.4 / 35.9 us against 29.2.)
 template <bool BF16, int AHEAD, bool BULK>
 __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, const u32* __restrict__ qm,
                                          const u32* __restrict__ qz, const unsigned short* __restrict__ sc,
