@@ -3,7 +3,7 @@
     ncu --clock-control none -k regex:'w4a16|read_' --section SpeedOfLight --section Occupancy \\
         --section WarpStateStats --section SchedulerStats python3 benchmarks/ncu_w4a16.py
 
-Runs: the CUDA-core GEMV (4, 32) and (4, 16), the tensor-core GEMV (split 2, register loads and bulk copies), and the read-only
+Runs: the CUDA-core GEMV (4, 32) and (4, 16), the tensor-core GEMV (split 2 and 8), and the read-only
 probes of ``benchmarks/cuda/read_probe.cu`` (a plain stream and the GEMV's pattern). Each kernel is
 launched once after a warm-up launch (``--launch-skip`` is not needed: ncu replays each launch).
 """
@@ -40,7 +40,7 @@ def main() -> None:
         w4a16_cuda.gemv(x, qw, qz, sc, G, 4, 32)
         w4a16_cuda.gemv(x, qw, qz, sc, G, 4, 16)
         w4a16_mma.gemv(x, qmma, qz, sc, G, 2)
-        w4a16_mma.gemv(x, qmma, qz, sc, G, 2, pipe="bulk")
+        w4a16_mma.gemv(x, qmma, qz, sc, G, 8)
         probes["read_stream_u8"]((sms * 4,), 256, (qw, qw.numel() // 4, sink))
         probes["read_gemv_nl4_r32"]((N // 128, K // 2048), 256, (qw, sink, N, K))
         torch.cuda.synchronize()

@@ -60,10 +60,8 @@ def decode_chain(dev: torch.device, dtype: torch.dtype, rows: list[dict]) -> lis
                 for name, (qw, qmma, qz, sc) in layer.items():
                     probe = choice[name]
                     if probe.startswith("mma"):
-                        spec = probe.removeprefix("mma_split")
-                        pipe = "bulk" if spec.endswith("_bulk") else "regs"
-                        split = int(spec.removesuffix("_bulk"))
-                        w4a16_mma.gemv(xs[name], qmma, qz, sc, GROUP, split, out=outs[name], pipe=pipe)
+                        split = int(probe.removeprefix("mma_split"))
+                        w4a16_mma.gemv(xs[name], qmma, qz, sc, GROUP, split, out=outs[name])
                     else:
                         nl, r = (int(v) for v in probe.removeprefix("gemv_nl").split("_r"))
                         w4a16_cuda.gemv(xs[name], qw, qz, sc, GROUP, nl, r, out=outs[name])
@@ -148,22 +146,20 @@ def main() -> None:
         qmma = w4a16_mma.mma_layout(qw)
         want = w4a16_cuda.gemv(x, qw, qz, sc, GROUP, 4, 16).float()
         for split in w4a16_mma.SPLITS:
-            for pipe in w4a16_mma.PIPES:
-                if w4a16_mma.fits(1, n, k, GROUP, dtype, split, pipe) is not None:
-                    continue
-                got = w4a16_mma.gemv(x, qmma, qz, sc, GROUP, split, pipe=pipe).float()
-                err = float((got - want).abs().max() / want.abs().max())
-                us = graph_time_us(partial(w4a16_mma.gemv, x, qmma, qz, sc, GROUP, split, pipe=pipe), dev)
-                suffix = "_bulk" if pipe == "bulk" else ""
-                record(
-                    {
-                        "shape": name,
-                        "probe": f"mma_split{split}{suffix}",
-                        "us": round(us, 2),
-                        "tb_s": round(wbytes / us / 1e6, 3),
-                        "rel_err_vs_gemv": round(err, 5),
-                    }
-                )
+            if w4a16_mma.fits(1, n, k, GROUP, dtype, split) is not None:
+                continue
+            got = w4a16_mma.gemv(x, qmma, qz, sc, GROUP, split).float()
+            err = float((got - want).abs().max() / want.abs().max())
+            us = graph_time_us(partial(w4a16_mma.gemv, x, qmma, qz, sc, GROUP, split), dev)
+            record(
+                {
+                    "shape": name,
+                    "probe": f"mma_split{split}",
+                    "us": round(us, 2),
+                    "tb_s": round(wbytes / us / 1e6, 3),
+                    "rel_err_vs_gemv": round(err, 5),
+                }
+            )
     rows += decode_chain(dev, dtype, rows)
     with open(sys.argv[1], "w") as f:
         json.dump({"device": torch.cuda.get_device_name(dev), "rows": rows}, f, indent=1)

@@ -30,10 +30,6 @@ THREADS = 128
 COLUMNS = 64  # per block: 4 warps of 16 columns
 MAX_ROWS = 8
 SPLITS = (1, 2, 4, 8, 16)
-# how a warp's weights arrive: "regs", 4 16-byte loads ahead per lane in registers; "bulk", a ring of
-# 4 stages of 2 KB in shared memory filled by one bulk asynchronous copy (cp.async.bulk) per stage
-PIPES = ("regs", "bulk")
-_BULK_RING = (COLUMNS // 16) * 4 * 2048 + (COLUMNS // 16) * 4 * 8  # the ring and its mbarriers
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -70,18 +66,14 @@ def mma_layout(qweight: torch.Tensor) -> torch.Tensor:
 SHARED_LIMIT = 48 * 1024  # dynamic shared memory without the opt-in attribute
 
 
-def shared_bytes(m: int, k: int, group_size: int, split: int, pipe: str = "regs") -> int:
-    """A block's dynamic shared memory: the bulk ring (``pipe="bulk"``), its K slice of x (``m``
-    rows, padded), zero points, scales."""
+def shared_bytes(m: int, k: int, group_size: int, split: int) -> int:
+    """A block's dynamic shared memory: its K slice of x (``m`` rows, padded), zero points, scales."""
     kps = k // split
     groups = kps // group_size
-    ring = _BULK_RING if pipe == "bulk" else 0
-    return ring + 4 * (m * (kps // 2 + 4) + groups * 2 * (COLUMNS // 16)) + 2 * groups * COLUMNS
+    return 4 * (m * (kps // 2 + 4) + groups * 2 * (COLUMNS // 16)) + 2 * groups * COLUMNS
 
 
-def fits(
-    m: int, n: int, k: int, group_size: int, dtype: torch.dtype, split: int, pipe: str = "regs"
-) -> str | None:
+def fits(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, split: int) -> str | None:
     """Why a launch with ``split`` K slices cannot run this product, or ``None`` when it can."""
     if not 1 <= m <= MAX_ROWS:
         return f"takes 1-{MAX_ROWS} rows; got {m}"
@@ -95,11 +87,9 @@ def fits(
         return f"no split {split}; there are {SPLITS}"
     if k % (split * group_size):
         return f"K={k} is not {split} slices of whole groups of {group_size}"
-    if pipe not in PIPES:
-        return f"no pipe {pipe!r}; there are {PIPES}"
     if n // COLUMNS > counters.SLOTS:
         return "too many column tiles"
-    if shared_bytes(m, k, group_size, split, pipe) > SHARED_LIMIT:
+    if shared_bytes(m, k, group_size, split) > SHARED_LIMIT:
         return f"{m} rows of a {k // split}-row K slice need more than {SHARED_LIMIT} bytes of shared memory"
     return None
 
@@ -119,7 +109,6 @@ def gemv(
     group_size: int,
     split: int = 1,
     out: torch.Tensor | None = None,
-    pipe: str = "regs",
 ) -> torch.Tensor:
     """``x2 [M, K] @ W`` -> ``[M, N]`` in x's dtype, ``W`` given as ``qmma`` (:func:`mma_layout`),
     ``qzeros`` and ``scales`` (AutoAWQ). ``x2``'s rows may be strided (unit stride along K); the
@@ -143,11 +132,10 @@ def gemv(
         if not t.is_contiguous() or t.data_ptr() % 16:
             raise ValueError(f"{name} must be contiguous and 16-byte aligned")
     m = x2.shape[0]
-    why = fits(m, n, k, group_size, x2.dtype, split, pipe)
+    why = fits(m, n, k, group_size, x2.dtype, split)
     if why is not None:
         raise ValueError(f"the tensor-core W4A16 GEMV {why}")
-    names = [f"w4a16_mma_{d}{suffix}" for d in _DTYPES.values() for suffix in ("", "_bulk")]
-    kernels = cuda_jit.load(SOURCE, x2.device, names)
+    kernels = cuda_jit.load(SOURCE, x2.device, [f"w4a16_mma_{d}" for d in _DTYPES.values()])
     if kernels is None:
         raise cuda_jit.CudaError("the CUDA W4A16 kernels are not available on this machine")
     if out is None:
@@ -162,11 +150,11 @@ def gemv(
         cnt = counters.counters(x2.device, "w4a16_mma", tiles)
         if cnt is None:
             raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
-    kernels[f"w4a16_mma_{_DTYPES[x2.dtype]}{'_bulk' if pipe == 'bulk' else ''}"](
+    kernels[f"w4a16_mma_{_DTYPES[x2.dtype]}"](
         (tiles, split),
         THREADS,
         (x2, qmma, qzeros, scales, ws, out, cnt, m, n, k, group_size, x2.stride(0)),
-        shared_bytes=shared_bytes(m, k, group_size, split, pipe),
+        shared_bytes=shared_bytes(m, k, group_size, split),
         pdl=pdl(x2.device),
     )
     return out

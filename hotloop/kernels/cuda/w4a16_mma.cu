@@ -133,28 +133,9 @@ __device__ __forceinline__ unsigned short to16(float v) {
 // Shared memory (dynamic): the block's K slice of x, M rows of kps / 2 + 4 words (the 4-word pad puts
 // the 8 rows a warp reads on distinct banks); the slice's zero-point words (2 per warp per group) and
 // scales (64 per group).
-// bulk asynchronous copies (the copy engine), completing on an mbarrier
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 phase) {
-  asm volatile(
-      "{ .reg .pred p; WAIT_%=: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra WAIT_%=; }" ::"r"(bar),
-      "r"(phase)
-      : "memory");
-}
-
-// BULK: each warp's weights come through a ring of SLOTS stages of 4 chunks (2 KB) in shared memory,
-// copied by its lane 0 with one bulk copy per stage. Otherwise AHEAD 16-byte loads per lane stay in
-// flight in registers. (A per-lane cp.async ring of 8 or 16 chunks was slower on the H200: gate/up
-// 31.4 / 35.9 us against 29.2.)
-template <bool BF16, int AHEAD, bool BULK>
+// AHEAD: 16-byte weight loads in flight per lane, in registers. (A cp.async ring in shared memory,
+// 8 or 16 chunks per lane, was slower on the H200: gate/up 31.4 / 35.9 us against 29.2.)
+template <bool BF16, int AHEAD>
 __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, const u32* __restrict__ qm,
                                          const u32* __restrict__ qz, const unsigned short* __restrict__ sc,
                                          float* __restrict__ ws, unsigned short* __restrict__ out,
@@ -174,39 +155,16 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
   const int n8 = N >> 3;
   const int groups = kps / G;
   const int xstride = kps / 2 + 4;
-  constexpr int SLOTS = 4;
-  constexpr int STAGE = 4;  // chunks per bulk copy
-  uint4* ring = reinterpret_cast<uint4*>(smem);  // BULK: [WARPS][SLOTS][STAGE][32]
-  unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + (BULK ? WARPS * SLOTS * STAGE * 128 : 0));
-  u32* xs = smem + (BULK ? WARPS * SLOTS * STAGE * 128 + WARPS * SLOTS * 2 : 0);  // [M][xstride]
+  u32* xs = smem;                                                         // [M][xstride]
   u32* zs = xs + M * xstride;                                             // [groups][2 WARPS]
   unsigned short* ss = reinterpret_cast<unsigned short*>(zs + groups * 2 * WARPS);  // [groups][64]
   const u32* src = qm + (((size_t)ct * (K / 64) + kb / 64) * 32 + lane) * 4;
 
   // the weights, zero points and scales do not depend on the kernel before: load them before the wait
   uint4 buf[AHEAD];
-  const int stages = (chunks + STAGE - 1) / STAGE;
-  const u32 ring0 = (u32)__cvta_generic_to_shared(ring + (warp * SLOTS) * STAGE * 32);
-  const u32 bar0 = (u32)__cvta_generic_to_shared(bars + warp * SLOTS);
-  // the warp's chunks are contiguous: chunk j at src0 + j * 512 bytes
-  const u32* src0 = qm + ((size_t)ct * (K / 64) + kb / 64) * 128;
-  auto issue = [&](int st) {  // lane 0: stage st into its slot
-    const int nchunks = min(STAGE, chunks - st * STAGE);
-    bulk_load(ring0 + (st % SLOTS) * STAGE * 512, src0 + (size_t)st * STAGE * 128, nchunks * 512,
-              bar0 + (st % SLOTS) * 8);
-  };
-  if constexpr (BULK) {
-    if (lane == 0) {
-      for (int i = 0; i < SLOTS; ++i) mbar_init(bar0 + i * 8, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-      for (int i = 0; i < SLOTS && i < stages; ++i) issue(i);
-    }
-    __syncwarp();
-  } else {
 #pragma unroll
-    for (int i = 0; i < AHEAD; ++i) {
-      if (i < chunks) ldg_stream4(src + (size_t)i * 128, buf[i]);
-    }
+  for (int i = 0; i < AHEAD; ++i) {
+    if (i < chunks) ldg_stream4(src + (size_t)i * 128, buf[i]);
   }
   const int g0 = kb / G;
   for (int e = threadIdx.x; e < groups * 2 * WARPS; e += THREADS) {
@@ -275,33 +233,14 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
       acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
     }
   };
-  if constexpr (BULK) {
-    for (int st = 0; st < stages; ++st) {
-      const int slot = st % SLOTS;
-      mbar_wait(bar0 + slot * 8, (st / SLOTS) & 1);
-      const int nchunks = min(STAGE, chunks - st * STAGE);
-      uint4 v[STAGE];
+  for (int j0 = 0; j0 < chunks; j0 += AHEAD) {
 #pragma unroll
-      for (int c = 0; c < STAGE; ++c) {
-        if (c < nchunks) v[c] = ring[((warp * SLOTS + slot) * STAGE + c) * 32 + lane];
-      }
-      __syncwarp();  // every lane has its words of this slot: it may be refilled
-      if (lane == 0 && st + SLOTS < stages) issue(st + SLOTS);
-#pragma unroll
-      for (int c = 0; c < STAGE; ++c) {
-        if (c < nchunks) chunk(v[c]);
-      }
-    }
-  } else {
-    for (int j0 = 0; j0 < chunks; j0 += AHEAD) {
-  #pragma unroll
-      for (int i = 0; i < AHEAD; ++i) {
-        const int j = j0 + i;
-        if (j >= chunks) break;
-        const uint4 v = buf[i];
-        if (j + AHEAD < chunks) ldg_stream4(src + (size_t)(j + AHEAD) * 128, buf[i]);
-        chunk(v);
-      }
+    for (int i = 0; i < AHEAD; ++i) {
+      const int j = j0 + i;
+      if (j >= chunks) break;
+      const uint4 v = buf[i];
+      if (j + AHEAD < chunks) ldg_stream4(src + (size_t)(j + AHEAD) * 128, buf[i]);
+      chunk(v);
     }
   }
 
@@ -349,14 +288,8 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
       int *__restrict__ cnt, int M, int N, int K, int G, int sx
 
 extern "C" __global__ void __launch_bounds__(THREADS) w4a16_mma_bf16(MMA_ARGS) {
-  mma_body<true, 4, false>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
+  mma_body<true, 4>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
 }
 extern "C" __global__ void __launch_bounds__(THREADS) w4a16_mma_f16(MMA_ARGS) {
-  mma_body<false, 4, false>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
-}
-extern "C" __global__ void __launch_bounds__(THREADS) w4a16_mma_bf16_bulk(MMA_ARGS) {
-  mma_body<true, 4, true>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
-}
-extern "C" __global__ void __launch_bounds__(THREADS) w4a16_mma_f16_bulk(MMA_ARGS) {
-  mma_body<false, 4, true>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
+  mma_body<false, 4>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
 }
