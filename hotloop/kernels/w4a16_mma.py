@@ -67,10 +67,10 @@ SHARED_LIMIT = 48 * 1024  # dynamic shared memory without the opt-in attribute
 
 
 def shared_bytes(m: int, k: int, group_size: int, split: int) -> int:
-    """A block's dynamic shared memory: its K slice of x (``m`` rows, padded), zero points, scales."""
+    """A block's dynamic shared memory: its K slice of x (``m`` rows), zero points, scales."""
     kps = k // split
     groups = kps // group_size
-    return 4 * (m * (kps // 2 + 4) + groups * 2 * (COLUMNS // 16)) + 2 * groups * COLUMNS
+    return 4 * (m * (kps // 2) + groups * 2 * (COLUMNS // 16)) + 2 * groups * COLUMNS
 
 
 def fits(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, split: int) -> str | None:

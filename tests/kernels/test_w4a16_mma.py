@@ -60,7 +60,7 @@ def test_fits_and_refusals() -> None:
     # 8 rows of a whole 14336-row K in shared memory: 229 KB; in 8 slices: 29 KB
     assert "shared memory" in (w4a16_mma.fits(8, 4096, 14336, 128, bf16, 1) or "")
     assert w4a16_mma.fits(8, 4096, 14336, 128, bf16, 8) is None
-    assert w4a16_mma.shared_bytes(1, 4096, 128, 2) == 4 * (1 * (1024 + 4) + 16 * 8) + 2 * 16 * 64
+    assert w4a16_mma.shared_bytes(1, 4096, 128, 2) == 4 * (1024 + 16 * 8) + 2 * 16 * 64
     with pytest.raises(ValueError, match="MMA layout needs"):
         w4a16_mma.mma_layout(torch.zeros(100, 8, dtype=torch.int32))
     qweight, qzeros, scales = random_awq(256, 128, 128, bf16, "cpu")

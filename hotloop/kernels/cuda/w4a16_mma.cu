@@ -154,9 +154,8 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
   const int chunks = kps / 64;
   const int n8 = N >> 3;
   const int groups = kps / G;
-  const int xstride = kps / 2 + 4;
-  u32* xs = smem;                                                         // [M][xstride]
-  u32* zs = xs + M * xstride;                                             // [groups][2 WARPS]
+  u32* xf = smem;  // [M][chunks][4 t][8]: lane t's B words of a chunk (see the staging below)
+  u32* zs = xf + M * chunks * 32;                                         // [groups][2 WARPS]
   unsigned short* ss = reinterpret_cast<unsigned short*>(zs + groups * 2 * WARPS);  // [groups][64]
   const u32* src = qm + (((size_t)ct * (K / 64) + kb / 64) * 32 + lane) * 4;
 
@@ -177,15 +176,20 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x is written by the kernel before
   asm volatile("griddepcontrol.launch_dependents;");
+  // x word w of row m (rows k = 2w, 2w + 1 of the slice) to lane t's 8 words of its chunk: for K tile q,
+  // (x[16q + 2t], x[16q + 2t + 1]) at 2q (b0) and (x[16q + 2t + 8], x[16q + 2t + 9]) at 2q + 1 (b1)
   for (int e = threadIdx.x; e < M * (kps / 2); e += THREADS) {
     const int m = e / (kps / 2);
     const int w = e - m * (kps / 2);
-    xs[m * xstride + w] = ldg_u32(reinterpret_cast<const u32*>(x + (size_t)m * sx + kb) + w);
+    const int k = 2 * w;
+    const int r = k & 15;
+    xf[((m * chunks + (k >> 6)) * 4 + ((r & 7) >> 1)) * 8 + 2 * ((k >> 4) & 3) + (r >> 3)] =
+        ldg_u32(reinterpret_cast<const u32*>(x + (size_t)m * sx + kb) + w);
   }
   __syncthreads();
 
   // this lane's B column is activation row g (rows past M repeat the last: their sums are unused)
-  const u32* xk = xs + min(g, M - 1) * xstride + t;
+  const uint4* xk = reinterpret_cast<const uint4*>(xf + (min(g, M - 1) * chunks * 4 + t) * 8);
   const int zshift = 4 * ((g & 1) * 4 + (g >> 1));  // column g of a zero-point word (AutoAWQ order)
   float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -215,16 +219,17 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
       ++gi;
       left = cpg;
     }
+    const uint4 xa = xk[0];
+    const uint4 xb = xk[1];
+    xk += 8;  // the next chunk: 4 lanes x 8 words
+    const u32 xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
     const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const u32 b0 = xk[8 * q];
-      const u32 b1 = xk[8 * q + 4];
       u32 a[4];
       unpack<BF16>(w[q], zg, zh, zg0, zh0, a);
-      mma<BF16>(a, b0, b1, acc);
+      mma<BF16>(a, xw[2 * q], xw[2 * q + 1], acc);
     }
-    xk += 32;
     if (--left == 0) {  // the group ends: scale its sums into the totals
       tot[0] = fmaf(acc[0], sg, tot[0]);
       tot[1] = fmaf(acc[1], sg, tot[1]);
@@ -238,9 +243,8 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
     for (int i = 0; i < AHEAD; ++i) {
       const int j = j0 + i;
       if (j >= chunks) break;
-      const uint4 v = buf[i];
+      chunk(buf[i]);  // then refill the same registers (a copy first would cost 4 moves a chunk)
       if (j + AHEAD < chunks) ldg_stream4(src + (size_t)(j + AHEAD) * 128, buf[i]);
-      chunk(v);
     }
   }
 
@@ -288,8 +292,8 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
       int *__restrict__ cnt, int M, int N, int K, int G, int sx
 
 extern "C" __global__ void __launch_bounds__(THREADS) w4a16_mma_bf16(MMA_ARGS) {
-  mma_body<true, 4>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
+  mma_body<true, 5>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
 }
 extern "C" __global__ void __launch_bounds__(THREADS) w4a16_mma_f16(MMA_ARGS) {
-  mma_body<false, 4>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
+  mma_body<false, 5>(x, qm, qz, sc, ws, out, cnt, M, N, K, G, sx);
 }
