@@ -158,3 +158,42 @@ def gemv(
         pdl=pdl(x2.device),
     )
     return out
+
+
+ENV = "HOTLOOP_W4A16_MMA"  # "1": AWQ layers on CUDA also keep the MMA layout and use this GEMV for 1-8 rows
+_splits: dict[tuple, int] = {}
+
+
+def enabled() -> bool:
+    """Whether the engine should use this GEMV (opt-in: it keeps a second copy of the int4 weights)."""
+    import os
+
+    return os.environ.get(ENV, "0") == "1"
+
+
+def best_split(k: int, n: int, group_size: int, dtype: torch.dtype, device: torch.device) -> int | None:
+    """The fastest fitting split for one row of this shape on ``device``, timed once per process
+    (CUDA-graph replays with a cold L2, ``w4a16_gemm.graph_time_us``) on random weights; ``None``
+    where no split fits. Must not run inside a CUDA-graph capture (it is called at load)."""
+    fitting = [s for s in SPLITS if fits(1, n, k, group_size, dtype, s) is None]
+    if not fitting:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, dtype, k, n, group_size)
+    if key not in _splits:
+        from functools import partial
+
+        from hotloop.kernels.w4a16_gemm import graph_time_us
+
+        gen = torch.Generator(device=device).manual_seed(0)
+        words = torch.randint(-(2**31), 2**31 - 1, (n // 16, k // 64, 32, 4), device=device, generator=gen)
+        qmma = words.to(torch.int32)
+        qzeros = torch.randint(-(2**31), 2**31 - 1, (k // group_size, n // 8), device=device, generator=gen)
+        scales = (torch.rand(k // group_size, n, device=device, generator=gen) * 1e-2).to(dtype)
+        x = torch.randn(1, k, device=device, generator=gen).to(dtype)
+        zeros = qzeros.to(torch.int32)
+        times = {
+            s: graph_time_us(partial(gemv, x, qmma, zeros, scales, group_size, s), device) for s in fitting
+        }
+        _splits[key] = min(times, key=lambda s: times[s])
+    return _splits[key]
