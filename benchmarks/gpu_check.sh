@@ -45,7 +45,6 @@
 #   read     the every-candidate W4A16 GPU test, then w4a16_read_probe.py (plain and GEMV-pattern reads vs the GEMV).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncusass  Nsight Compute on the tensor-core GEMV: instruction statistics and per-SASS-line counters.
-#   mmabs1   the opt-in tensor-core W4A16 path (HOTLOOP_W4A16_MMA=1): its tests, then W4A16 batch 1 with and without.
 #   mma      the tensor-core W4A16 GEMV's GPU tests, then w4a16_read_probe.py (it against the CUDA-core GEMV,
 #            per shape and in a decode-like chain of 8 layers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -549,17 +548,6 @@ if [ "$what" = ncusass ]; then  # one GPU: the tensor-core GEMV's instructions a
     python3 "$here/ncu_w4a16.py" >"$out/ncu_sass.csv" 2>&1
   echo "ncu sass rc=$? lines=$(wc -l <"$out/ncu_sass.csv")"
   head -3 "$out/ncu_sass.csv" | cut -c1-400
-  exit 0
-fi
-if [ "$what" = mmabs1 ]; then  # one GPU: the opt-in tensor-core W4A16 path, its tests, then batch 1 A/B
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 150 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_mma.py \
-    tests/layers/test_linear_awq_mma.py >"$out/mma_tests.log" 2>&1
-  echo "tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/mma_tests.log" | cut -c1-300 | head -20
-  HOTLOOP_W4A16_MMA=1 bs1 awq_mma llama3-8b --model-format awq
-  bs1 awq llama3-8b --model-format awq
-  grep -iE "error|warn|refused" "$out/bs1_awq_mma.log" | cut -c1-300 | head -5
   exit 0
 fi
 if [ "$what" = mma ]; then  # one GPU

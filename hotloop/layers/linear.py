@@ -105,11 +105,6 @@ class AWQLinearMethod:
         if weight is not None:  # dequantized at load (CPU)
             return F.linear(x, weight, layer.bias)
         qweight, qzeros, scales = (cast(torch.Tensor, getattr(layer, n)) for n in AWQ_PARAM_NAMES)
-        qmma = layer._buffers.get("qmma")
-        if qmma is not None and x.numel() // x.shape[-1] <= 8:
-            y = _mma_gemv(layer, x, qmma, qzeros, scales, self.group_size)
-            if y is not None:
-                return y if layer.bias is None else y + layer.bias
         if ops.use_triton(x):
             from hotloop.kernels.w4a16_gemm import w4a16_gemm
 
@@ -119,13 +114,9 @@ class AWQLinearMethod:
         return y if layer.bias is None else y + layer.bias
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        """On the CPU, replace the packed tensors by the dequantized dense weight ``[out, in]``. On
-        CUDA with ``HOTLOOP_W4A16_MMA=1`` (opt-in), also keep the weights in the tensor-core GEMV's
-        layout for 1-8 rows (``kernels/w4a16_mma.py``; a second copy of the int4 weights), with its
-        split timed once per shape here, outside any CUDA-graph capture."""
+        """On the CPU, replace the packed tensors by the dequantized dense weight ``[out, in]``."""
         qweight = cast(torch.Tensor, layer.qweight)
         if qweight.is_cuda:
-            _keep_mma_layout(layer, qweight, self.group_size)
             return
         qzeros, scales = cast(torch.Tensor, layer.qzeros), cast(torch.Tensor, layer.scales)
         dense = reference.w4a16_dequantize(qweight, qzeros, scales.float(), self.group_size)
@@ -135,45 +126,6 @@ class AWQLinearMethod:
 
 
 AWQ_PARAM_NAMES = ("qweight", "qzeros", "scales")
-
-
-def _keep_mma_layout(layer: Linear, qweight: torch.Tensor, group_size: int) -> None:
-    from hotloop.kernels import counters, w4a16_mma
-
-    if not w4a16_mma.enabled() or not w4a16_mma.available(qweight.device):
-        return
-    k, n = qweight.shape[0], qweight.shape[1] * PACK_FACTOR
-    split = w4a16_mma.best_split(k, n, group_size, layer.dtype, qweight.device)
-    if split is None:
-        return
-    layer.register_buffer("qmma", w4a16_mma.mma_layout(qweight), persistent=False)
-    layer.__dict__["mma_split"] = split  # (a plain attribute, not a parameter or buffer)
-    counters.counters(qweight.device, "w4a16_mma", n // w4a16_mma.COLUMNS)  # made before any capture
-
-
-_mma_fallback_warned = False
-
-
-def _mma_gemv(
-    layer: Linear, x: torch.Tensor, qmma: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group: int
-) -> torch.Tensor | None:
-    """The tensor-core GEMV, or ``None`` (warned once) where it refuses the call."""
-    global _mma_fallback_warned
-    from hotloop.kernels import cuda_jit, w4a16_mma
-
-    x2 = x.reshape(-1, x.shape[-1])
-    try:
-        y = w4a16_mma.gemv(x2, qmma, qzeros, scales, group, layer.__dict__["mma_split"])
-    except (ValueError, cuda_jit.CudaError) as e:
-        if not _mma_fallback_warned:
-            _mma_fallback_warned = True
-            import logging
-
-            logging.getLogger(__name__).warning(
-                "tensor-core W4A16 GEMV refused a call (%s); using w4a16_gemm", e
-            )
-        return None
-    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def _column_shard_loader(layer: Linear, pack: int) -> WeightLoader:
