@@ -3,8 +3,10 @@ limits and launch.
 
 ``y = x @ W`` for ``x`` of 1-8 16-bit rows and ``W`` int4 with AutoAWQ zero points and scales. The
 multiply-adds run on the tensor cores (``mma.sync`` m16n8k16, ``W^T`` as the A operand, ``x^T`` as
-B), so a 32-bit word of weights costs about 12 instructions instead of the CUDA-core GEMV's 21
-(``w4a16_cuda.py``). The packed weights must first be put in the **MMA layout**
+B): its inner loop spends about 12 instructions per 32-bit word of weights, the CUDA-core GEMV's
+(``w4a16_cuda.py``) 21. It is tested and not used by the engine: faster in isolation on an H200,
+not at batch 1 in the engine, and it needs its own copy of the weights (BENCHMARKS.md, sixteenth
+session). The packed weights must first be put in the **MMA layout**
 (:func:`mma_layout`): per 16-column tile and 64 rows of K, lane ``4g + t`` of a warp holds four
 words, one per 16-row tile, and word ``i``'s nibbles ``i`` and ``i + 4`` are the two halves of its A
 register ``i``:

@@ -22,9 +22,12 @@
 // - A block is 4 warps on 4 neighbouring 16-column tiles (64 columns) and one K slice (gridDim.y
 //   slices). Its slice of x and of the zero points and scales is staged in shared memory first (an
 //   activation load from global memory before every mma made the warps wait on L2: ncu saw 55% of
-//   stalls there and the DRAM at 40%). With a split, each block writes float32 partials; the last block of a column tile to
-//   arrive (a counter, reset by that block) adds them in slice order: one launch, a result that does
-//   not depend on timing.
+//   stalls there and the DRAM at 40%). With a split, each block writes float32 partials; the last
+//   block of a column tile to arrive (a counter, reset by that block) adds them in slice order: one
+//   launch, a result that does not depend on timing.
+// - On the H200 (BENCHMARKS.md, sixteenth session) it is faster than w4a16_gemv.cu in isolation (the
+//   four GEMMs of a Llama-3-8B layer: 54.2 against 61.6 us) but was not faster in the engine at
+//   batch 1, so the engine does not use it.
 
 typedef unsigned int u32;
 
@@ -130,11 +133,12 @@ __device__ __forceinline__ unsigned short to16(float v) {
 }
 
 // x: [M, K] 16-bit (row stride sx elements), qm: the MMA layout [N/16][K/64][32][4], out: [M, N].
-// Shared memory (dynamic): the block's K slice of x, M rows of kps / 2 + 4 words (the 4-word pad puts
-// the 8 rows a warp reads on distinct banks); the slice's zero-point words (2 per warp per group) and
-// scales (64 per group).
-// AHEAD: 16-byte weight loads in flight per lane, in registers. (A cp.async ring in shared memory,
-// 8 or 16 chunks per lane, was slower on the H200: gate/up 31.4 / 35.9 us against 29.2.)
+// Shared memory (dynamic): the block's K slice of x in fragment order, [M][chunks][4 t][8] words (a
+// lane's B words of a 64-row chunk are two 16-byte loads); the slice's zero-point words (2 per warp
+// per group) and scales (64 per group).
+// AHEAD: 16-byte weight loads in flight per lane, in registers, each refilled in place after its
+// chunk is computed (copying it out first cost 4 moves a chunk). Tried and slower on the H200: 8 loads
+// ahead, a per-lane cp.async ring of 8 or 16 chunks, a per-warp cp.async.bulk ring.
 template <bool BF16, int AHEAD>
 __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, const u32* __restrict__ qm,
                                          const u32* __restrict__ qz, const unsigned short* __restrict__ sc,
