@@ -172,23 +172,31 @@ def _decode_graph(dtype: torch.dtype) -> dict[str, float]:
 
     out: dict[str, float] = {}
     for key, fn in (("w4a16", run_q), ("bf16", run_d)):
-        fn()  # tunes and compiles, and makes the split-K counters, outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(5):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000.0)
+        times = graph_replay_us(fn)
         out[f"{key}_us_per_layer"] = round(statistics.median(times) / LAYERS_IN_GRAPH, 2)
     return out
+
+
+def graph_replay_us(fn: Any, replays: int = 5) -> list[float]:
+    """``fn`` run once eagerly (it tunes and compiles, and makes the split-K counters, outside the
+    capture), captured in a CUDA graph, replayed once to warm up, then timed over ``replays`` replays
+    (CUDA events, us each)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return times
 
 
 def main() -> None:

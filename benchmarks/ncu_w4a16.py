@@ -1,11 +1,12 @@
 """One launch of each W4A16 one-row kernel on the gate/up shape (4096 x 28672), for Nsight Compute.
 
-    ncu --clock-control none -k regex:'w4a16|read_' --section SpeedOfLight --section Occupancy \\
-        --section WarpStateStats --section SchedulerStats python3 benchmarks/ncu_w4a16.py
+    ncu --clock-control none --launch-skip 6 -k regex:'w4a16|read_' --section SpeedOfLight \\
+        --section Occupancy --section WarpStateStats --section SchedulerStats python3 benchmarks/ncu_w4a16.py
 
 Runs: the CUDA-core GEMV (4, 32) and (4, 16), the tensor-core GEMV (split 2 and 8), and the read-only
-probes of ``benchmarks/cuda/read_probe.cu`` (a plain stream and the GEMV's pattern). Each kernel is
-launched once after a warm-up launch (``--launch-skip`` is not needed: ncu replays each launch).
+probes of ``benchmarks/cuda/read_probe.cu`` (a plain stream and the GEMV's pattern): six launches, in
+two rounds. The first round builds and warms up; ``--launch-skip 6`` profiles the second only (as
+``bash benchmarks/gpu_check.sh OUT ncu`` does).
 """
 
 from __future__ import annotations

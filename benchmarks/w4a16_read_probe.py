@@ -1,4 +1,4 @@
-"""How far the CUDA W4A16 one-row GEMV is from reading its weights: three times per projection.
+"""How far the W4A16 one-row GEMVs are from reading their weights.
 
 For each Llama-3-8B projection at M = 1 (GPU time, cold L2: ``w4a16_gemm.graph_time_us``):
 
@@ -6,10 +6,12 @@ For each Llama-3-8B projection at M = 1 (GPU time, cold L2: ``w4a16_gemm.graph_t
   a grid-stride loop of 16-byte loads; 2, 4 or 8 blocks per SM, 4 or 8 loads in flight per thread);
 - ``gemv_pattern``: the same bytes in exactly the GEMV's access pattern (AutoAWQ layout, 4 lanes of
   16-byte loads by 64 slots of R rows, K split across blocks), with no arithmetic;
-- every variant of the GEMV itself (``kernels/w4a16_cuda.py``).
+- every variant of the CUDA-core GEMV the engine uses (``kernels/w4a16_cuda.py``);
+- the tensor-core GEMV (``kernels/w4a16_mma.py``, not used by the engine) at every split.
 
 The differences say what a faster kernel could win: GEMV minus pattern is arithmetic and reduction
-not hidden behind the loads; pattern minus stream is the access pattern and the grid.
+not hidden behind the loads; pattern minus stream is the access pattern and the grid. Last, the
+four projections of 8 layers in one CUDA graph (``decode_chain``), with each GEMV's fastest launch.
 
     python benchmarks/w4a16_read_probe.py OUT.json
 """
@@ -22,7 +24,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from awq_gemm import GROUP, SHAPES  # (benchmarks/ is on the path when this script runs)
+from awq_gemm import GROUP, SHAPES, graph_replay_us  # (benchmarks/ is on the path when this script runs)
 
 from hotloop.kernels import cuda_jit, w4a16_cuda, w4a16_mma
 from hotloop.kernels.w4a16_gemm import graph_time_us
@@ -33,7 +35,8 @@ PROBES = ["read_stream_u4", "read_stream_u8", "read_gemv_nl4_r16", "read_gemv_nl
 
 def decode_chain(dev: torch.device, dtype: torch.dtype, rows: list[dict]) -> list[dict]:
     """The four projections of 8 distinct layers in one CUDA graph (no flush between them, as in a
-    decode step), each shape with its fastest CUDA-core launch, then with its fastest MMA launch."""
+    decode step), each shape with its fastest CUDA-core launch, then with its fastest MMA launch;
+    per layer, the best of 5 replays."""
     layers = []
     for i in range(8):
         layer = {}
@@ -66,21 +69,8 @@ def decode_chain(dev: torch.device, dtype: torch.dtype, rows: list[dict]) -> lis
                         nl, r = (int(v) for v in probe.removeprefix("gemv_nl").split("_r"))
                         w4a16_cuda.gemv(xs[name], qw, qz, sc, GROUP, nl, r, out=outs[name])
 
-        run()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
-        graph.replay()
-        times = []
-        for _ in range(5):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000.0 / len(layers))
-        row = {"chain": kind, "us_per_layer": round(min(times), 2), "choice": choice}
+        best = min(graph_replay_us(run)) / len(layers)
+        row = {"chain": kind, "us_per_layer": round(best, 2), "choice": choice}
         print(json.dumps(row), flush=True)
         result.append(row)
     return result

@@ -239,9 +239,9 @@ _modules: dict[tuple[str, int], dict[str, Kernel] | None] = {}
 
 
 def load(source_name: str, device: torch.device, names: Sequence[str]) -> dict[str, Kernel] | None:
-    """The kernels ``names`` of ``kernels/cuda/<source_name>`` on ``device``, compiled and loaded
-    once per process and device; ``None`` (logged once) where CUDA kernels are off, there is no
-    nvcc, or the compile or load fails."""
+    """The kernels ``names`` of ``kernels/cuda/<source_name>`` (an absolute path is taken as it is:
+    the benchmarks' probes) on ``device``, compiled and loaded once per process and device; ``None``
+    (logged once) where CUDA kernels are off, there is no nvcc, or the compile or load fails."""
     if not enabled() or device.type != "cuda":
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()

@@ -6,7 +6,7 @@ memory) and does the Triton ``half2`` kernel's packed 16-bit arithmetic; the sou
 how. A variant is ``(NL, R)``: ``NL`` lanes of 32 columns along N per 256-thread block and ``R``
 rows of K per thread, so a block covers ``32 NL`` columns and ``(256 / NL) R`` rows, and K is split
 into ``K / ((256 / NL) R)`` slices (the last block of a column tile to finish adds the slices, in a
-fixed order); ``FENCE`` 1 puts all of a thread's loads in flight before its arithmetic. ``w4a16_gemm``'s tuner times the variants that fit a shape beside the Triton launches
+fixed order). ``w4a16_gemm``'s tuner times the variants that fit a shape beside the Triton launches
 (kind ``"cuda"``) and keeps the fastest; they exist only where ``cuda_jit`` can compile them.
 """
 

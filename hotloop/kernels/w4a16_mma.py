@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from hotloop.kernels import counters, cuda_jit
+from hotloop.kernels import counters, cuda_jit, w4a16_cuda
 from hotloop.kernels.pdl import pdl
 from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes, unpack_int4
 
@@ -96,11 +96,9 @@ def fits(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, split: int
     return None
 
 
-def available(device: torch.device) -> bool:
-    """Whether the kernel can be built here (Hopper or newer, nvcc found, CUDA kernels on)."""
-    if device.type != "cuda" or not cuda_jit.enabled() or cuda_jit.find_nvcc() is None:
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+# whether the kernel can be built here: the same conditions as the CUDA-core GEMV's (Hopper or newer,
+# nvcc found, CUDA kernels on)
+available = w4a16_cuda.available
 
 
 def gemv(

@@ -2,9 +2,10 @@
 // (hotloop/kernels/w4a16_mma.py: mma_layout), zero points and scales in the AutoAWQ layout
 // (qzeros [K/G, N/8] int32, scales [K/G, N] in x's dtype). Compiled by cuda_jit.py at first use.
 //
-// Why: the one-row GEMV of w4a16_gemv.cu spends about 21 instructions per 32-bit word of weights
-// (unpack, zero point, a packed multiply-add per column pair, float32 sums every 8 rows) and the SM's
-// instruction rate, not the bytes, sets its time. Here one mma.sync m16n8k16 does the multiply-adds
+// Why: the one-row GEMV of w4a16_gemv.cu spends about 21 instructions per 32-bit word of weights in
+// its inner loop (unpack, zero point, a packed multiply-add per column pair, float32 sums every 8
+// rows); this kernel was written to test whether fewer would make it faster (BENCHMARKS.md, sixteenth
+// session: not settled). Here one mma.sync m16n8k16 does the multiply-adds
 // of a 16 x 16 weight tile: W^T is the A operand (16 columns by 16 rows of K), x^T the B operand (its
 // 8 columns are the activation rows: row 0 only at batch 1; the other columns' sums are not used).
 //
@@ -76,10 +77,11 @@ __device__ __forceinline__ u32 hfma2_f16(u32 a, u32 b, u32 c) {
   return d;
 }
 
-// A register i of a word, as (q - z) in both halves; zg / zh: the packed -(magic + z) of columns g and
-// g + 8 (bf16), or -(magic / 16 + z) (fp16, for the nibbles masked in place)
+// A register i of a word, as (q - z) in both halves. zg: the packed -(magic + z) of column g
+// (registers 0 and 2); zh: that of column g + 8 (registers 1 and 3), which for fp16 is -(64 + z),
+// its nibbles being masked in place (1024 + 16 q) and scaled by 1/16 first.
 template <bool BF16>
-__device__ __forceinline__ void unpack(u32 v, u32 zg, u32 zh, u32 zg0, u32 zh0, u32 (&a)[4]) {
+__device__ __forceinline__ void unpack(u32 v, u32 zg, u32 zh, u32 (&a)[4]) {
   if (BF16) {
     a[0] = hadd2<true>(lop_magic<true>(v, 0x000F000Fu), zg);
     a[1] = hadd2<true>(lop_magic<true>(v >> 4, 0x000F000Fu), zh);
@@ -87,12 +89,10 @@ __device__ __forceinline__ void unpack(u32 v, u32 zg, u32 zh, u32 zg0, u32 zh0, 
     a[3] = hadd2<true>(lop_magic<true>(v >> 12, 0x000F000Fu), zh);
   } else {
     const u32 v8 = v >> 8;
-    a[0] = hadd2<false>(lop_magic<false>(v, 0x000F000Fu), zg0);                // 1024 + q - (1024 + z)
+    a[0] = hadd2<false>(lop_magic<false>(v, 0x000F000Fu), zg);                 // 1024 + q - (1024 + z)
     a[1] = hfma2_f16(lop_magic<false>(v, 0x00F000F0u), 0x2C002C00u, zh);     // (1024 + 16 q) / 16 - (64 + z)
-    a[2] = hadd2<false>(lop_magic<false>(v8, 0x000F000Fu), zg0);
+    a[2] = hadd2<false>(lop_magic<false>(v8, 0x000F000Fu), zg);
     a[3] = hfma2_f16(lop_magic<false>(v8, 0x00F000F0u), 0x2C002C00u, zh);
-    (void)zg;
-    (void)zh0;  // (fp16 uses zg0 for column g and zh for column g + 8)
   }
 }
 
@@ -197,7 +197,7 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
   const int zshift = 4 * ((g & 1) * 4 + (g >> 1));  // column g of a zero-point word (AutoAWQ order)
   float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  u32 zg = 0, zh = 0, zg0 = 0, zh0 = 0;
+  u32 zg = 0, zh = 0;
   float sg = 0.0f, sh = 0.0f;
   const int cpg = G / 64;  // 16-byte loads per group
   int gi = 0;              // the slice's group of the next chunk
@@ -217,7 +217,7 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
       } else {
         const u32 a0 = (u32)to16<false>(-(1024.0f + z0));  // registers 0 / 2: column g, low nibbles
         const u32 a1 = (u32)to16<false>(-(64.0f + z1));    // registers 1 / 3: column g + 8, high
-        zg0 = a0 | (a0 << 16);
+        zg = a0 | (a0 << 16);
         zh = a1 | (a1 << 16);
       }
       ++gi;
@@ -231,7 +231,7 @@ __device__ __forceinline__ void mma_body(const unsigned short* __restrict__ x, c
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       u32 a[4];
-      unpack<BF16>(w[q], zg, zh, zg0, zh0, a);
+      unpack<BF16>(w[q], zg, zh, a);
       mma<BF16>(a, xw[2 * q], xw[2 * q + 1], acc);
     }
     if (--left == 0) {  // the group ends: scale its sums into the totals
