@@ -48,6 +48,10 @@
 #   mma      the tensor-core W4A16 GEMV's GPU tests, then w4a16_read_probe.py (it against the CUDA-core GEMV,
 #            per shape and in a decode-like chain of 8 layers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
+#   fresh    the quantized-KV and attention kernels' GPU tests and the quantized-KV engine GPU tests, the prefill
+#            sweep at 1,024 / 4,096 tokens (a quantized prefill with its own keys from k_new / v_new and
+#            without), then Nsight Compute on the decode (batch 128 x 4k) and prefill kernels
+#            (benchmarks/ncu_attention.py; one GPU).
 #   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
@@ -559,6 +563,26 @@ if [ "$what" = mma ]; then  # one GPU
   timeout 300 python3 "$here/w4a16_read_probe.py" "$out/read_probe.json" >"$out/read_probe.log" 2>&1
   echo "read probe rc=$?"
   grep -E 'gemv_nl|mma|chain|best|Error' "$out/read_probe.log" | cut -c1-300 | tail -50
+  exit 0
+fi
+if [ "$what" = fresh ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_quant_kernels.py \
+    tests/kernels/test_attention_kernels.py tests/kernels/test_launch_replay.py tests/api/test_gpu_parity.py \
+    tests/api/test_kv_quant_engine.py >"$out/fresh_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/fresh_tests.log" | cut -c1-300 | head -40
+  timeout 120 python3 "$here/kv_attention_sweep.py" --out "$out/sweep.json" --quick --no-decode \
+    --prefill-lens 1024,4096 >"$out/sweep.log" 2>&1
+  echo "sweep rc=$?"
+  grep -E "prefill T=" "$out/sweep.log" | cut -c1-200
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  timeout 200 "$NCU" --clock-control none --launch-skip 5 -k 'regex:_decode_kernel|_prefill_kernel' \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis --section InstructionStats --section LaunchStats \
+    python3 "$here/ncu_attention.py" >"$out/ncu_attn.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E "^  [_a-zA-Z0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|Registers Per|Block Limit|Executed Instructions |Grid Size|Shared Memory Configuration Size|L1/TEX Hit|L2 Hit" "$out/ncu_attn.txt" | cut -c1-160 | head -150
   exit 0
 fi
 if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kernels

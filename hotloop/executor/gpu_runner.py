@@ -328,10 +328,15 @@ def precompile_attention(
                 q, k_cache, v_cache, tables, empty, m.scale, m.sliding_window, splits, out=out
             )
         starts = torch.zeros(2, dtype=torch.int32, device=device)  # no queries
+        # a quantized cache's prefill rows read this step's keys from the projection output
+        k = qkv[:, m.num_heads : m.num_heads + m.num_kv_heads]
+        v = qkv[:, m.num_heads + m.num_kv_heads :]
+        fresh = (k, v) if k_cache.dtype == torch.uint8 else (None, None)
         for max_query_len in (1, 64):
             paged_prefill_attention(
-                q, k_cache, v_cache, tables, empty, starts, max_query_len, m.scale, m.sliding_window
-            )
+                q, k_cache, v_cache, tables, empty, starts, max_query_len, m.scale, m.sliding_window,
+                k_new=fresh[0], v_new=fresh[1],
+            )  # fmt: skip
     torch.cuda.synchronize(device)
 
 

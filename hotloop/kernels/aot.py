@@ -131,25 +131,28 @@ def compile_prefill(
     max_query_len: int = 4096,
     asm: int | None = None,
     diag_split: bool | None = None,
+    fresh: bool = False,
 ) -> Any:
     """The prefill kernel for cache policy ``quant``, model ``dtype`` and a longest query; ``asm``
     overrides the code-reading bits, as in ``compile_decode``; ``diag_split`` the launcher's
-    ``DIAG_SPLIT``."""
+    ``DIAG_SPLIT``; ``fresh``: this step's keys and values read from ``k_new`` / ``v_new``."""
     from hotloop.kernels import paged_prefill_attention as pf
 
     t = _TYPES[dtype]
     cache = "*u8" if quant else f"*{t}"
     strides = ["stride_qt", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt",
-               "stride_vh", "stride_bt", "stride_ot", "stride_oh"]  # fmt: skip
+               "stride_vh", "stride_bt", "stride_ot", "stride_oh", "stride_knt", "stride_knh", "stride_vnt",
+               "stride_vnh"]  # fmt: skip
     sig = {"q_ptr": f"*{t}", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i32",
-           "seq_lens_ptr": "*i32", "query_start_ptr": "*i32", "out_ptr": f"*{t}", "scale_log2": "fp32"}  # fmt: skip
+           "seq_lens_ptr": "*i32", "query_start_ptr": "*i32", "out_ptr": f"*{t}", "kn_ptr": f"*{t}",
+           "vn_ptr": f"*{t}", "scale_log2": "fp32"}  # fmt: skip
     sig.update({s: "i32" for s in strides})
     block_m, block_n, warps, stages = pf.prefill_config(D, max_query_len, quant, diag_split)
     if asm is None:  # what the launcher passes on a GPU
         asm = code_mode_bits(True, pf.INT8_PAIRS) & ~4
     consts = {"G": G, "D": D, "BS": BS, "WINDOW": window, "BLOCK_M": block_m, "BLOCK_N": block_n,
               "BLOCK_D": D, **_cache_consts(quant, dtype, asm),
-              "DIAG_SPLIT": pf.DIAG_SPLIT if diag_split is None else diag_split}  # fmt: skip
+              "DIAG_SPLIT": pf.DIAG_SPLIT if diag_split is None else diag_split, "FRESH": fresh}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr") and n not in pf.UNALIGNED_ARGS]
     aligned += [
         s for s in strides if not (quant and s in ("stride_kt", "stride_kh", "stride_vt", "stride_vh"))
@@ -271,6 +274,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "decode-q4-bfloat16-joined": ("decode", {"quant": 4, "dtype": "bfloat16", "asm": 3}),
     "prefill-q0-bfloat16-window-1k": ("prefill", {"quant": 0, "dtype": "bfloat16", "window": 512, "max_query_len": 1024}),
     "prefill-q8-bfloat16-short": ("prefill", {"quant": 8, "dtype": "bfloat16", "max_query_len": 8}),
+    # this step's keys from k_new / v_new (a quantized cache's prefill, as the attention layer launches it)
+    **{f"prefill-q{q}-{d}-fresh": ("prefill", {"quant": q, "dtype": d, "fresh": True})
+       for q, d in _FORMATS if q},
+    "prefill-q8-bfloat16-fresh-window": ("prefill", {"quant": 8, "dtype": "bfloat16", "fresh": True, "window": 512}),
     **{f"prefill-q{q}-bfloat16-diag-1k": ("prefill", {"quant": q, "dtype": "bfloat16", "max_query_len": 1024,
                                                       "diag_split": True}) for q in (0, 8, 4)},
     # the last split merges (fuse_merge)

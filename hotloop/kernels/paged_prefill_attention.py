@@ -6,8 +6,13 @@ cache hit). One program handles ``BLOCK_M`` queries of one head and streams the 
 from the cache with an online softmax. Decode rows (``query_len == 1``) are just short sequences, so
 a mixed batch is one launch.
 
-A quantized (``uint8``) cache, new tokens and cached prefix alike, is read through the same kernel
-with ``QUANT`` 8 or 4 and dequantized per tile in registers, as in ``paged_decode_attention.py``.
+A quantized (``uint8``) cache is read through the same kernel with ``QUANT`` 8 or 4 and dequantized
+per tile in registers, as in ``paged_decode_attention.py``. Given this step's K/V as well (``k_new`` /
+``v_new``, ``FRESH``), a row of more than one new token reads only its cached prefix from the cache
+and its own tokens' keys from those, in the model dtype: the prompt attends to itself unquantized (as
+vLLM's and LMDeploy's quantized caches do), at the float kernel's speed, and later steps read the
+quantized copy that ``rotary_kv_write`` stored. A single-token row (a decode, or a one-token chunk)
+reads everything from the cache, as the decode kernel does.
 """
 
 from __future__ import annotations
@@ -186,6 +191,64 @@ def _attend_tile(
     return acc, m_new, l_i
 
 
+@triton.jit
+def _attend_fresh_tile(
+    acc,
+    m_i,
+    l_i,
+    j0,
+    hi_l,
+    q,
+    offs_m,
+    kn_ptr,
+    vn_ptr,
+    q_start,
+    scale_log2,
+    stride_knt,
+    stride_knh,
+    stride_vnt,
+    stride_vnh,
+    kvh,
+    offs_d,
+    mask_d,
+    WINDOW: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of the tile exists and every query of the tile sees it
+):
+    """One tile of this step's own keys, read from ``k_new`` / ``v_new`` (rows ``q_start + j``):
+    local key ``j`` sits at the same position as local query ``j``, so the causal mask is
+    ``j <= offs_m`` and the window ``j > offs_m - WINDOW``."""
+    offs_j = j0 + tl.arange(0, BLOCK_N)
+    if MASKED:
+        mask_n = offs_j < hi_l
+    else:
+        mask_n = tl.full([BLOCK_N], 1, tl.int1)
+    kmask = mask_n[:, None] & mask_d[None, :]
+    rows = (q_start + offs_j).to(tl.int64)
+    k = tl.load(
+        kn_ptr + rows[:, None] * stride_knt + kvh * stride_knh + offs_d[None, :], mask=kmask, other=0.0
+    )
+    s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale_log2  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        visible = (offs_j[None, :] <= offs_m[:, None]) & mask_n[None, :]
+        if WINDOW > 0:
+            visible = visible & (offs_j[None, :] > offs_m[:, None] - WINDOW)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = m_new
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(
+        vn_ptr + rows[:, None] * stride_vnt + kvh * stride_vnh + offs_d[None, :], mask=kmask, other=0.0
+    ).to(q.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
 # The per-sequence tables are read a scalar or a few entries at a time, so their alignment buys
 # nothing; specialized on it, a mixed step whose prefill rows start at a row not a multiple of four
 # (``seq_lens[num_decodes:]``) compiled a variant of its own while serving (a second or more each).
@@ -202,6 +265,8 @@ def _prefill_kernel(
     seq_lens_ptr,  # [B] int32
     query_start_ptr,  # [B + 1] int32
     out_ptr,  # [T, H, D]
+    kn_ptr,  # [T, KV, D] this step's rotated keys (FRESH only)
+    vn_ptr,  # [T, KV, D] this step's values (FRESH only)
     scale_log2,
     stride_qt,
     stride_qh,
@@ -214,6 +279,10 @@ def _prefill_kernel(
     stride_bt,
     stride_ot,
     stride_oh,
+    stride_knt,
+    stride_knh,
+    stride_vnt,
+    stride_vnh,
     G: tl.constexpr,
     D: tl.constexpr,
     BS: tl.constexpr,
@@ -226,6 +295,7 @@ def _prefill_kernel(
     KV: tl.constexpr,  # KV heads (a quantized block is [BS, KV] codes, then [BS, KV] scale/zero pairs)
     ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs
     DIAG_SPLIT: tl.constexpr = False,  # unmasked loop over the key tiles below the diagonal
+    FRESH: tl.constexpr = False,  # rows of more than one token read their own keys from kn / vn
 ):
     m_blk = tl.program_id(0)
     b = tl.program_id(1)
@@ -263,37 +333,74 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table = block_tables_ptr + b * stride_bt
-    # Key tiles every query of this tile sees ([full_lo, full_hi): below its first query and, with a
-    # window, inside its last query's window) run without the causal, window and length masks; the
-    # tiles before them (the window's edge) and from full_hi on (the diagonal) are masked.
-    full_lo = lo
-    full_hi = lo
-    if DIAG_SPLIT:
-        p0 = ctx + m_blk * BLOCK_M  # the tile's first query position (padded rows come after)
-        full_hi = tl.minimum((p0 + 1) // BLOCK_N * BLOCK_N, hi)
+    if FRESH:
+        # the cache holds keys [lo, c_hi): a multi-token row's cached prefix (every query sees all of
+        # it, a window aside), a single-token row's whole context; this step's keys follow from kn / vn
+        ctx_f = tl.where(q_len > 1, ctx, seq_len)
+        c_hi = tl.minimum(ctx_f, hi)
+        c_full = lo
+        if WINDOW == 0 and DIAG_SPLIT:
+            c_full = tl.maximum(c_hi // BLOCK_N * BLOCK_N, lo)
+        for n0 in range(lo, c_full, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, n0, c_hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
+                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
+                BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, False,
+            )  # fmt: skip
+        for n0 in range(c_full, c_hi, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, n0, c_hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
+                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
+                BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, True,
+            )  # fmt: skip
+        # this step's keys, local index j at position ctx_f + j (none for a single-token row)
+        hi_l = hi - ctx_f
+        f_lo = tl.maximum(lo - ctx_f, 0)
+        f_full = f_lo
+        if WINDOW == 0 and DIAG_SPLIT:
+            f_full = tl.maximum(tl.minimum((m_blk * BLOCK_M + 1) // BLOCK_N * BLOCK_N, hi_l), f_lo)
+        for j0 in range(f_lo, f_full, BLOCK_N):
+            acc, m_i, l_i = _attend_fresh_tile(
+                acc, m_i, l_i, j0, hi_l, q, offs_m, kn_ptr, vn_ptr, q_start, scale_log2, stride_knt,
+                stride_knh, stride_vnt, stride_vnh, kvh, offs_d, mask_d, WINDOW, BLOCK_N, False,
+            )  # fmt: skip
+        for j0 in range(f_full, hi_l, BLOCK_N):
+            acc, m_i, l_i = _attend_fresh_tile(
+                acc, m_i, l_i, j0, hi_l, q, offs_m, kn_ptr, vn_ptr, q_start, scale_log2, stride_knt,
+                stride_knh, stride_vnt, stride_vnh, kvh, offs_d, mask_d, WINDOW, BLOCK_N, True,
+            )  # fmt: skip
+    else:
+        # Key tiles every query of this tile sees ([full_lo, full_hi): below its first query and, with a
+        # window, inside its last query's window) run without the causal, window and length masks; the
+        # tiles before them (the window's edge) and from full_hi on (the diagonal) are masked.
+        full_lo = lo
+        full_hi = lo
+        if DIAG_SPLIT:
+            p0 = ctx + m_blk * BLOCK_M  # the tile's first query position (padded rows come after)
+            full_hi = tl.minimum((p0 + 1) // BLOCK_N * BLOCK_N, hi)
+            if WINDOW > 0:
+                first = tl.maximum(p0 + BLOCK_M - WINDOW, 0)  # the last row's first visible key
+                full_lo = tl.minimum(tl.maximum((first + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), hi)
+                full_hi = tl.maximum(full_hi, full_lo)
         if WINDOW > 0:
-            first = tl.maximum(p0 + BLOCK_M - WINDOW, 0)  # the last row's first visible key
-            full_lo = tl.minimum(tl.maximum((first + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), hi)
-            full_hi = tl.maximum(full_hi, full_lo)
-    if WINDOW > 0:
-        for n0 in range(lo, full_lo, BLOCK_N):
+            for n0 in range(lo, full_lo, BLOCK_N):
+                acc, m_i, l_i = _attend_tile(
+                    acc, m_i, l_i, n0, hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
+                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
+                    BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, True,
+                )  # fmt: skip
+        for n0 in range(full_lo, full_hi, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, n0, hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
+                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
+                BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, False,
+            )  # fmt: skip
+        for n0 in range(full_hi, hi, BLOCK_N):
             acc, m_i, l_i = _attend_tile(
                 acc, m_i, l_i, n0, hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
                 stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
                 BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, True,
             )  # fmt: skip
-    for n0 in range(full_lo, full_hi, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, n0, hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
-            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
-            BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, False,
-        )  # fmt: skip
-    for n0 in range(full_hi, hi, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, n0, hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
-            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
-            BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, True,
-        )  # fmt: skip
 
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(
@@ -315,6 +422,8 @@ def paged_prefill_attention(
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
     config: tuple[int, ...] | None = None,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new queries over its paged context.
 
@@ -325,6 +434,10 @@ def paged_prefill_attention(
     ``kv_quant.py``). ``config`` overrides the launch configuration ``(BLOCK_M, BLOCK_N, num_warps,
     num_stages[, DIAG_SPLIT])`` (``benchmarks/kv_attention_sweep.py``; DIAG_SPLIT 0 or 1 overrides
     the module's ``DIAG_SPLIT``).
+
+    ``k_new`` / ``v_new`` ``[T, KV, D]`` in q's dtype (this step's rotated keys and values, laid out
+    as q; both or neither): a sequence with more than one new token reads its own tokens' keys from
+    them and only its cached prefix from the cache (the module docstring says why).
     """
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [T, H, D] and the caches [NB, BS, KV, D]")
     T, H, D = q.shape
@@ -346,6 +459,16 @@ def paged_prefill_attention(
     if out is None:
         out = torch.empty_like(q)
     check(out.shape == q.shape and out.stride(-1) == 1, f"out {tuple(out.shape)} must match q")
+    fresh = k_new is not None
+    check(fresh == (v_new is not None), "k_new and v_new are given together")
+    if k_new is not None and v_new is not None:
+        for name, t in (("k_new", k_new), ("v_new", v_new)):
+            check(t.shape == (T, kv, D), f"{name} must be [T, KV, D] = {(T, kv, D)}, got {tuple(t.shape)}")
+            check(t.dtype == q.dtype, f"{name} is {t.dtype}, q {q.dtype}")
+            check_last_contiguous(name, t)
+        kn, vn = k_new, v_new
+    else:
+        kn = vn = q  # unused (FRESH off)
     if T == 0 or B == 0:
         return out
     block_d = max(16, next_power_of_2(D))
@@ -361,12 +484,14 @@ def paged_prefill_attention(
         block_d, max_query_len, quant, diag_split
     )
     grid = (cdiv(max_query_len, block_m), B, H)
-    q_st, k_cache_st, v_cache_st, block_tables_st, out_st = (
+    q_st, k_cache_st, v_cache_st, block_tables_st, out_st, kn_st, vn_st = (
         q.stride(),
         k_cache.stride(),
         v_cache.stride(),
         block_tables.stride(),
         out.stride(),
+        kn.stride(),
+        vn.stride(),
     )
     _prefill_kernel[grid](
         q,
@@ -376,6 +501,8 @@ def paged_prefill_attention(
         seq_lens,
         query_start,
         out,
+        kn,
+        vn,
         scale * _LOG2E,
         q_st[0],
         q_st[1],
@@ -388,6 +515,10 @@ def paged_prefill_attention(
         block_tables_st[0],
         out_st[0],
         out_st[1],
+        kn_st[0],
+        kn_st[1],
+        vn_st[0],
+        vn_st[1],
         G=H // kv,
         D=D,
         BS=bs,
@@ -401,6 +532,7 @@ def paged_prefill_attention(
         # no even/odd split here: on an H200 it made the 4k int8 prefill 1.195 ms against 1.035 (BENCHMARKS.md)
         ASM=(code_mode(q, INT8_PAIRS) & ~4) if quant else 0,
         DIAG_SPLIT=diag_split,
+        FRESH=fresh,
         num_warps=num_warps,
         num_stages=num_stages,
     )

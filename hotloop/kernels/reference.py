@@ -94,6 +94,8 @@ def paged_attention(
     seq_lens: list[int],
     scale: float,
     sliding_window: int | None = None,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of new queries over each sequence's paged context.
 
@@ -102,6 +104,10 @@ def paged_attention(
     its queries are the last ``query_lens[b]`` of those. GQA: ``num_heads`` is a multiple of the
     cache's ``num_kv_heads``. Returns ``[T, num_heads, head_dim]`` in q's dtype. A quantized
     cache (see ``kv_quant``) is dequantized as each sequence's context is gathered.
+
+    ``k_new`` / ``v_new`` ``[T, num_kv_heads, head_dim]``: this step's keys and values, which a
+    sequence of more than one new token attends to in place of the cache's copy of them (its
+    cached prefix still comes from the cache); single-token rows read the cache only.
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
     load = kv_quant.kv_loader(k_cache, head_dim, q.dtype)
@@ -151,6 +157,9 @@ def paged_attention(
         L = seq_lens[b]
         k = load(gather_rows(k_cache, block_tables[b], L, head_dim, q.dtype))  # [L, kv, d]
         v = load(gather_rows(v_cache, block_tables[b], L, head_dim, q.dtype))
+        if k_new is not None and v_new is not None and ql > 1:
+            k = torch.cat([k[: L - ql], k_new[starts[b] : starts[b] + ql].to(k.dtype)])
+            v = torch.cat([v[: L - ql], v_new[starts[b] : starts[b] + ql].to(v.dtype)])
         qb = q[starts[b] : starts[b] + ql].float()  # [ql, h, d]
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)

@@ -69,8 +69,10 @@ def quant_write(
     NPACK: tl.constexpr,
     BLOCK_P: tl.constexpr,
     SCALE_BITS: tl.constexpr,
+    KEEP: tl.constexpr = False,  # also store the rotated rows back into src (in place)
 ):
-    """Quantize the rows (rotated when ``HALF > 0``) and store codes, scale and zero."""
+    """Quantize the rows (rotated when ``HALF > 0``) and store codes, scale and zero; with ``KEEP``
+    the rotated rows (rounded to the model dtype, what was quantized) go back into ``src``."""
     offs_p = tl.arange(0, BLOCK_P)  # byte index within the packed values
     QMAX: tl.constexpr = (1 << QUANT) - 1  # 255 or 15
     if QUANT == 8:
@@ -98,6 +100,12 @@ def quant_write(
     )
     tl.store(dst_params, scale, mask=mask_kv)
     tl.store(dst_params + 1, lo.to(src.dtype.element_ty), mask=mask_kv)
+    if KEEP:
+        if QUANT == 8:
+            tl.store(src[:, None] + offs_p[None, :], xa.to(src.dtype.element_ty), mask=ma)
+        else:
+            tl.store(src[:, None] + 2 * offs_p[None, :], xa.to(src.dtype.element_ty), mask=ma)
+            tl.store(src[:, None] + 2 * offs_p[None, :] + 1, xb.to(src.dtype.element_ty), mask=mb)
 
 
 @recordable
@@ -138,6 +146,7 @@ def _rotary_kv_kernel(
     BLOCK_P: tl.constexpr,
     SCALE_BITS: tl.constexpr,  # width of the model dtype (scale and zero)
     PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
+    KEEP_K: tl.constexpr = False,  # k is rotated in place too (the prefill kernel's k_new)
 ):
     if PDL:
         gdc_wait()
@@ -184,6 +193,10 @@ def _rotary_kv_kernel(
                         pk = k_cache_ptr + slot * stride_ks + offs_kv[:, None] * stride_kch + offs_r[None, :]
                         tl.store(pk, k1.to(k_cache_ptr.dtype.element_ty), mask=mk)
                         tl.store(pk + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mk)
+                        if KEEP_K:
+                            pkk = kt + offs_kv[:, None] * stride_kh + offs_r[None, :]
+                            tl.store(pkk, k1.to(k_ptr.dtype.element_ty), mask=mk)
+                            tl.store(pkk + HALF, k2.to(k_ptr.dtype.element_ty), mask=mk)
                         # dims past the rotary part (partial rotary) are copied as they are
                         offs_p = 2 * HALF + offs_d
                     else:
@@ -212,6 +225,7 @@ def _rotary_kv_kernel(
                         NPACK,
                         BLOCK_P,
                         SCALE_BITS,
+                        KEEP_K,
                     )
             else:
                 vt = v_ptr + t * stride_vt
@@ -252,6 +266,7 @@ def _launch(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    rotate_k: bool = False,
 ) -> None:
     """Shared checks and launch: ``half == 0`` writes k and v only (q, cos and sin unused)."""
     T, KV, D = k.shape
@@ -324,6 +339,7 @@ def _launch(
         BLOCK_P=block_packed(npack),
         SCALE_BITS=8 * k.element_size(),
         PDL=pdl(q.device),
+        KEEP_K=rotate_k and half > 0,
         num_warps=4,
         # a quantized write must see the reference's rounding of the rotated k: no fma contraction
         enable_fp_fusion=policy == 0,
@@ -340,8 +356,12 @@ def rotary_kv_write(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    rotate_k: bool = False,
 ) -> None:
     """Rotate q ``[T, H, D]`` in place; rotate k ``[T, KV, D]`` and store it and v at ``slot_mapping``.
+    ``rotate_k``: k is rotated in place as well (rounded to its dtype, the values a quantized cache
+    stores codes of; rows with a negative slot are left as they are), for the prefill kernel's
+    ``k_new``.
 
     cos / sin ``[T, half]`` float32 (``2 * half <= D``); caches ``[num_blocks, block_size, KV, D]``
     in q's dtype, or ``uint8`` ``[num_blocks, block_size, KV, row_bytes]`` (quantized as written);
@@ -359,7 +379,7 @@ def rotary_kv_write(
     check(cos.stride() == sin.stride() and cos.stride(-1) == 1, "cos and sin must share a dense layout")
     check_dtype("q", q, FLOAT_DTYPES)
     check(k.dtype == q.dtype, f"q is {q.dtype}, k {k.dtype}")
-    _launch(q, k, v, cos, sin, half, k_cache, v_cache, slot_mapping)
+    _launch(q, k, v, cos, sin, half, k_cache, v_cache, slot_mapping, rotate_k)
 
 
 def write_kv_cache(

@@ -104,14 +104,21 @@ class PagedAttention(nn.Module):
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         reference.write_kv_cache(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
-        return self.attend(q, kv_cache, meta)  # (no device metadata here: the reference)
+        # (no device metadata here: the reference, with this step's own keys unquantized as on the GPU)
+        return self.attend(q, kv_cache, meta, (k, v) if kv_cache[0].dtype == torch.uint8 else None)
 
     def attend(
-        self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+        self,
+        q: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        fresh_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Attention of ``q [T, H*D]``, already rotated, over caches that already hold this step's
         K/V (written by ``QKVLinear.forward_rope``). On CUDA a decode-only batch (the decode
-        kernel); elsewhere the reference."""
+        kernel); elsewhere the reference. ``fresh_kv``: this step's k / v ``[T, KV, D]`` (rotated),
+        which a sequence of more than one new token reads for its own keys instead of the cache
+        (``paged_prefill_attention``'s ``k_new`` / ``v_new``)."""
         T = q.shape[0]
         qv = q.view(T, self.num_heads, self.head_dim)
         k_cache, v_cache = kv_cache
@@ -129,6 +136,7 @@ class PagedAttention(nn.Module):
                 meta.seq_lens,
                 self.scale,
                 self.sliding_window,
+                *(fresh_kv or (None, None)),
             )
         return o.reshape(T, self.num_heads * self.head_dim)
 
@@ -180,7 +188,10 @@ class PagedAttention(nn.Module):
             cos_sin = (q.new_ones(T, half, dtype=torch.float32), q.new_zeros(T, half, dtype=torch.float32))
         # q is rotated in place: it is a view of this layer's projection output, read by nobody else.
         # A uint8 cache is quantized in the same pass; the attention kernels dequantize as they read.
-        rotary_kv_write(q, k, v, cos_sin[0], cos_sin[1], k_cache, v_cache, meta.slot_mapping)
+        # Its prefill rows read their own keys unquantized (k rotated in place for that), their
+        # cached prefix from the cache (paged_prefill_attention).
+        fresh = k_cache.dtype == torch.uint8 and not meta.decode_only
+        rotary_kv_write(q, k, v, cos_sin[0], cos_sin[1], k_cache, v_cache, meta.slot_mapping, rotate_k=fresh)
         assert meta.seq_lens_t is not None
         o = torch.empty_like(q) if out is None else out.view(T, self.num_heads, self.head_dim)
         if meta.decode_only:
@@ -208,6 +219,8 @@ class PagedAttention(nn.Module):
                 self.scale,
                 self.sliding_window,
                 out=o[nd:],
+                k_new=k[nd:] if fresh else None,
+                v_new=v[nd:] if fresh else None,
             )
         else:
             assert meta.query_start_t is not None
@@ -222,5 +235,7 @@ class PagedAttention(nn.Module):
                 self.scale,
                 self.sliding_window,
                 out=o,
+                k_new=k if fresh else None,
+                v_new=v if fresh else None,
             )
         return o.reshape(T, self.num_heads * self.head_dim)

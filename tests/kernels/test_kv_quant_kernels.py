@@ -94,9 +94,25 @@ def _write_case(
         ang = torch.rand(t, half, generator=g).to(device) * 100
         cos, sin = ang.cos(), ang.sin()
         q_ref = q.clone()
+        k_src = k.clone()
         reference.rotary_kv_write(q_ref, k.clone(), v.clone(), cos, sin, kc_ref, vc_ref, slots)
+        # rotate_k: k rotated in place (rows with a slot; padding rows keep their values) and the
+        # same bytes in the caches as without it
+        kc2, vc2, k2 = kc.clone(), vc.clone(), k.clone()
+        rotary_kv_write(q.clone(), k2, v, cos, sin, kc2, vc2, slots, rotate_k=True)
         rotary_kv_write(q, k, v, cos, sin, kc, vc, slots)
         assert torch.equal(q, q_ref) if device == "cpu" else rel_err(q, q_ref) <= TOL[dtype] / 4 + 1e-6
+        assert torch.equal(kc2, kc) and torch.equal(vc2, vc) and torch.equal(k, k_src)
+        kf = k_src.float()  # rotated in float32 and rounded once, as the reference's rotary_kv_write
+        c, s_ = cos[:, None, :], sin[:, None, :]
+        k1, k2_ = kf[..., :half], kf[..., half : 2 * half]
+        k_rot = torch.cat([k1 * c - k2_ * s_, k2_ * c + k1 * s_, kf[..., 2 * half :]], -1).to(dtype)
+        live = slots >= 0
+        assert torch.equal(k2[~live], k_src[~live])
+        if device == "cpu":
+            assert torch.equal(k2[live], k_rot[live])
+        else:
+            assert rel_err(k2[live], k_rot[live]) <= TOL[dtype] / 4 + 1e-6
     else:
         keep = slots >= 0
         reference.write_kv_cache(k[keep], v[keep], kc_ref, vc_ref, slots[keep])
@@ -239,20 +255,33 @@ def _prefill_case(
     device: str,
     window: int | None,
     sliced: bool = False,
+    fresh: bool = False,
 ) -> None:
+    """``fresh``: this step's keys and values come as ``k_new`` / ``v_new``, rows that differ from
+    what the cache holds at the new positions, so reading the wrong copy fails."""
     from hotloop.kernels.paged_prefill_attention import paged_prefill_attention
 
     seed = random.randrange(1 << 30)
     lens = [c + n for c, n in zip(ctx, qlens, strict=True)]
     kq, vq, kf, vf, tables = _quant_pool(lens, kv, d, bs, dtype, policy, device, seed, sliced)
-    q = torch.randn(sum(qlens), h, d, generator=torch.Generator().manual_seed(seed + 1)).to(dtype).to(device)
+    gq = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(sum(qlens), h, d, generator=gq).to(dtype).to(device)
+    kn = vn = None
+    if fresh:
+        kn = _rows((sum(qlens), kv, d), gq).to(dtype).to(device)
+        vn = _rows((sum(qlens), kv, d), gq).to(dtype).to(device)
     starts = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32, device=device)
     seq = torch.tensor(lens, dtype=torch.int32, device=device)
     scale = d**-0.5
     out = torch.full_like(q, float("nan"))
-    paged_prefill_attention(q, kq, vq, tables, seq, starts, max(qlens), scale, window, out=out)
-    ref = reference.paged_attention(q.float(), kf, vf, tables, qlens, lens, scale, window)
+    paged_prefill_attention(
+        q, kq, vq, tables, seq, starts, max(qlens), scale, window, out=out, k_new=kn, v_new=vn
+    )
+    ref = reference.paged_attention(q.float(), kf, vf, tables, qlens, lens, scale, window, kn, vn)
     assert rel_err(out, ref) < _tol(dtype, device)
+    if fresh and any(n > 1 for n in qlens):  # the fresh rows matter: the cache's copy gives another answer
+        other = reference.paged_attention(q.float(), kf, vf, tables, qlens, lens, scale, window)
+        assert rel_err(other, ref) > 10 * _tol(dtype, device)
 
 
 GQA = [(8, 8), (16, 4), (32, 4)]  # (heads, kv heads): ratios 1, 4, 8
@@ -323,10 +352,21 @@ def test_quant_prefill_gpu(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d,h,kv,bs,dtype,policy", GRID)
+def test_quant_prefill_fresh_gpu(d: int, h: int, kv: int, bs: int, dtype: torch.dtype, policy: int) -> None:
+    # this step's keys from k_new / v_new: whole prompts, chunks after a prefix, one-token rows
+    _prefill_case([700, 1, 130, 64, 1], [0, 900, 250, 0, 5], h, kv, d, bs, dtype, policy, "cuda", None,
+                  fresh=True)  # fmt: skip
+    _prefill_case([300, 77], [0, 129], h, kv, d, bs, dtype, policy, "cuda", 100, fresh=True)
+    _prefill_case([4096], [0], h, kv, d, bs, dtype, policy, "cuda", None, fresh=True)  # the 4k tiles
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("policy", [8, 4])
 def test_quant_float32_gpu(policy: int) -> None:
     _decode_case([0, 5, 0, 700], 8, 2, 128, 16, torch.float32, policy, "cuda", None, None)
     _prefill_case([90, 1], [0, 300], 8, 2, 128, 16, torch.float32, policy, "cuda", None)
+    _prefill_case([90, 1, 40], [0, 300, 70], 8, 2, 128, 16, torch.float32, policy, "cuda", None, fresh=True)
 
 
 @interpret
@@ -379,6 +419,24 @@ def test_quant_prefill_diagonal_split_interpreted(
 
     monkeypatch.setattr(mod, "DIAG_SPLIT", True)
     _prefill_case([70, 1, 20], [0, 90, 200], 4, 2, 32, 16, torch.float32, policy, "cpu", window)
+
+
+@interpret
+@pytest.mark.parametrize("policy", [8, 4])
+@pytest.mark.parametrize("diag_split", [False, True])
+@pytest.mark.parametrize("window", [None, 30, 150])
+def test_quant_prefill_fresh_interpreted(
+    policy: int, diag_split: bool, window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt's own keys from k_new / v_new, its cached prefix from the cache: whole prompts, chunks
+    after a prefix that ends mid-tile, one-token rows (cache only), several query tiles."""
+    from hotloop.kernels import paged_prefill_attention as mod
+
+    monkeypatch.setattr(mod, "DIAG_SPLIT", diag_split)
+    _prefill_case(
+        [70, 1, 20, 2], [0, 90, 37, 64], 4, 2, 32, 16, torch.float32, policy, "cpu", window, fresh=True
+    )
+    _prefill_case([33, 1], [0, 0], 8, 2, 32, 64, torch.float16, policy, "cpu", window, fresh=True)
 
 
 @interpret
