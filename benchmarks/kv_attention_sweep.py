@@ -189,15 +189,23 @@ def prefill_case(qlen: int, policy: int, configs: list[tuple[int, ...]], gen: to
         kn = torch.randn(qlen, KV, D, generator=gen).to(torch.bfloat16).cuda()
         vn = torch.randn(qlen, KV, D, generator=gen).to(torch.bfloat16).cuda()
 
-        def run_fresh() -> torch.Tensor:
-            return paged_prefill_attention(q, k, v, tables, seq, qs, qlen, D**-0.5, k_new=kn, v_new=vn)
+        kf, vf = as_float(k, policy), as_float(v, policy)
+        truth = reference.paged_attention(q.float(), kf, vf, tables, [qlen], [qlen], D**-0.5, kn, vn)
+        del kf, vf
+        fresh = {}
+        for prefix in (False, True):  # the cache loop compiled out (no row has a prefix), and kept
 
-        truth = reference.paged_attention(q.float(), k, v, tables, [qlen], [qlen], D**-0.5, kn, vn)
-        err = rel(run_fresh(), truth)
-        ms = bench(run_fresh)
-        fresh = {"config": list(default), "ms": ms, "rel_err_vs_reference": err}
-        print(f"  prefill T={qlen} q{policy} {default} own keys from k_new / v_new: {ms:.4f} ms "
-              f"({floor_ms / ms:.0%} of roofline), relative error {err:.2e}", flush=True)  # fmt: skip
+            def run_fresh(prefix: bool = prefix) -> torch.Tensor:
+                return paged_prefill_attention(
+                    q, k, v, tables, seq, qs, qlen, D**-0.5, k_new=kn, v_new=vn, cached_prefix=prefix
+                )
+
+            err = rel(run_fresh(), truth)
+            ms = bench(run_fresh)
+            fresh["with_cache_loop" if prefix else "no_cache_loop"] = {"ms": ms, "rel_err_vs_reference": err}
+            print(f"  prefill T={qlen} q{policy} {default} own keys from k_new / v_new, cache loop "
+                  f"{'kept' if prefix else 'compiled out'}: {ms:.4f} ms ({floor_ms / ms:.0%} of roofline), "
+                  f"relative error {err:.2e}", flush=True)  # fmt: skip
     return {"kind": "prefill", "qlen": qlen, "policy": policy, "floor_ms": floor_ms, "default": list(default),
             "default_rel_err_vs_reference": default_err, "rows": rows, "fresh": fresh}  # fmt: skip
 

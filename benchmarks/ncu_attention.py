@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kv_attention_sweep import BS, D, H, KV, make_cache  # noqa: E402
+from kv_attention_sweep import BS, KV, D, H, make_cache  # noqa: E402
 
 from hotloop.kernels.paged_decode_attention import paged_decode_attention  # noqa: E402
 from hotloop.kernels.paged_prefill_attention import paged_prefill_attention  # noqa: E402

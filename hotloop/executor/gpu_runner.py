@@ -305,7 +305,7 @@ def precompile_attention(
     argument's divisibility by 16): block tables with the input buffers' row stride
     ``table_width``, and q as a view of the q/k/v projection's output."""
     from hotloop.kernels.paged_decode_attention import SPLIT_CHOICES, paged_decode_attention
-    from hotloop.kernels.paged_prefill_attention import paged_prefill_attention
+    from hotloop.kernels.paged_prefill_attention import CONFIG_LENGTHS, paged_prefill_attention
     from hotloop.layers.attention import PagedAttention
 
     layers = [m for m in model.modules() if isinstance(m, PagedAttention)]  # type: ignore[attr-defined]
@@ -331,11 +331,18 @@ def precompile_attention(
         # a quantized cache's prefill rows read this step's keys from the projection output
         k = qkv[:, m.num_heads : m.num_heads + m.num_kv_heads]
         v = qkv[:, m.num_heads + m.num_kv_heads :]
-        fresh = (k, v) if k_cache.dtype == torch.uint8 else (None, None)
-        for max_query_len in (1, 64):
+        if k_cache.dtype != torch.uint8:
+            for max_query_len in (1, 64):
+                paged_prefill_attention(
+                    q, k_cache, v_cache, tables, empty, starts, max_query_len, m.scale, m.sliding_window
+                )
+            continue
+        # with a cached prefix (or single-token rows) at every tile configuration: the warm-up's
+        # prompts have none, so they compile only the variants without the cache loop
+        for max_query_len in (1, *CONFIG_LENGTHS):
             paged_prefill_attention(
                 q, k_cache, v_cache, tables, empty, starts, max_query_len, m.scale, m.sliding_window,
-                k_new=fresh[0], v_new=fresh[1],
+                k_new=k, v_new=v,
             )  # fmt: skip
     torch.cuda.synchronize(device)
 

@@ -296,6 +296,7 @@ def _prefill_kernel(
     ASM: tl.constexpr,  # how codes are read: bit 1 PTX byte permutes (GPU), bit 2 int8 as pairs
     DIAG_SPLIT: tl.constexpr = False,  # unmasked loop over the key tiles below the diagonal
     FRESH: tl.constexpr = False,  # rows of more than one token read their own keys from kn / vn
+    PREFIX: tl.constexpr = True,  # FRESH: some row may read the cache (False: only kn / vn are read)
 ):
     m_blk = tl.program_id(0)
     b = tl.program_id(1)
@@ -336,23 +337,26 @@ def _prefill_kernel(
     if FRESH:
         # the cache holds keys [lo, c_hi): a multi-token row's cached prefix (every query sees all of
         # it, a window aside), a single-token row's whole context; this step's keys follow from kn / vn
-        ctx_f = tl.where(q_len > 1, ctx, seq_len)
-        c_hi = tl.minimum(ctx_f, hi)
-        c_full = lo
-        if WINDOW == 0 and DIAG_SPLIT:
-            c_full = tl.maximum(c_hi // BLOCK_N * BLOCK_N, lo)
-        for n0 in range(lo, c_full, BLOCK_N):
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, n0, c_hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
-                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
-                BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, False,
-            )  # fmt: skip
-        for n0 in range(c_full, c_hi, BLOCK_N):
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, n0, c_hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
-                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
-                BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, True,
-            )  # fmt: skip
+        # (with PREFIX False every row has more than one new token and no cached prefix: the cache loop
+        # is compiled out, and with it the quantized path's registers)
+        ctx_f = tl.where(q_len > 1, ctx, seq_len) if PREFIX else ctx
+        if PREFIX:
+            c_hi = tl.minimum(ctx_f, hi)
+            c_full = lo
+            if WINDOW == 0 and DIAG_SPLIT:
+                c_full = tl.maximum(c_hi // BLOCK_N * BLOCK_N, lo)
+            for n0 in range(lo, c_full, BLOCK_N):
+                acc, m_i, l_i = _attend_tile(
+                    acc, m_i, l_i, n0, c_hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
+                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
+                    BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, False,
+                )  # fmt: skip
+            for n0 in range(c_full, c_hi, BLOCK_N):
+                acc, m_i, l_i = _attend_tile(
+                    acc, m_i, l_i, n0, c_hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
+                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
+                    BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, True,
+                )  # fmt: skip
         # this step's keys, local index j at position ctx_f + j (none for a single-token row)
         hi_l = hi - ctx_f
         f_lo = tl.maximum(lo - ctx_f, 0)
@@ -424,6 +428,7 @@ def paged_prefill_attention(
     config: tuple[int, ...] | None = None,
     k_new: torch.Tensor | None = None,
     v_new: torch.Tensor | None = None,
+    cached_prefix: bool = True,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new queries over its paged context.
 
@@ -438,6 +443,10 @@ def paged_prefill_attention(
     ``k_new`` / ``v_new`` ``[T, KV, D]`` in q's dtype (this step's rotated keys and values, laid out
     as q; both or neither): a sequence with more than one new token reads its own tokens' keys from
     them and only its cached prefix from the cache (the module docstring says why).
+    ``cached_prefix`` False (with ``k_new``) promises that every sequence has more than one new
+    token and no cached prefix, so nothing is read from the cache: the kernel is then compiled without
+    its cache loop (the quantized path's registers cost the float loop occupancy). Wrong if a row
+    does have a prefix (its prefix would be skipped): the caller knows from the host lengths.
     """
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [T, H, D] and the caches [NB, BS, KV, D]")
     T, H, D = q.shape
@@ -533,6 +542,7 @@ def paged_prefill_attention(
         ASM=(code_mode(q, INT8_PAIRS) & ~4) if quant else 0,
         DIAG_SPLIT=diag_split,
         FRESH=fresh,
+        PREFIX=cached_prefix or not fresh,
         num_warps=num_warps,
         num_stages=num_stages,
     )

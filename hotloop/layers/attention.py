@@ -56,6 +56,13 @@ class AttentionMetadata:
         return sum(self.query_lens)
 
 
+def _any_cached_prefix(query_lens: list[int], seq_lens: list[int]) -> bool:
+    """Whether a prefill launch's rows read anything from the cache: a row with a cached prefix, or a
+    single-token row (``paged_prefill_attention``'s ``cached_prefix``). Padding rows (no queries) read
+    nothing."""
+    return any(q == 1 or (q > 1 and s > q) for q, s in zip(query_lens, seq_lens, strict=True))
+
+
 class PagedAttention(nn.Module):
     """Writes this step's K/V into the layer's cache, then attends over each sequence's context."""
 
@@ -221,6 +228,7 @@ class PagedAttention(nn.Module):
                 out=o[nd:],
                 k_new=k[nd:] if fresh else None,
                 v_new=v[nd:] if fresh else None,
+                cached_prefix=_any_cached_prefix(meta.query_lens[nd:], meta.seq_lens[nd:]),
             )
         else:
             assert meta.query_start_t is not None
@@ -237,5 +245,6 @@ class PagedAttention(nn.Module):
                 out=o,
                 k_new=k if fresh else None,
                 v_new=v if fresh else None,
+                cached_prefix=_any_cached_prefix(meta.query_lens, meta.seq_lens),
             )
         return o.reshape(T, self.num_heads * self.head_dim)

@@ -256,9 +256,11 @@ def _prefill_case(
     window: int | None,
     sliced: bool = False,
     fresh: bool = False,
+    cached_prefix: bool = True,
 ) -> None:
     """``fresh``: this step's keys and values come as ``k_new`` / ``v_new``, rows that differ from
-    what the cache holds at the new positions, so reading the wrong copy fails."""
+    what the cache holds at the new positions, so reading the wrong copy fails; ``cached_prefix``
+    False: the kernel without its cache loop (every row a prompt without a prefix)."""
     from hotloop.kernels.paged_prefill_attention import paged_prefill_attention
 
     seed = random.randrange(1 << 30)
@@ -359,6 +361,9 @@ def test_quant_prefill_fresh_gpu(d: int, h: int, kv: int, bs: int, dtype: torch.
                   fresh=True)  # fmt: skip
     _prefill_case([300, 77], [0, 129], h, kv, d, bs, dtype, policy, "cuda", 100, fresh=True)
     _prefill_case([4096], [0], h, kv, d, bs, dtype, policy, "cuda", None, fresh=True)  # the 4k tiles
+    _prefill_case(
+        [4096, 70], [0, 0], h, kv, d, bs, dtype, policy, "cuda", None, fresh=True, cached_prefix=False
+    )
 
 
 @pytest.mark.gpu
@@ -437,6 +442,17 @@ def test_quant_prefill_fresh_interpreted(
         [70, 1, 20, 2], [0, 90, 37, 64], 4, 2, 32, 16, torch.float32, policy, "cpu", window, fresh=True
     )
     _prefill_case([33, 1], [0, 0], 8, 2, 32, 64, torch.float16, policy, "cpu", window, fresh=True)
+    # no row reads the cache: the kernel without its cache loop gives the same
+    _prefill_case([70, 2, 20], [0, 0, 0], 4, 2, 32, 16, torch.float32, policy, "cpu", window, fresh=True,
+                  cached_prefix=False)  # fmt: skip
+
+
+def test_any_cached_prefix() -> None:
+    from hotloop.layers.attention import _any_cached_prefix
+
+    assert not _any_cached_prefix([5, 2, 0], [5, 2, 0])  # prompts without a prefix (and a padding row)
+    assert _any_cached_prefix([5, 2], [5, 9])  # a chunk after a cached prefix
+    assert _any_cached_prefix([5, 1], [5, 1])  # a single-token row reads the cache
 
 
 @interpret
