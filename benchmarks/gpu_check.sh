@@ -52,6 +52,9 @@
 #            sweep at 1,024 / 4,096 tokens (a quantized prefill with its own keys from k_new / v_new and
 #            without), then Nsight Compute on the decode (batch 128 x 4k) and prefill kernels
 #            (benchmarks/ncu_attention.py; one GPU).
+#   fresh2   the same GPU tests (the quantized engine parity cases of test_gpu_parity.py only), the prefill sweep
+#            (int8 / int4, the cache loop compiled out and kept), then int8 decode at batch 128 x 4k and
+#            256 x 1k with and without the tile-ahead loads (HOTLOOP_KV_PREFETCH) over a few tiles (one GPU).
 #   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
@@ -583,6 +586,24 @@ if [ "$what" = fresh ]; then  # one GPU, in turn
     python3 "$here/ncu_attention.py" >"$out/ncu_attn.txt" 2>&1
   echo "ncu rc=$?"
   grep -E "^  [_a-zA-Z0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|Registers Per|Block Limit|Executed Instructions |Grid Size|Shared Memory Configuration Size|L1/TEX Hit|L2 Hit" "$out/ncu_attn.txt" | cut -c1-160 | head -150
+  exit 0
+fi
+if [ "$what" = fresh2 ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 330 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_quant_kernels.py \
+    tests/kernels/test_attention_kernels.py tests/kernels/test_launch_replay.py \
+    "tests/api/test_gpu_parity.py::test_quantized_kv_graphs_equal_eager" >"$out/fresh_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/fresh_tests.log" | cut -c1-300 | head -40
+  timeout 100 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_prefill.json" --quick --no-decode \
+    --policies 8,4 --prefill-lens 1024,4096 >"$out/sweep_prefill.log" 2>&1
+  echo "prefill sweep rc=$?"
+  grep -E "prefill T=" "$out/sweep_prefill.log" | cut -c1-200
+  timeout 150 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_decode.json" --no-prefill --policies 8 \
+    --decode-shapes 128x4096,256x1024 --decode-configs "64,4,2;64,8,2;32,4,2;32,8,2;128,8,2" --prefetch both \
+    >"$out/sweep_decode.log" 2>&1
+  echo "decode sweep rc=$?"
+  grep -E "decode B=" "$out/sweep_decode.log" | cut -c1-200
   exit 0
 fi
 if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kernels
