@@ -52,6 +52,8 @@
 #            sweep at 1,024 / 4,096 tokens (a quantized prefill with its own keys from k_new / v_new and
 #            without), then Nsight Compute on the decode (batch 128 x 4k) and prefill kernels
 #            (benchmarks/ncu_attention.py; one GPU).
+#   kvpair   issue 6's KV-bound offline runs side by side, one GPU each: fp16 KV on GPU 0, int8 on GPU 1
+#            (run_capacity.sh kv_fp16 / kv_int8; an nvidia-h200-x2 machine).
 #   fresh2   the same GPU tests (the quantized engine parity cases of test_gpu_parity.py only), the prefill sweep
 #            (int8 / int4, the cache loop compiled out and kept), then int8 decode at batch 128 x 4k and
 #            256 x 1k with and without the tile-ahead loads (HOTLOOP_KV_PREFETCH) over a few tiles (one GPU).
@@ -586,6 +588,14 @@ if [ "$what" = fresh ]; then  # one GPU, in turn
     python3 "$here/ncu_attention.py" >"$out/ncu_attn.txt" 2>&1
   echo "ncu rc=$?"
   grep -E "^  [_a-zA-Z0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|Registers Per|Block Limit|Executed Instructions |Grid Size|Shared Memory Configuration Size|L1/TEX Hit|L2 Hit" "$out/ncu_attn.txt" | cut -c1-160 | head -150
+  exit 0
+fi
+if [ "$what" = kvpair ]; then  # two GPUs, side by side
+  git -C "$here/.." log --oneline -1 2>/dev/null || true
+  CUDA_VISIBLE_DEVICES=0 bash "$here/run_capacity.sh" kv_fp16 "$out/cap" 560 >"$out/lane0.txt" 2>&1 &
+  CUDA_VISIBLE_DEVICES=$g1 bash "$here/run_capacity.sh" kv_int8 "$out/cap" 560 >"$out/lane1.txt" 2>&1 &
+  wait
+  cat "$out/lane0.txt" "$out/lane1.txt"
   exit 0
 fi
 if [ "$what" = fresh2 ]; then  # one GPU, in turn

@@ -201,7 +201,9 @@ def prefill_case(qlen: int, policy: int, configs: list[tuple[int, ...]], gen: to
         vn = torch.randn(qlen, KV, D, generator=gen).to(torch.bfloat16).cuda()
 
         kf, vf = as_float(k, policy), as_float(v, policy)
-        truth = reference.paged_attention(q.float(), kf, vf, tables, [qlen], [qlen], D**-0.5, kn, vn)
+        truth = reference.paged_attention(
+            q.float(), kf, vf, tables, [qlen], [qlen], D**-0.5, k_new=kn, v_new=vn
+        )
         del kf, vf
         fresh = {}
         for prefix in (False, True):  # the cache loop compiled out (no row has a prefix), and kept
