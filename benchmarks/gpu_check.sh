@@ -54,9 +54,10 @@
 #            (benchmarks/ncu_attention.py; one GPU).
 #   kvpair   issue 6's KV-bound offline runs side by side, one GPU each: fp16 KV on GPU 0, int8 on GPU 1
 #            (run_capacity.sh kv_fp16 / kv_int8; an nvidia-h200-x2 machine).
-#   fresh2   the same GPU tests (the quantized engine parity cases of test_gpu_parity.py only), the prefill sweep
-#            (int8 / int4, the cache loop compiled out and kept), then int8 decode at batch 128 x 4k and
-#            256 x 1k with and without the tile-ahead loads (HOTLOOP_KV_PREFETCH) over a few tiles (one GPU).
+#   fresh2   the same GPU tests (the quantized engine parity cases of test_gpu_parity.py only), then the prefill
+#            sweep (int8 / int4, the cache loop compiled out and kept; one GPU).
+#   freshab  GPU 0: the quantized prefill's GPU tests and the prefill sweep (bf16 / int8 / int4). GPU 1: the
+#            KV-bound int8 run with HOTLOOP_KV_FRESH_PREFILL=0 (the prompt's keys read back from the cache).
 #   plan     the decode-attention GPU tests, the decode-16 step, then the serving run (one GPU).
 #   merge    decode attention at batch 8-24 with the split merge fused and launched
 #            (HOTLOOP_DECODE_FUSED_MERGE), bf16 tiles at batch 16, then the decode-16 step both ways.
@@ -609,11 +610,25 @@ if [ "$what" = fresh2 ]; then  # one GPU, in turn
     --policies 8,4 --prefill-lens 1024,4096 >"$out/sweep_prefill.log" 2>&1
   echo "prefill sweep rc=$?"
   grep -E "prefill T=" "$out/sweep_prefill.log" | cut -c1-200
-  timeout 150 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_decode.json" --no-prefill --policies 8 \
-    --decode-shapes 128x4096,256x1024 --decode-configs "64,4,2;64,8,2;32,4,2;32,8,2;128,8,2" --prefetch both \
-    >"$out/sweep_decode.log" 2>&1
-  echo "decode sweep rc=$?"
-  grep -E "decode B=" "$out/sweep_decode.log" | cut -c1-200
+  exit 0
+fi
+if [ "$what" = freshab ]; then  # two GPUs: the fresh prefill's tests and kernel times; the KV-bound int8 run without it
+  (
+    export CUDA_VISIBLE_DEVICES=$g1
+    HOTLOOP_KV_FRESH_PREFILL=0 bash "$here/run_capacity.sh" kv_int8 "$out/cap_nofresh" 480
+  ) >"$out/lane1.txt" 2>&1 &
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 300 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_quant_kernels.py \
+    tests/kernels/test_launch_replay.py "tests/api/test_gpu_parity.py::test_quantized_kv_graphs_equal_eager" \
+    -k "fresh or prefill or write or layer or replay or quantized" >"$out/fresh_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/fresh_tests.log" | cut -c1-300 | head -40
+  timeout 100 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_prefill.json" --quick --no-decode \
+    --policies 0,8,4 --prefill-lens 1024,4096 >"$out/sweep_prefill.log" 2>&1
+  echo "prefill sweep rc=$?"
+  grep -E "prefill T=" "$out/sweep_prefill.log" | cut -c1-200
+  wait
+  cat "$out/lane1.txt"
   exit 0
 fi
 if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kernels

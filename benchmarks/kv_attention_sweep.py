@@ -88,7 +88,6 @@ def decode_case(
     splits: list[int] | None = None,
     fuses: tuple[bool, ...] = (False,),
     cross: bool = False,
-    prefetches: tuple[bool, ...] = (False,),
 ) -> dict:
     """Every configuration at the default split count, then (``splits``) the default configuration
     of each other split count (a row's ``splits`` field; the merge launch is timed with it). With
@@ -125,38 +124,28 @@ def decode_case(
     else:
         runs = [(cfg, nsplit) for cfg in all_cfgs]
         runs += [(decode_config(policy, D, n), n) for n in splits or [] if n != nsplit]
-    for (cfg, n), fuse, pf in itertools.product(runs, fuses, prefetches if policy else (False,)):
+    for (cfg, n), fuse in itertools.product(runs, fuses):
         if fuse and n == 1:
             continue  # one split: nothing to merge
         try:
             out = paged_decode_attention(
-                q, k, v, tables, seq, D**-0.5, num_splits=n, config=cfg, fuse_merge=fuse, prefetch=pf
+                q, k, v, tables, seq, D**-0.5, num_splits=n, config=cfg, fuse_merge=fuse
             )
 
-            def timed(cfg: tuple[int, ...] = cfg, n: int = n, fuse: bool = fuse, pf: bool = pf) -> None:
+            def timed(cfg: tuple[int, ...] = cfg, n: int = n, fuse: bool = fuse) -> None:
                 for kc, vc in pool:
                     paged_decode_attention(
-                        q,
-                        kc,
-                        vc,
-                        tables,
-                        seq,
-                        D**-0.5,
-                        num_splits=n,
-                        config=cfg,
-                        fuse_merge=fuse,
-                        prefetch=pf,
+                        q, kc, vc, tables, seq, D**-0.5, num_splits=n, config=cfg, fuse_merge=fuse
                     )
 
             ms = bench(timed) / rot
-            rows.append({"config": list(cfg), "splits": n, "fused": fuse, "prefetch": pf, "ms": ms,
+            rows.append({"config": list(cfg), "splits": n, "fused": fuse, "ms": ms,
                          "rel_err_vs_default": rel(out, ref)})  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a configuration that does not compile is a result
-            rows.append({"config": list(cfg), "splits": n, "fused": fuse, "prefetch": pf,
+            rows.append({"config": list(cfg), "splits": n, "fused": fuse,
                          "error": f"{type(e).__name__}: {str(e)[:120]}"})  # fmt: skip
         r = rows[-1]
-        print(f"  decode B={batch} ctx={ctx} q{policy} {cfg} splits {n}{' fused' if fuse else ''}"
-              f"{' prefetch' if pf else ''}: "
+        print(f"  decode B={batch} ctx={ctx} q{policy} {cfg} splits {n}{' fused' if fuse else ''}: "
               + (f"{r['ms']:.4f} ms ({floor_ms / r['ms']:.0%} of roofline)" if "ms" in r else r["error"]),
               flush=True)  # fmt: skip
     return {"kind": "decode", "batch": batch, "ctx": ctx, "policy": policy, "floor_ms": floor_ms,
@@ -251,12 +240,6 @@ def main(argv: list[str] | None = None) -> int:
         help="decode with splits: the merge as its own launch, done by the last split, or both",
     )
     ap.add_argument("--cross", action="store_true", help="decode: every configuration at every split count")
-    ap.add_argument(
-        "--prefetch",
-        choices=("off", "on", "both"),
-        default="off",
-        help="quantized decode: the plain loop, the loop that loads a tile ahead, or both",
-    )
     args = ap.parse_args(argv)
     global GRAPH_TIMING
     GRAPH_TIMING = not args.eager_timing
@@ -287,8 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             for shape in args.decode_shapes.split(","):
                 batch, ctx = (int(x) for x in shape.split("x"))
                 fuses = {"launched": (False,), "fused": (True,), "both": (False, True)}[args.fuse_merge]
-                pfs = {"off": (False,), "on": (True,), "both": (False, True)}[args.prefetch]
-                results.append(decode_case(batch, ctx, policy, dec, gen, splits, fuses, args.cross, pfs))
+                results.append(decode_case(batch, ctx, policy, dec, gen, splits, fuses, args.cross))
         if not args.no_prefill:
             for qlen in (int(x) for x in args.prefill_lens.split(",")):
                 results.append(prefill_case(qlen, policy, pre, gen))

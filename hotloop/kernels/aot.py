@@ -84,7 +84,6 @@ def compile_decode(
     bs: int = BS,
     config: tuple[int, ...] | None = None,
     merge: bool | None = None,
-    prefetch: bool = False,
 ) -> Any:
     """The decode kernel for cache policy ``quant``, model ``dtype`` and block size ``bs`` (``merge``:
     the last split merges, default ``FUSE_MERGE``);
@@ -107,7 +106,7 @@ def compile_decode(
     consts = {"G": G, "D": D, "BS": bs, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
               "BLOCK_N": block_n or default_n, "PDL": True,
               "MERGE": bool(dec.FUSE_MERGE if merge is None else merge) and splits > 1,
-              "PREFETCH": prefetch, **_cache_consts(quant, dtype, asm)}  # fmt: skip
+              **_cache_consts(quant, dtype, asm)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
     # a quantized cache's token and head strides (rows of 132 bytes) are not divisible by 16; its
     # kernels use only the block stride
@@ -269,8 +268,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "decode-q8-bfloat16-one-split": ("decode", {"quant": 8, "dtype": "bfloat16", "splits": 1}),
     "decode-q8-bfloat16-block16": ("decode", {"quant": 8, "dtype": "bfloat16", "bs": 16}),
     "decode-q4-bfloat16-block16": ("decode", {"quant": 4, "dtype": "bfloat16", "bs": 16}),
-    "decode-q8-bfloat16-prefetch": ("decode", {"quant": 8, "dtype": "bfloat16", "splits": 1, "prefetch": True}),
-    "decode-q8-bfloat16-prefetch-splits": ("decode", {"quant": 8, "dtype": "bfloat16", "prefetch": True}),
     "decode-q8-bfloat16-maxnreg96": ("decode", {"quant": 8, "dtype": "bfloat16", "config": (64, 4, 1, 96)}),
     # without the even/odd split dots (HOTLOOP_KV_SPLIT_EO=0): permutes and int8 pairs only
     "decode-q8-bfloat16-joined": ("decode", {"quant": 8, "dtype": "bfloat16", "asm": 3}),

@@ -209,33 +209,6 @@ def load_kv_codes_offset(
 
 
 @triton.jit
-def load_kv_raw_split(rows, mask_n, BLOCK_D: tl.constexpr, NPACK: tl.constexpr, QUANT: tl.constexpr):
-    """The raw words ``load_kv_codes_split`` converts: ``[N, BLOCK_D // 2]`` uint16 code pairs (int8)
-    or bytes (int4), 0 off ``mask_n`` and past the row. Apart so that a kernel can issue a tile's
-    loads a tile ahead (``paged_decode_attention``'s ``PREFETCH``)."""
-    offs_p = tl.arange(0, BLOCK_D // 2)
-    if QUANT == 8:
-        return tl.load(
-            rows.to(tl.pointer_type(tl.uint16))[:, None] + offs_p[None, :],
-            mask=mask_n[:, None] & (offs_p < NPACK // 2)[None, :],
-            other=0,
-        )
-    else:
-        return tl.load(
-            rows[:, None] + offs_p[None, :], mask=mask_n[:, None] & (offs_p < NPACK)[None, :], other=0
-        )
-
-
-@triton.jit
-def codes_from_raw_split(w, QUANT: tl.constexpr, ASM: tl.constexpr):
-    """``load_kv_raw_split``'s words -> the even and odd codes as fp16 ``CODE_OFFSET + code``."""
-    if QUANT == 8:
-        return _pairs_to_offset_f16(w, ASM & 1, 0), _pairs_to_offset_f16(w, ASM & 1, 1)
-    else:
-        return _bytes_to_offset_f16(w, ASM & 1, 1), _bytes_to_offset_f16(w, ASM & 1, 2)
-
-
-@triton.jit
 def load_kv_codes_split(
     rows, mask_n, BLOCK_D: tl.constexpr, NPACK: tl.constexpr, QUANT: tl.constexpr, ASM: tl.constexpr
 ):
@@ -244,7 +217,19 @@ def load_kv_codes_split(
     (low nibble even, high odd). Dotting each half with the matching half of q (or writing each
     half of the output) needs no join of the two into head-dim order, which Triton lowers to
     register permutes or a trip through shared memory."""
-    return codes_from_raw_split(load_kv_raw_split(rows, mask_n, BLOCK_D, NPACK, QUANT), QUANT, ASM)
+    offs_p = tl.arange(0, BLOCK_D // 2)
+    if QUANT == 8:
+        w = tl.load(
+            rows.to(tl.pointer_type(tl.uint16))[:, None] + offs_p[None, :],
+            mask=mask_n[:, None] & (offs_p < NPACK // 2)[None, :],
+            other=0,
+        )
+        return _pairs_to_offset_f16(w, ASM & 1, 0), _pairs_to_offset_f16(w, ASM & 1, 1)
+    else:
+        b = tl.load(
+            rows[:, None] + offs_p[None, :], mask=mask_n[:, None] & (offs_p < NPACK)[None, :], other=0
+        )
+        return _bytes_to_offset_f16(b, ASM & 1, 1), _bytes_to_offset_f16(b, ASM & 1, 2)
 
 
 @triton.jit

@@ -36,11 +36,8 @@ from hotloop.kernels.checks import (
     check_launch_config,
 )
 from hotloop.kernels.kv_quant_triton import (
-    CODE_OFFSET,
     code_mode,
-    codes_from_raw_split,
     load_kv_params,
-    load_kv_raw_split,
     quant_rows,
     quant_scores,
     quant_scores_split,
@@ -100,7 +97,6 @@ def _decode_kernel(
     # bit 4 even/odd split dots (kv_quant_triton.code_mode_bits)
     PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
     MERGE: tl.constexpr,  # with splits: the last split of a (sequence, KV head) to finish merges
-    PREFETCH: tl.constexpr = False,  # quantized, even/odd, page tiles, no window: loads a tile ahead
 ):
     if PDL:
         gdc_wait()
@@ -152,104 +148,71 @@ def _decode_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     table = block_tables_ptr + b * stride_bt
-    if PREFETCH:
-        # the next tile's codes and (scale, zero) pairs are loaded before this tile's arithmetic,
-        # so each warp has two tiles' loads in flight (the plain loop waits on each tile's)
-        tl.static_assert(
-            EO and BS % BLOCK_N == 0 and WINDOW == 0, "PREFETCH: even/odd, page tiles, no window"
-        )
-        kw, ks, kz, vw, vs, vz = _raw_tile(start, end, table, k_cache_ptr, v_cache_ptr, stride_kb, stride_vb,
-                                           kvh, q_ptr, BS, KV, NPACK, BLOCK_N, BLOCK_D, QUANT)  # fmt: skip
-        for n0 in range(start, end, BLOCK_N):
-            mask_n = n0 + tl.arange(0, BLOCK_N) < end
-            nkw, nks, nkz, nvw, nvs, nvz = _raw_tile(
-                n0 + BLOCK_N, end, table, k_cache_ptr, v_cache_ptr, stride_kb, stride_vb, kvh, q_ptr, BS,
-                KV, NPACK, BLOCK_N, BLOCK_D, QUANT,
-            )  # fmt: skip
-            k_even, k_odd = codes_from_raw_split(kw, QUANT, ASM)
-            s = tl.dot(q_even, tl.trans(k_even))
-            s = tl.dot(q_odd, tl.trans(k_odd), s) - CODE_OFFSET * q_sum[:, None]
-            s = (s * ks[None, :] + q_sum[:, None] * kz[None, :]) * scale_log2
-            s = tl.where(mask_n[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v_even, v_odd = codes_from_raw_split(vw, QUANT, ASM)
-            pv = (p * vs[None, :]).to(tl.float16)
-            corr = tl.sum(p * vz[None, :] - CODE_OFFSET * pv.to(tl.float32), 1)
-            acc_even = acc_even * alpha[:, None] + (tl.dot(pv, v_even) + corr[:, None])
-            acc_odd = acc_odd * alpha[:, None] + (tl.dot(pv, v_odd) + corr[:, None])
-            m_i = m_new
-            kw, ks, kz, vw, vs, vz = nkw, nks, nkz, nvw, nvs, nvz
-    if not PREFETCH:
-        for n0 in range(start, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < end
-            if WINDOW > 0:
-                mask_n = mask_n & (offs_n >= lo)
-            if QUANT != 0 and BS % BLOCK_N == 0:
-                # the tile lies in one page: one block-table entry, and rows at a constant stride. With
-                # the single V-correction reduction, the loop's sm_90 SASS per token (ptxas_report.py
-                # default): int8 21.6 -> 17.5 instructions, int4 16.7 -> 13.6 (the quantized kernels
-                # are instruction-bound, BENCHMARKS.md); not yet timed on a GPU. bf16 (8.6 -> 5.7, but
-                # at its bandwidth floor already) keeps the measured path.
-                page = tl.load(table + n0 // BS).to(tl.int64)
-                tok = n0 % BS + tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        if WINDOW > 0:
+            mask_n = mask_n & (offs_n >= lo)
+        if QUANT != 0 and BS % BLOCK_N == 0:
+            # the tile lies in one page: one block-table entry, and rows at a constant stride. With
+            # the single V-correction reduction, the loop's sm_90 SASS per token (ptxas_report.py
+            # default): int8 21.6 -> 17.5 instructions, int4 16.7 -> 13.6 (the quantized kernels
+            # are instruction-bound, BENCHMARKS.md); not yet timed on a GPU. bf16 (8.6 -> 5.7, but
+            # at its bandwidth floor already) keeps the measured path.
+            page = tl.load(table + n0 // BS).to(tl.int64)
+            tok = n0 % BS + tl.arange(0, BLOCK_N)
+        else:
+            page = tl.load(table + offs_n // BS, mask=mask_n, other=0).to(tl.int64)
+            tok = offs_n % BS
+        kmask = mask_n[:, None] & mask_d[None, :]
+        if QUANT == 0:
+            k = tl.load(
+                k_cache_ptr
+                + (page * stride_kb + tok * stride_kt + kvh * stride_kh)[:, None]
+                + offs_d[None, :],
+                mask=kmask,
+                other=0.0,
+            )  # [BLOCK_N, BLOCK_D]
+            s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_G, BLOCK_N], log2 units
+        else:
+            # codes at constexpr offsets in the block: Triton sees 16-byte alignment and vectorizes
+            k_rows, k_par = quant_rows(k_cache_ptr + page * stride_kb, tok, kvh, q_ptr, BS, KV, NPACK)
+            k_scale, k_zero = load_kv_params(k_par, mask_n)
+            if EO:
+                s = quant_scores_split(q_even, q_odd, q_sum, k_rows, mask_n, BLOCK_D, NPACK, QUANT, ASM)
             else:
-                page = tl.load(table + offs_n // BS, mask=mask_n, other=0).to(tl.int64)
-                tok = offs_n % BS
-            kmask = mask_n[:, None] & mask_d[None, :]
-            if QUANT == 0:
-                k = tl.load(
-                    k_cache_ptr
-                    + (page * stride_kb + tok * stride_kt + kvh * stride_kh)[:, None]
-                    + offs_d[None, :],
-                    mask=kmask,
-                    other=0.0,
-                )  # [BLOCK_N, BLOCK_D]
-                s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_G, BLOCK_N], log2 units
-            else:
-                # codes at constexpr offsets in the block: Triton sees 16-byte alignment and vectorizes
-                k_rows, k_par = quant_rows(k_cache_ptr + page * stride_kb, tok, kvh, q_ptr, BS, KV, NPACK)
-                k_scale, k_zero = load_kv_params(k_par, mask_n)
-                if EO:
-                    s = quant_scores_split(q_even, q_odd, q_sum, k_rows, mask_n, BLOCK_D, NPACK, QUANT, ASM)
-                else:
-                    s = quant_scores(
-                        qd, q_sum, k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT, ASM
-                    )  # q . codes
-                s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
-            s = tl.where(mask_n[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if QUANT == 0:
-                v = tl.load(
-                    v_cache_ptr
-                    + (page * stride_vb + tok * stride_vt + kvh * stride_vh)[:, None]
-                    + offs_d[None, :],
-                    mask=kmask,
-                    other=0.0,
+                s = quant_scores(qd, q_sum, k_rows, mask_n, q_ptr, BLOCK_D, NPACK, QUANT, ASM)  # q . codes
+            s = (s * k_scale[None, :] + q_sum[:, None] * k_zero[None, :]) * scale_log2
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if QUANT == 0:
+            v = tl.load(
+                v_cache_ptr
+                + (page * stride_vb + tok * stride_vt + kvh * stride_vh)[:, None]
+                + offs_d[None, :],
+                mask=kmask,
+                other=0.0,
+            )
+        else:
+            v_rows, v_par = quant_rows(v_cache_ptr + page * stride_vb, tok, kvh, q_ptr, BS, KV, NPACK)
+            v_scale, v_zero = load_kv_params(v_par, mask_n)
+            if EO:
+                pv_even, pv_odd = quant_weighted_values_split(
+                    p, v_scale, v_zero, v_rows, mask_n, BLOCK_D, NPACK, QUANT, ASM
                 )
+                acc_even = acc_even * alpha[:, None] + pv_even
+                acc_odd = acc_odd * alpha[:, None] + pv_odd
             else:
-                v_rows, v_par = quant_rows(v_cache_ptr + page * stride_vb, tok, kvh, q_ptr, BS, KV, NPACK)
-                v_scale, v_zero = load_kv_params(v_par, mask_n)
-                if EO:
-                    pv_even, pv_odd = quant_weighted_values_split(
-                        p, v_scale, v_zero, v_rows, mask_n, BLOCK_D, NPACK, QUANT, ASM
-                    )
-                    acc_even = acc_even * alpha[:, None] + pv_even
-                    acc_odd = acc_odd * alpha[:, None] + pv_odd
-                else:
-                    pv = quant_weighted_values(
-                        p, v_scale, v_zero, v_rows, mask_n, q_ptr, qd.dtype, BLOCK_D, NPACK, QUANT, ASM
-                    )
-                    acc = acc * alpha[:, None] + pv
-            if QUANT == 0:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+                pv = quant_weighted_values(
+                    p, v_scale, v_zero, v_rows, mask_n, q_ptr, qd.dtype, BLOCK_D, NPACK, QUANT, ASM
+                )
+                acc = acc * alpha[:, None] + pv
+        if QUANT == 0:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
 
     safe_l = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / safe_l[:, None]
@@ -279,26 +242,6 @@ def _decode_kernel(
         if MERGE:
             _merge_last(out_ptr, lse_ptr, fin_ptr, cnt_ptr, b, kvh, heads, row - split, mask_g, offs_d,
                         mask_d, stride_fb, stride_fh, D, NUM_SPLITS, BLOCK_G, BLOCK_D)  # fmt: skip
-
-
-@triton.jit
-def _raw_tile(
-    n0, end, table, k_cache_ptr, v_cache_ptr, stride_kb, stride_vb, kvh, q_ptr,
-    BS: tl.constexpr, KV: tl.constexpr, NPACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    QUANT: tl.constexpr,
-):  # fmt: skip
-    """A quantized tile's raw loads (``PREFETCH``): K and V code words and (scale, zero) pairs of
-    tokens ``[n0, n0 + BLOCK_N)`` in one page; nothing is read for tokens from ``end`` on."""
-    mask_n = n0 + tl.arange(0, BLOCK_N) < end
-    page = tl.load(table + n0 // BS, mask=n0 < end, other=0).to(tl.int64)
-    tok = n0 % BS + tl.arange(0, BLOCK_N)
-    k_rows, k_par = quant_rows(k_cache_ptr + page * stride_kb, tok, kvh, q_ptr, BS, KV, NPACK)
-    v_rows, v_par = quant_rows(v_cache_ptr + page * stride_vb, tok, kvh, q_ptr, BS, KV, NPACK)
-    ks, kz = load_kv_params(k_par, mask_n)
-    vs, vz = load_kv_params(v_par, mask_n)
-    kw = load_kv_raw_split(k_rows, mask_n, BLOCK_D, NPACK, QUANT)
-    vw = load_kv_raw_split(v_rows, mask_n, BLOCK_D, NPACK, QUANT)
-    return kw, ks, kz, vw, vs, vz
 
 
 @triton.jit
@@ -448,12 +391,6 @@ MAX_SPLITS = _max_splits_from_env()
 # int8 codes read as 16-bit pairs: 0.420 against 0.484 ms per layer with bytes (B=256 x 1k, H200)
 INT8_PAIRS = True
 
-# A quantized cache's tiles loaded one tile ahead (``PREFETCH`` in the kernel): Nsight Compute on the
-# plain loop (int8, B=128 x 4k, H200) found 60% of DRAM bandwidth at 25% occupancy, 0.41 issued
-# instructions per scheduler cycle and 59% of cycles with no eligible warp: each warp waits on its
-# tile's loads. Off until timed (HOTLOOP_KV_PREFETCH=1 turns it on).
-PREFETCH = os.environ.get("HOTLOOP_KV_PREFETCH", "0") == "1"
-
 
 # With splits, the last split to finish merges (``_merge_last``) instead of a second kernel.
 # HOTLOOP_DECODE_FUSED_MERGE=1 fuses it everywhere, =0 nowhere; unset (``FUSE_MERGE`` None),
@@ -535,7 +472,6 @@ def paged_decode_attention(
     config: tuple[int, ...] | None = None,
     fuse_merge: bool | None = None,
     graph_plan: bool = False,
-    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """One new query per sequence attends over its paged context.
 
@@ -547,9 +483,6 @@ def paged_decode_attention(
     ``fuse_merge``: with splits, the last split of each (sequence, KV head) merges them in the same
     launch instead of a second kernel (default: HOTLOOP_DECODE_FUSED_MERGE=1). ``graph_plan`` (a
     decode CUDA graph's launch): the split count and merge not given come from ``decode_plan``.
-    ``prefetch``: a quantized cache's loop loads each tile's codes one tile ahead (default
-    ``PREFETCH``, HOTLOOP_KV_PREFETCH=1), where it applies (even/odd dots, tiles inside a page, no
-    window); elsewhere it is ignored.
     """
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [B, H, D] and the caches [NB, BS, KV, D]")
     B, H, D = q.shape
@@ -579,14 +512,6 @@ def paged_decode_attention(
         check_launch_config("paged_decode_attention", config, ("BLOCK_N",), allow_maxnreg=True)
     block_n, num_warps, num_stages, *rest = config or decode_config(quant, block_d, splits)
     maxnreg = rest[0] if rest else None
-    asm = (code_mode(q, INT8_PAIRS) & split_eo_mask(q.dtype, block_d)) if quant else 0
-    use_prefetch = (
-        (PREFETCH if prefetch is None else prefetch)
-        and quant != 0
-        and bool(asm & 4)
-        and bs % block_n == 0
-        and not sliding_window
-    )
     if splits > 1:
         part = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
         lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
@@ -640,10 +565,9 @@ def paged_decode_attention(
         QUANT=quant,
         NPACK=npack,
         KV=kv,
-        ASM=asm,
+        ASM=(code_mode(q, INT8_PAIRS) & split_eo_mask(q.dtype, block_d)) if quant else 0,
         PDL=use_pdl,
         MERGE=merge,
-        PREFETCH=use_prefetch,
         num_warps=num_warps,
         num_stages=num_stages,
         maxnreg=maxnreg,

@@ -7,6 +7,7 @@ back: a prefill chunk contributes many tokens, a decode one.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,11 @@ from torch import nn
 
 from hotloop.kernels import ops, reference
 from hotloop.layers.rotary import apply_rotary
+
+# A quantized cache's prefill reads the prompt's own keys unquantized (paged_prefill_attention's
+# k_new / v_new). HOTLOOP_KV_FRESH_PREFILL=0 reads them back from the cache instead, as before, for
+# comparisons (GPU path only; the CPU reference always takes this step's own keys).
+FRESH_PREFILL = os.environ.get("HOTLOOP_KV_FRESH_PREFILL", "1") != "0"
 
 
 @dataclass
@@ -197,7 +203,7 @@ class PagedAttention(nn.Module):
         # A uint8 cache is quantized in the same pass; the attention kernels dequantize as they read.
         # Its prefill rows read their own keys unquantized (k rotated in place for that), their
         # cached prefix from the cache (paged_prefill_attention).
-        fresh = k_cache.dtype == torch.uint8 and not meta.decode_only
+        fresh = FRESH_PREFILL and k_cache.dtype == torch.uint8 and not meta.decode_only
         rotary_kv_write(q, k, v, cos_sin[0], cos_sin[1], k_cache, v_cache, meta.slot_mapping, rotate_k=fresh)
         assert meta.seq_lens_t is not None
         o = torch.empty_like(q) if out is None else out.view(T, self.num_heads, self.head_dim)

@@ -227,7 +227,6 @@ def _decode_case(
     splits: int | None,
     sliced: bool = False,
     config: tuple[int, ...] | None = None,
-    prefetch: bool | None = None,
 ) -> None:
     from hotloop.kernels.paged_decode_attention import paged_decode_attention
 
@@ -237,9 +236,7 @@ def _decode_case(
     scale = d**-0.5
     seq = torch.tensor(lens, dtype=torch.int32, device=device)
     out = torch.full_like(q, float("nan"))  # poison: every element must be written
-    paged_decode_attention(
-        q, kq, vq, tables, seq, scale, window, splits, out=out, config=config, prefetch=prefetch
-    )
+    paged_decode_attention(q, kq, vq, tables, seq, scale, window, splits, out=out, config=config)
     ref = reference.paged_attention(q.float(), kf, vf, tables, [1] * len(lens), lens, scale, window)
     live = seq > 0  # padding rows (seq_len 0) come out as zeros; the reference gives NaN there
     assert rel_err(out[live], ref[live]) < _tol(dtype, device)
@@ -354,16 +351,6 @@ def test_quant_prefill_gpu(
     _prefill_case([700, 1, 130, 64, 1], [0, 900, 250, 0, 5], h, kv, d, bs, dtype, policy, "cuda", None)
     _prefill_case([300, 77], [0, 129], h, kv, d, bs, dtype, policy, "cuda", 100)
     _prefill_case([700, 77], [0, 500], h, kv, d, bs, dtype, policy, "cuda", 300)  # unmasked inside a window
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("policy", [8, 4])
-@pytest.mark.parametrize("d,h,kv,bs", [(128, 32, 8, 64), (64, 16, 4, 16), (256, 8, 1, 64), (128, 8, 8, 16)])
-def test_quant_decode_prefetch_gpu(d: int, h: int, kv: int, bs: int, policy: int) -> None:
-    lens = [0, 1, 17, 300, 1031, 64 * 40 + 5]
-    for splits in (1, None, 7):
-        _decode_case(lens, h, kv, d, bs, torch.bfloat16, policy, "cuda", None, splits, prefetch=True)
-    _decode_case(lens, h, kv, d, bs, torch.float16, policy, "cuda", None, None, prefetch=True)
 
 
 @pytest.mark.gpu
@@ -491,21 +478,6 @@ def test_quant_decode_even_odd_split_interpreted(policy: int, monkeypatch: pytes
     _decode_case([37, 200], 8, 2, 32, 64, torch.float16, policy, "cpu", None, 2, config=(32, 4, 2))
     _decode_case([9, 40], 3, 1, 24, 16, torch.float16, policy, "cpu", None, 2)
     _decode_case([37, 5], 4, 2, 32, 16, torch.float32, policy, "cpu", None, 2)
-
-
-@interpret
-@pytest.mark.parametrize("policy", [8, 4])
-def test_quant_decode_prefetch_interpreted(policy: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # the next tile's codes loaded before this tile's arithmetic: contexts ending mid-tile and
-    # mid-page, empty rows, one split and several, the page-tile configs
-    from hotloop.kernels import kv_quant_triton
-
-    monkeypatch.setattr(kv_quant_triton, "SPLIT_EO", True)
-    _decode_case([1, 0, 37, 64, 65, 200], 8, 2, 32, 64, torch.float16, policy, "cpu", None, 1, prefetch=True)
-    _decode_case([1, 37, 130, 200], 8, 2, 32, 64, torch.float16, policy, "cpu", None, 4, prefetch=True)
-    _decode_case(
-        [37, 200], 8, 2, 32, 64, torch.float16, policy, "cpu", None, 2, config=(32, 4, 2), prefetch=True
-    )
 
 
 @interpret
