@@ -132,10 +132,12 @@ def compile_prefill(
     asm: int | None = None,
     diag_split: bool | None = None,
     fresh: bool = False,
+    prefix: bool = True,
 ) -> Any:
     """The prefill kernel for cache policy ``quant``, model ``dtype`` and a longest query; ``asm``
     overrides the code-reading bits, as in ``compile_decode``; ``diag_split`` the launcher's
-    ``DIAG_SPLIT``; ``fresh``: this step's keys and values read from ``k_new`` / ``v_new``."""
+    ``DIAG_SPLIT``; ``fresh``: this step's keys and values read from ``k_new`` / ``v_new``;
+    ``prefix`` False: the fresh kernel without its cache loop (no row has a cached prefix)."""
     from hotloop.kernels import paged_prefill_attention as pf
 
     t = _TYPES[dtype]
@@ -152,7 +154,8 @@ def compile_prefill(
         asm = code_mode_bits(True, pf.INT8_PAIRS) & ~4
     consts = {"G": G, "D": D, "BS": BS, "WINDOW": window, "BLOCK_M": block_m, "BLOCK_N": block_n,
               "BLOCK_D": D, **_cache_consts(quant, dtype, asm),
-              "DIAG_SPLIT": pf.DIAG_SPLIT if diag_split is None else diag_split, "FRESH": fresh}  # fmt: skip
+              "DIAG_SPLIT": pf.DIAG_SPLIT if diag_split is None else diag_split, "FRESH": fresh,
+              "PREFIX": prefix or not fresh}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr") and n not in pf.UNALIGNED_ARGS]
     aligned += [
         s for s in strides if not (quant and s in ("stride_kt", "stride_kh", "stride_vt", "stride_vh"))
@@ -277,6 +280,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # this step's keys from k_new / v_new (a quantized cache's prefill, as the attention layer launches it)
     **{f"prefill-q{q}-{d}-fresh": ("prefill", {"quant": q, "dtype": d, "fresh": True})
        for q, d in _FORMATS if q},
+    "prefill-q8-bfloat16-fresh-no-prefix": ("prefill", {"quant": 8, "dtype": "bfloat16", "fresh": True, "prefix": False}),
     "prefill-q8-bfloat16-fresh-window": ("prefill", {"quant": 8, "dtype": "bfloat16", "fresh": True, "window": 512}),
     **{f"prefill-q{q}-bfloat16-diag-1k": ("prefill", {"quant": q, "dtype": "bfloat16", "max_query_len": 1024,
                                                       "diag_split": True}) for q in (0, 8, 4)},
