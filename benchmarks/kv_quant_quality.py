@@ -5,7 +5,11 @@ attention) on the CPU or a GPU, three times: float KV (the baseline, in the mode
 int8 KV and int4 KV. Reports
 
 - perplexity on held-out text (``pipe.get_ppl`` over fixed-length windows of Python's own
-  documentation, ``pydoc_data.topics``: technical English the model was not tuned on),
+  documentation, ``pydoc_data.topics``: technical English the model was not tuned on), scored in
+  prefill chunks of each ``--score-chunks`` size: with chunks of 1 token every key is read back from
+  the quantized cache, as in decoding (the figure that measures the cache); a prompt prefilled in one
+  chunk attends to its own keys unquantized (``paged_prefill_attention``'s ``k_new``), so a whole
+  window in one chunk scores as the float cache does,
 - greedy agreement with the float-KV output: the share of prompts whose whole continuation is
   identical, and the share of generated positions before the first divergence.
 
@@ -70,31 +74,37 @@ def agreement(base: list[list[int]], other: list[list[int]]) -> dict[str, float]
 def run_policy(model: str | None, policy: int, args: argparse.Namespace) -> dict[str, Any]:
     from hotloop import EngineConfig, GenerationConfig, pipeline
 
-    cfg = EngineConfig(
-        device=args.device,
-        dtype=args.dtype,
-        quant_policy=policy,
-        cache_max_entry_count=args.blocks,
-        max_batch_size=len(PROMPTS),
-    )
-    with pipeline(model, backend_config=cfg) as pipe:
-        windows = held_out_windows(pipe.tokenizer, args.windows, args.window_len)
-        t0 = time.perf_counter()
-        ppls = pipe.get_ppl(windows)
-        nll = [math.log(p) for p in ppls]
-        gen = GenerationConfig(max_new_tokens=args.max_new, ignore_eos=True)
-        outs = pipe(PROMPTS, gen_config=gen, do_preprocess=False)
-        elapsed = time.perf_counter() - t0
-        k_cache = pipe.engine.executor.kv_caches[0][0]
-        return {
-            "quant_policy": policy,
-            "perplexity": round(math.exp(sum(nll) / len(nll)), 4),
-            "perplexity_per_window": [round(p, 3) for p in ppls],
-            "greedy_tokens": [o.token_ids for o in outs],
-            "kv_cache_dtype": str(k_cache.dtype),
-            "kv_row_bytes": int(k_cache.shape[-1] * k_cache.element_size()),
-            "seconds": round(elapsed, 1),
-        }
+    chunks = [int(c) for c in args.score_chunks.split(",")]
+    result: dict[str, Any] = {"quant_policy": policy}
+    t0 = time.perf_counter()
+    for i, chunk in enumerate(chunks):
+        cfg = EngineConfig(
+            device=args.device,
+            dtype=args.dtype,
+            quant_policy=policy,
+            cache_max_entry_count=args.blocks,
+            max_batch_size=len(PROMPTS),
+            max_prefill_token_num=chunk,
+        )
+        with pipeline(model, backend_config=cfg) as pipe:
+            windows = held_out_windows(pipe.tokenizer, args.windows, args.window_len)
+            ppls = pipe.get_ppl(windows)
+            nll = [math.log(p) for p in ppls]
+            ppl = round(math.exp(sum(nll) / len(nll)), 4)
+            result[f"perplexity_chunk{chunk}"] = ppl
+            result[f"perplexity_per_window_chunk{chunk}"] = [round(p, 3) for p in ppls]
+            if i == 0:  # the first chunk size is the headline figure; greedy runs once
+                result["perplexity"] = ppl
+                result["score_chunk"] = chunk
+                gen = GenerationConfig(max_new_tokens=args.max_new, ignore_eos=True)
+                outs = pipe(PROMPTS, gen_config=gen, do_preprocess=False)
+                k_cache = pipe.engine.executor.kv_caches[0][0]
+                result["greedy_tokens"] = [o.token_ids for o in outs]
+                result["kv_cache_dtype"] = str(k_cache.dtype)
+                result["kv_row_bytes"] = int(k_cache.shape[-1] * k_cache.element_size())
+            print(f"  quant_policy={policy}, chunks of {chunk}: ppl {ppl:.4f}", flush=True)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    return result
 
 
 def run_chat(model: str | None, args: argparse.Namespace) -> dict[str, Any]:
@@ -143,6 +153,12 @@ def main() -> None:
     ap.add_argument("--window-len", type=int, default=512, help="tokens per window")
     ap.add_argument("--max-new", type=int, default=32, help="greedy tokens per prompt")
     ap.add_argument("--blocks", type=int, default=256, help="KV blocks (cache_max_entry_count)")
+    ap.add_argument(
+        "--score-chunks",
+        default="1,512",
+        help="prefill chunk sizes to score the perplexity windows in; the first is the headline "
+        "(1: every key read back from the cache, as in decoding)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -153,10 +169,15 @@ def main() -> None:
     for p, r in runs.items():
         row = {k: v for k, v in r.items() if k != "greedy_tokens"}
         row["perplexity_delta_pct"] = round(100 * (r["perplexity"] / runs[0]["perplexity"] - 1), 3)
+        for key in [k for k in r if k.startswith("perplexity_chunk")]:
+            row[key.replace("perplexity_", "perplexity_delta_pct_")] = round(
+                100 * (r[key] / runs[0][key] - 1), 3
+            )
         row.update(agreement(base, r["greedy_tokens"]))
         summary.append(row)
         print(
-            f"quant_policy={p}: ppl {r['perplexity']:.4f} ({row['perplexity_delta_pct']:+.2f}%), "
+            f"quant_policy={p}: ppl {r['perplexity']:.4f} ({row['perplexity_delta_pct']:+.2f}%, chunks of "
+            f"{r['score_chunk']}), "
             f"greedy exact {row['exact_match']:.2%}, prefix agreement {row['mean_prefix_agreement']:.2%}, "
             f"KV row {r['kv_row_bytes']} B/head/token"
         )
@@ -173,6 +194,7 @@ def main() -> None:
         "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "text": f"pydoc_data.topics tail, {args.windows} windows x {args.window_len} tokens",
+        "score_chunks": args.score_chunks,
         "prompts": len(PROMPTS),
         "max_new_tokens": args.max_new,
         "results": summary,

@@ -306,7 +306,7 @@ def precompile_attention(
     ``table_width``, and q as a view of the q/k/v projection's output."""
     from hotloop.kernels.paged_decode_attention import SPLIT_CHOICES, paged_decode_attention
     from hotloop.kernels.paged_prefill_attention import CONFIG_LENGTHS, paged_prefill_attention
-    from hotloop.layers.attention import PagedAttention
+    from hotloop.layers.attention import FRESH_PREFILL, PagedAttention
 
     layers = [m for m in model.modules() if isinstance(m, PagedAttention)]  # type: ignore[attr-defined]
     if len(layers) != len(kv_caches):
@@ -331,7 +331,7 @@ def precompile_attention(
         # a quantized cache's prefill rows read this step's keys from the projection output
         k = qkv[:, m.num_heads : m.num_heads + m.num_kv_heads]
         v = qkv[:, m.num_heads + m.num_kv_heads :]
-        if k_cache.dtype != torch.uint8:
+        if k_cache.dtype != torch.uint8 or not FRESH_PREFILL:
             for max_query_len in (1, 64):
                 paged_prefill_attention(
                     q, k_cache, v_cache, tables, empty, starts, max_query_len, m.scale, m.sliding_window

@@ -109,6 +109,8 @@ def paged_attention(
     sequence of more than one new token attends to in place of the cache's copy of them (its
     cached prefix still comes from the cache); single-token rows read the cache only.
     """
+    if (k_new is None) != (v_new is None):
+        raise ValueError("k_new and v_new are given together")
     num_heads, head_dim = q.shape[1], q.shape[2]
     load = kv_quant.kv_loader(k_cache, head_dim, q.dtype)
     num_kv = k_cache.shape[2]

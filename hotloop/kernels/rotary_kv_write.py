@@ -101,6 +101,9 @@ def quant_write(
     tl.store(dst_params, scale, mask=mask_kv)
     tl.store(dst_params + 1, lo.to(src.dtype.element_ty), mask=mask_kv)
     if KEEP:
+        # in place: other threads loaded these values as their rotation partners. The min / max
+        # reductions above already waited for every thread's loads; the barrier says so explicitly.
+        tl.debug_barrier()
         if QUANT == 8:
             tl.store(src[:, None] + offs_p[None, :], xa.to(src.dtype.element_ty), mask=ma)
         else:

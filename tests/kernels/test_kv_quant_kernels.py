@@ -276,11 +276,19 @@ def _prefill_case(
     seq = torch.tensor(lens, dtype=torch.int32, device=device)
     scale = d**-0.5
     out = torch.full_like(q, float("nan"))
+    if not cached_prefix:  # the promise the launcher's caller makes
+        assert fresh and all(n > 1 and c == 0 for n, c in zip(qlens, ctx, strict=True))
     paged_prefill_attention(
-        q, kq, vq, tables, seq, starts, max(qlens), scale, window, out=out, k_new=kn, v_new=vn
-    )
+        q, kq, vq, tables, seq, starts, max(qlens), scale, window, out=out, k_new=kn, v_new=vn,
+        cached_prefix=cached_prefix,
+    )  # fmt: skip
     ref = reference.paged_attention(q.float(), kf, vf, tables, qlens, lens, scale, window, kn, vn)
     assert rel_err(out, ref) < _tol(dtype, device)
+    # per sequence too: one row reading a wrong key hides in a norm over the whole batch
+    for b in range(len(qlens)):
+        a, e = int(starts[b]), int(starts[b + 1])
+        if e > a:
+            assert rel_err(out[a:e], ref[a:e]) < _tol(dtype, device), (b, qlens[b], ctx[b])
     if fresh and any(n > 1 for n in qlens):  # the fresh rows matter: the cache's copy gives another answer
         other = reference.paged_attention(q.float(), kf, vf, tables, qlens, lens, scale, window)
         assert rel_err(other, ref) > 10 * _tol(dtype, device)
@@ -521,6 +529,11 @@ def _layer_step(
     seq = [c + n for c, n in zip(ctx, qlens, strict=True)]
     slots = [int(tables[b, p // bs]) * bs + p % bs for b in range(len(qlens)) for p in range(ctx[b], seq[b])]
     starts = [0] + torch.tensor(qlens).cumsum(0).tolist()
+    decode_only = all(n == 1 for n in qlens)
+    nd = 0  # leading single-token rows: the decode kernel's in a mixed step, as gpu_inputs.py splits them
+    while nd < len(qlens) and qlens[nd] == 1:
+        nd += 1
+    mixed = nd > 0 and not decode_only
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots),
         block_tables=tables,
@@ -529,12 +542,14 @@ def _layer_step(
         seq_lens_t=torch.tensor(seq, dtype=torch.int32),
         query_start_t=torch.tensor(starts, dtype=torch.int32),
         max_query_len=max(qlens),
-        decode_only=all(n == 1 for n in qlens),
+        decode_only=decode_only,
+        num_decodes=nd if mixed else 0,
+        prefill_query_start_t=torch.tensor(starts[nd:], dtype=torch.int32) - nd if mixed else None,
     )
     hd, half = layer.head_dim, layer.head_dim // 4  # partial rotary
-    q = _rows((T, layer.num_heads * hd), g)
-    k = _rows((T, layer.num_kv_heads * hd), g)
-    v = _rows((T, layer.num_kv_heads * hd), g)
+    # q, k and v are strided views of one projection output, as in the models
+    qkv = _rows((T, (layer.num_heads + 2 * layer.num_kv_heads) * hd), g)
+    q, k, v = qkv.split([layer.num_heads * hd, layer.num_kv_heads * hd, layer.num_kv_heads * hd], dim=-1)
     ang = torch.rand(T, half, generator=g) * 10
     return layer(q, k, v, kv_cache, meta, (ang.cos(), ang.sin()))
 
@@ -556,6 +571,7 @@ def test_attention_layer_runs_the_kernels_on_a_quantized_cache(
             _layer_step(layer, cache, [0, 0], [7, 3], tables, g),  # prefills
             _layer_step(layer, cache, [7, 3], [1, 4], tables, g),  # a decode and a chunk over a prefix
             _layer_step(layer, cache, [8, 7], [1, 1], tables, g),  # decode only
+            _layer_step(layer, cache, [9, 8], [2, 3], tables, g),  # chunks over prefixes, no decode
         ]
         runs[triton_on] = (outs, cache)
     (ref_outs, ref_cache), (outs, cache) = runs[False], runs[True]
