@@ -35,7 +35,8 @@ def replay(
     session_len: int,
 ) -> dict[str, float]:
     sched = Scheduler(
-        SchedulerConfig(max_batch_size, max_prefill_token_num, session_len), BlockManager(num_blocks, block_size)
+        SchedulerConfig(max_batch_size, max_prefill_token_num, session_len),
+        BlockManager(num_blocks, block_size),
     )
     params = GenerationConfig(max_new_tokens=output_len, ignore_eos=True)
     for i in range(num_prompts):
@@ -46,7 +47,9 @@ def replay(
         if out.is_empty:
             raise RuntimeError("the scheduler scheduled nothing with requests waiting: the pool is too small")
         steps += 1
-        prompt_rows = [s for s in out.scheduled if s.num_tokens > 1 or s.start < len(s.request.prompt_token_ids)]
+        prompt_rows = [
+            s for s in out.scheduled if s.num_tokens > 1 or s.start < len(s.request.prompt_token_ids)
+        ]
         if prompt_rows:
             prompt_steps += 1
         else:
