@@ -74,7 +74,7 @@ def agreement(base: list[list[int]], other: list[list[int]]) -> dict[str, float]
 def run_policy(model: str | None, policy: int, args: argparse.Namespace) -> dict[str, Any]:
     from hotloop import EngineConfig, GenerationConfig, pipeline
 
-    chunks = [int(c) for c in args.score_chunks.split(",")]
+    chunks = [int(c) for c in args.score_chunks.split(",")] if args.score_chunks else [1, args.window_len]
     result: dict[str, Any] = {"quant_policy": policy}
     t0 = time.perf_counter()
     for i, chunk in enumerate(chunks):
@@ -155,9 +155,10 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=256, help="KV blocks (cache_max_entry_count)")
     ap.add_argument(
         "--score-chunks",
-        default="1,512",
-        help="prefill chunk sizes to score the perplexity windows in; the first is the headline "
-        "(1: every key read back from the cache, as in decoding)",
+        default=None,
+        help="prefill chunk sizes to score the perplexity windows in, e.g. '1,512'; the first is the "
+        "headline (1: every key read back from the cache, as in decoding). Default: 1 and the window "
+        "length (the whole window in one prefill)",
     )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -194,7 +195,7 @@ def main() -> None:
         "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "text": f"pydoc_data.topics tail, {args.windows} windows x {args.window_len} tokens",
-        "score_chunks": args.score_chunks,
+        "score_chunks": args.score_chunks or f"1,{args.window_len}",
         "prompts": len(PROMPTS),
         "max_new_tokens": args.max_new,
         "results": summary,

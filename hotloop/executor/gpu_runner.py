@@ -328,18 +328,14 @@ def precompile_attention(
                 q, k_cache, v_cache, tables, empty, m.scale, m.sliding_window, splits, out=out
             )
         starts = torch.zeros(2, dtype=torch.int32, device=device)  # no queries
-        # a quantized cache's prefill rows read this step's keys from the projection output
-        k = qkv[:, m.num_heads : m.num_heads + m.num_kv_heads]
-        v = qkv[:, m.num_heads + m.num_kv_heads :]
-        if k_cache.dtype != torch.uint8 or not FRESH_PREFILL:
-            for max_query_len in (1, 64):
-                paged_prefill_attention(
-                    q, k_cache, v_cache, tables, empty, starts, max_query_len, m.scale, m.sliding_window
-                )
-            continue
-        # with a cached prefix (or single-token rows) at every tile configuration: the warm-up's
-        # prompts have none, so they compile only the variants without the cache loop
-        for max_query_len in (1, *CONFIG_LENGTHS):
+        # A quantized cache's prefill rows read this step's keys from the projection output
+        # (PagedAttention): the variants with the cache loop (a cached prefix, single-token rows) at
+        # every tile configuration, since the warm-up's prompts have no prefix and compile only those
+        # without it.
+        fresh = k_cache.dtype == torch.uint8 and FRESH_PREFILL
+        k = qkv[:, m.num_heads : m.num_heads + m.num_kv_heads] if fresh else None
+        v = qkv[:, m.num_heads + m.num_kv_heads :] if fresh else None
+        for max_query_len in (1, *CONFIG_LENGTHS) if fresh else (1, 64):
             paged_prefill_attention(
                 q, k_cache, v_cache, tables, empty, starts, max_query_len, m.scale, m.sliding_window,
                 k_new=k, v_new=v,

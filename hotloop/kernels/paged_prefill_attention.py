@@ -337,29 +337,49 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table = block_tables_ptr + b * stride_bt
+    # Key tiles every query of this tile sees ([full_lo, full_hi): below its first query and, with a
+    # window, inside its last query's window) run without the causal, window and length masks; the
+    # tiles before them (the window's edge) and from full_hi on (the diagonal) are masked. The cache is
+    # read up to c_hi: the whole context, or with FRESH a multi-token row's cached prefix only (every
+    # query sees all of it; a single-token row still reads its whole context), its own keys following
+    # from kn / vn. (FRESH with PREFIX False: no row reads the cache, and the cache loops, with the
+    # quantized path's registers, are compiled out.)
+    c_hi = hi
+    full_lo = lo
+    full_hi = lo
     if FRESH:
-        # the cache holds keys [lo, c_hi): a multi-token row's cached prefix (every query sees all of
-        # it, a window aside), a single-token row's whole context; this step's keys follow from kn / vn
-        # (with PREFIX False every row has more than one new token and no cached prefix: the cache loop
-        # is compiled out, and with it the quantized path's registers)
         ctx_f = tl.where(q_len > 1, ctx, seq_len) if PREFIX else ctx
-        if PREFIX:
-            c_hi = tl.minimum(ctx_f, hi)
-            c_full = lo
-            if WINDOW == 0 and DIAG_SPLIT:
-                c_full = tl.maximum(c_hi // BLOCK_N * BLOCK_N, lo)
-            for n0 in range(lo, c_full, BLOCK_N):
-                acc, m_i, l_i = _attend_tile(
-                    acc, m_i, l_i, n0, c_hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
-                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
-                    BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, False,
-                )  # fmt: skip
-            for n0 in range(c_full, c_hi, BLOCK_N):
+        c_hi = tl.minimum(ctx_f, hi)
+        if WINDOW == 0 and DIAG_SPLIT:
+            full_hi = tl.maximum(c_hi // BLOCK_N * BLOCK_N, lo)
+    elif DIAG_SPLIT:
+        p0 = ctx + m_blk * BLOCK_M  # the tile's first query position (padded rows come after)
+        full_hi = tl.minimum((p0 + 1) // BLOCK_N * BLOCK_N, hi)
+        if WINDOW > 0:
+            first = tl.maximum(p0 + BLOCK_M - WINDOW, 0)  # the last row's first visible key
+            full_lo = tl.minimum(tl.maximum((first + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), hi)
+            full_hi = tl.maximum(full_hi, full_lo)
+    if PREFIX or not FRESH:
+        if WINDOW > 0:
+            for n0 in range(lo, full_lo, BLOCK_N):
                 acc, m_i, l_i = _attend_tile(
                     acc, m_i, l_i, n0, c_hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
                     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
                     BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, True,
                 )  # fmt: skip
+        for n0 in range(full_lo, full_hi, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, n0, c_hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
+                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
+                BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, False,
+            )  # fmt: skip
+        for n0 in range(full_hi, c_hi, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, n0, c_hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
+                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
+                BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, True,
+            )  # fmt: skip
+    if FRESH:
         # this step's keys, local index j at position ctx_f + j (none for a single-token row)
         hi_l = hi - ctx_f
         f_lo = tl.maximum(lo - ctx_f, 0)
@@ -375,38 +395,6 @@ def _prefill_kernel(
             acc, m_i, l_i = _attend_fresh_tile(
                 acc, m_i, l_i, j0, hi_l, q, offs_m, kn_ptr, vn_ptr, q_start, scale_log2, stride_knt,
                 stride_knh, stride_vnt, stride_vnh, kvh, offs_d, mask_d, WINDOW, BLOCK_N, True,
-            )  # fmt: skip
-    else:
-        # Key tiles every query of this tile sees ([full_lo, full_hi): below its first query and, with a
-        # window, inside its last query's window) run without the causal, window and length masks; the
-        # tiles before them (the window's edge) and from full_hi on (the diagonal) are masked.
-        full_lo = lo
-        full_hi = lo
-        if DIAG_SPLIT:
-            p0 = ctx + m_blk * BLOCK_M  # the tile's first query position (padded rows come after)
-            full_hi = tl.minimum((p0 + 1) // BLOCK_N * BLOCK_N, hi)
-            if WINDOW > 0:
-                first = tl.maximum(p0 + BLOCK_M - WINDOW, 0)  # the last row's first visible key
-                full_lo = tl.minimum(tl.maximum((first + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), hi)
-                full_hi = tl.maximum(full_hi, full_lo)
-        if WINDOW > 0:
-            for n0 in range(lo, full_lo, BLOCK_N):
-                acc, m_i, l_i = _attend_tile(
-                    acc, m_i, l_i, n0, hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
-                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
-                    BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, True,
-                )  # fmt: skip
-        for n0 in range(full_lo, full_hi, BLOCK_N):
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, n0, hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
-                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
-                BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, False,
-            )  # fmt: skip
-        for n0 in range(full_hi, hi, BLOCK_N):
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, n0, hi, qd, q, q_sum, q_pos, table, k_cache_ptr, v_cache_ptr, q_ptr, scale_log2,
-                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, kvh, offs_d, mask_d,
-                BS, WINDOW, BLOCK_N, BLOCK_D, QUANT, NPACK, KV, ASM, True,
             )  # fmt: skip
 
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -473,6 +461,7 @@ def paged_prefill_attention(
     check(out.shape == q.shape and out.stride(-1) == 1, f"out {tuple(out.shape)} must match q")
     fresh = k_new is not None
     check(fresh == (v_new is not None), "k_new and v_new are given together")
+    check(fresh or cached_prefix, "cached_prefix=False needs k_new / v_new (nothing else to read)")
     if k_new is not None and v_new is not None:
         for name, t in (("k_new", k_new), ("v_new", v_new)):
             check(t.shape == (T, kv, D), f"{name} must be [T, KV, D] = {(T, kv, D)}, got {tuple(t.shape)}")

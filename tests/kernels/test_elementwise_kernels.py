@@ -23,11 +23,19 @@ def _rotary_case(t: int, h: int, kv: int, d: int, half: int, dtype: torch.dtype,
     slots[0] = -1  # a padding row writes nothing
     q_ref, kc_ref, vc_ref = q.clone(), kc.clone(), vc.clone()
     reference.rotary_kv_write(q_ref, k.clone(), v.clone(), cos, sin, kc_ref, vc_ref, slots)
+    k_src = k.clone()
     rotary_kv_write(q, k, v, cos, sin, kc, vc, slots)
     tol = 0.0 if dtype == torch.float32 else TOL[dtype] / 4
     assert rel_err(q, q_ref) <= tol + 1e-6
     assert rel_err(kc, kc_ref) <= tol + 1e-6
     assert torch.equal(vc, vc_ref)
+    assert torch.equal(k, k_src)  # k is only read
+    # rotate_k: k rotated in place, each row what was stored for its token (padding rows untouched)
+    k2, kc2, vc2 = k_src.clone(), kc.clone(), vc.clone()
+    rotary_kv_write(q.clone(), k2, v, cos, sin, kc2, vc2, slots, rotate_k=True)
+    live = slots >= 0
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+    assert torch.equal(k2[live], kc.view(-1, kv, d)[slots[live]]) and torch.equal(k2[~live], k_src[~live])
 
 
 def _tol(dtype: torch.dtype, device: str) -> float:

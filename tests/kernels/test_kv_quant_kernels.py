@@ -455,6 +455,24 @@ def test_quant_prefill_fresh_interpreted(
                   cached_prefix=False)  # fmt: skip
 
 
+def test_prefill_rejects_cached_prefix_false_without_new_keys() -> None:
+    pytest.importorskip("triton")
+    from hotloop.kernels.paged_prefill_attention import paged_prefill_attention
+
+    q = torch.zeros(2, 4, 16)
+    cache = torch.zeros(2, 4, 2, 16)
+    one = torch.zeros(1, 1, dtype=torch.int32)
+    lens = torch.tensor([2], dtype=torch.int32)
+    starts = torch.tensor([0, 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cached_prefix=False needs k_new"):
+        paged_prefill_attention(q, cache, cache, one, lens, starts, 2, 1.0, cached_prefix=False)
+    with pytest.raises(ValueError, match="k_new and v_new are given together"):
+        paged_prefill_attention(q, cache, cache, one, lens, starts, 2, 1.0, k_new=torch.zeros(2, 2, 16))
+    with pytest.raises(ValueError, match=r"k_new must be \[T, KV, D\]"):
+        bad = torch.zeros(2, 4, 16)
+        paged_prefill_attention(q, cache, cache, one, lens, starts, 2, 1.0, k_new=bad, v_new=bad)
+
+
 def test_any_cached_prefix() -> None:
     from hotloop.layers.attention import _any_cached_prefix
 
