@@ -234,7 +234,7 @@ class PagedAttention(nn.Module):
                 out=o[nd:],
                 k_new=k[nd:] if fresh else None,
                 v_new=v[nd:] if fresh else None,
-                cached_prefix=_any_cached_prefix(meta.query_lens[nd:], meta.seq_lens[nd:]),
+                cached_prefix=not fresh or _any_cached_prefix(meta.query_lens[nd:], meta.seq_lens[nd:]),
             )
         else:
             assert meta.query_start_t is not None
@@ -251,6 +251,6 @@ class PagedAttention(nn.Module):
                 out=o,
                 k_new=k if fresh else None,
                 v_new=v if fresh else None,
-                cached_prefix=_any_cached_prefix(meta.query_lens, meta.seq_lens),
+                cached_prefix=not fresh or _any_cached_prefix(meta.query_lens, meta.seq_lens),
             )
         return o.reshape(T, self.num_heads * self.head_dim)
