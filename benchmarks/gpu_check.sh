@@ -18,6 +18,8 @@
 #   chunks   the issue-3 serving run by prefill chunk (--max-prefill-token-num 8192 / 512 / 256), the
 #            serving-mix steps of profile_step.py (decode 16, mixed 16 + 256 / 512 / 1024), then the
 #            engine's GPU tests.
+#   kvcuda   one GPU: the CUDA C int8 decode kernel's tests, kv_attention_sweep.py decode (bf16, int8 Triton
+#            and CUDA), Nsight Compute on the CUDA kernel.
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
@@ -589,6 +591,26 @@ if [ "$what" = fresh ]; then  # one GPU, in turn
     python3 "$here/ncu_attention.py" >"$out/ncu_attn.txt" 2>&1
   echo "ncu rc=$?"
   grep -E "^  [_a-zA-Z0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|Registers Per|Block Limit|Executed Instructions |Grid Size|Shared Memory Configuration Size|L1/TEX Hit|L2 Hit" "$out/ncu_attn.txt" | cut -c1-160 | head -150
+  exit 0
+fi
+if [ "$what" = kvcuda ]; then  # one GPU: the CUDA C int8 decode kernel's tests, its times beside Triton's, ncu
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    tests/kernels/test_kv_quant_kernels.py tests/kernels/test_launch_replay.py \
+    "tests/api/test_gpu_parity.py::test_quantized_kv_graphs_equal_eager" -k "decode or replay or quantized or layer" \
+    >"$out/kvcuda_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvcuda_tests.log" | cut -c1-300 | head -40
+  timeout 150 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_decode.json" --quick --no-prefill \
+    --policies 0,8 --decode-shapes 256x1024,128x4096,16x4096,1x4096 --splits 1,2,4,16 >"$out/sweep_decode.log" 2>&1
+  echo "decode sweep rc=$?"
+  grep -E "decode B=|default vs" "$out/sweep_decode.log" | cut -c1-200
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  timeout 120 "$NCU" --clock-control none --launch-skip 1 --launch-count 1 -k regex:kv_int8_decode \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis --section LaunchStats python3 "$here/ncu_attention.py" >"$out/ncu_cuda.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E "^  [_a-zA-Z0-9]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Registers Per|Block Limit|Grid Size" "$out/ncu_cuda.txt" | cut -c1-160 | head -40
   exit 0
 fi
 if [ "$what" = kvpair ]; then  # two GPUs, side by side

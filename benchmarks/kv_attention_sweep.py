@@ -15,7 +15,8 @@ Workloads: decode at batch 256 with 1k context (the issue-4 step), decode at bat
 context (the KV-bound run of issue 6) (``--decode-shapes`` for others; ``--splits`` adds the other
 context-split counts, each with its default configuration and merge launch), prefill of one
 4096-token prompt (``--prefill-lens`` for others); a quantized prefill is also timed with the prompt's
-own keys read from ``k_new`` / ``v_new`` (the attention layer's launch). A prefill configuration's optional fifth field turns the unmasked loop below the diagonal
+own keys read from ``k_new`` / ``v_new`` (the attention layer's launch). An int8 decode case also
+times the CUDA C kernel (``kernels/kv_int8_decode_cuda.py``, config ``"cuda"``) where it applies. A prefill configuration's optional fifth field turns the unmasked loop below the diagonal
 off (0) or on (1) (``paged_prefill_attention.DIAG_SPLIT``).
 """
 
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from hotloop.kernels import kv_quant, reference
+from hotloop.kernels import kv_int8_decode_cuda, kv_quant, reference
 from hotloop.kernels.paged_decode_attention import decode_config, num_decode_splits, paged_decode_attention
 from hotloop.kernels.paged_prefill_attention import paged_prefill_attention, prefill_config
 
@@ -124,25 +125,29 @@ def decode_case(
     else:
         runs = [(cfg, nsplit) for cfg in all_cfgs]
         runs += [(decode_config(policy, D, n), n) for n in splits or [] if n != nsplit]
-    for (cfg, n), fuse in itertools.product(runs, fuses):
-        if fuse and n == 1:
-            continue  # one split: nothing to merge
+    cuda_runs: list[tuple[tuple[int, ...] | None, int]] = []
+    if kv_int8_decode_cuda.why_not(q, k, v, policy, H // KV, 0, False) is None:
+        # the CUDA C int8 kernel (config None: the launcher's own choice), beside the Triton rows
+        cuda_runs = [(None, n) for n in sorted(set(splits or []) | {nsplit})]
+    for (cfg, n), fuse in itertools.product(runs + cuda_runs, fuses):
+        if fuse and (n == 1 or cfg is None):
+            continue  # one split: nothing to merge; the CUDA kernel merges in a second launch
         try:
             out = paged_decode_attention(
                 q, k, v, tables, seq, D**-0.5, num_splits=n, config=cfg, fuse_merge=fuse
             )
 
-            def timed(cfg: tuple[int, ...] = cfg, n: int = n, fuse: bool = fuse) -> None:
+            def timed(cfg: tuple[int, ...] | None = cfg, n: int = n, fuse: bool = fuse) -> None:
                 for kc, vc in pool:
                     paged_decode_attention(
                         q, kc, vc, tables, seq, D**-0.5, num_splits=n, config=cfg, fuse_merge=fuse
                     )
 
             ms = bench(timed) / rot
-            rows.append({"config": list(cfg), "splits": n, "fused": fuse, "ms": ms,
+            rows.append({"config": list(cfg) if cfg else "cuda", "splits": n, "fused": fuse, "ms": ms,
                          "rel_err_vs_default": rel(out, ref)})  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a configuration that does not compile is a result
-            rows.append({"config": list(cfg), "splits": n, "fused": fuse,
+            rows.append({"config": list(cfg) if cfg else "cuda", "splits": n, "fused": fuse,
                          "error": f"{type(e).__name__}: {str(e)[:120]}"})  # fmt: skip
         r = rows[-1]
         print(f"  decode B={batch} ctx={ctx} q{policy} {cfg} splits {n}{' fused' if fuse else ''}: "

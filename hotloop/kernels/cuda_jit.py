@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 ENV = "HOTLOOP_CUDA_KERNELS"
 SOURCE_DIR = Path(__file__).parent / "cuda"
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a kernel may take without opting in
 
 
 class CudaError(RuntimeError):
@@ -183,6 +185,7 @@ class Kernel:
         self.name = name
         self.handle = handle
         self.device_index = device_index
+        self._shared_opt_in = _DEFAULT_SHARED_LIMIT
 
     def __call__(
         self,
@@ -206,6 +209,17 @@ class Kernel:
     ) -> None:
         drv = _get_driver()
         drv.ensure_context(self.device_index)
+        if shared_bytes > self._shared_opt_in:
+            # more than 48 KB of dynamic shared memory needs the kernel's opt-in (once per size)
+            drv.check(
+                drv.lib.cuFuncSetAttribute(
+                    ctypes.c_void_p(self.handle),
+                    _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    ctypes.c_int(shared_bytes),
+                ),
+                f"cuFuncSetAttribute({self.name}, max dynamic shared memory {shared_bytes})",
+            )
+            self._shared_opt_in = shared_bytes
         values: list[ctypes._SimpleCData] = []
         for a in args:
             if isinstance(a, torch.Tensor):

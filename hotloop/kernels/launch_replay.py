@@ -46,7 +46,7 @@ from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
-__all__ = ["LaunchPlan", "available", "record", "recordable"]
+__all__ = ["LaunchPlan", "available", "note_launch", "record", "recordable"]
 
 
 class _Stack(threading.local):
@@ -168,6 +168,15 @@ def recordable(fn: Any) -> Any:
     fn.run = recording_run
     fn._hotloop_recordable = True
     return fn
+
+
+def note_launch(launcher: Any, args: tuple[Any, ...]) -> None:
+    """Record a launch that does not go through Triton (a CUDA C kernel, ``cuda_jit``) into the
+    active recording, if any: a replay calls ``launcher(*args)`` with the swappable tensors of
+    ``args`` replaced. Callers call it after launching, with the arguments they launched with."""
+    plans = _recording.plans
+    if plans:
+        plans[-1]._note(launcher, args)
 
 
 @contextmanager

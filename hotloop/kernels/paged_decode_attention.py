@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotloop.kernels import counters, kv_quant
+from hotloop.kernels import counters, kv_int8_decode_cuda, kv_quant
 from hotloop.kernels.checks import (
     FLOAT_DTYPES,
     check,
@@ -528,51 +528,61 @@ def paged_decode_attention(
     use_pdl = pdl(q.device)
     if fuse_merge is None:
         fuse_merge = bool(FUSE_MERGE)
-    arrivals = counters.counters(q.device, "decode_merge", B * kv) if fuse_merge and splits > 1 else None
+    fused = fuse_merge and splits > 1
+    launched = (
+        config is None
+        and kv_int8_decode_cuda.why_not(q, k_cache, v_cache, quant, G, sliding_window or 0, fused) is None
+        and kv_int8_decode_cuda.launch(
+            q, k_cache, v_cache, block_tables, seq_lens, out, part if splits > 1 else None,
+            lse if splits > 1 else None, scale * _LOG2E, splits,
+        )
+    )  # fmt: skip
+    arrivals = counters.counters(q.device, "decode_merge", B * kv) if fused and not launched else None
     merge = arrivals is not None
-    _decode_kernel[(B, kv, splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        dst,
-        lse,
-        out,
-        arrivals if arrivals is not None else seq_lens,
-        scale * _LOG2E,
-        q_st[0],
-        q_st[1],
-        k_cache_st[0],
-        k_cache_st[1],
-        k_cache_st[2],
-        v_cache_st[0],
-        v_cache_st[1],
-        v_cache_st[2],
-        block_tables_st[0],
-        dst_b,
-        dst_h,
-        out.stride(0),
-        out.stride(1),
-        G=G,
-        D=D,
-        BS=bs,
-        NUM_SPLITS=splits,
-        WINDOW=sliding_window or 0,
-        BLOCK_G=block_g,
-        BLOCK_D=block_d,
-        BLOCK_N=block_n,
-        QUANT=quant,
-        NPACK=npack,
-        KV=kv,
-        ASM=(code_mode(q, INT8_PAIRS) & split_eo_mask(q.dtype, block_d)) if quant else 0,
-        PDL=use_pdl,
-        MERGE=merge,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        maxnreg=maxnreg,
-        **launch_kwargs(q.device),
-    )
+    if not launched:
+        _decode_kernel[(B, kv, splits)](
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            dst,
+            lse,
+            out,
+            arrivals if arrivals is not None else seq_lens,
+            scale * _LOG2E,
+            q_st[0],
+            q_st[1],
+            k_cache_st[0],
+            k_cache_st[1],
+            k_cache_st[2],
+            v_cache_st[0],
+            v_cache_st[1],
+            v_cache_st[2],
+            block_tables_st[0],
+            dst_b,
+            dst_h,
+            out.stride(0),
+            out.stride(1),
+            G=G,
+            D=D,
+            BS=bs,
+            NUM_SPLITS=splits,
+            WINDOW=sliding_window or 0,
+            BLOCK_G=block_g,
+            BLOCK_D=block_d,
+            BLOCK_N=block_n,
+            QUANT=quant,
+            NPACK=npack,
+            KV=kv,
+            ASM=(code_mode(q, INT8_PAIRS) & split_eo_mask(q.dtype, block_d)) if quant else 0,
+            PDL=use_pdl,
+            MERGE=merge,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            maxnreg=maxnreg,
+            **launch_kwargs(q.device),
+        )
     if splits > 1 and not merge:
         _merge_kernel[(B, H)](
             part,

@@ -1,0 +1,363 @@
+// Decode attention over an int8 paged KV cache, head_dim 128, on the tensor cores, with the cache
+// streamed through a cp.async ring in shared memory. Compiled by cuda_jit.py at first use; launched by
+// kernels/kv_int8_decode_cuda.py in place of the Triton kernel's QUANT=8 path.
+//
+// Why: the Triton decode kernel reads int8 codes into registers and turns them into fp16 with byte
+// permutes before its dots; Triton does not pipeline such loads, so each warp waits on its tile's
+// loads, and at batch 128 x 4k the kernel ran at 60% of DRAM bandwidth with no eligible warp in 59% of
+// cycles (BENCHMARKS.md, seventeenth session). Here every 64-token tile is copied with cp.async
+// STAGES - 1 tiles ahead of the arithmetic, so about 150 KB per SM are in flight.
+//
+// The cache format is kv_quant.py's: per block, codes [BS, KV, 128] uint8, then (scale, zero) pairs
+// [BS, KV] in the model dtype; x ~= code * scale + zero. As in the Triton kernel, the dots run in fp16
+// on 1024 + code (a byte permute builds the fp16 bits 0x64cc), and the offset and the zero points are
+// taken back through row sums: s = ((q . (1024 + c)) - 1024 sum(q)) * k_scale + sum(q) * k_zero, and
+// o = sum_n p'_n (1024 + c_n) + sum_n (p_n v_zero_n - 1024 p'_n) with p' = fp16(p * v_scale).
+//
+// One block of 4 warps per (sequence, KV head, split); a stage holds 64 tokens (K codes 8 KB, V codes
+// 8 KB, their pairs 512 B) and warp w takes tokens 16w .. 16w + 15 of each stage, with its own
+// running max, sum and output (merged across warps at the end, through shared memory).
+// mma.sync m16n8k16, fragments as in the PTX ISA (lane = 4g + t):
+// - scores S = Q K^T: A = q (rows: the group's heads, zero past G; G <= 8, so rows 8-15 are zero),
+//   B = codes of 8 tokens (column g: token 8j + g). The order of head dims inside the dot is free as
+//   long as A and B agree: lane t's k-slots of chunk c are dims 32t + 4c + {0,1} (slots 2t, 2t+1) and
+//   32t + 4c + {2,3} (slots 2t+8, 2t+9), so each lane reads 32 contiguous bytes of its token's row.
+// - O += P V: A = p' (the scores' accumulator layout is P's A layout: k-slot = token), B = V codes,
+//   column g of n-tile i is dim 16g + i, so a lane reads 16 contiguous bytes of each of its 4 token
+//   rows and pairs tokens with byte permutes. Its output columns are then dims 32t + i and 32t + 16 + i.
+// - Rows in shared memory are 128 bytes with their 16-byte chunks XOR-swizzled by (row & 7): both
+//   read patterns are free of bank conflicts.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+typedef unsigned int u32;
+
+#define HD 128                                    // head dim = code bytes per row
+#define WARPS 4
+#define THREADS (32 * WARPS)
+#define TILE 64                                   // tokens per stage
+#define STAGES 4
+#define CODE_BYTES (TILE * HD)                    // 8192
+#define STAGE_BYTES (2 * CODE_BYTES + 2 * TILE * 4)  // K codes, V codes, K pairs, V pairs: 16896
+#define SMEM_BYTES (STAGES * STAGE_BYTES)         // 67584
+#define MAXG 8
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(pred ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+__device__ __forceinline__ uint4 lds128(u32 addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ uint2 lds64(u32 addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// bytes 0 and 1 (LO) or 2 and 3 of x as the fp16 pair (1024 + byte, 1024 + byte)
+__device__ __forceinline__ u32 expand_lo(u32 x) { return __byte_perm(x, 0x64646464u, 0x4140); }
+__device__ __forceinline__ u32 expand_hi(u32 x) { return __byte_perm(x, 0x64646464u, 0x4342); }
+
+__device__ __forceinline__ u32 pack_half2(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<u32*>(&h);
+}
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// the (scale, zero) pair of a cache row, as stored: low 16 bits the scale, high the zero
+template <typename T>
+__device__ __forceinline__ float2 pair_to_float(u32 p) {
+  unsigned short lo = (unsigned short)(p & 0xFFFFu), hi = (unsigned short)(p >> 16);
+  T s = *reinterpret_cast<T*>(&lo), z = *reinterpret_cast<T*>(&hi);
+  return make_float2(to_float<T>(s), to_float<T>(z));
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+template <typename T>
+__device__ __forceinline__ void decode_kernel(
+    const T* __restrict__ q, const uint8_t* __restrict__ k_cache, const uint8_t* __restrict__ v_cache,
+    const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* __restrict__ out,
+    float* __restrict__ part, float* __restrict__ lse_out, float scale_log2, int stride_qb, int stride_qh,
+    int stride_kb, int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS,
+    int num_splits) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+
+  const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int H = G * KV;
+  const int seq_len = seq_lens[b];
+  const int chunk = ((seq_len + num_splits - 1) / num_splits + TILE - 1) / TILE * TILE;
+  const int start = split * chunk;
+  const int end = min(start + chunk, seq_len);
+  const int n_tiles = end > start ? (end - start + TILE - 1) / TILE : 0;
+  const int* table = block_tables + (long long)b * stride_bt;
+  const long long pair_base = (long long)BS * KV * HD;  // bytes of a block's codes
+
+  // ---- the copier's part: thread tid copies row tid / 2, code chunks 4 (tid & 1) .. + 3 of K and V,
+  // and the K (tid even) or V (tid odd) pair of that row
+  const int crow = tid >> 1, chalf = tid & 1;
+  const uint8_t* pair_src_cache = chalf ? v_cache : k_cache;
+  const int pair_stride = chalf ? stride_vb : stride_kb;
+  auto page_of = [&](int tile) -> int {
+    const int tok = start + tile * TILE + crow;
+    return tok < end ? table[tok / BS] : -1;
+  };
+  auto issue = [&](int tile, int page) {
+    const u32 base = smem_addr(smem + (tile % STAGES) * STAGE_BYTES);
+    const int tok = start + tile * TILE + crow;
+    const bool ok = page >= 0;
+    const long long row = ok ? (long long)((tok % BS) * KV + kvh) : 0;
+    const long long pg = ok ? (long long)page : 0;
+    const uint8_t* ks = k_cache + pg * stride_kb + row * HD;
+    const uint8_t* vs = v_cache + pg * stride_vb + row * HD;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int ch = chalf * 4 + i;
+      const u32 dst = crow * HD + ((ch ^ (crow & 7)) << 4);
+      cp_async16(base + dst, ks + ch * 16, ok);
+      cp_async16(base + CODE_BYTES + dst, vs + ch * 16, ok);
+    }
+    const uint8_t* ps = pair_src_cache + pg * pair_stride + pair_base + row * 4;
+    cp_async4(base + 2 * CODE_BYTES + chalf * (TILE * 4) + crow * 4, ps, ok);
+  };
+
+  // ---- q as the A fragments of the score MMAs: row g (head kvh * G + g), dims 32t + 4c + {0,1} / {2,3}
+  u32 qa[8][2];
+  float qsum = 0.f;
+  {
+    const bool real = g < G;
+    const T* qrow = q + (long long)b * stride_qb + (long long)(kvh * G + (real ? g : 0)) * stride_qh + 32 * t;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      float v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        // as the Triton kernel's to_dot_dtype: clamped into fp16's range, then rounded to fp16
+        const float x = real ? fminf(fmaxf(to_float<T>(qrow[4 * c + e]), -65504.f), 65504.f) : 0.f;
+        v[e] = __half2float(__float2half_rn(x));
+        qsum += v[e];
+      }
+      qa[c][0] = pack_half2(v[0], v[1]);
+      qa[c][1] = pack_half2(v[2], v[3]);
+    }
+    qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);
+    qsum += __shfl_xor_sync(0xffffffffu, qsum, 2);
+  }
+  const float qoff = 1024.f * qsum;
+
+  // prologue: the first STAGES - 1 tiles in flight (one commit group per tile, empty or not)
+  int next_page = 0;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < n_tiles) issue(s, page_of(s));
+    cp_commit();
+  }
+  if (STAGES - 1 < n_tiles) next_page = page_of(STAGES - 1);
+
+  float m = -INFINITY, l = 0.f, corr = 0.f;
+  float oacc[16][4];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+
+  const u32 smem0 = smem_addr(smem);
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    cp_wait<STAGES - 2>();
+    __syncthreads();  // tile's copies visible to all; every warp is done with the slot refilled below
+    {
+      const int nt = tile + STAGES - 1;
+      if (nt < n_tiles) {
+        issue(nt, next_page);
+        if (nt + 1 < n_tiles) next_page = page_of(nt + 1);
+      }
+      cp_commit();
+    }
+    const u32 base = smem0 + (tile % STAGES) * STAGE_BYTES;
+    const int tok0 = start + tile * TILE + 16 * warp;  // this warp's first token
+
+    // scores for tokens 8j + 2t + e (j, e in {0, 1}) of the warp's 16
+    float sacc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
+      const int r = 16 * warp + 8 * j + g;
+      const u32 rb = base + r * HD;
+      const uint4 lo = lds128(rb + (((2 * t) ^ (r & 7)) << 4));
+      const uint4 hi = lds128(rb + (((2 * t + 1) ^ (r & 7)) << 4));
+      const u32 w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int c = 0; c < 8; ++c) mma16816(sacc[j], qa[c][0], 0u, qa[c][1], 0u, expand_lo(w[c]), expand_hi(w[c]));
+    }
+    const u32 kp = base + 2 * CODE_BYTES, vp = kp + TILE * 4;
+    float s[2][2], vs[2][2], vz[2][2];
+    float tmax = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int r = 16 * warp + 8 * j + 2 * t;
+      const uint2 kk = lds64(kp + r * 4);
+      const uint2 vv = lds64(vp + r * 4);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float2 kz = pair_to_float<T>(e ? kk.y : kk.x);
+        const float2 vzz = pair_to_float<T>(e ? vv.y : vv.x);
+        const bool ok = tok0 + 8 * j + 2 * t + e < end;
+        const float x = ((sacc[j][e] - qoff) * kz.x + qsum * kz.y) * scale_log2;
+        s[j][e] = ok ? x : -INFINITY;
+        vs[j][e] = ok ? vzz.x : 0.f;
+        vz[j][e] = ok ? vzz.y : 0.f;
+        tmax = fmaxf(tmax, s[j][e]);
+      }
+    }
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+    const float m_new = fmaxf(m, tmax);
+    if (__any_sync(0xffffffffu, m_new > m)) {
+      const float alpha = m_new > m ? exp2f(m - m_new) : 1.f;  // exp2(-inf) = 0 on the first tile
+      l *= alpha;
+      corr *= alpha;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        oacc[i][0] *= alpha;
+        oacc[i][1] *= alpha;
+      }
+      m = m_new;
+    }
+    const float mu = m == -INFINITY ? 0.f : m;
+    u32 pa[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float ph[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = exp2f(s[j][e] - mu);
+        const float pv = __half2float(__float2half_rn(p * vs[j][e]));
+        l += p;
+        corr += p * vz[j][e] - 1024.f * pv;
+        ph[e] = pv;
+      }
+      pa[j] = pack_half2(ph[0], ph[1]);
+    }
+
+    // V: rows 2t, 2t + 1, 2t + 8, 2t + 9 of the warp's 16, bytes 16g .. 16g + 15 of each
+    uint4 rv[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int r = 16 * warp + 2 * t + (k & 1) + 8 * (k >> 1);
+      rv[k] = lds128(base + CODE_BYTES + r * HD + ((g ^ (r & 7)) << 4));
+    }
+    const u32 va[4] = {rv[0].x, rv[0].y, rv[0].z, rv[0].w};
+    const u32 vb[4] = {rv[1].x, rv[1].y, rv[1].z, rv[1].w};
+    const u32 vc[4] = {rv[2].x, rv[2].y, rv[2].z, rv[2].w};
+    const u32 vd[4] = {rv[3].x, rv[3].y, rv[3].z, rv[3].w};
+#pragma unroll
+    for (int wd = 0; wd < 4; ++wd) {
+      const u32 ab_lo = __byte_perm(va[wd], vb[wd], 0x5140), ab_hi = __byte_perm(va[wd], vb[wd], 0x7362);
+      const u32 cd_lo = __byte_perm(vc[wd], vd[wd], 0x5140), cd_hi = __byte_perm(vc[wd], vd[wd], 0x7362);
+      mma16816(oacc[4 * wd + 0], pa[0], 0u, pa[1], 0u, expand_lo(ab_lo), expand_lo(cd_lo));
+      mma16816(oacc[4 * wd + 1], pa[0], 0u, pa[1], 0u, expand_hi(ab_lo), expand_hi(cd_lo));
+      mma16816(oacc[4 * wd + 2], pa[0], 0u, pa[1], 0u, expand_lo(ab_hi), expand_lo(cd_hi));
+      mma16816(oacc[4 * wd + 3], pa[0], 0u, pa[1], 0u, expand_hi(ab_hi), expand_hi(cd_hi));
+    }
+  }
+
+  // ---- this warp's sums over its lanes, then the four warps merged through shared memory
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  corr += __shfl_xor_sync(0xffffffffu, corr, 1);
+  corr += __shfl_xor_sync(0xffffffffu, corr, 2);
+  cp_wait<0>();
+  __syncthreads();  // the ring is free
+  float* red = reinterpret_cast<float*>(smem);  // [WARPS][MAXG][HD] outputs, then [WARPS][MAXG] m and l
+  float* red_m = red + WARPS * MAXG * HD;
+  float* red_l = red_m + WARPS * MAXG;
+  if (g < G) {
+    float* row = red + (warp * MAXG + g) * HD + 32 * t;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      row[i] = oacc[i][0] + corr;
+      row[16 + i] = oacc[i][1] + corr;
+    }
+    if (t == 0) {
+      red_m[warp * MAXG + g] = m;
+      red_l[warp * MAXG + g] = l;
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < G * HD; idx += THREADS) {
+    const int h = idx / HD, d = idx % HD;
+    float mm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, red_m[w * MAXG + h]);
+    const float mref = mm == -INFINITY ? 0.f : mm;
+    float ll = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const float mw = red_m[w * MAXG + h];
+      const float wt = mw == -INFINITY ? 0.f : exp2f(mw - mref);
+      ll += red_l[w * MAXG + h] * wt;
+      acc += red[(w * MAXG + h) * HD + d] * wt;
+    }
+    const float o = ll > 0.f ? acc / ll : 0.f;
+    const int head = kvh * G + h;
+    if (num_splits == 1) {
+      out[(long long)b * stride_ob + (long long)head * stride_oh + d] = from_float<T>(o);
+    } else {
+      const long long prow = ((long long)b * H + head) * num_splits + split;
+      part[prow * HD + d] = o;
+      if (d == 0) lse_out[prow] = ll > 0.f ? mref + __log2f(ll) : -INFINITY;
+    }
+  }
+}
+
+#define DEFINE(NAME, T)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(THREADS, 3) NAME(                                          \
+      const T* q, const uint8_t* k_cache, const uint8_t* v_cache, const int* block_tables,                \
+      const int* seq_lens, T* out, float* part, float* lse_out, float scale_log2, int stride_qb,          \
+      int stride_qh, int stride_kb, int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G,    \
+      int KV, int BS, int num_splits) {                                                                   \
+    decode_kernel<T>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out, scale_log2,         \
+                     stride_qb, stride_qh, stride_kb, stride_vb, stride_bt, stride_ob, stride_oh, G, KV,  \
+                     BS, num_splits);                                                                     \
+  }
+
+DEFINE(kv_int8_decode_f16, __half)
+DEFINE(kv_int8_decode_bf16, __nv_bfloat16)

@@ -1,0 +1,128 @@
+"""The CUDA C decode attention for an int8 KV cache (``kernels/cuda/kv_int8_decode.cu``): when it
+applies, and its launch.
+
+``paged_decode_attention`` sends an int8 cache here instead of its Triton kernel where ``why_not``
+finds nothing against it: head dim 128, a GQA group of at most 8 query heads, fp16 / bf16
+queries, no sliding window, the split merge in a second launch (the Triton ``_merge_kernel``
+reads the partials this kernel writes, in the same layout), a Hopper-or-newer GPU with nvcc
+(``cuda_jit``). ``HOTLOOP_KV_CUDA_DECODE=0`` keeps the Triton kernel everywhere, for comparisons.
+
+The kernel streams each (sequence, KV head, split)'s tiles of 64 tokens through a 4-deep cp.async
+ring in shared memory and does the dots on the tensor cores; the source's header says how.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from hotloop.kernels import cuda_jit, launch_replay
+from hotloop.kernels.pdl import pdl
+
+SOURCE = "kv_int8_decode.cu"
+THREADS = 128
+SHARED_BYTES = 4 * (2 * 64 * 128 + 2 * 64 * 4)  # STAGES x (K codes, V codes, their pairs)
+HEAD_DIM = 128
+MAX_GROUP = 8
+ENV = "HOTLOOP_KV_CUDA_DECODE"
+_NAMES = {torch.float16: "kv_int8_decode_f16", torch.bfloat16: "kv_int8_decode_bf16"}
+
+
+def enabled() -> bool:
+    """``HOTLOOP_KV_CUDA_DECODE`` is not 0 (read at each call: benchmarks flip it between runs)."""
+    return os.environ.get(ENV, "1") != "0"
+
+
+def why_not(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    quant: int,
+    group: int,
+    window: int,
+    fuse_merge: bool,
+) -> str | None:
+    """Why the CUDA kernel cannot take this launch, or ``None`` when it can. ``q`` ``[B, H, D]``,
+    the caches as ``paged_decode_attention`` takes them."""
+    if quant != 8:
+        return f"an int{quant or 16} cache (the kernel reads int8)"
+    if not enabled():
+        return f"{ENV}=0"
+    if q.dtype not in _NAMES:
+        return f"{q.dtype} queries (fp16 / bf16 only)"
+    if q.shape[-1] != HEAD_DIM:
+        return f"head_dim {q.shape[-1]} (128 only)"
+    if group > MAX_GROUP:
+        return f"a GQA group of {group} query heads (at most {MAX_GROUP})"
+    if window:
+        return "a sliding window"
+    if fuse_merge:
+        return "a merge fused into the launch"
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.data_ptr() % 16 or c.stride(0) % 16:
+            return f"{name}'s blocks are not 16-byte aligned (cp.async copies 16 bytes)"
+    if q.device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return "not on a GPU"
+    if not cuda_jit.enabled() or cuda_jit.find_nvcc() is None:
+        return "no nvcc, or CUDA C kernels turned off"
+    if torch.cuda.get_device_capability(q.device)[0] < 9:
+        return "a GPU older than Hopper (the kernel waits with griddepcontrol)"
+    return None
+
+
+def launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    part: torch.Tensor | None,
+    lse: torch.Tensor | None,
+    scale_log2: float,
+    num_splits: int,
+) -> bool:
+    """Launch the kernel on checked inputs (``paged_decode_attention`` checks them): with one split
+    it writes ``out`` ``[B, H, D]``; with more, the float32 partials ``part`` ``[B, H, S, D]`` and
+    their log2-sum-exp ``lse`` ``[B, H, S]`` for ``_merge_kernel``. False (nothing launched) where
+    the kernels cannot be built on this machine."""
+    kernels = cuda_jit.load(SOURCE, q.device, list(_NAMES.values()))
+    if kernels is None:
+        return False
+    B, H, _D = q.shape
+    _nb, bs, kv, _row = k_cache.shape
+    if num_splits > 1:
+        assert part is not None and lse is not None
+    args = (
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        part,
+        lse,
+        float(scale_log2),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        v_cache.stride(0),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        H // kv,
+        kv,
+        bs,
+        num_splits,
+    )
+    kernel = kernels[_NAMES[q.dtype]]
+    grid = (B, kv, num_splits)
+    use_pdl = pdl(q.device)
+
+    def run(*a: object) -> None:
+        kernel(grid, THREADS, a, shared_bytes=SHARED_BYTES, pdl=use_pdl)  # type: ignore[arg-type]
+
+    run(*args)
+    launch_replay.note_launch(run, args)  # the piecewise graphs' attention replays it per layer
+    return True

@@ -1,0 +1,168 @@
+"""The CUDA C int8-KV decode attention (``kernels/kv_int8_decode_cuda.py``) against the torch reference.
+
+``paged_decode_attention`` sends an int8 cache at head dim 128 here; the reference is
+``reference.paged_attention`` in float32 over the same cache dequantized, with the float kernels'
+tolerances (the codes, scales and zeros are exact). GPU: GQA groups 1 to 8, block sizes 16 to 128,
+split counts that do and do not divide the context, tile tails, padding rows, a cache that is every
+other block of a larger pool, bf16 queries beyond fp16's range, CUDA-graph replay and the piecewise
+graphs' launch replay. CPU: when the kernel applies, and that its source compiles for sm_90a.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from kernel_checks import TOL, rel_err
+from test_kv_quant_kernels import _quant_pool
+
+from hotloop.kernels import cuda_jit, kv_int8_decode_cuda, launch_replay, reference
+from hotloop.kernels.paged_decode_attention import paged_decode_attention
+
+
+def _why(q: torch.Tensor, quant: int = 8, group: int = 4, window: int = 0, fused: bool = False) -> str | None:
+    cache = torch.zeros(4, 16, 2, 132, dtype=torch.uint8)
+    return kv_int8_decode_cuda.why_not(q, cache, cache, quant, group, window, fused)
+
+
+def test_why_not_names_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    q = torch.zeros(2, 8, 128, dtype=torch.bfloat16)
+    assert "int4" in str(_why(q, quant=4))
+    assert "float32" in str(_why(q.float()))
+    assert "head_dim 64" in str(_why(torch.zeros(2, 8, 64, dtype=torch.bfloat16)))
+    assert "group of 16" in str(_why(q, group=16))
+    assert "sliding window" in str(_why(q, window=128))
+    assert "merge fused" in str(_why(q, fused=True))
+    assert "not on a GPU" in str(_why(q))
+    monkeypatch.setenv(kv_int8_decode_cuda.ENV, "0")
+    assert kv_int8_decode_cuda.ENV in str(_why(q))
+
+
+def test_why_not_refuses_unaligned_blocks() -> None:
+    q = torch.zeros(2, 8, 128, dtype=torch.float16)
+    pool = torch.zeros(4 * 16 * 1 * 132 + 4, dtype=torch.uint8)
+    shifted = pool[4:].view(4, 16, 1, 132)  # base 4 bytes past an aligned one
+    assert "16-byte aligned" in str(kv_int8_decode_cuda.why_not(q, shifted, shifted, 8, 8, 0, False))
+
+
+@pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
+def test_source_compiles_for_hopper(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("HOTLOOP_CACHE", str(tmp_path))
+    cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / kv_int8_decode_cuda.SOURCE, "sm_90a")
+    assert b"kv_int8_decode_bf16" in cubin and b"kv_int8_decode_f16" in cubin
+
+
+# -- GPU ------------------------------------------------------------------------------------------
+def _case(
+    lens: list[int],
+    h: int,
+    kv: int,
+    bs: int,
+    dtype: torch.dtype,
+    splits: int | None,
+    monkeypatch: pytest.MonkeyPatch,
+    sliced: bool = False,
+    q_scale: float = 1.0,
+) -> None:
+    launched: list[int] = []
+    real = kv_int8_decode_cuda.launch
+
+    def spy(*args: object, **kwargs: object) -> bool:
+        ok = real(*args, **kwargs)  # type: ignore[arg-type]
+        launched.append(int(ok))
+        return ok
+
+    monkeypatch.setattr(kv_int8_decode_cuda, "launch", spy)
+    seed = random.randrange(1 << 30)
+    kq, vq, kf, vf, tables = _quant_pool(lens, kv, 128, bs, dtype, 8, "cuda", seed, sliced)
+    gen = torch.Generator().manual_seed(seed + 1)
+    q = (torch.randn(len(lens), h, 128, generator=gen) * q_scale).to(dtype).cuda()
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))  # every element must be written
+    paged_decode_attention(q, kq, vq, tables, seq, 128**-0.5, None, splits, out=out)
+    assert launched == [1], "the CUDA kernel did not run"
+    qd = q.float().clamp(-65504, 65504).half().float()  # the kernel dots fp16 queries, as the Triton one
+    ref = reference.paged_attention(qd, kf, vf, tables, [1] * len(lens), lens, 128**-0.5, None)
+    live = seq > 0
+    assert rel_err(out[live], ref[live]) < TOL[dtype]
+    assert (out[~live] == 0).all()
+
+
+LENS = [0, 1, 17, 63, 64, 65, 300, 1031, 64 * 40 + 5, 4096]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h,kv", [(8, 8), (32, 8), (28, 4), (16, 2), (6, 1)])  # groups 1, 4, 7, 8, 6
+@pytest.mark.parametrize("bs", [16, 32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_gpu(h: int, kv: int, bs: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    for splits in (1, 2, 5, 16, None):
+        _case(LENS, h, kv, bs, dtype, splits, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 4])
+def test_decode_sliced_pool_and_large_queries_gpu(splits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    _case(LENS, 32, 8, 64, torch.bfloat16, splits, monkeypatch, sliced=True)
+    _case(LENS, 32, 8, 16, torch.float16, splits, monkeypatch, sliced=True)
+    # bf16 queries past fp16's range are clamped into it, as the Triton kernel does
+    _case([5, 700], 32, 8, 64, torch.bfloat16, splits, monkeypatch, q_scale=3e4)
+
+
+@pytest.mark.gpu
+def test_decode_matches_the_triton_kernel_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    seed = random.randrange(1 << 30)
+    lens = [3000, 1, 129, 0, 777]
+    kq, vq, _kf, _vf, tables = _quant_pool(lens, 8, 128, 64, torch.bfloat16, 8, "cuda", seed)
+    q = torch.randn(len(lens), 32, 128, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda()
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    ours = paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 4)
+    monkeypatch.setenv(kv_int8_decode_cuda.ENV, "0")
+    triton_out = paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 4)
+    assert rel_err(ours, triton_out) < 1e-2
+    assert not torch.equal(ours, torch.zeros_like(ours))
+
+
+@pytest.mark.gpu
+def test_decode_in_a_cuda_graph_gpu() -> None:
+    seed = random.randrange(1 << 30)
+    lens = [900, 2000, 1, 64]
+    kq, vq, kf, vf, tables = _quant_pool(lens, 8, 128, 64, torch.bfloat16, 8, "cuda", seed)
+    q = torch.randn(len(lens), 32, 128, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda()
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 4, out=out)  # compile and load first
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 4, out=out)
+    for new in ([900, 2000, 1, 64], [901, 1500, 0, 700]):
+        seq.copy_(torch.tensor(new, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference.paged_attention(q.float().half().float(), kf, vf, tables, [1] * 4, new, 0.088, None)
+        live = seq > 0
+        assert rel_err(out[live], ref[live]) < TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_decode_launch_replay_swaps_the_caches_gpu() -> None:
+    """The piecewise graphs record one layer's attention launches and replay them on the others'
+    caches (``launch_replay``): the CUDA launch must be recorded, with the caches swappable."""
+    if not launch_replay.available(torch.device("cuda")):
+        pytest.skip("launch replay is off here")
+    seed = random.randrange(1 << 30)
+    lens = [700, 33]
+    kq, vq, _kf, _vf, tables = _quant_pool(lens, 8, 128, 64, torch.float16, 8, "cuda", seed)
+    kq2, vq2, kf2, vf2, _t = _quant_pool(lens, 8, 128, 64, torch.float16, 8, "cuda", seed + 7)
+    q = torch.randn(len(lens), 32, 128, generator=torch.Generator().manual_seed(seed)).half().cuda()
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    with launch_replay.record((kq, vq)) as plan:
+        paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 2, out=out)
+    assert plan.valid and plan.launches
+    plan.replay((kq2, vq2))
+    torch.cuda.synchronize()
+    ref = reference.paged_attention(q.float(), kf2, vf2, tables, [1, 1], lens, 0.088, None)
+    assert rel_err(out, ref) < TOL[torch.float16]
