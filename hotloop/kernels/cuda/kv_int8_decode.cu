@@ -343,7 +343,7 @@ __device__ __forceinline__ void decode_kernel(
     } else {
       const long long prow = ((long long)b * H + head) * num_splits + split;
       part[prow * HD + d] = o;
-      if (d == 0) lse_out[prow] = ll > 0.f ? mref + __log2f(ll) : -INFINITY;
+      if (d == 0) lse_out[prow] = ll > 0.f ? mref + log2f(ll) : -INFINITY;
     }
   }
 }
