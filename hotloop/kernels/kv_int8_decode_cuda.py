@@ -117,7 +117,7 @@ def launch(
         num_splits,
     )
     kernel = kernels[_NAMES[q.dtype]]
-    grid = (B, kv, num_splits)
+    grid = (kv, B, num_splits)  # heads fastest (the kernel's header says why)
     use_pdl = pdl(q.device)
 
     def run(*a: object) -> None:

@@ -14,7 +14,7 @@
 // taken back through row sums: s = ((q . (1024 + c)) - 1024 sum(q)) * k_scale + sum(q) * k_zero, and
 // o = sum_n p'_n (1024 + c_n) + sum_n (p_n v_zero_n - 1024 p'_n) with p' = fp16(p * v_scale).
 //
-// One block of 4 warps per (sequence, KV head, split); a stage holds 64 tokens (K codes 8 KB, V codes
+// One block of 4 warps per (KV head, sequence, split); a stage holds 64 tokens (K codes 8 KB, V codes
 // 8 KB, their pairs 512 B) and warp w takes tokens 16w .. 16w + 15 of each stage, with its own
 // running max, sum and output (merged across warps at the end, through shared memory).
 // mma.sync m16n8k16, fragments as in the PTX ISA (lane = 4g + t):
@@ -122,7 +122,9 @@ __device__ __forceinline__ void decode_kernel(
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
 
-  const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  // KV heads are the grid's fastest index: a sequence's heads run together and share the 32-byte
+  // sectors that hold one token's (scale, zero) pairs of every head (one DRAM read, then L2 hits)
+  const int kvh = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int H = G * KV;
   const int seq_len = seq_lens[b];
@@ -133,32 +135,38 @@ __device__ __forceinline__ void decode_kernel(
   const int* table = block_tables + (long long)b * stride_bt;
   const long long pair_base = (long long)BS * KV * HD;  // bytes of a block's codes
 
-  // ---- the copier's part: thread tid copies row tid / 2, code chunks 4 (tid & 1) .. + 3 of K and V,
-  // and the K (tid even) or V (tid odd) pair of that row
-  const int crow = tid >> 1, chalf = tid & 1;
-  const uint8_t* pair_src_cache = chalf ? v_cache : k_cache;
-  const int pair_stride = chalf ? stride_vb : stride_kb;
-  auto page_of = [&](int tile) -> int {
-    const int tok = start + tile * TILE + crow;
-    return tok < end ? table[tok / BS] : -1;
-  };
-  auto issue = [&](int tile, int page) {
-    const u32 base = smem_addr(smem + (tile % STAGES) * STAGE_BYTES);
-    const int tok = start + tile * TILE + crow;
-    const bool ok = page >= 0;
-    const long long row = ok ? (long long)((tok % BS) * KV + kvh) : 0;
-    const long long pg = ok ? (long long)page : 0;
-    const uint8_t* ks = k_cache + pg * stride_kb + row * HD;
-    const uint8_t* vs = v_cache + pg * stride_vb + row * HD;
+  // ---- the copier's part. A warp's copy instruction covers 4 whole rows (8 lanes of 16 bytes per
+  // 128-byte row: every 32-byte sector requested once): thread tid copies chunk tid & 7 of rows
+  // (tid >> 3) + 16 i, i < 4, of K and of V, and one (scale, zero) pair: row (tid >> 3) + 16 (tid & 3),
+  // of K for (tid & 7) < 4, else of V.
+  const int crow = tid >> 3, cch = tid & 7, pi = tid & 3, pv = (tid >> 2) & 1;
+  const uint8_t* pair_cache = pv ? v_cache : k_cache;
+  const int pair_stride = pv ? stride_vb : stride_kb;
+  // a tile's pages for the thread's 4 rows (-1: past the end); loaded one tile ahead of their use
+  auto pages_of = [&](int tile, int* pg) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int ch = chalf * 4 + i;
-      const u32 dst = crow * HD + ((ch ^ (crow & 7)) << 4);
-      cp_async16(base + dst, ks + ch * 16, ok);
-      cp_async16(base + CODE_BYTES + dst, vs + ch * 16, ok);
+      const int tok = start + tile * TILE + crow + 16 * i;
+      pg[i] = tok < end ? table[tok / BS] : -1;
     }
-    const uint8_t* ps = pair_src_cache + pg * pair_stride + pair_base + row * 4;
-    cp_async4(base + 2 * CODE_BYTES + chalf * (TILE * 4) + crow * 4, ps, ok);
+  };
+  auto issue = [&](int tile, const int* pg) {
+    const u32 base = smem_addr(smem + (tile % STAGES) * STAGE_BYTES);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = crow + 16 * i;
+      const int tok = start + tile * TILE + r;
+      const bool ok = pg[i] >= 0;
+      const long long row = ok ? (long long)((tok % BS) * KV + kvh) : 0;
+      const long long page = ok ? (long long)pg[i] : 0;
+      const u32 dst = r * HD + ((cch ^ (r & 7)) << 4);
+      cp_async16(base + dst, k_cache + page * stride_kb + row * HD + cch * 16, ok);
+      cp_async16(base + CODE_BYTES + dst, v_cache + page * stride_vb + row * HD + cch * 16, ok);
+      if (i == pi) {
+        cp_async4(base + 2 * CODE_BYTES + pv * (TILE * 4) + r * 4,
+                  pair_cache + page * pair_stride + pair_base + row * 4, ok);
+      }
+    }
   };
 
   // ---- q as the A fragments of the score MMAs: row g (head kvh * G + g), dims 32t + 4c + {0,1} / {2,3}
@@ -186,13 +194,17 @@ __device__ __forceinline__ void decode_kernel(
   const float qoff = 1024.f * qsum;
 
   // prologue: the first STAGES - 1 tiles in flight (one commit group per tile, empty or not)
-  int next_page = 0;
+  int next_pages[4] = {-1, -1, -1, -1};
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < n_tiles) issue(s, page_of(s));
+    if (s < n_tiles) {
+      int pg[4];
+      pages_of(s, pg);
+      issue(s, pg);
+    }
     cp_commit();
   }
-  if (STAGES - 1 < n_tiles) next_page = page_of(STAGES - 1);
+  if (STAGES - 1 < n_tiles) pages_of(STAGES - 1, next_pages);
 
   float m = -INFINITY, l = 0.f, corr = 0.f;
   float oacc[16][4];
@@ -206,8 +218,8 @@ __device__ __forceinline__ void decode_kernel(
     {
       const int nt = tile + STAGES - 1;
       if (nt < n_tiles) {
-        issue(nt, next_page);
-        if (nt + 1 < n_tiles) next_page = page_of(nt + 1);
+        issue(nt, next_pages);
+        if (nt + 1 < n_tiles) pages_of(nt + 1, next_pages);
       }
       cp_commit();
     }
@@ -215,17 +227,24 @@ __device__ __forceinline__ void decode_kernel(
     const int tok0 = start + tile * TILE + 16 * warp;  // this warp's first token
 
     // scores for tokens 8j + 2t + e (j, e in {0, 1}) of the warp's 16
-    float sacc[2][4];
+    // two accumulators per 8 tokens (chunks 0-3 and 4-7): four chains of 4 MMAs, not two of 8
+    float sacc[2][4], sacc2[2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
+      sacc2[j][0] = sacc2[j][1] = sacc2[j][2] = sacc2[j][3] = 0.f;
       const int r = 16 * warp + 8 * j + g;
       const u32 rb = base + r * HD;
       const uint4 lo = lds128(rb + (((2 * t) ^ (r & 7)) << 4));
       const uint4 hi = lds128(rb + (((2 * t + 1) ^ (r & 7)) << 4));
       const u32 w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-      for (int c = 0; c < 8; ++c) mma16816(sacc[j], qa[c][0], 0u, qa[c][1], 0u, expand_lo(w[c]), expand_hi(w[c]));
+      for (int c = 0; c < 4; ++c) {
+        mma16816(sacc[j], qa[c][0], 0u, qa[c][1], 0u, expand_lo(w[c]), expand_hi(w[c]));
+        mma16816(sacc2[j], qa[c + 4][0], 0u, qa[c + 4][1], 0u, expand_lo(w[c + 4]), expand_hi(w[c + 4]));
+      }
+      sacc[j][0] += sacc2[j][0];
+      sacc[j][1] += sacc2[j][1];
     }
     const u32 kp = base + 2 * CODE_BYTES, vp = kp + TILE * 4;
     float s[2][2], vs[2][2], vz[2][2];
