@@ -20,6 +20,7 @@
 #            engine's GPU tests.
 #   kvcuda   one GPU: the CUDA C int8 decode kernel's tests, kv_attention_sweep.py decode (bf16, int8 Triton
 #            and CUDA), Nsight Compute on the CUDA kernel.
+#   kvcuda2  one GPU: the same, the CUDA kernel's own tests and int8 rows only.
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
@@ -611,6 +612,24 @@ if [ "$what" = kvcuda ]; then  # one GPU: the CUDA C int8 decode kernel's tests,
     --section MemoryWorkloadAnalysis --section LaunchStats python3 "$here/ncu_attention.py" >"$out/ncu_cuda.txt" 2>&1
   echo "ncu rc=$?"
   grep -E "^  [_a-zA-Z0-9]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Registers Per|Block Limit|Grid Size" "$out/ncu_cuda.txt" | cut -c1-160 | head -40
+  exit 0
+fi
+if [ "$what" = kvcuda2 ]; then  # one GPU: kvcuda's kernel tests only, its int8 decode sweep, ncu
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    >"$out/kvcuda_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvcuda_tests.log" | cut -c1-300 | head -40
+  timeout 120 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_decode.json" --quick --no-prefill \
+    --policies 8 --decode-shapes 256x1024,128x4096,320x4096,16x4096,1x4096 >"$out/sweep_decode.log" 2>&1
+  echo "decode sweep rc=$?"
+  grep -E "decode B=|default vs" "$out/sweep_decode.log" | cut -c1-200
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  timeout 120 "$NCU" --clock-control none --launch-skip 1 --launch-count 1 -k regex:kv_int8_decode \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis --section LaunchStats python3 "$here/ncu_attention.py" >"$out/ncu_cuda.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E "^  [_a-zA-Z0-9]+.*\(|Duration|DRAM Throughput|L2 Cache Throughput|L2 Hit Rate|Issued Warp|No Eligible|Registers Per" "$out/ncu_cuda.txt" | cut -c1-160 | head -40
   exit 0
 fi
 if [ "$what" = kvpair ]; then  # two GPUs, side by side
