@@ -617,13 +617,16 @@ fi
 if [ "$what" = kvcuda2 ]; then  # one GPU: kvcuda's kernel tests only, its int8 decode sweep, ncu
   export CUDA_VISIBLE_DEVICES=0
   timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
-    >"$out/kvcuda_tests.log" 2>&1
+    -k "${KVCUDA_TESTS:-gpu}" >"$out/kvcuda_tests.log" 2>&1
   echo "GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvcuda_tests.log" | cut -c1-300 | head -40
-  timeout 120 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_decode.json" --quick --no-prefill \
-    --policies 8 --decode-shapes 256x1024,128x4096,320x4096,16x4096,1x4096 >"$out/sweep_decode.log" 2>&1
-  echo "decode sweep rc=$?"
-  grep -E "decode B=|default vs" "$out/sweep_decode.log" | cut -c1-200
+  for f in 0 1 2 3; do  # HOTLOOP_KV_CUDA_FLAGS: grid order and copy pattern (kv_int8_decode_cuda.FLAGS)
+    HOTLOOP_KV_CUDA_FLAGS=$f timeout 100 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_decode_f$f.json" \
+      --quick --no-prefill --policies 8 --decode-shapes 256x1024,128x4096,320x4096,16x4096,1x4096 \
+      >"$out/sweep_decode_f$f.log" 2>&1
+    echo "decode sweep flags=$f rc=$?"
+    grep -E "decode B=" "$out/sweep_decode_f$f.log" | grep -v "default vs" | cut -c1-200
+  done
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   timeout 120 "$NCU" --clock-control none --launch-skip 1 --launch-count 1 -k regex:kv_int8_decode \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \

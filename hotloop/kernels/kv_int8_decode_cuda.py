@@ -26,6 +26,9 @@ SHARED_BYTES = 4 * (2 * 64 * 128 + 2 * 64 * 4)  # STAGES x (K codes, V codes, th
 HEAD_DIM = 128
 MAX_GROUP = 8
 ENV = "HOTLOOP_KV_CUDA_DECODE"
+# The kernel's ``flags``: bit 0 puts the KV heads fastest in the grid (else the sequences), bit 1 copies
+# with two lanes per 128-byte row (else eight). HOTLOOP_KV_CUDA_FLAGS overrides it, for comparisons.
+FLAGS = 2
 _NAMES = {torch.float16: "kv_int8_decode_f16", torch.bfloat16: "kv_int8_decode_bf16"}
 
 
@@ -94,6 +97,7 @@ def launch(
     _nb, bs, kv, _row = k_cache.shape
     if num_splits > 1:
         assert part is not None and lse is not None
+    flags = int(os.environ.get("HOTLOOP_KV_CUDA_FLAGS", FLAGS))
     args = (
         q,
         k_cache,
@@ -115,9 +119,10 @@ def launch(
         kv,
         bs,
         num_splits,
+        flags,
     )
     kernel = kernels[_NAMES[q.dtype]]
-    grid = (kv, B, num_splits)  # heads fastest (the kernel's header says why)
+    grid = (kv, B, num_splits) if flags & 1 else (B, kv, num_splits)
     use_pdl = pdl(q.device)
 
     def run(*a: object) -> None:

@@ -117,14 +117,17 @@ __device__ __forceinline__ void decode_kernel(
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* __restrict__ out,
     float* __restrict__ part, float* __restrict__ lse_out, float scale_log2, int stride_qb, int stride_qh,
     int stride_kb, int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS,
-    int num_splits) {
+    int num_splits, int flags) {
   extern __shared__ __align__(128) uint8_t smem[];
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
 
   // KV heads are the grid's fastest index: a sequence's heads run together and share the 32-byte
   // sectors that hold one token's (scale, zero) pairs of every head (one DRAM read, then L2 hits)
-  const int kvh = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
+  // (bit 0 of ``flags``; without it sequences are fastest)
+  const bool heads_fastest = flags & 1;
+  const int kvh = heads_fastest ? blockIdx.x : blockIdx.y, b = heads_fastest ? blockIdx.y : blockIdx.x;
+  const int split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int H = G * KV;
   const int seq_len = seq_lens[b];
@@ -143,15 +146,35 @@ __device__ __forceinline__ void decode_kernel(
   const uint8_t* pair_cache = pv ? v_cache : k_cache;
   const int pair_stride = pv ? stride_vb : stride_kb;
   // a tile's pages for the thread's 4 rows (-1: past the end); loaded one tile ahead of their use
+  const bool pair_rows = flags & 2;
   auto pages_of = [&](int tile, int* pg) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int tok = start + tile * TILE + crow + 16 * i;
+      const int tok = start + tile * TILE + (pair_rows ? (tid >> 1) : crow + 16 * i);
       pg[i] = tok < end ? table[tok / BS] : -1;
     }
   };
   auto issue = [&](int tile, const int* pg) {
     const u32 base = smem_addr(smem + (tile % STAGES) * STAGE_BYTES);
+    if (pair_rows) {
+      // (bit 1 of ``flags``) the first version's pattern: thread tid copies chunks 4 (tid & 1) .. + 3
+      // of row tid / 2 (two lanes per row), and its K (tid even) or V (tid odd) pair; row pages[0]
+      const int r = tid >> 1, half = tid & 1;
+      const int tok = start + tile * TILE + r;
+      const bool ok = pg[0] >= 0;
+      const long long row = ok ? (long long)((tok % BS) * KV + kvh) : 0;
+      const long long page = ok ? (long long)pg[0] : 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int ch = half * 4 + i;
+        const u32 dst = r * HD + ((ch ^ (r & 7)) << 4);
+        cp_async16(base + dst, k_cache + page * stride_kb + row * HD + ch * 16, ok);
+        cp_async16(base + CODE_BYTES + dst, v_cache + page * stride_vb + row * HD + ch * 16, ok);
+      }
+      cp_async4(base + 2 * CODE_BYTES + half * (TILE * 4) + r * 4,
+                (half ? v_cache : k_cache) + page * (half ? stride_vb : stride_kb) + pair_base + row * 4, ok);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = crow + 16 * i;
@@ -372,10 +395,10 @@ __device__ __forceinline__ void decode_kernel(
       const T* q, const uint8_t* k_cache, const uint8_t* v_cache, const int* block_tables,                \
       const int* seq_lens, T* out, float* part, float* lse_out, float scale_log2, int stride_qb,          \
       int stride_qh, int stride_kb, int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G,    \
-      int KV, int BS, int num_splits) {                                                                   \
+      int KV, int BS, int num_splits, int flags) {                                                        \
     decode_kernel<T>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out, scale_log2,         \
                      stride_qb, stride_qh, stride_kb, stride_vb, stride_bt, stride_ob, stride_oh, G, KV,  \
-                     BS, num_splits);                                                                     \
+                     BS, num_splits, flags);                                                              \
   }
 
 DEFINE(kv_int8_decode_f16, __half)
