@@ -21,6 +21,7 @@
 #   kvcuda   one GPU: the CUDA C int8 decode kernel's tests, kv_attention_sweep.py decode (bf16, int8 Triton
 #            and CUDA), Nsight Compute on the CUDA kernel.
 #   kvcuda2  one GPU: the same, the CUDA kernel's own tests and int8 rows only.
+#   kvcap    two GPUs: the KV-bound fp16 run beside the CUDA int8 kernel's tests, times and KV-bound int8 run.
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
@@ -633,6 +634,25 @@ if [ "$what" = kvcuda2 ]; then  # one GPU: kvcuda's kernel tests only, its int8 
     --section MemoryWorkloadAnalysis --section LaunchStats python3 "$here/ncu_attention.py" >"$out/ncu_cuda.txt" 2>&1
   echo "ncu rc=$?"
   grep -E "^  [_a-zA-Z0-9]+.*\(|Duration|DRAM Throughput|L2 Cache Throughput|L2 Hit Rate|Issued Warp|No Eligible|Registers Per" "$out/ncu_cuda.txt" | cut -c1-160 | head -40
+  exit 0
+fi
+if [ "$what" = kvcap ]; then  # two GPUs: GPU 0 the KV-bound fp16 run; GPU 1 the CUDA int8 kernel's tests, its
+  # decode times, then the KV-bound int8 run (side by side: one host)
+  CUDA_VISIBLE_DEVICES=0 bash "$here/run_capacity.sh" kv_fp16 "$out/cap" 520 >"$out/lane0.txt" 2>&1 &
+  (
+    export CUDA_VISIBLE_DEVICES=$g1
+    timeout 120 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+      -k "sliced or graph or replay or triton or (test_decode_gpu and (64 or 16))" >"$out/kvcuda_tests.log" 2>&1
+    echo "GPU tests rc=$?"
+    grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvcuda_tests.log" | cut -c1-300 | head -20
+    timeout 60 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_decode.json" --quick --no-prefill \
+      --policies 8 --decode-shapes 128x4096,320x4096,1x4096 >"$out/sweep_decode.log" 2>&1
+    echo "decode sweep rc=$?"
+    grep -E "decode B=" "$out/sweep_decode.log" | grep -v "default vs" | cut -c1-200
+    bash "$here/run_capacity.sh" kv_int8 "$out/cap" 400
+  ) >"$out/lane1.txt" 2>&1
+  wait
+  cat "$out/lane0.txt" "$out/lane1.txt"
   exit 0
 fi
 if [ "$what" = kvpair ]; then  # two GPUs, side by side

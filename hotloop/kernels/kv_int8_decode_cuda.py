@@ -26,9 +26,6 @@ SHARED_BYTES = 4 * (2 * 64 * 128 + 2 * 64 * 4)  # STAGES x (K codes, V codes, th
 HEAD_DIM = 128
 MAX_GROUP = 8
 ENV = "HOTLOOP_KV_CUDA_DECODE"
-# The kernel's ``flags``: bit 0 puts the KV heads fastest in the grid (else the sequences), bit 1 copies
-# with two lanes per 128-byte row (else eight). HOTLOOP_KV_CUDA_FLAGS overrides it, for comparisons.
-FLAGS = 2
 _NAMES = {torch.float16: "kv_int8_decode_f16", torch.bfloat16: "kv_int8_decode_bf16"}
 
 
@@ -62,6 +59,9 @@ def why_not(
         return "a sliding window"
     if fuse_merge:
         return "a merge fused into the launch"
+    bs = k_cache.shape[1]
+    if bs & (bs - 1):
+        return f"a block size of {bs} tokens (a power of two only)"
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         if c.data_ptr() % 16 or c.stride(0) % 16:
             return f"{name}'s blocks are not 16-byte aligned (cp.async copies 16 bytes)"
@@ -97,7 +97,6 @@ def launch(
     _nb, bs, kv, _row = k_cache.shape
     if num_splits > 1:
         assert part is not None and lse is not None
-    flags = int(os.environ.get("HOTLOOP_KV_CUDA_FLAGS", FLAGS))
     args = (
         q,
         k_cache,
@@ -119,10 +118,10 @@ def launch(
         kv,
         bs,
         num_splits,
-        flags,
+        bs.bit_length() - 1,
     )
     kernel = kernels[_NAMES[q.dtype]]
-    grid = (kv, B, num_splits) if flags & 1 else (B, kv, num_splits)
+    grid = (B, kv, num_splits)
     use_pdl = pdl(q.device)
 
     def run(*a: object) -> None:

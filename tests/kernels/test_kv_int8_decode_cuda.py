@@ -46,6 +46,12 @@ def test_why_not_refuses_unaligned_blocks() -> None:
     assert "16-byte aligned" in str(kv_int8_decode_cuda.why_not(q, shifted, shifted, 8, 8, 0, False))
 
 
+def test_why_not_refuses_other_block_sizes() -> None:
+    q = torch.zeros(2, 8, 128, dtype=torch.float16)
+    cache = torch.zeros(4, 48, 1, 132, dtype=torch.uint8)
+    assert "block size of 48" in str(kv_int8_decode_cuda.why_not(q, cache, cache, 8, 8, 0, False))
+
+
 @pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
 def test_source_compiles_for_hopper(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("HOTLOOP_CACHE", str(tmp_path))

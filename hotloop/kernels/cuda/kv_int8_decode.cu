@@ -8,13 +8,13 @@
 // cycles (BENCHMARKS.md, seventeenth session). Here every 64-token tile is copied with cp.async
 // STAGES - 1 tiles ahead of the arithmetic, so about 150 KB per SM are in flight.
 //
-// The cache format is kv_quant.py's: per block, codes [BS, KV, 128] uint8, then (scale, zero) pairs
+// The cache format is kv_quant.py's (BS = 2^log2_bs tokens per block): per block, codes [BS, KV, 128] uint8, then (scale, zero) pairs
 // [BS, KV] in the model dtype; x ~= code * scale + zero. As in the Triton kernel, the dots run in fp16
 // on 1024 + code (a byte permute builds the fp16 bits 0x64cc), and the offset and the zero points are
 // taken back through row sums: s = ((q . (1024 + c)) - 1024 sum(q)) * k_scale + sum(q) * k_zero, and
 // o = sum_n p'_n (1024 + c_n) + sum_n (p_n v_zero_n - 1024 p'_n) with p' = fp16(p * v_scale).
 //
-// One block of 4 warps per (KV head, sequence, split); a stage holds 64 tokens (K codes 8 KB, V codes
+// One block of 4 warps per (sequence, KV head, split); a stage holds 64 tokens (K codes 8 KB, V codes
 // 8 KB, their pairs 512 B) and warp w takes tokens 16w .. 16w + 15 of each stage, with its own
 // running max, sum and output (merged across warps at the end, through shared memory).
 // mma.sync m16n8k16, fragments as in the PTX ISA (lane = 4g + t):
@@ -117,17 +117,12 @@ __device__ __forceinline__ void decode_kernel(
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* __restrict__ out,
     float* __restrict__ part, float* __restrict__ lse_out, float scale_log2, int stride_qb, int stride_qh,
     int stride_kb, int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS,
-    int num_splits, int flags) {
+    int num_splits, int log2_bs) {
   extern __shared__ __align__(128) uint8_t smem[];
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
 
-  // KV heads are the grid's fastest index: a sequence's heads run together and share the 32-byte
-  // sectors that hold one token's (scale, zero) pairs of every head (one DRAM read, then L2 hits)
-  // (bit 0 of ``flags``; without it sequences are fastest)
-  const bool heads_fastest = flags & 1;
-  const int kvh = heads_fastest ? blockIdx.x : blockIdx.y, b = heads_fastest ? blockIdx.y : blockIdx.x;
-  const int split = blockIdx.z;
+  const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int H = G * KV;
   const int seq_len = seq_lens[b];
@@ -138,58 +133,32 @@ __device__ __forceinline__ void decode_kernel(
   const int* table = block_tables + (long long)b * stride_bt;
   const long long pair_base = (long long)BS * KV * HD;  // bytes of a block's codes
 
-  // ---- the copier's part. A warp's copy instruction covers 4 whole rows (8 lanes of 16 bytes per
-  // 128-byte row: every 32-byte sector requested once): thread tid copies chunk tid & 7 of rows
-  // (tid >> 3) + 16 i, i < 4, of K and of V, and one (scale, zero) pair: row (tid >> 3) + 16 (tid & 3),
-  // of K for (tid & 7) < 4, else of V.
-  const int crow = tid >> 3, cch = tid & 7, pi = tid & 3, pv = (tid >> 2) & 1;
-  const uint8_t* pair_cache = pv ? v_cache : k_cache;
-  const int pair_stride = pv ? stride_vb : stride_kb;
-  // a tile's pages for the thread's 4 rows (-1: past the end); loaded one tile ahead of their use
-  const bool pair_rows = flags & 2;
-  auto pages_of = [&](int tile, int* pg) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int tok = start + tile * TILE + (pair_rows ? (tid >> 1) : crow + 16 * i);
-      pg[i] = tok < end ? table[tok / BS] : -1;
-    }
+  // ---- the copier's part: thread tid copies row tid / 2, code chunks 4 (tid & 1) .. + 3 of K and V,
+  // and the K (tid even) or V (tid odd) pair of that row
+  const int crow = tid >> 1, chalf = tid & 1;
+  const uint8_t* pair_src_cache = chalf ? v_cache : k_cache;
+  const int pair_stride = chalf ? stride_vb : stride_kb;
+  auto page_of = [&](int tile) -> int {
+    const int tok = start + tile * TILE + crow;
+    return tok < end ? table[tok >> log2_bs] : -1;
   };
-  auto issue = [&](int tile, const int* pg) {
+  auto issue = [&](int tile, int page) {
     const u32 base = smem_addr(smem + (tile % STAGES) * STAGE_BYTES);
-    if (pair_rows) {
-      // (bit 1 of ``flags``) the first version's pattern: thread tid copies chunks 4 (tid & 1) .. + 3
-      // of row tid / 2 (two lanes per row), and its K (tid even) or V (tid odd) pair; row pages[0]
-      const int r = tid >> 1, half = tid & 1;
-      const int tok = start + tile * TILE + r;
-      const bool ok = pg[0] >= 0;
-      const long long row = ok ? (long long)((tok % BS) * KV + kvh) : 0;
-      const long long page = ok ? (long long)pg[0] : 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int ch = half * 4 + i;
-        const u32 dst = r * HD + ((ch ^ (r & 7)) << 4);
-        cp_async16(base + dst, k_cache + page * stride_kb + row * HD + ch * 16, ok);
-        cp_async16(base + CODE_BYTES + dst, v_cache + page * stride_vb + row * HD + ch * 16, ok);
-      }
-      cp_async4(base + 2 * CODE_BYTES + half * (TILE * 4) + r * 4,
-                (half ? v_cache : k_cache) + page * (half ? stride_vb : stride_kb) + pair_base + row * 4, ok);
-      return;
-    }
+    const int tok = start + tile * TILE + crow;
+    const bool ok = page >= 0;
+    const long long row = ok ? (long long)((tok & (BS - 1)) * KV + kvh) : 0;
+    const long long pg = ok ? (long long)page : 0;
+    const uint8_t* ks = k_cache + pg * stride_kb + row * HD;
+    const uint8_t* vs = v_cache + pg * stride_vb + row * HD;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int r = crow + 16 * i;
-      const int tok = start + tile * TILE + r;
-      const bool ok = pg[i] >= 0;
-      const long long row = ok ? (long long)((tok % BS) * KV + kvh) : 0;
-      const long long page = ok ? (long long)pg[i] : 0;
-      const u32 dst = r * HD + ((cch ^ (r & 7)) << 4);
-      cp_async16(base + dst, k_cache + page * stride_kb + row * HD + cch * 16, ok);
-      cp_async16(base + CODE_BYTES + dst, v_cache + page * stride_vb + row * HD + cch * 16, ok);
-      if (i == pi) {
-        cp_async4(base + 2 * CODE_BYTES + pv * (TILE * 4) + r * 4,
-                  pair_cache + page * pair_stride + pair_base + row * 4, ok);
-      }
+      const int ch = chalf * 4 + i;
+      const u32 dst = crow * HD + ((ch ^ (crow & 7)) << 4);
+      cp_async16(base + dst, ks + ch * 16, ok);
+      cp_async16(base + CODE_BYTES + dst, vs + ch * 16, ok);
     }
+    const uint8_t* ps = pair_src_cache + pg * pair_stride + pair_base + row * 4;
+    cp_async4(base + 2 * CODE_BYTES + chalf * (TILE * 4) + crow * 4, ps, ok);
   };
 
   // ---- q as the A fragments of the score MMAs: row g (head kvh * G + g), dims 32t + 4c + {0,1} / {2,3}
@@ -217,17 +186,13 @@ __device__ __forceinline__ void decode_kernel(
   const float qoff = 1024.f * qsum;
 
   // prologue: the first STAGES - 1 tiles in flight (one commit group per tile, empty or not)
-  int next_pages[4] = {-1, -1, -1, -1};
+  int next_page = 0;
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < n_tiles) {
-      int pg[4];
-      pages_of(s, pg);
-      issue(s, pg);
-    }
+    if (s < n_tiles) issue(s, page_of(s));
     cp_commit();
   }
-  if (STAGES - 1 < n_tiles) pages_of(STAGES - 1, next_pages);
+  if (STAGES - 1 < n_tiles) next_page = page_of(STAGES - 1);
 
   float m = -INFINITY, l = 0.f, corr = 0.f;
   float oacc[16][4];
@@ -241,8 +206,8 @@ __device__ __forceinline__ void decode_kernel(
     {
       const int nt = tile + STAGES - 1;
       if (nt < n_tiles) {
-        issue(nt, next_pages);
-        if (nt + 1 < n_tiles) pages_of(nt + 1, next_pages);
+        issue(nt, next_page);
+        if (nt + 1 < n_tiles) next_page = page_of(nt + 1);
       }
       cp_commit();
     }
@@ -250,24 +215,17 @@ __device__ __forceinline__ void decode_kernel(
     const int tok0 = start + tile * TILE + 16 * warp;  // this warp's first token
 
     // scores for tokens 8j + 2t + e (j, e in {0, 1}) of the warp's 16
-    // two accumulators per 8 tokens (chunks 0-3 and 4-7): four chains of 4 MMAs, not two of 8
-    float sacc[2][4], sacc2[2][4];
+    float sacc[2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
-      sacc2[j][0] = sacc2[j][1] = sacc2[j][2] = sacc2[j][3] = 0.f;
       const int r = 16 * warp + 8 * j + g;
       const u32 rb = base + r * HD;
       const uint4 lo = lds128(rb + (((2 * t) ^ (r & 7)) << 4));
       const uint4 hi = lds128(rb + (((2 * t + 1) ^ (r & 7)) << 4));
       const u32 w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        mma16816(sacc[j], qa[c][0], 0u, qa[c][1], 0u, expand_lo(w[c]), expand_hi(w[c]));
-        mma16816(sacc2[j], qa[c + 4][0], 0u, qa[c + 4][1], 0u, expand_lo(w[c + 4]), expand_hi(w[c + 4]));
-      }
-      sacc[j][0] += sacc2[j][0];
-      sacc[j][1] += sacc2[j][1];
+      for (int c = 0; c < 8; ++c) mma16816(sacc[j], qa[c][0], 0u, qa[c][1], 0u, expand_lo(w[c]), expand_hi(w[c]));
     }
     const u32 kp = base + 2 * CODE_BYTES, vp = kp + TILE * 4;
     float s[2][2], vs[2][2], vz[2][2];
@@ -395,10 +353,10 @@ __device__ __forceinline__ void decode_kernel(
       const T* q, const uint8_t* k_cache, const uint8_t* v_cache, const int* block_tables,                \
       const int* seq_lens, T* out, float* part, float* lse_out, float scale_log2, int stride_qb,          \
       int stride_qh, int stride_kb, int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G,    \
-      int KV, int BS, int num_splits, int flags) {                                                        \
+      int KV, int BS, int num_splits, int log2_bs) {                                                      \
     decode_kernel<T>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out, scale_log2,         \
                      stride_qb, stride_qh, stride_kb, stride_vb, stride_bt, stride_ob, stride_oh, G, KV,  \
-                     BS, num_splits, flags);                                                              \
+                     BS, num_splits, log2_bs);                                                            \
   }
 
 DEFINE(kv_int8_decode_f16, __half)
