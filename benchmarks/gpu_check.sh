@@ -21,7 +21,7 @@
 #   kvcuda   one GPU: the CUDA C int8 decode kernel's tests, kv_attention_sweep.py decode (bf16, int8 Triton
 #            and CUDA), Nsight Compute on the CUDA kernel.
 #   kvcuda2  one GPU: the same, the CUDA kernel's own tests and int8 rows only.
-#   kvcap    two GPUs: the KV-bound fp16 run beside the CUDA int8 kernel's tests, times and KV-bound int8 run.
+#   kvcap    two GPUs (one: no fp16 run): the KV-bound fp16 run beside the CUDA int8 kernel's tests, times and KV-bound int8 run.
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
@@ -638,7 +638,11 @@ if [ "$what" = kvcuda2 ]; then  # one GPU: kvcuda's kernel tests only, its int8 
 fi
 if [ "$what" = kvcap ]; then  # two GPUs: GPU 0 the KV-bound fp16 run; GPU 1 the CUDA int8 kernel's tests, its
   # decode times, then the KV-bound int8 run (side by side: one host)
-  CUDA_VISIBLE_DEVICES=0 bash "$here/run_capacity.sh" kv_fp16 "$out/cap" 520 >"$out/lane0.txt" 2>&1 &
+  if [ "$ngpu" -gt 1 ]; then
+    CUDA_VISIBLE_DEVICES=0 bash "$here/run_capacity.sh" kv_fp16 "$out/cap" 520 >"$out/lane0.txt" 2>&1 &
+  else
+    echo "one GPU: the fp16 run is left out" >"$out/lane0.txt"
+  fi
   (
     export CUDA_VISIBLE_DEVICES=$g1
     timeout 120 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
