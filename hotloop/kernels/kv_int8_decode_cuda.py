@@ -67,11 +67,25 @@ def why_not(
             return f"{name}'s blocks are not 16-byte aligned (cp.async copies 16 bytes)"
     if q.device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return "not on a GPU"
-    if not cuda_jit.enabled() or cuda_jit.find_nvcc() is None:
-        return "no nvcc, or CUDA C kernels turned off"
-    if torch.cuda.get_device_capability(q.device)[0] < 9:
-        return "a GPU older than Hopper (the kernel waits with griddepcontrol)"
-    return None
+    if not cuda_jit.enabled():
+        return f"{cuda_jit.ENV}=0"
+    return _machine_why_not(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
+_machine: dict[int, str | None] = {}
+
+
+def _machine_why_not(index: int) -> str | None:
+    """What this machine lacks for the kernel on GPU ``index`` (looked up once: the decode launcher
+    asks at every launch)."""
+    if index not in _machine:
+        if cuda_jit.find_nvcc() is None:
+            _machine[index] = "no nvcc"
+        elif torch.cuda.get_device_capability(index)[0] < 9:
+            _machine[index] = "a GPU older than Hopper (the kernel waits with griddepcontrol)"
+        else:
+            _machine[index] = None
+    return _machine[index]
 
 
 def launch(

@@ -46,6 +46,20 @@ def test_why_not_refuses_unaligned_blocks() -> None:
     assert "16-byte aligned" in str(kv_int8_decode_cuda.why_not(q, shifted, shifted, 8, 8, 0, False))
 
 
+def test_machine_checks_are_looked_up_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(kv_int8_decode_cuda, "_machine", {})
+    monkeypatch.setattr(cuda_jit, "find_nvcc", lambda: calls.append(1) or "/usr/bin/nvcc")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))
+    assert "older than Hopper" in str(kv_int8_decode_cuda._machine_why_not(0))
+    assert "older than Hopper" in str(kv_int8_decode_cuda._machine_why_not(0))
+    assert calls == [1]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    assert kv_int8_decode_cuda._machine_why_not(1) is None
+    monkeypatch.setattr(cuda_jit, "find_nvcc", lambda: None)
+    assert kv_int8_decode_cuda._machine_why_not(2) == "no nvcc"
+
+
 def test_why_not_refuses_other_block_sizes() -> None:
     q = torch.zeros(2, 8, 128, dtype=torch.float16)
     cache = torch.zeros(4, 48, 1, 132, dtype=torch.uint8)
