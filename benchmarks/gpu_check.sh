@@ -22,6 +22,7 @@
 #            and CUDA), Nsight Compute on the CUDA kernel.
 #   kvcuda2  one GPU: the same, the CUDA kernel's own tests and int8 rows only.
 #   kvcap    two GPUs (one: no fp16 run): the KV-bound fp16 run beside the CUDA int8 kernel's tests, times and KV-bound int8 run.
+#   kvvt     one GPU: the CUDA int8 kernel's O^T variants (HOTLOOP_KV_CUDA_VARIANT): tests, decode times.
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
@@ -657,6 +658,18 @@ if [ "$what" = kvcap ]; then  # two GPUs: GPU 0 the KV-bound fp16 run; GPU 1 the
   ) >"$out/lane1.txt" 2>&1
   wait
   cat "$out/lane0.txt" "$out/lane1.txt"
+  exit 0
+fi
+if [ "$what" = kvvt ]; then  # one GPU: the CUDA int8 kernel's variants (tests, then decode times beside Triton's)
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    -k "variants or sliced or graph or replay" >"$out/kvvt_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvvt_tests.log" | cut -c1-300 | head -40
+  timeout 150 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_decode.json" --quick --no-prefill \
+    --policies 8 --decode-shapes 256x1024,128x4096,320x4096,16x4096,1x4096 >"$out/sweep_decode.log" 2>&1
+  echo "decode sweep rc=$?"
+  grep -E "decode B=" "$out/sweep_decode.log" | grep -v "default vs" | cut -c1-200
   exit 0
 fi
 if [ "$what" = kvpair ]; then  # two GPUs, side by side

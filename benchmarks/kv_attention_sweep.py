@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -59,6 +60,7 @@ def as_float(cache: torch.Tensor, policy: int) -> torch.Tensor:
     return kv_quant.dequantize_cache(cache, D, torch.bfloat16) if policy else cache.float()
 
 
+CUDA_VARIANTS: list[str] = []  # --cuda-variants; empty: every variant of kv_int8_decode_cuda.VARIANTS
 ROTATE_BYTES = 256 << 20  # decode: caches read in turn, five times the H200's L2
 # --eager-timing: launch by launch with do_bench's L2 flush, as every sweep before the thirteenth
 # session (prefill times from then on are in graphs without a flush: compare like with like)
@@ -125,13 +127,21 @@ def decode_case(
     else:
         runs = [(cfg, nsplit) for cfg in all_cfgs]
         runs += [(decode_config(policy, D, n), n) for n in splits or [] if n != nsplit]
-    cuda_runs: list[tuple[tuple[int, ...] | None, int]] = []
+    cuda_runs: list[tuple[tuple[int, ...] | str, int]] = []
     if kv_int8_decode_cuda.why_not(q, k, v, policy, H // KV, 0, False) is None:
-        # the CUDA C int8 kernel (config None: the launcher's own choice), beside the Triton rows
-        cuda_runs = [(None, n) for n in sorted(set(splits or []) | {nsplit})]
-    for (cfg, n), fuse in itertools.product(runs + cuda_runs, fuses):
-        if fuse and (n == 1 or cfg is None):
+        # the CUDA C int8 kernel (config "cuda[-VARIANT]": no config, the launcher's own choice, with
+        # HOTLOOP_KV_CUDA_VARIANT set to each of VARIANTS), beside the Triton rows
+        cuda_runs = [
+            ("cuda" + (f"-{name}" if name else ""), n)
+            for name in (CUDA_VARIANTS or list(kv_int8_decode_cuda.VARIANTS))
+            for n in sorted(set(splits or []) | {nsplit})
+        ]
+    for (label, n), fuse in itertools.product(runs + cuda_runs, fuses):
+        if fuse and (n == 1 or isinstance(label, str)):
             continue  # one split: nothing to merge; the CUDA kernel merges in a second launch
+        cfg = None if isinstance(label, str) else label
+        if isinstance(label, str):
+            os.environ[kv_int8_decode_cuda.VARIANT_ENV] = label[5:]
         try:
             out = paged_decode_attention(
                 q, k, v, tables, seq, D**-0.5, num_splits=n, config=cfg, fuse_merge=fuse
@@ -144,15 +154,16 @@ def decode_case(
                     )
 
             ms = bench(timed) / rot
-            rows.append({"config": list(cfg) if cfg else "cuda", "splits": n, "fused": fuse, "ms": ms,
+            rows.append({"config": list(cfg) if cfg else label, "splits": n, "fused": fuse, "ms": ms,
                          "rel_err_vs_default": rel(out, ref)})  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a configuration that does not compile is a result
-            rows.append({"config": list(cfg) if cfg else "cuda", "splits": n, "fused": fuse,
+            rows.append({"config": list(cfg) if cfg else label, "splits": n, "fused": fuse,
                          "error": f"{type(e).__name__}: {str(e)[:120]}"})  # fmt: skip
         r = rows[-1]
-        print(f"  decode B={batch} ctx={ctx} q{policy} {cfg} splits {n}{' fused' if fuse else ''}: "
+        print(f"  decode B={batch} ctx={ctx} q{policy} {label} splits {n}{' fused' if fuse else ''}: "
               + (f"{r['ms']:.4f} ms ({floor_ms / r['ms']:.0%} of roofline)" if "ms" in r else r["error"]),
               flush=True)  # fmt: skip
+    os.environ.pop(kv_int8_decode_cuda.VARIANT_ENV, None)
     return {"kind": "decode", "batch": batch, "ctx": ctx, "policy": policy, "floor_ms": floor_ms,
             "caches_in_turn": rot, "default": list(default), "default_splits": nsplit, "default_rel_err_vs_reference": default_err,
             "rows": rows}  # fmt: skip
@@ -245,9 +256,15 @@ def main(argv: list[str] | None = None) -> int:
         help="decode with splits: the merge as its own launch, done by the last split, or both",
     )
     ap.add_argument("--cross", action="store_true", help="decode: every configuration at every split count")
+    ap.add_argument(
+        "--cuda-variants",
+        help="the CUDA int8 kernel's variants to time ('',vt,vt3: kv_int8_decode_cuda.VARIANTS); default all",
+    )
     args = ap.parse_args(argv)
     global GRAPH_TIMING
     GRAPH_TIMING = not args.eager_timing
+    if args.cuda_variants is not None:
+        CUDA_VARIANTS[:] = args.cuda_variants.split(",")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -22,11 +22,29 @@ from hotloop.kernels.pdl import pdl
 
 SOURCE = "kv_int8_decode.cu"
 THREADS = 128
-SHARED_BYTES = 4 * (2 * 64 * 128 + 2 * 64 * 4)  # STAGES x (K codes, V codes, their pairs)
+STAGE_BYTES = 2 * 64 * 128 + 2 * 64 * 4  # a ring slot: 64 tokens' K codes, V codes, their pairs
 HEAD_DIM = 128
 MAX_GROUP = 8
 ENV = "HOTLOOP_KV_CUDA_DECODE"
-_NAMES = {torch.float16: "kv_int8_decode_f16", torch.bfloat16: "kv_int8_decode_bf16"}
+_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+# HOTLOOP_KV_CUDA_VARIANT: "" (the default: O = P V with the heads as MMA rows, a 4-tile ring), "vt"
+# (O^T = V^T P^T: half the MMAs and output registers, 125 registers against 164) and "vt3" (the same
+# with a 3-tile ring, so that 4 blocks fit an SM). The "vt" variants have not run on a GPU yet
+# (written after the eighteenth session's device time ran out); tests/kernels cover them there.
+VARIANTS = {"": ("kv_int8_decode", 4), "vt": ("kv_int8_decode_vt", 4), "vt3": ("kv_int8_decode_vt3", 3)}
+VARIANT_ENV = "HOTLOOP_KV_CUDA_VARIANT"
+
+
+def variant() -> str:
+    """The kernel variant HOTLOOP_KV_CUDA_VARIANT names (read at each launch: benchmarks flip it)."""
+    raw = os.environ.get(VARIANT_ENV, "")
+    if raw not in VARIANTS:
+        raise ValueError(f"{VARIANT_ENV}={raw!r} must be one of {sorted(VARIANTS)}")
+    return raw
+
+
+def kernel_names() -> list[str]:
+    return [f"{prefix}_{dt}" for prefix, _ in VARIANTS.values() for dt in _DTYPES.values()]
 
 
 def enabled() -> bool:
@@ -49,7 +67,7 @@ def why_not(
         return f"an int{quant or 16} cache (the kernel reads int8)"
     if not enabled():
         return f"{ENV}=0"
-    if q.dtype not in _NAMES:
+    if q.dtype not in _DTYPES:
         return f"{q.dtype} queries (fp16 / bf16 only)"
     if q.shape[-1] != HEAD_DIM:
         return f"head_dim {q.shape[-1]} (128 only)"
@@ -104,7 +122,8 @@ def launch(
     it writes ``out`` ``[B, H, D]``; with more, the float32 partials ``part`` ``[B, H, S, D]`` and
     their log2-sum-exp ``lse`` ``[B, H, S]`` for ``_merge_kernel``. False (nothing launched) where
     the kernels cannot be built on this machine."""
-    kernels = cuda_jit.load(SOURCE, q.device, list(_NAMES.values()))
+    prefix, stages = VARIANTS[variant()]
+    kernels = cuda_jit.load(SOURCE, q.device, kernel_names())
     if kernels is None:
         return False
     B, H, _D = q.shape
@@ -134,12 +153,13 @@ def launch(
         num_splits,
         bs.bit_length() - 1,
     )
-    kernel = kernels[_NAMES[q.dtype]]
+    kernel = kernels[f"{prefix}_{_DTYPES[q.dtype]}"]
+    shared = stages * STAGE_BYTES
     grid = (B, kv, num_splits)
     use_pdl = pdl(q.device)
 
     def run(*a: object) -> None:
-        kernel(grid, THREADS, a, shared_bytes=SHARED_BYTES, pdl=use_pdl)  # type: ignore[arg-type]
+        kernel(grid, THREADS, a, shared_bytes=shared, pdl=use_pdl)  # type: ignore[arg-type]
 
     run(*args)
     launch_replay.note_launch(run, args)  # the piecewise graphs' attention replays it per layer

@@ -70,7 +70,17 @@ def test_why_not_refuses_other_block_sizes() -> None:
 def test_source_compiles_for_hopper(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("HOTLOOP_CACHE", str(tmp_path))
     cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / kv_int8_decode_cuda.SOURCE, "sm_90a")
-    assert b"kv_int8_decode_bf16" in cubin and b"kv_int8_decode_f16" in cubin
+    for name in kv_int8_decode_cuda.kernel_names():
+        assert name.encode() in cubin
+
+
+def test_variant_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert kv_int8_decode_cuda.variant() == ""
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, "vt3")
+    assert kv_int8_decode_cuda.variant() == "vt3"
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, "fast")
+    with pytest.raises(ValueError, match="must be one of"):
+        kv_int8_decode_cuda.variant()
 
 
 # -- GPU ------------------------------------------------------------------------------------------
@@ -119,6 +129,17 @@ LENS = [0, 1, 17, 63, 64, 65, 300, 1031, 64 * 40 + 5, 4096]
 def test_decode_gpu(h: int, kv: int, bs: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     for splits in (1, 2, 5, 16, None):
         _case(LENS, h, kv, bs, dtype, splits, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["vt", "vt3"])
+@pytest.mark.parametrize("h,kv", [(8, 8), (32, 8), (28, 4), (16, 2), (6, 1)])
+@pytest.mark.parametrize("bs", [16, 64])
+def test_decode_variants_gpu(h: int, kv: int, bs: int, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
+    for splits in (1, 5, None):
+        _case(LENS, h, kv, bs, torch.bfloat16, splits, monkeypatch)
+    _case(LENS, h, kv, bs, torch.float16, 2, monkeypatch, sliced=True)
 
 
 @pytest.mark.gpu

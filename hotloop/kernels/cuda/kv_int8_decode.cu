@@ -38,10 +38,8 @@ typedef unsigned int u32;
 #define WARPS 4
 #define THREADS (32 * WARPS)
 #define TILE 64                                   // tokens per stage
-#define STAGES 4
 #define CODE_BYTES (TILE * HD)                    // 8192
 #define STAGE_BYTES (2 * CODE_BYTES + 2 * TILE * 4)  // K codes, V codes, K pairs, V pairs: 16896
-#define SMEM_BYTES (STAGES * STAGE_BYTES)         // 67584
 #define MAXG 8
 
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
@@ -111,7 +109,8 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-template <typename T>
+// STAGES: tiles in the ring (4: 67,584 bytes of shared memory, 3 blocks per SM; 3: 50,688, room for 4)
+template <typename T, bool VT, int STAGES>
 __device__ __forceinline__ void decode_kernel(
     const T* __restrict__ q, const uint8_t* __restrict__ k_cache, const uint8_t* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* __restrict__ out,
@@ -195,9 +194,11 @@ __device__ __forceinline__ void decode_kernel(
   if (STAGES - 1 < n_tiles) next_page = page_of(STAGES - 1);
 
   float m = -INFINITY, l = 0.f, corr = 0.f;
-  float oacc[16][4];
+  // !VT: 16 n-tiles of O (rows: heads g and g + 8, the latter padding); VT: 8 m-tiles of O^T
+  constexpr int NACC = VT ? 8 : 16;
+  float oacc[NACC][4];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+  for (int i = 0; i < NACC; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
 
   const u32 smem0 = smem_addr(smem);
   for (int tile = 0; tile < n_tiles; ++tile) {
@@ -254,10 +255,22 @@ __device__ __forceinline__ void decode_kernel(
       const float alpha = m_new > m ? exp2f(m - m_new) : 1.f;  // exp2(-inf) = 0 on the first tile
       l *= alpha;
       corr *= alpha;
+      if (VT) {
+        // this lane's output columns are heads 2t and 2t + 1, whose factors lanes 8t and 8t + 4 hold
+        const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * t), a1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        oacc[i][0] *= alpha;
-        oacc[i][1] *= alpha;
+        for (int i = 0; i < NACC; ++i) {
+          oacc[i][0] *= a0;
+          oacc[i][1] *= a1;
+          oacc[i][2] *= a0;
+          oacc[i][3] *= a1;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) {
+          oacc[i][0] *= alpha;
+          oacc[i][1] *= alpha;
+        }
       }
       m = m_new;
     }
@@ -292,10 +305,18 @@ __device__ __forceinline__ void decode_kernel(
     for (int wd = 0; wd < 4; ++wd) {
       const u32 ab_lo = __byte_perm(va[wd], vb[wd], 0x5140), ab_hi = __byte_perm(va[wd], vb[wd], 0x7362);
       const u32 cd_lo = __byte_perm(vc[wd], vd[wd], 0x5140), cd_hi = __byte_perm(vc[wd], vd[wd], 0x7362);
-      mma16816(oacc[4 * wd + 0], pa[0], 0u, pa[1], 0u, expand_lo(ab_lo), expand_lo(cd_lo));
-      mma16816(oacc[4 * wd + 1], pa[0], 0u, pa[1], 0u, expand_hi(ab_lo), expand_hi(cd_lo));
-      mma16816(oacc[4 * wd + 2], pa[0], 0u, pa[1], 0u, expand_lo(ab_hi), expand_lo(cd_hi));
-      mma16816(oacc[4 * wd + 3], pa[0], 0u, pa[1], 0u, expand_hi(ab_hi), expand_hi(cd_hi));
+      if (VT) {
+        // O^T += V^T P^T: A = V^T, m-tile i's rows g and g + 8 are dims 16g + 2i and 16g + 2i + 1;
+        // B = P^T is the scores' accumulator layout as it stands (column g: head g)
+        mma16816(oacc[2 * wd], expand_lo(ab_lo), expand_hi(ab_lo), expand_lo(cd_lo), expand_hi(cd_lo), pa[0], pa[1]);
+        mma16816(oacc[2 * wd + 1], expand_lo(ab_hi), expand_hi(ab_hi), expand_lo(cd_hi), expand_hi(cd_hi), pa[0],
+                 pa[1]);
+      } else {
+        mma16816(oacc[4 * wd + 0], pa[0], 0u, pa[1], 0u, expand_lo(ab_lo), expand_lo(cd_lo));
+        mma16816(oacc[4 * wd + 1], pa[0], 0u, pa[1], 0u, expand_hi(ab_lo), expand_hi(cd_lo));
+        mma16816(oacc[4 * wd + 2], pa[0], 0u, pa[1], 0u, expand_lo(ab_hi), expand_lo(cd_hi));
+        mma16816(oacc[4 * wd + 3], pa[0], 0u, pa[1], 0u, expand_hi(ab_hi), expand_hi(cd_hi));
+      }
     }
   }
 
@@ -309,12 +330,31 @@ __device__ __forceinline__ void decode_kernel(
   float* red = reinterpret_cast<float*>(smem);  // [WARPS][MAXG][HD] outputs, then [WARPS][MAXG] m and l
   float* red_m = red + WARPS * MAXG * HD;
   float* red_l = red_m + WARPS * MAXG;
-  if (g < G) {
-    float* row = red + (warp * MAXG + g) * HD + 32 * t;
+  if (VT) {
+    // columns 2t and 2t + 1 (heads), rows 16g + 2i and 16g + 2i + 1 (dims) of m-tile i
+    const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t), c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
+    float* row0 = red + (warp * MAXG + 2 * t) * HD + 16 * g;
+    float* row1 = row0 + HD;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      row[i] = oacc[i][0] + corr;
-      row[16 + i] = oacc[i][1] + corr;
+    for (int i = 0; i < NACC; ++i) {
+      if (2 * t < G) {
+        row0[2 * i] = oacc[i][0] + c0;
+        row0[2 * i + 1] = oacc[i][2] + c0;
+      }
+      if (2 * t + 1 < G) {
+        row1[2 * i] = oacc[i][1] + c1;
+        row1[2 * i + 1] = oacc[i][3] + c1;
+      }
+    }
+  }
+  if (g < G) {
+    if (!VT) {
+      float* row = red + (warp * MAXG + g) * HD + 32 * t;
+#pragma unroll
+      for (int i = 0; i < NACC; ++i) {
+        row[i] = oacc[i][0] + corr;
+        row[16 + i] = oacc[i][1] + corr;
+      }
     }
     if (t == 0) {
       red_m[warp * MAXG + g] = m;
@@ -348,16 +388,22 @@ __device__ __forceinline__ void decode_kernel(
   }
 }
 
-#define DEFINE(NAME, T)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(THREADS, 3) NAME(                                          \
+#define DEFINE(NAME, T, VT, STAGES, MINB)                                                                 \
+  extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(                                       \
       const T* q, const uint8_t* k_cache, const uint8_t* v_cache, const int* block_tables,                \
       const int* seq_lens, T* out, float* part, float* lse_out, float scale_log2, int stride_qb,          \
       int stride_qh, int stride_kb, int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G,    \
       int KV, int BS, int num_splits, int log2_bs) {                                                      \
-    decode_kernel<T>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out, scale_log2,         \
-                     stride_qb, stride_qh, stride_kb, stride_vb, stride_bt, stride_ob, stride_oh, G, KV,  \
-                     BS, num_splits, log2_bs);                                                            \
+    decode_kernel<T, VT, STAGES>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,         \
+                                 scale_log2, stride_qb, stride_qh, stride_kb, stride_vb, stride_bt,       \
+                                 stride_ob, stride_oh, G, KV, BS, num_splits, log2_bs);                   \
   }
 
-DEFINE(kv_int8_decode_f16, __half)
-DEFINE(kv_int8_decode_bf16, __nv_bfloat16)
+// the measured kernel (BENCHMARKS.md, eighteenth session)
+DEFINE(kv_int8_decode_f16, __half, false, 4, 3)
+DEFINE(kv_int8_decode_bf16, __nv_bfloat16, false, 4, 3)
+// the O^T variants (header), with 4 and 3 stages: not yet timed on a GPU (HOTLOOP_KV_CUDA_VARIANT)
+DEFINE(kv_int8_decode_vt_f16, __half, true, 4, 3)
+DEFINE(kv_int8_decode_vt_bf16, __nv_bfloat16, true, 4, 3)
+DEFINE(kv_int8_decode_vt3_f16, __half, true, 3, 4)
+DEFINE(kv_int8_decode_vt3_bf16, __nv_bfloat16, true, 3, 4)
