@@ -14,6 +14,11 @@ registers. Scores take the K scale and zero after the dot, ``s = (q . codes) * s
 so the dot runs on the exact integer codes; V's scale goes onto the probabilities and its zero into
 a row sum, ``o += (p * scale) . codes + sum(p * zero)``, so V's codes need no arithmetic either.
 
+An int8 cache at head dim 128 (GQA groups up to 8, no window, the merge in its own launch) goes to
+a CUDA C kernel instead where one can be built (``kv_int8_decode_cuda.py``: a cp.async ring and
+tensor-core dots; it writes the same partials for ``_merge_kernel``); an explicit ``config`` always
+runs this Triton kernel.
+
 Tiles start at multiples of ``BLOCK_N`` (a sliding window's first tile masks the tokens before the
 window). For a quantized cache whose block size is a multiple of ``BLOCK_N`` a tile lies in one
 page, and its rows are addressed from one block-table entry.
