@@ -7,6 +7,9 @@ queries, no sliding window, the split merge in a second launch (the Triton ``_me
 reads the partials this kernel writes, in the same layout), a Hopper-or-newer GPU with nvcc
 (``cuda_jit``). ``HOTLOOP_KV_CUDA_DECODE=0`` keeps the Triton kernel everywhere, for comparisons.
 
+Where the kernel cannot be built here (no nvcc, a failed compile or load) the launch falls back to
+Triton; a driver error at launch, or a bad ``HOTLOOP_KV_CUDA_VARIANT``, is raised.
+
 The kernel streams each (sequence, KV head, split)'s tiles of 64 tokens through a 4-deep cp.async
 ring in shared memory and does the dots on the tensor cores; the source's header says how.
 """

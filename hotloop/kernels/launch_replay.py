@@ -173,7 +173,9 @@ def recordable(fn: Any) -> Any:
 def note_launch(launcher: Any, args: tuple[Any, ...]) -> None:
     """Record a launch that does not go through Triton (a CUDA C kernel, ``cuda_jit``) into the
     active recording, if any: a replay calls ``launcher(*args)`` with the swappable tensors of
-    ``args`` replaced. Callers call it after launching, with the arguments they launched with."""
+    ``args`` replaced. Callers call it after launching, with the arguments they launched with.
+    Unlike a recorded Triton launch, which keeps the stream it was recorded on, ``launcher`` runs on
+    the stream current at the replay (the piecewise graphs record and replay on one stream)."""
     plans = _recording.plans
     if plans:
         plans[-1]._note(launcher, args)
