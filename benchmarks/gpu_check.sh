@@ -22,7 +22,8 @@
 #            and CUDA), Nsight Compute on the CUDA kernel.
 #   kvcuda2  one GPU: the same, the CUDA kernel's own tests and int8 rows only.
 #   kvcap    two GPUs (one: no fp16 run): the KV-bound fp16 run beside the CUDA int8 kernel's tests, times and KV-bound int8 run.
-#   kvvt     one GPU: the CUDA int8 kernel's O^T variants (HOTLOOP_KV_CUDA_VARIANT): tests, decode times.
+#   kvvt     one GPU: the CUDA int8 kernel's O^T variants (HOTLOOP_KV_CUDA_VARIANT): tests, decode times;
+#            with KVVT_BS1=1 also batch 1 with fp16 / int8 KV (run_capacity.sh bs1), twice.
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
@@ -670,6 +671,10 @@ if [ "$what" = kvvt ]; then  # one GPU: the CUDA int8 kernel's variants (tests, 
     --policies 8 --decode-shapes 256x1024,128x4096,320x4096,16x4096,1x4096 >"$out/sweep_decode.log" 2>&1
   echo "decode sweep rc=$?"
   grep -E "decode B=" "$out/sweep_decode.log" | grep -v "default vs" | cut -c1-200
+  if [ -n "${KVVT_BS1:-}" ]; then  # then issue 6's batch-1 A/B, fp16 / int8 KV alternating, twice
+    for i in 1 2; do bash "$here/run_capacity.sh" bs1 "$out/bs1_$i" 150; done
+    grep -ho '"decode_tokens_per_s": [0-9.]*' "$out"/bs1_*/bs1_q*.json
+  fi
   exit 0
 fi
 if [ "$what" = kvpair ]; then  # two GPUs, side by side
