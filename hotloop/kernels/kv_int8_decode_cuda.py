@@ -46,8 +46,12 @@ def variant() -> str:
     return raw
 
 
+_KERNEL_NAMES = tuple(f"{prefix}_{dt}" for prefix, _ in VARIANTS.values() for dt in _DTYPES.values())
+
+
 def kernel_names() -> list[str]:
-    return [f"{prefix}_{dt}" for prefix, _ in VARIANTS.values() for dt in _DTYPES.values()]
+    """Every kernel the source defines (each variant in each dtype)."""
+    return list(_KERNEL_NAMES)
 
 
 def enabled() -> bool:
@@ -126,7 +130,7 @@ def launch(
     their log2-sum-exp ``lse`` ``[B, H, S]`` for ``_merge_kernel``. False (nothing launched) where
     the kernels cannot be built on this machine."""
     prefix, stages = VARIANTS[variant()]
-    kernels = cuda_jit.load(SOURCE, q.device, kernel_names())
+    kernels = cuda_jit.load(SOURCE, q.device, _KERNEL_NAMES)
     if kernels is None:
         return False
     B, H, _D = q.shape
