@@ -20,7 +20,6 @@
 #            engine's GPU tests.
 #   kvcuda   one GPU: the CUDA C int8 decode kernel's tests, kv_attention_sweep.py decode (bf16, int8 Triton
 #            and CUDA), Nsight Compute on the CUDA kernel.
-#   kvcuda2  one GPU: the same, the CUDA kernel's own tests and int8 rows only.
 #   kvcap    two GPUs (one: no fp16 run): the KV-bound fp16 run beside the CUDA int8 kernel's tests, times and KV-bound int8 run.
 #   kvvt     one GPU: the CUDA int8 kernel's O^T variants (HOTLOOP_KV_CUDA_VARIANT): tests, decode times;
 #            with KVVT_BS1=1 also batch 1 with fp16 / int8 KV (run_capacity.sh bs1), twice.
@@ -615,27 +614,6 @@ if [ "$what" = kvcuda ]; then  # one GPU: the CUDA C int8 decode kernel's tests,
     --section MemoryWorkloadAnalysis --section LaunchStats python3 "$here/ncu_attention.py" >"$out/ncu_cuda.txt" 2>&1
   echo "ncu rc=$?"
   grep -E "^  [_a-zA-Z0-9]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Registers Per|Block Limit|Grid Size" "$out/ncu_cuda.txt" | cut -c1-160 | head -40
-  exit 0
-fi
-if [ "$what" = kvcuda2 ]; then  # one GPU: kvcuda's kernel tests only, its int8 decode sweep, ncu
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
-    -k "${KVCUDA_TESTS:-gpu}" >"$out/kvcuda_tests.log" 2>&1
-  echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvcuda_tests.log" | cut -c1-300 | head -40
-  for f in 0 1 2 3; do  # HOTLOOP_KV_CUDA_FLAGS: grid order and copy pattern (kv_int8_decode_cuda.FLAGS)
-    HOTLOOP_KV_CUDA_FLAGS=$f timeout 100 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_decode_f$f.json" \
-      --quick --no-prefill --policies 8 --decode-shapes 256x1024,128x4096,320x4096,16x4096,1x4096 \
-      >"$out/sweep_decode_f$f.log" 2>&1
-    echo "decode sweep flags=$f rc=$?"
-    grep -E "decode B=" "$out/sweep_decode_f$f.log" | grep -v "default vs" | cut -c1-200
-  done
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-  timeout 120 "$NCU" --clock-control none --launch-skip 1 --launch-count 1 -k regex:kv_int8_decode \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
-    --section MemoryWorkloadAnalysis --section LaunchStats python3 "$here/ncu_attention.py" >"$out/ncu_cuda.txt" 2>&1
-  echo "ncu rc=$?"
-  grep -E "^  [_a-zA-Z0-9]+.*\(|Duration|DRAM Throughput|L2 Cache Throughput|L2 Hit Rate|Issued Warp|No Eligible|Registers Per" "$out/ncu_cuda.txt" | cut -c1-160 | head -40
   exit 0
 fi
 if [ "$what" = kvcap ]; then  # two GPUs: GPU 0 the KV-bound fp16 run; GPU 1 the CUDA int8 kernel's tests, its

@@ -13,7 +13,8 @@ the same launches again, in order, with each recorded tensor of ``tensors`` repl
 at the same position: one launcher call per kernel, no Triton or launcher Python.
 
 The contract (the caller's to keep):
-- the call's GPU work is launches of recordable kernels only; torch operations inside it may
+- the call's GPU work is launches of recordable kernels only (or of CUDA C kernels whose launchers
+  report themselves with ``note_launch``); torch operations inside it may
   allocate (a scratch tensor is then shared by every replay, safe in stream order) or fill
   constants, nothing that depends on the swapped tensors (a launch of any other Triton kernel, or
   no recordable launch at all, makes the plan invalid; torch operations are not detected);
