@@ -23,6 +23,9 @@
 #   kvcap    two GPUs (one: no fp16 run): the KV-bound fp16 run beside the CUDA int8 kernel's tests, times and KV-bound int8 run.
 #   kvvt     one GPU: the CUDA int8 kernel's O^T variants (HOTLOOP_KV_CUDA_VARIANT): tests, decode times;
 #            with KVVT_BS1=1 also batch 1 with fp16 / int8 KV (run_capacity.sh bs1), twice.
+#   kvprof   one GPU: the CUDA int8 kernel's GPU tests (every variant, the auto choice in the grids), the
+#            quantized decode kernel and parity tests, profile_step.py's batch-1 and KV-bound cases with
+#            fp16 and int8 KV, then batch 1 with fp16 / int8 KV (run_capacity.sh bs1).
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
@@ -653,6 +656,24 @@ if [ "$what" = kvvt ]; then  # one GPU: the CUDA int8 kernel's variants (tests, 
     for i in 1 2; do bash "$here/run_capacity.sh" bs1 "$out/bs1_$i" 150; done
     grep -ho '"decode_tokens_per_s": [0-9.]*' "$out"/bs1_*/bs1_q*.json
   fi
+  exit 0
+fi
+if [ "$what" = kvprof ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    tests/kernels/test_kv_quant_kernels.py tests/api/test_gpu_parity.py -k "cuda or decode or layer or quantized" \
+    >"$out/kvprof_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvprof_tests.log" | cut -c1-300 | head -40
+  for q in 0 8; do
+    timeout 170 python3 "$here/profile_step.py" --out "$out/profile_q$q.json" --quant-policy "$q" --iters 5 \
+      --session-len 5120 --max-batch-size 512 --max-prefill-token-num 16896 --cases "1@384,kvbound" \
+      >"$out/profile_q$q.log" 2>&1
+    echo "profile q$q rc=$?"
+    grep -E "^(decode|kvbound|mixed)|^      " "$out/profile_q$q.log" | cut -c1-160
+  done
+  bash "$here/run_capacity.sh" bs1 "$out/bs1" 150 >/dev/null 2>&1
+  grep -ho '"decode_tokens_per_s": [0-9.]*' "$out"/bs1/bs1_q*.json
   exit 0
 fi
 if [ "$what" = kvpair ]; then  # two GPUs, side by side

@@ -130,10 +130,11 @@ def decode_case(
     cuda_runs: list[tuple[tuple[int, ...] | str, int]] = []
     if kv_int8_decode_cuda.why_not(q, k, v, policy, H // KV, 0, False) is None:
         # the CUDA C int8 kernel (config "cuda[-VARIANT]": no config, the launcher's own choice, with
-        # HOTLOOP_KV_CUDA_VARIANT set to each of VARIANTS), beside the Triton rows
+        # HOTLOOP_KV_CUDA_VARIANT unset ("cuda": the auto choice) and set to each of VARIANTS), beside
+        # the Triton rows
         cuda_runs = [
             ("cuda" + (f"-{name}" if name else ""), n)
-            for name in (CUDA_VARIANTS or list(kv_int8_decode_cuda.VARIANTS))
+            for name in (CUDA_VARIANTS or ["", *kv_int8_decode_cuda.VARIANTS])
             for n in sorted(set(splits or []) | {nsplit})
         ]
     for (label, n), fuse in itertools.product(runs + cuda_runs, fuses):
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cross", action="store_true", help="decode: every configuration at every split count")
     ap.add_argument(
         "--cuda-variants",
-        help="the CUDA int8 kernel's variants to time ('',vt,vt3: kv_int8_decode_cuda.VARIANTS); default all",
+        help="the CUDA int8 kernel's variants to time ('' for auto, rows, vt, vt3: kv_int8_decode_cuda.VARIANTS); default all",
     )
     args = ap.parse_args(argv)
     global GRAPH_TIMING

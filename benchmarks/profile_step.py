@@ -139,15 +139,18 @@ def main() -> int:
     ap.add_argument("--quant-policy", type=int, choices=(0, 4, 8), default=0, help="KV cache policy")
     ap.add_argument("--cases", default=None, help="comma-separated substrings: run only matching cases")
     ap.add_argument("--model-format", default="hf", choices=("hf", "awq"), help="awq: random int4 weights")
+    ap.add_argument("--session-len", type=int, default=4096, help="5120 for the kvbound cases")
+    ap.add_argument("--max-batch-size", type=int, default=256, help="512 for the kvbound cases")
+    ap.add_argument("--max-prefill-token-num", type=int, default=8192, help="16896 for the kvbound cases")
     args = ap.parse_args()
     weight_bytes = WEIGHT_BYTES if args.model_format == "hf" else AWQ_WEIGHT_BYTES
     built = build_engine(
         "llama3-8b",
         EngineConfig(
             load_format="dummy",
-            max_batch_size=256,
-            session_len=4096,
-            max_prefill_token_num=8192,
+            max_batch_size=args.max_batch_size,
+            session_len=args.session_len,
+            max_prefill_token_num=args.max_prefill_token_num,
             disable_overlap_schedule=True,
             quant_policy=args.quant_policy,
             model_format=args.model_format,
@@ -171,12 +174,25 @@ def main() -> int:
         "decode 32@1k (graph)": ([], 32, 1024),
         "decode 256@1k (graph)": ([], 256, 1024),
         "decode 1@128 (graph)": ([], 1, 128),
+        "decode 1@384 (graph)": ([], 1, 384),  # issue 6's batch-1 run, mid-way (128 in / 512 out)
+        # issue 6's KV-bound run (4096 in / 1024 out, 16,384-token prefill budget): the steady
+        # decode of the running sequences (about 160 fit with fp16 KV, 300 with int8), and a step
+        # that also admits four new prompts
+        "kvbound decode 160@4608 (graph)": ([], 160, 4608),
+        "kvbound decode 300@4608 (graph)": ([], 300, 4608),
+        "kvbound mixed 160@4608 + 4x4096": ([4096] * 4, 160, 4608),
+        "kvbound mixed 300@4608 + 4x4096": ([4096] * 4, 300, 4608),
     }
     if args.cases:
         want = args.cases.split(",")
         cases = {k: v for k, v in cases.items() if any(w in k for w in want)}
     results = {}
+    bm = engine.block_manager
     for name, (pf, dec, ctx) in cases.items():
+        need = dec * bm.blocks_for(ctx + 1) + sum(bm.blocks_for(n) for n in pf)
+        if need > bm.num_free_blocks or dec + len(pf) > args.max_batch_size:
+            print(f"{name:34s} skipped: {need} blocks ({bm.num_free_blocks} free), {dec + len(pf)} rows")
+            continue
         out = make_step(engine, pf, dec, ctx, rid)
         ms = time_step(runner, out, args.iters)
         tokens = sum(pf) + dec

@@ -10,8 +10,8 @@ reads the partials this kernel writes, in the same layout), a Hopper-or-newer GP
 Where the kernel cannot be built here (no nvcc, a failed compile or load) the launch falls back to
 Triton; a driver error at launch, or a bad ``HOTLOOP_KV_CUDA_VARIANT``, is raised.
 
-The kernel streams each (sequence, KV head, split)'s tiles of 64 tokens through a 4-deep cp.async
-ring in shared memory and does the dots on the tensor cores; the source's header says how.
+The kernel streams each (sequence, KV head, split)'s tiles of 64 tokens through a 3- or 4-deep
+cp.async ring in shared memory and does the dots on the tensor cores; the source's header says how.
 """
 
 from __future__ import annotations
@@ -30,20 +30,31 @@ HEAD_DIM = 128
 MAX_GROUP = 8
 ENV = "HOTLOOP_KV_CUDA_DECODE"
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
-# HOTLOOP_KV_CUDA_VARIANT: "" (the default: O = P V with the heads as MMA rows, a 4-tile ring), "vt"
-# (O^T = V^T P^T: half the MMAs and output registers, 125 registers against 164) and "vt3" (the same
-# with a 3-tile ring, so that 4 blocks fit an SM). The "vt" variants have not run on a GPU yet
-# (written after the eighteenth session's device time ran out); tests/kernels cover them there.
-VARIANTS = {"": ("kv_int8_decode", 4), "vt": ("kv_int8_decode_vt", 4), "vt3": ("kv_int8_decode_vt3", 3)}
+# HOTLOOP_KV_CUDA_VARIANT picks the kernel: "rows" (O = P V with the query heads as the MMA's rows,
+# a 4-tile ring: 164 registers, 3 blocks per SM), "vt" (O^T = V^T P^T: the heads as the MMA's
+# columns, half the P V MMAs and output registers: 125 registers) and "vt3" ("vt" with a 3-tile
+# ring, so that 4 blocks fit an SM). The default, "auto", takes "vt" where the grid fits the SMs
+# once (batch 1: a deeper ring per block) and "vt3" otherwise (more blocks resident: the grid's
+# waves). Measured on the H200 (benchmarks/results/gpu_2026-12-01c): vt3 beat rows by 2-21% at
+# batch 16-256, vt by 20% at batch 1 x 4k; at batch 320 x 4k vt led vt3 by 1%.
+VARIANTS = {"rows": ("kv_int8_decode", 4), "vt": ("kv_int8_decode_vt", 4), "vt3": ("kv_int8_decode_vt3", 3)}
 VARIANT_ENV = "HOTLOOP_KV_CUDA_VARIANT"
+AUTO = "auto"
 
 
 def variant() -> str:
-    """The kernel variant HOTLOOP_KV_CUDA_VARIANT names (read at each launch: benchmarks flip it)."""
-    raw = os.environ.get(VARIANT_ENV, "")
-    if raw not in VARIANTS:
-        raise ValueError(f"{VARIANT_ENV}={raw!r} must be one of {sorted(VARIANTS)}")
+    """The variant HOTLOOP_KV_CUDA_VARIANT names, or "auto" (unset or empty); read at each launch:
+    benchmarks flip it."""
+    raw = os.environ.get(VARIANT_ENV, "") or AUTO
+    if raw != AUTO and raw not in VARIANTS:
+        raise ValueError(f"{VARIANT_ENV}={raw!r} must be one of {sorted(VARIANTS) + [AUTO]}")
     return raw
+
+
+def pick_variant(blocks: int, sms: int) -> str:
+    """The "auto" choice for a grid of ``blocks`` on ``sms`` SMs: "vt" where every block has an SM
+    to itself, "vt3" where blocks share SMs."""
+    return "vt" if blocks <= sms else "vt3"
 
 
 _KERNEL_NAMES = tuple(f"{prefix}_{dt}" for prefix, _ in VARIANTS.values() for dt in _DTYPES.values())
@@ -98,6 +109,13 @@ def why_not(
 
 
 _machine: dict[int, str | None] = {}
+_sms: dict[int, int] = {}
+
+
+def _sm_count(index: int) -> int:
+    if index not in _sms:
+        _sms[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _sms[index]
 
 
 def _machine_why_not(index: int) -> str | None:
@@ -129,12 +147,16 @@ def launch(
     it writes ``out`` ``[B, H, D]``; with more, the float32 partials ``part`` ``[B, H, S, D]`` and
     their log2-sum-exp ``lse`` ``[B, H, S]`` for ``_merge_kernel``. False (nothing launched) where
     the kernels cannot be built on this machine."""
-    prefix, stages = VARIANTS[variant()]
+    name = variant()
+    kv = k_cache.shape[2]
+    if name == AUTO:
+        name = pick_variant(q.shape[0] * kv * num_splits, _sm_count(q.device.index or 0))
+    prefix, stages = VARIANTS[name]
     kernels = cuda_jit.load(SOURCE, q.device, _KERNEL_NAMES)
     if kernels is None:
         return False
     B, H, _D = q.shape
-    _nb, bs, kv, _row = k_cache.shape
+    _nb, bs, _kv, _row = k_cache.shape
     if num_splits > 1:
         assert part is not None and lse is not None
     args = (

@@ -75,12 +75,25 @@ def test_source_compiles_for_hopper(monkeypatch: pytest.MonkeyPatch, tmp_path) -
 
 
 def test_variant_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert kv_int8_decode_cuda.variant() == ""
+    monkeypatch.delenv(kv_int8_decode_cuda.VARIANT_ENV, raising=False)
+    assert kv_int8_decode_cuda.variant() == "auto"
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, "")
+    assert kv_int8_decode_cuda.variant() == "auto"
     monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, "vt3")
     assert kv_int8_decode_cuda.variant() == "vt3"
     monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, "fast")
     with pytest.raises(ValueError, match="must be one of"):
         kv_int8_decode_cuda.variant()
+
+
+def test_auto_variant_by_grid() -> None:
+    # one block per SM or fewer: the deeper ring; more: the 3-tile ring that fits 4 blocks an SM
+    assert kv_int8_decode_cuda.pick_variant(1 * 8 * 16, 132) == "vt"
+    assert kv_int8_decode_cuda.pick_variant(132, 132) == "vt"
+    assert kv_int8_decode_cuda.pick_variant(133, 132) == "vt3"
+    assert kv_int8_decode_cuda.pick_variant(256 * 8, 132) == "vt3"
+    for name in ("vt", "vt3"):
+        assert name in kv_int8_decode_cuda.VARIANTS
 
 
 # -- GPU ------------------------------------------------------------------------------------------
@@ -152,7 +165,7 @@ def test_decode_gpu(h: int, kv: int, bs: int, dtype: torch.dtype, monkeypatch: p
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["vt", "vt3"])
+@pytest.mark.parametrize("variant", ["rows", "vt", "vt3"])
 @pytest.mark.parametrize("h,kv", [(8, 8), (32, 8), (28, 4), (16, 2), (6, 1)])
 @pytest.mark.parametrize("bs", [16, 64])
 def test_decode_variants_gpu(h: int, kv: int, bs: int, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
