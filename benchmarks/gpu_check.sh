@@ -26,6 +26,9 @@
 #   kvprof   one GPU: the CUDA int8 kernel's GPU tests (every variant, the auto choice in the grids), the
 #            quantized decode kernel and parity tests, profile_step.py's batch-1 and KV-bound cases with
 #            fp16 and int8 KV, then batch 1 with fp16 / int8 KV (run_capacity.sh bs1).
+#   kvsplit  one GPU: the CUDA int8 kernel's graph / replay / sliced / variant GPU tests (the auto choice),
+#            the quantized engine parity tests, then decode attention at the KV-bound run's batches
+#            (160 / 300 x 4,608, bf16 and int8) at 1, 2 and 4 splits.
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
@@ -674,6 +677,20 @@ if [ "$what" = kvprof ]; then  # one GPU, in turn
   done
   bash "$here/run_capacity.sh" bs1 "$out/bs1" 150 >/dev/null 2>&1
   grep -ho '"decode_tokens_per_s": [0-9.]*' "$out"/bs1/bs1_q*.json
+  exit 0
+fi
+if [ "$what" = kvsplit ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 230 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    tests/api/test_gpu_parity.py -k "graph or replay or sliced or variants or quantized" \
+    >"$out/kvsplit_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvsplit_tests.log" | cut -c1-300 | head -40
+  timeout 120 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_split.json" --quick --no-prefill \
+    --policies 0,8 --decode-shapes 300x4608,160x4608 --splits 1,2,4 --cuda-variants ",vt,vt3" \
+    >"$out/sweep_split.log" 2>&1
+  echo "split sweep rc=$?"
+  grep -E "decode B=" "$out/sweep_split.log" | grep -v "default vs" | cut -c1-200
   exit 0
 fi
 if [ "$what" = kvpair ]; then  # two GPUs, side by side
