@@ -29,6 +29,9 @@
 #   kvsplit  one GPU: the CUDA int8 kernel's graph / replay / sliced / variant GPU tests (the auto choice),
 #            the quantized engine parity tests, then decode attention at the KV-bound run's batches
 #            (160 / 300 x 4,608, bf16 and int8) at 1, 2 and 4 splits.
+#   kvgrid   one GPU: the CUDA int8 kernel's GPU tests with the heads-fastest grid (HOTLOOP_KV_CUDA_GRID),
+#            then int8 decode at the KV-bound batches and others, every variant in both grid orders;
+#            with KVGRID_RUN=heads|seq also issue 6's KV-bound int8 run with that grid order.
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
@@ -691,6 +694,22 @@ if [ "$what" = kvsplit ]; then  # one GPU, in turn
     >"$out/sweep_split.log" 2>&1
   echo "split sweep rc=$?"
   grep -E "decode B=" "$out/sweep_split.log" | grep -v "default vs" | cut -c1-200
+  exit 0
+fi
+if [ "$what" = kvgrid ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 150 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    -k "heads_fastest or graph or replay" >"$out/kvgrid_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvgrid_tests.log" | cut -c1-300 | head -40
+  timeout 150 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_grid.json" --quick --no-prefill \
+    --policies 8 --decode-shapes 300x4608,160x4608,128x4096,16x4096,1x4096 --cuda-grids seq,heads \
+    >"$out/sweep_grid.log" 2>&1
+  echo "grid sweep rc=$?"
+  grep -E "decode B=" "$out/sweep_grid.log" | grep -v "default vs" | cut -c1-200
+  if [ -n "${KVGRID_RUN:-}" ]; then
+    HOTLOOP_KV_CUDA_GRID=$KVGRID_RUN bash "$here/run_capacity.sh" kv_int8 "$out/cap" 300
+  fi
   exit 0
 fi
 if [ "$what" = kvpair ]; then  # two GPUs, side by side

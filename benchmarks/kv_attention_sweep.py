@@ -61,6 +61,7 @@ def as_float(cache: torch.Tensor, policy: int) -> torch.Tensor:
 
 
 CUDA_VARIANTS: list[str] = []  # --cuda-variants; empty: every variant of kv_int8_decode_cuda.VARIANTS
+CUDA_GRIDS: list[str] = ["seq"]  # --cuda-grids: the CUDA int8 kernel's grid orders (HOTLOOP_KV_CUDA_GRID)
 ROTATE_BYTES = 256 << 20  # decode: caches read in turn, five times the H200's L2
 # --eager-timing: launch by launch with do_bench's L2 flush, as every sweep before the thirteenth
 # session (prefill times from then on are in graphs without a flush: compare like with like)
@@ -133,16 +134,19 @@ def decode_case(
         # HOTLOOP_KV_CUDA_VARIANT unset ("cuda": the auto choice) and set to each of VARIANTS), beside
         # the Triton rows
         cuda_runs = [
-            ("cuda" + (f"-{name}" if name else ""), n)
+            ("cuda" + (f"-{name}" if name else "") + ("" if grid == "seq" else f"@{grid}"), n)
             for name in (CUDA_VARIANTS or ["", *kv_int8_decode_cuda.VARIANTS])
+            for grid in CUDA_GRIDS
             for n in sorted(set(splits or []) | {nsplit})
         ]
     for (label, n), fuse in itertools.product(runs + cuda_runs, fuses):
         if fuse and (n == 1 or isinstance(label, str)):
             continue  # one split: nothing to merge; the CUDA kernel merges in a second launch
         cfg = None if isinstance(label, str) else label
-        if isinstance(label, str):
-            os.environ[kv_int8_decode_cuda.VARIANT_ENV] = label[5:]
+        if isinstance(label, str):  # "cuda[-VARIANT][@GRID]"
+            name, _, grid = label[5:].partition("@")
+            os.environ[kv_int8_decode_cuda.VARIANT_ENV] = name
+            os.environ[kv_int8_decode_cuda.GRID_ENV] = grid
         try:
             out = paged_decode_attention(
                 q, k, v, tables, seq, D**-0.5, num_splits=n, config=cfg, fuse_merge=fuse
@@ -165,6 +169,7 @@ def decode_case(
               + (f"{r['ms']:.4f} ms ({floor_ms / r['ms']:.0%} of roofline)" if "ms" in r else r["error"]),
               flush=True)  # fmt: skip
     os.environ.pop(kv_int8_decode_cuda.VARIANT_ENV, None)
+    os.environ.pop(kv_int8_decode_cuda.GRID_ENV, None)
     return {"kind": "decode", "batch": batch, "ctx": ctx, "policy": policy, "floor_ms": floor_ms,
             "caches_in_turn": rot, "default": list(default), "default_splits": nsplit, "default_rel_err_vs_reference": default_err,
             "rows": rows}  # fmt: skip
@@ -261,7 +266,13 @@ def main(argv: list[str] | None = None) -> int:
         "--cuda-variants",
         help="the CUDA int8 kernel's variants to time ('' for auto, rows, vt, vt3: kv_int8_decode_cuda.VARIANTS); default all",
     )
+    ap.add_argument(
+        "--cuda-grids",
+        default="seq",
+        help="the CUDA int8 kernel's grid orders to time (seq, heads: HOTLOOP_KV_CUDA_GRID); default seq",
+    )
     args = ap.parse_args(argv)
+    CUDA_GRIDS[:] = args.cuda_grids.split(",")
     global GRAPH_TIMING
     GRAPH_TIMING = not args.eager_timing
     if args.cuda_variants is not None:

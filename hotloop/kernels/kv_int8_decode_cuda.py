@@ -51,6 +51,31 @@ def variant() -> str:
     return raw
 
 
+# HOTLOOP_KV_CUDA_GRID: the launch order of the (sequence, KV head, split) blocks. "seq" (the
+# default: sequences fastest, as measured in the eighteenth and nineteenth sessions) or "heads" (a
+# sequence's KV heads next to each other, sharing the sectors of a token's scale / zero pairs and its
+# 1 KB of codes; untimed: gpu_check.sh OUT kvgrid times it).
+GRID_ENV = "HOTLOOP_KV_CUDA_GRID"
+GRIDS = ("seq", "heads")
+MAX_GRID_Y = 65535
+
+
+def grid_order() -> str:
+    """The grid order HOTLOOP_KV_CUDA_GRID names ("seq" when unset or empty); read at each launch."""
+    raw = os.environ.get(GRID_ENV, "") or "seq"
+    if raw not in GRIDS:
+        raise ValueError(f"{GRID_ENV}={raw!r} must be one of {list(GRIDS)}")
+    return raw
+
+
+def launch_grid(batch: int, kv: int, splits: int, order: str) -> tuple[tuple[int, int, int], int]:
+    """The grid and the kernel's ``heads_fastest`` argument for ``order``; "heads" falls back to
+    "seq" past the grid's y limit (65,535 sequences)."""
+    if order == "heads" and batch <= MAX_GRID_Y:
+        return (kv, batch, splits), 1
+    return (batch, kv, splits), 0
+
+
 def pick_variant(blocks: int, sms: int) -> str:
     """The "auto" choice for a grid of ``blocks`` on ``sms`` SMs: "vt" where every block has an SM
     to itself, "vt3" where blocks share SMs."""
@@ -159,6 +184,7 @@ def launch(
     _nb, bs, _kv, _row = k_cache.shape
     if num_splits > 1:
         assert part is not None and lse is not None
+    grid, heads_fastest = launch_grid(B, kv, num_splits, grid_order())
     args = (
         q,
         k_cache,
@@ -181,10 +207,10 @@ def launch(
         bs,
         num_splits,
         bs.bit_length() - 1,
+        heads_fastest,
     )
     kernel = kernels[f"{prefix}_{_DTYPES[q.dtype]}"]
     shared = stages * STAGE_BYTES
-    grid = (B, kv, num_splits)
     use_pdl = pdl(q.device)
 
     def run(*a: object) -> None:

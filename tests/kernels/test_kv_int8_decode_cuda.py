@@ -86,6 +86,19 @@ def test_variant_env(monkeypatch: pytest.MonkeyPatch) -> None:
         kv_int8_decode_cuda.variant()
 
 
+def test_grid_order_env_and_grid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(kv_int8_decode_cuda.GRID_ENV, raising=False)
+    assert kv_int8_decode_cuda.grid_order() == "seq"
+    monkeypatch.setenv(kv_int8_decode_cuda.GRID_ENV, "heads")
+    assert kv_int8_decode_cuda.grid_order() == "heads"
+    monkeypatch.setenv(kv_int8_decode_cuda.GRID_ENV, "rows")
+    with pytest.raises(ValueError, match="HOTLOOP_KV_CUDA_GRID='rows' must be one of"):
+        kv_int8_decode_cuda.grid_order()
+    assert kv_int8_decode_cuda.launch_grid(300, 8, 2, "seq") == ((300, 8, 2), 0)
+    assert kv_int8_decode_cuda.launch_grid(300, 8, 2, "heads") == ((8, 300, 2), 1)
+    assert kv_int8_decode_cuda.launch_grid(70000, 8, 1, "heads") == ((70000, 8, 1), 0)  # y limit
+
+
 def test_auto_variant_by_grid() -> None:
     # one block per SM or fewer: the deeper ring; more: the 3-tile ring that fits 4 blocks an SM
     assert kv_int8_decode_cuda.pick_variant(1 * 8 * 16, 132) == "vt"
@@ -173,6 +186,19 @@ def test_decode_variants_gpu(h: int, kv: int, bs: int, variant: str, monkeypatch
     for splits in (1, 5, None):
         _case(LENS, h, kv, bs, torch.bfloat16, splits, monkeypatch)
     _case(LENS, h, kv, bs, torch.float16, 2, monkeypatch, sliced=True, strided_q=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["rows", "vt", "vt3"])
+@pytest.mark.parametrize("h,kv", [(32, 8), (28, 4), (6, 1)])
+def test_decode_heads_fastest_grid_gpu(
+    h: int, kv: int, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(kv_int8_decode_cuda.GRID_ENV, "heads")
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
+    for splits in (1, 5, None):
+        _case(LENS, h, kv, 64, torch.bfloat16, splits, monkeypatch)
+    _case(LENS, h, kv, 16, torch.float16, 2, monkeypatch, sliced=True, strided_q=True)
 
 
 @pytest.mark.gpu

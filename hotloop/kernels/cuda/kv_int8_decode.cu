@@ -116,12 +116,16 @@ __device__ __forceinline__ void decode_kernel(
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* __restrict__ out,
     float* __restrict__ part, float* __restrict__ lse_out, float scale_log2, int stride_qb, int stride_qh,
     int stride_kb, int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS,
-    int num_splits, int log2_bs) {
+    int num_splits, int log2_bs, int heads_fastest) {
   extern __shared__ __align__(128) uint8_t smem[];
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
 
-  const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  // grid (B, KV, splits), or (KV, B, splits) with heads_fastest: then a sequence's KV heads are
+  // neighbours in the launch order, run together and share the 32-byte sectors that hold a token's
+  // (scale, zero) pairs of all heads, and the token's 1 KB of codes (one DRAM read instead of several)
+  const int b = heads_fastest ? blockIdx.y : blockIdx.x, kvh = heads_fastest ? blockIdx.x : blockIdx.y;
+  const int split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int H = G * KV;
   const int seq_len = seq_lens[b];
@@ -393,16 +397,16 @@ __device__ __forceinline__ void decode_kernel(
       const T* q, const uint8_t* k_cache, const uint8_t* v_cache, const int* block_tables,                \
       const int* seq_lens, T* out, float* part, float* lse_out, float scale_log2, int stride_qb,          \
       int stride_qh, int stride_kb, int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G,    \
-      int KV, int BS, int num_splits, int log2_bs) {                                                      \
+      int KV, int BS, int num_splits, int log2_bs, int heads_fastest) {                                   \
     decode_kernel<T, VT, STAGES>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,         \
                                  scale_log2, stride_qb, stride_qh, stride_kb, stride_vb, stride_bt,       \
-                                 stride_ob, stride_oh, G, KV, BS, num_splits, log2_bs);                   \
+                                 stride_ob, stride_oh, G, KV, BS, num_splits, log2_bs, heads_fastest);    \
   }
 
-// the measured kernel (BENCHMARKS.md, eighteenth session)
+// the first kernel (BENCHMARKS.md, eighteenth session; HOTLOOP_KV_CUDA_VARIANT=rows)
 DEFINE(kv_int8_decode_f16, __half, false, 4, 3)
 DEFINE(kv_int8_decode_bf16, __nv_bfloat16, false, 4, 3)
-// the O^T variants (header), with 4 and 3 stages: not yet timed on a GPU (HOTLOOP_KV_CUDA_VARIANT)
+// the O^T variants (header), with 4 and 3 stages (nineteenth session: the default picks one by grid)
 DEFINE(kv_int8_decode_vt_f16, __half, true, 4, 3)
 DEFINE(kv_int8_decode_vt_bf16, __nv_bfloat16, true, 4, 3)
 DEFINE(kv_int8_decode_vt3_f16, __half, true, 3, 4)
