@@ -32,6 +32,8 @@
 #   kvgrid   one GPU: the CUDA int8 kernel's GPU tests with the heads-fastest grid (HOTLOOP_KV_CUDA_GRID),
 #            then int8 decode at the KV-bound batches and others, every variant in both grid orders;
 #            with KVGRID_RUN=heads|seq also issue 6's KV-bound int8 run with that grid order.
+#   kvfused  one GPU: the fused rotary + int8 KV write's GPU tests (HOTLOOP_KV_CUDA_FUSED_WRITE), then batch
+#            1 with fp16 KV, int8 KV, and int8 KV with the fused write, twice (run_capacity.sh bs1).
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
@@ -710,6 +712,19 @@ if [ "$what" = kvgrid ]; then  # one GPU, in turn
   if [ -n "${KVGRID_RUN:-}" ]; then
     HOTLOOP_KV_CUDA_GRID=$KVGRID_RUN bash "$here/run_capacity.sh" kv_int8 "$out/cap" 300
   fi
+  exit 0
+fi
+if [ "$what" = kvfused ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    tests/api/test_gpu_parity.py -k "fused or hd128" >"$out/kvfused_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvfused_tests.log" | cut -c1-300 | head -40
+  for i in 1 2; do
+    bash "$here/run_capacity.sh" bs1 "$out/bs1_$i" 150 >/dev/null 2>&1
+    HOTLOOP_KV_CUDA_FUSED_WRITE=1 bash "$here/run_capacity.sh" bs1_int8 "$out/bs1fw_$i" 150 >/dev/null 2>&1
+  done
+  for f in "$out"/bs1*_*/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
   exit 0
 fi
 if [ "$what" = kvpair ]; then  # two GPUs, side by side

@@ -8,6 +8,7 @@
 #   kv_fp16 | kv_int8 | kv_int4  offline throughput bound by KV memory: 1000 requests of 4096 in /
 #                                1024 out, ignore_eos, max batch 512, --quant-policy 0 / 8 / 4
 #   bs1                          batch-1 decode, 128 in / 512 out, fp16 KV then int8 KV
+#   bs1_int8                     the same, int8 KV only
 #   prefix                       2,048-token shared prompt + 256 distinct 64-token suffixes, all sent at
 #                                once to `hotloop serve`, 128 out; prefix caching off, then on
 # Each run writes its JSON and log under OUT_DIR; the table is in BENCHMARKS.md.
@@ -34,8 +35,10 @@ case $lane in
   kv_fp16) kv 0 ;;
   kv_int8) kv 8 ;;
   kv_int4) kv 4 ;;
-  bs1)
-    for q in 0 8; do
+  bs1 | bs1_int8)
+    qs=(0 8)
+    [ "$lane" = bs1_int8 ] && qs=(8)
+    for q in "${qs[@]}"; do
       bench "bs1_q$q" latency --batch-size 1 --input-len 128 --output-len 512 --num-iters 3 \
         --session-len 2048 --max-batch-size 8 --quant-policy "$q"
     done
@@ -55,7 +58,7 @@ case $lane in
     done
     ;;
   *)
-    echo "unknown lane $lane (kv_fp16, kv_int8, kv_int4, bs1, prefix)" >&2
+    echo "unknown lane $lane (kv_fp16, kv_int8, kv_int4, bs1, bs1_int8, prefix)" >&2
     exit 2
     ;;
 esac

@@ -92,6 +92,9 @@ TINY_ARCHS: dict[str, dict[str, Any]] = {
     "mistral_window": dict(arch="mistral", num_attention_heads=4, num_key_value_heads=1, sliding_window=16),
     "qwen2_bias": dict(arch="qwen2", num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
     "qwen3_qknorm": dict(arch="qwen3", num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+    # head dim 128 with a GQA group of 4 (Llama 3's), narrower than its heads: the shape the CUDA int8
+    # decode kernel takes (tests/api/test_gpu_parity.py)
+    "llama_hd128": dict(arch="llama", num_attention_heads=4, num_key_value_heads=1, head_dim=128),
     # full attention in layer 0, a 16-token window in layers 1 and 2 (layer_types from max_window_layers):
     # layers whose attention differs, as the piecewise steps' launch replay must tell apart
     "qwen2_mixed_window": dict(

@@ -17,6 +17,7 @@ cp.async ring in shared memory and does the dots on the tensor cores; the source
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -82,7 +83,53 @@ def pick_variant(blocks: int, sms: int) -> str:
     return "vt" if blocks <= sms else "vt3"
 
 
-_KERNEL_NAMES = tuple(f"{prefix}_{dt}" for prefix, _ in VARIANTS.values() for dt in _DTYPES.values())
+# the kernels with the step's rotary embedding and int8 KV write fused in (the .cu's FUSED): O^T only
+FUSED_VARIANTS = ("vt", "vt3")
+FUSED_ENV = "HOTLOOP_KV_CUDA_FUSED_WRITE"
+FUSED_BYTES = 384  # the .cu's staging area after the ring
+_KERNEL_NAMES = tuple(f"{prefix}_{dt}" for prefix, _ in VARIANTS.values() for dt in _DTYPES.values()) + tuple(
+    f"{VARIANTS[v][0]}_fw_{dt}" for v in FUSED_VARIANTS for dt in _DTYPES.values()
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FusedWrite:
+    """This step's rotary embedding and KV write, for the kernel to do (``HOTLOOP_KV_CUDA_FUSED_WRITE``):
+    q comes unrotated, and ``k`` / ``v`` ``[B, KV, 128]`` (unrotated k) go into the int8 cache at
+    ``slots [B]`` (int64; negative: not written) after k's rotation by ``cos`` / ``sin`` ``[B, 64]``
+    (float32, full rotary), quantized as ``rotary_kv_write`` quantizes them."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slots: torch.Tensor
+
+
+def fused_write_enabled() -> bool:
+    """``HOTLOOP_KV_CUDA_FUSED_WRITE=1`` (off by default: not yet timed on a GPU)."""
+    return os.environ.get(FUSED_ENV, "0") == "1"
+
+
+def fused_why_not(q: torch.Tensor, w: FusedWrite) -> str | None:
+    """Why the kernel cannot take ``w`` with queries ``q [B, H, 128]``, or ``None``."""
+    B, _H, D = q.shape
+    kv = w.k.shape[1] if w.k.dim() == 3 else -1
+    if variant() == "rows":
+        return f"{VARIANT_ENV}=rows (the fused write is in the O^T kernels)"
+    for name, t in (("k", w.k), ("v", w.v)):
+        if t.dim() != 3 or t.shape != (B, kv, D) or t.dtype != q.dtype:
+            return f"{name} {tuple(t.shape)} {t.dtype}: must be [{B}, KV, {D}] in {q.dtype}"
+        if t.stride(2) != 1 or t.stride(1) != D:
+            return f"{name}'s heads must be contiguous rows of {D}"
+    for name, t in (("cos", w.cos), ("sin", w.sin)):
+        if t.shape != (B, D // 2) or t.dtype != torch.float32 or t.stride(1) != 1:
+            return f"{name} {tuple(t.shape)} {t.dtype}: must be float32 [{B}, {D // 2}] (full rotary)"
+    if w.cos.stride() != w.sin.stride():
+        return "cos and sin have different strides"
+    if w.slots.shape != (B,) or w.slots.dtype != torch.int64 or w.slots.stride(0) != 1:
+        return f"slots {tuple(w.slots.shape)} {w.slots.dtype}: must be int64 [{B}], contiguous"
+    return None
 
 
 def kernel_names() -> list[str]:
@@ -167,16 +214,21 @@ def launch(
     lse: torch.Tensor | None,
     scale_log2: float,
     num_splits: int,
+    fused: FusedWrite | None = None,
 ) -> bool:
     """Launch the kernel on checked inputs (``paged_decode_attention`` checks them): with one split
     it writes ``out`` ``[B, H, D]``; with more, the float32 partials ``part`` ``[B, H, S, D]`` and
-    their log2-sum-exp ``lse`` ``[B, H, S]`` for ``_merge_kernel``. False (nothing launched) where
-    the kernels cannot be built on this machine."""
+    their log2-sum-exp ``lse`` ``[B, H, S]`` for ``_merge_kernel``. With ``fused`` (checked by
+    ``fused_why_not``) the kernel also rotates q and writes this step's k / v first. False (nothing
+    launched) where the kernels cannot be built on this machine."""
     name = variant()
     kv = k_cache.shape[2]
     if name == AUTO:
         name = pick_variant(q.shape[0] * kv * num_splits, _sm_count(q.device.index or 0))
     prefix, stages = VARIANTS[name]
+    if fused is not None:
+        assert name in FUSED_VARIANTS, name
+        prefix += "_fw"
     kernels = cuda_jit.load(SOURCE, q.device, _KERNEL_NAMES)
     if kernels is None:
         return False
@@ -208,9 +260,15 @@ def launch(
         num_splits,
         bs.bit_length() - 1,
         heads_fastest,
-    )
+        *(
+            (fused.k, fused.v, fused.k.stride(0), fused.v.stride(0), fused.cos, fused.sin, fused.cos.stride(0),
+             fused.slots)
+            if fused is not None
+            else (None, None, 0, 0, None, None, 0, None)
+        ),
+    )  # fmt: skip
     kernel = kernels[f"{prefix}_{_DTYPES[q.dtype]}"]
-    shared = stages * STAGE_BYTES
+    shared = stages * STAGE_BYTES + (FUSED_BYTES if fused is not None else 0)
     use_pdl = pdl(q.device)
 
     def run(*a: object) -> None:

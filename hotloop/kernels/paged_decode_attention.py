@@ -54,6 +54,7 @@ from hotloop.kernels.kv_quant_triton import (
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
 from hotloop.kernels.launch_replay import recordable
 from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
+from hotloop.kernels.rotary_kv_write import rotary_kv_write
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 16
@@ -464,6 +465,13 @@ def decode_config(quant: int, block_d: int, splits: int = 1) -> tuple[int, int, 
     return (32 if block_d > 128 else 64), 4, 3
 
 
+def _write_first(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, w: kv_int8_decode_cuda.FusedWrite
+) -> None:
+    """``write_kv`` where the fused kernel does not take it: the rotary embedding and KV write."""
+    rotary_kv_write(q, w.k, w.v, w.cos, w.sin, k_cache, v_cache, w.slots)
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -477,6 +485,7 @@ def paged_decode_attention(
     config: tuple[int, ...] | None = None,
     fuse_merge: bool | None = None,
     graph_plan: bool = False,
+    write_kv: kv_int8_decode_cuda.FusedWrite | None = None,
 ) -> torch.Tensor:
     """One new query per sequence attends over its paged context.
 
@@ -534,14 +543,19 @@ def paged_decode_attention(
     if fuse_merge is None:
         fuse_merge = bool(FUSE_MERGE)
     fused = fuse_merge and splits > 1
-    launched = (
+    cuda_ok = (
         config is None
         and kv_int8_decode_cuda.why_not(q, k_cache, v_cache, quant, G, sliding_window or 0, fused) is None
-        and kv_int8_decode_cuda.launch(
-            q, k_cache, v_cache, block_tables, seq_lens, out, part if splits > 1 else None,
-            lse if splits > 1 else None, scale * _LOG2E, splits,
-        )
+    )
+    if write_kv is not None and not (cuda_ok and kv_int8_decode_cuda.fused_why_not(q, write_kv) is None):
+        _write_first(q, k_cache, v_cache, write_kv)
+        write_kv = None
+    launched = cuda_ok and kv_int8_decode_cuda.launch(
+        q, k_cache, v_cache, block_tables, seq_lens, out, part if splits > 1 else None,
+        lse if splits > 1 else None, scale * _LOG2E, splits, write_kv,
     )  # fmt: skip
+    if write_kv is not None and not launched:  # the CUDA kernels could not be built here
+        _write_first(q, k_cache, v_cache, write_kv)
     arrivals = counters.counters(q.device, "decode_merge", B * kv) if fused and not launched else None
     merge = arrivals is not None
     if not launched:

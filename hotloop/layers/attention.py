@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hotloop.kernels import ops, reference
+from hotloop.kernels import kv_int8_decode_cuda, ops, reference
 from hotloop.layers.rotary import apply_rotary
 
 # A quantized cache's prefill reads the prompt's own keys unquantized (paged_prefill_attention's
@@ -159,9 +159,11 @@ class PagedAttention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         out: torch.Tensor,
+        write: kv_int8_decode_cuda.FusedWrite | None = None,
     ) -> torch.Tensor:
         """The decode kernel over a decode-only batch, into ``out``; a decode graph's metadata
-        (``meta.graph``) takes ``decode_plan``'s split count and merge."""
+        (``meta.graph``) takes ``decode_plan``'s split count and merge. ``write``: q unrotated and
+        this step's k / v not yet in the cache (``paged_decode_attention``'s ``write_kv``)."""
         from hotloop.kernels.paged_decode_attention import paged_decode_attention
 
         assert meta.seq_lens_t is not None
@@ -175,6 +177,7 @@ class PagedAttention(nn.Module):
             self.sliding_window,
             out=out,
             graph_plan=meta.graph,
+            write_kv=write,
         )
 
     def _forward_triton(
@@ -204,11 +207,24 @@ class PagedAttention(nn.Module):
         # Its prefill rows read their own keys unquantized (k rotated in place for that), their
         # cached prefix from the cache (paged_prefill_attention).
         fresh = FRESH_PREFILL and k_cache.dtype == torch.uint8 and not meta.decode_only
-        rotary_kv_write(q, k, v, cos_sin[0], cos_sin[1], k_cache, v_cache, meta.slot_mapping, rotate_k=fresh)
+        # HOTLOOP_KV_CUDA_FUSED_WRITE=1: a decode-only batch over an int8 cache hands the rotation
+        # and the write to the CUDA decode kernel (paged_decode_attention's write_kv), one launch less
+        write = None
+        if (
+            meta.decode_only
+            and k_cache.dtype == torch.uint8
+            and kv_int8_decode_cuda.fused_write_enabled()
+            and 2 * cos_sin[0].shape[-1] == self.head_dim
+        ):
+            write = kv_int8_decode_cuda.FusedWrite(k, v, cos_sin[0], cos_sin[1], meta.slot_mapping)
+        else:
+            rotary_kv_write(
+                q, k, v, cos_sin[0], cos_sin[1], k_cache, v_cache, meta.slot_mapping, rotate_k=fresh
+            )
         assert meta.seq_lens_t is not None
         o = torch.empty_like(q) if out is None else out.view(T, self.num_heads, self.head_dim)
         if meta.decode_only:
-            self._decode(q, kv_cache, meta, o)
+            self._decode(q, kv_cache, meta, o, write)
         elif meta.num_decodes and meta.prefill_query_start_t is not None:
             nd = meta.num_decodes
             paged_decode_attention(

@@ -138,6 +138,48 @@ def test_quantized_kv_graphs_equal_eager(policy: int, make_tiny_model: Callable[
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("eager", [True, False])
+def test_int8_fused_write_keeps_tokens(
+    eager: bool, make_tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HOTLOOP_KV_CUDA_FUSED_WRITE=1``: the CUDA int8 decode kernel rotates q and writes the step's
+    k / v itself (no rotary_kv_write launch in decode steps). Head dim 128 so that the kernel takes
+    the decode steps; the tokens equal those of the two-launch path, eager and in CUDA graphs."""
+    from hotloop.kernels import kv_int8_decode_cuda
+
+    path = make_tiny_model("llama_hd128")
+    prompts = make_prompts(seed=11)
+    fused_launches: list[int] = []
+    real = kv_int8_decode_cuda.launch
+
+    def spy(*args: object, **kwargs: object) -> bool:
+        ok = real(*args, **kwargs)  # type: ignore[arg-type]
+        fused_launches.append(int(ok and len(args) > 10 and args[10] is not None))
+        return ok
+
+    monkeypatch.setattr(kv_int8_decode_cuda, "launch", spy)
+    runs = []
+    for fused in ("0", "1"):
+        monkeypatch.setenv(kv_int8_decode_cuda.FUSED_ENV, fused)
+        fused_launches.clear()
+        cfg = EngineConfig(
+            device="cuda",
+            dtype="bfloat16",
+            max_batch_size=8,
+            eager_mode=eager,
+            quant_policy=8,
+            **VARIANTS["chunked"],
+        )
+        got, _stats = run_engine(path, cfg, prompts, MAX_NEW)
+        runs.append(got)
+        if fused == "1":
+            assert sum(fused_launches) > 0, "no decode step took the fused kernel"
+        else:
+            assert sum(fused_launches) == 0
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.gpu
 def test_jit_schedule_measures_steps_and_keeps_tokens(make_tiny_model: Callable[[str], Path]) -> None:
     """``jit_schedule``: the runner learns each step kind's device time from CUDA events, and the
     tokens are the same as without it."""

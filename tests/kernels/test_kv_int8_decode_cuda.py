@@ -17,7 +17,7 @@ import torch
 from kernel_checks import TOL, rel_err
 from test_kv_quant_kernels import _quant_pool
 
-from hotloop.kernels import cuda_jit, kv_int8_decode_cuda, launch_replay, reference
+from hotloop.kernels import cuda_jit, kv_int8_decode_cuda, kv_quant, launch_replay, reference
 from hotloop.kernels.paged_decode_attention import paged_decode_attention
 
 
@@ -228,6 +228,144 @@ def test_decode_matches_the_triton_kernel_gpu(monkeypatch: pytest.MonkeyPatch) -
     assert launched == [1], "the Triton kernel should have run"
     assert rel_err(ours, triton_out) < 1e-2
     assert not torch.equal(ours, torch.zeros_like(ours))
+
+
+# -- the fused rotary + KV write (HOTLOOP_KV_CUDA_FUSED_WRITE) ---------------------------------------
+def _fused_write_case(
+    lens: list[int],
+    h: int,
+    kv: int,
+    bs: int,
+    dtype: torch.dtype,
+    splits: int | None,
+    device: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[object], float]:
+    """The same step two ways: ``rotary_kv_write`` then decode (the reference) and decode with
+    ``write_kv`` (q unrotated, this step's k / v not yet in the cache). Asserts that the caches agree
+    (every byte outside the new tokens' rows identical; the new rows' dequantized values within a
+    code step) and that each output matches the torch reference over the cache it wrote. Returns
+    the launches the spy saw and the fraction of the new rows' bytes that are equal."""
+    from hotloop.kernels.rotary_kv_write import rotary_kv_write
+
+    monkeypatch.setenv(kv_int8_decode_cuda.FUSED_ENV, "1")
+    seed = random.randrange(1 << 30)
+    kq, vq, _kf, _vf, tables = _quant_pool(lens, kv, 128, bs, dtype, 8, device, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    B, D = len(lens), 128
+    qkv = torch.randn(B, (h + 2 * kv) * D, generator=gen).to(dtype).to(device)  # one fused projection
+    pos = torch.tensor([max(n - 1, 0) for n in lens])
+    inv = 1.0 / (500000.0 ** (torch.arange(0, D, 2).float() / D))
+    ang = pos.float()[:, None] * inv[None, :]
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    slots = torch.tensor(
+        [int(tables[i, (n - 1) // bs]) * bs + (n - 1) % bs if n > 0 else -1 for i, n in enumerate(lens)],
+        dtype=torch.int64,
+    ).to(device)
+    seq = torch.tensor(lens, dtype=torch.int32, device=device)
+
+    def views(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (
+            t[:, : h * D].unflatten(1, (h, D)),
+            t[:, h * D : (h + kv) * D].unflatten(1, (kv, D)),
+            t[:, (h + kv) * D :].unflatten(1, (kv, D)),
+        )
+
+    # the reference: the write, then decode
+    kc_r, vc_r, qkv_r = kq.clone(), vq.clone(), qkv.clone()
+    q_r, k_r, v_r = views(qkv_r)
+    rotary_kv_write(q_r, k_r, v_r, cos, sin, kc_r, vc_r, slots)
+    out_r = paged_decode_attention(q_r, kc_r, vc_r, tables, seq, D**-0.5, None, splits)
+    # fused
+    launched: list[object] = []
+    real = kv_int8_decode_cuda.launch
+
+    def spy(*args: object, **kwargs: object) -> bool:
+        ok = real(*args, **kwargs)  # type: ignore[arg-type]
+        launched.append((ok, args[-1] if len(args) > 10 else kwargs.get("fused")))
+        return ok
+
+    monkeypatch.setattr(kv_int8_decode_cuda, "launch", spy)
+    kc_f, vc_f = kq.clone(), vq.clone()
+    q_f, k_f, v_f = views(qkv.clone())
+    w = kv_int8_decode_cuda.FusedWrite(k_f, v_f, cos, sin, slots)
+    out_f = paged_decode_attention(q_f, kc_f, vc_f, tables, seq, D**-0.5, None, splits, write_kv=w)
+
+    new_rows = torch.zeros(kq.shape[0], bs, dtype=torch.bool)
+    for sl in slots.tolist():
+        if sl >= 0:
+            new_rows[sl // bs, sl % bs] = True
+    same = []
+    for c_f, c_r in ((kc_f, kc_r), (vc_f, vc_r)):
+        # codes [NB, BS, KV, 128] then pairs [NB, BS, KV, 4] in each block (kv_quant's layout)
+        flat_f, flat_r = c_f.reshape(kq.shape[0], -1), c_r.reshape(kq.shape[0], -1)
+        codes_f = flat_f[:, : bs * kv * D].reshape(-1, bs, kv, D)
+        codes_r = flat_r[:, : bs * kv * D].reshape(-1, bs, kv, D)
+        pairs_f = flat_f[:, bs * kv * D :].reshape(-1, bs, kv, 4)
+        pairs_r = flat_r[:, bs * kv * D :].reshape(-1, bs, kv, 4)
+        old = ~new_rows.to(c_f.device)
+        assert torch.equal(codes_f[old], codes_r[old]) and torch.equal(pairs_f[old], pairs_r[old])
+        same.append((codes_f[~old] == codes_r[~old]).float().mean().item() if (~old).any() else 1.0)
+        deq_f = kv_quant.dequantize_cache(c_f, D, dtype)[~old]
+        deq_r = kv_quant.dequantize_cache(c_r, D, dtype)[~old]
+        if deq_r.numel():
+            step = (deq_r.amax(-1) - deq_r.amin(-1)) / 255  # a code step of each row
+            assert ((deq_f - deq_r).abs() <= 1.01 * step[..., None] + 1e-6).all()
+    # each output against the torch reference over the cache it wrote (q rotated as rotary_kv_write does)
+    qd = q_r.float().clamp(-65504, 65504).half().float()
+    for out, kc, vc in ((out_f, kc_f, vc_f), (out_r, kc_r, vc_r)):
+        kf = kv_quant.dequantize_cache(kc, D, dtype)
+        vf = kv_quant.dequantize_cache(vc, D, dtype)
+        ref = reference.paged_attention(qd, kf, vf, tables, [1] * B, lens, D**-0.5, None)
+        _check(out, ref, seq, dtype)
+    return launched, min(same)
+
+
+FUSED_LENS = [0, 1, 17, 64, 65, 300, 64 * 40 + 5]
+
+
+def test_fused_write_falls_back_off_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the CUDA kernel cannot take the launch (here: no GPU) ``write_kv`` runs
+    ``rotary_kv_write`` first: the same bytes and the same output as the two calls."""
+    launched, same = _fused_write_case([0, 1, 17, 65], 8, 2, 16, torch.bfloat16, 2, "cpu", monkeypatch)
+    assert launched == [] and same == 1.0
+
+
+def test_fused_write_refusals() -> None:
+    q = torch.zeros(3, 8, 128, dtype=torch.bfloat16)
+    k = torch.zeros(3, 2, 128, dtype=torch.bfloat16)
+    cs = torch.zeros(3, 64)
+    slots = torch.zeros(3, dtype=torch.int64)
+    ok = kv_int8_decode_cuda.FusedWrite(k, k, cs, cs, slots)
+    assert kv_int8_decode_cuda.fused_why_not(q, ok) is None
+    bad = kv_int8_decode_cuda.FusedWrite(k, k, torch.zeros(3, 32), torch.zeros(3, 32), slots)
+    assert "full rotary" in str(kv_int8_decode_cuda.fused_why_not(q, bad))
+    bad = kv_int8_decode_cuda.FusedWrite(k.float(), k, cs, cs, slots)
+    assert "must be [3, KV, 128]" in str(kv_int8_decode_cuda.fused_why_not(q, bad))
+    bad = kv_int8_decode_cuda.FusedWrite(k, k, cs, cs, slots.int())
+    assert "int64" in str(kv_int8_decode_cuda.fused_why_not(q, bad))
+    strided = torch.zeros(3, 2, 256, dtype=torch.bfloat16)[:, :, :128]
+    bad = kv_int8_decode_cuda.FusedWrite(strided, k, cs, cs, slots)
+    assert "contiguous rows" in str(kv_int8_decode_cuda.fused_why_not(q, bad))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["", "vt", "vt3"])
+@pytest.mark.parametrize("h,kv", [(32, 8), (28, 4), (8, 8), (6, 1)])
+@pytest.mark.parametrize("bs", [16, 64])
+def test_fused_write_gpu(h: int, kv: int, bs: int, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
+    for dtype, splits in ((torch.bfloat16, 1), (torch.bfloat16, 5), (torch.float16, None)):
+        launched, same = _fused_write_case(FUSED_LENS, h, kv, bs, dtype, splits, "cuda", monkeypatch)
+        assert launched and all(ok and w is not None for ok, w in launched), "the fused kernel did not run"
+        assert same >= 0.99, f"only {same:.3f} of the new rows' codes equal the two-launch write's"
+
+
+@pytest.mark.gpu
+def test_fused_write_rows_variant_falls_back_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, "rows")
+    launched, same = _fused_write_case(FUSED_LENS, 32, 8, 64, torch.bfloat16, 2, "cuda", monkeypatch)
+    assert launched and all(ok and w is None for ok, w in launched) and same == 1.0
 
 
 @pytest.mark.gpu

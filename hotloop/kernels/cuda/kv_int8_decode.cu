@@ -65,6 +65,18 @@ __device__ __forceinline__ uint4 lds128(u32 addr) {
   return v;
 }
 
+__device__ __forceinline__ void sts128(u32 addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+
+__device__ __forceinline__ u32 lds32(u32 addr) {
+  u32 v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ void sts32(u32 addr, u32 v) { asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v)); }
+
 __device__ __forceinline__ uint2 lds64(u32 addr) {
   uint2 v;
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
@@ -109,14 +121,55 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+template <typename T>
+__device__ __forceinline__ unsigned short bits_of(T x);
+template <>
+__device__ __forceinline__ unsigned short bits_of<__half>(__half x) { return __half_as_ushort(x); }
+template <>
+__device__ __forceinline__ unsigned short bits_of<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+template <typename T>
+__device__ __forceinline__ T from_bits(unsigned short b);
+template <>
+__device__ __forceinline__ __half from_bits<__half>(unsigned short b) { return __ushort_as_half(b); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_bits<__nv_bfloat16>(unsigned short b) { return __ushort_as_bfloat16(b); }
+
+// kv_quant_triton.quant_params for int8: the scale (hi - lo) / 255 rounded up into T, and 1 / scale
+template <typename T>
+__device__ __forceinline__ T quant_scale(float lo, float hi, float* inv) {
+  const float t = __fdiv_rn(__fsub_rn(hi, lo), 255.f);
+  T r = from_float<T>(t);
+  if (to_float<T>(r) < t) r = from_bits<T>((unsigned short)(bits_of<T>(r) + 1));
+  const float sf = to_float<T>(r);
+  *inv = sf > 0.f ? __fdiv_rn(1.f, fmaxf(sf, 1.1754943508222875e-38f)) : 0.f;
+  return r;
+}
+
+// kv_quant_triton.quant_codes for int8: round-half-even(clamp((x - zero) * inv, 0, 255))
+__device__ __forceinline__ uint8_t quant_code(float x, float zero, float inv) {
+  const float y = fminf(fmaxf(__fmul_rn(__fsub_rn(x, zero), inv), 0.f), 255.f);
+  return (uint8_t)__float2int_rn(y);
+}
+
+// the fused write's staging area after the ring: K codes, V codes, K pair, V pair, then [WARPS][4]
+// floats for the block's min / max
+#define FUSED_BYTES 384
+
 // STAGES: tiles in the ring (4: 67,584 bytes of shared memory, 3 blocks per SM; 3: 50,688, room for 4)
-template <typename T, bool VT, int STAGES>
+// FUSED: the step's rotary embedding and int8 KV write done here instead of by rotary_kv_write:
+// q arrives unrotated (each block rotates its heads' rows as it loads them), and the block whose
+// split holds a sequence's newest token (position seq_len - 1) rotates that token's k row, quantizes
+// k and v (kv_quant_triton's arithmetic), stores them at the token's slot for later steps, and puts
+// the same bytes straight into its ring in place of a copy from the cache.
+template <typename T, bool VT, int STAGES, bool FUSED>
 __device__ __forceinline__ void decode_kernel(
-    const T* __restrict__ q, const uint8_t* __restrict__ k_cache, const uint8_t* __restrict__ v_cache,
+    const T* __restrict__ q, uint8_t* __restrict__ k_cache, uint8_t* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* __restrict__ out,
     float* __restrict__ part, float* __restrict__ lse_out, float scale_log2, int stride_qb, int stride_qh,
     int stride_kb, int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS,
-    int num_splits, int log2_bs, int heads_fastest) {
+    int num_splits, int log2_bs, int heads_fastest, const T* __restrict__ k_new,
+    const T* __restrict__ v_new, int stride_kn, int stride_vn, const float* __restrict__ cos_t,
+    const float* __restrict__ sin_t, int stride_cs, const long long* __restrict__ slots) {
   extern __shared__ __align__(128) uint8_t smem[];
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
@@ -136,6 +189,62 @@ __device__ __forceinline__ void decode_kernel(
   const int* table = block_tables + (long long)b * stride_bt;
   const long long pair_base = (long long)BS * KV * HD;  // bytes of a block's codes
 
+  // ---- FUSED: the newest token's k / v row, quantized into the staging area and the cache
+  uint8_t* const stage = smem + STAGES * STAGE_BYTES;
+  int new_pos = -1;  // the token whose row comes from the staging area (block-uniform)
+  if (FUSED) {
+    const int pos = seq_len - 1;
+    const long long slot = slots[b];
+    if (pos >= start && pos < end && slot >= 0) {
+      new_pos = pos;
+      const int d = tid;  // one head dim per thread (THREADS == HD)
+      const T* kr = k_new + (long long)b * stride_kn + kvh * HD;
+      const T* vr = v_new + (long long)b * stride_vn + kvh * HD;
+      const float c = cos_t[(long long)b * stride_cs + (d & 63)], sn = sin_t[(long long)b * stride_cs + (d & 63)];
+      const float x = to_float<T>(kr[d]), xp = to_float<T>(kr[d ^ 64]);
+      // rotary_kv_write's x1 cos - x2 sin / x2 cos + x1 sin, rounded to T (what is quantized)
+      const float kf = to_float<T>(from_float<T>(d < 64 ? x * c - xp * sn : x * c + xp * sn));
+      const float vf = to_float<T>(vr[d]);
+      float mm[4] = {kf, kf, vf, vf};  // k min, k max, v min, v max
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        mm[0] = fminf(mm[0], __shfl_xor_sync(0xffffffffu, mm[0], o));
+        mm[1] = fmaxf(mm[1], __shfl_xor_sync(0xffffffffu, mm[1], o));
+        mm[2] = fminf(mm[2], __shfl_xor_sync(0xffffffffu, mm[2], o));
+        mm[3] = fmaxf(mm[3], __shfl_xor_sync(0xffffffffu, mm[3], o));
+      }
+      float* scratch = reinterpret_cast<float*>(stage + 2 * HD + 16);
+      if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) scratch[warp * 4 + j] = mm[j];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) {
+        mm[0] = fminf(mm[0], scratch[w * 4 + 0]);
+        mm[1] = fmaxf(mm[1], scratch[w * 4 + 1]);
+        mm[2] = fminf(mm[2], scratch[w * 4 + 2]);
+        mm[3] = fmaxf(mm[3], scratch[w * 4 + 3]);
+      }
+      float kinv, vinv;
+      const T ks = quant_scale<T>(mm[0], mm[1], &kinv), vs = quant_scale<T>(mm[2], mm[3], &vinv);
+      const uint8_t kc = quant_code(kf, mm[0], kinv), vc = quant_code(vf, mm[2], vinv);
+      const long long page = slot >> log2_bs;
+      const long long row = (slot & (BS - 1)) * KV + kvh;
+      const long long pair_off = (long long)BS * KV * HD + row * 4;
+      k_cache[page * stride_kb + row * HD + d] = kc;
+      v_cache[page * stride_vb + row * HD + d] = vc;
+      stage[d] = kc;
+      stage[HD + d] = vc;
+      if (d < 2) {  // thread 0: k's (scale, zero) pair; thread 1: v's (zero: the minimum, a T value)
+        const u32 pair = (u32)bits_of<T>(d ? vs : ks) | ((u32)bits_of<T>(from_float<T>(d ? mm[2] : mm[0])) << 16);
+        *reinterpret_cast<u32*>((d ? v_cache + page * stride_vb : k_cache + page * stride_kb) + pair_off) = pair;
+        *reinterpret_cast<u32*>(stage + 2 * HD + 4 * d) = pair;
+      }
+      __syncthreads();  // the staged row, for whichever thread copies it into the ring
+    }
+  }
+
   // ---- the copier's part: thread tid copies row tid / 2, code chunks 4 (tid & 1) .. + 3 of K and V,
   // and the K (tid even) or V (tid odd) pair of that row
   const int crow = tid >> 1, chalf = tid & 1;
@@ -151,6 +260,18 @@ __device__ __forceinline__ void decode_kernel(
     const bool ok = page >= 0;
     const long long row = ok ? (long long)((tok & (BS - 1)) * KV + kvh) : 0;
     const long long pg = ok ? (long long)page : 0;
+    if (FUSED && tok == new_pos) {  // the newest token: its bytes from the staging area, no copy
+      const u32 st = smem_addr(stage);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int ch = chalf * 4 + i;
+        const u32 dst = crow * HD + ((ch ^ (crow & 7)) << 4);
+        sts128(base + dst, lds128(st + ch * 16));
+        sts128(base + CODE_BYTES + dst, lds128(st + HD + ch * 16));
+      }
+      sts32(base + 2 * CODE_BYTES + chalf * (TILE * 4) + crow * 4, lds32(st + 2 * HD + 4 * chalf));
+      return;
+    }
     const uint8_t* ks = k_cache + pg * stride_kb + row * HD;
     const uint8_t* vs = v_cache + pg * stride_vb + row * HD;
 #pragma unroll
@@ -170,13 +291,22 @@ __device__ __forceinline__ void decode_kernel(
   {
     const bool real = g < G;
     const T* qrow = q + (long long)b * stride_qb + (long long)(kvh * G + (real ? g : 0)) * stride_qh + 32 * t;
+    const float* crow_cs = FUSED ? cos_t + (long long)b * stride_cs + 32 * (t & 1) : nullptr;
+    const float* srow_cs = FUSED ? sin_t + (long long)b * stride_cs + 32 * (t & 1) : nullptr;
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
       float v[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
+        float raw = to_float<T>(qrow[4 * c + e]);
+        if (FUSED) {
+          // dim 32t + 4c + e; its rotation partner (dim +- 64) is the same slot of lane t ^ 2
+          const float partner = __shfl_xor_sync(0xffffffffu, raw, 2);
+          const float cc = crow_cs[4 * c + e], ss = srow_cs[4 * c + e];
+          raw = to_float<T>(from_float<T>(t < 2 ? raw * cc - partner * ss : raw * cc + partner * ss));
+        }
         // as the Triton kernel's to_dot_dtype: clamped into fp16's range, then rounded to fp16
-        const float x = real ? fminf(fmaxf(to_float<T>(qrow[4 * c + e]), -65504.f), 65504.f) : 0.f;
+        const float x = real ? fminf(fmaxf(raw, -65504.f), 65504.f) : 0.f;
         v[e] = __half2float(__float2half_rn(x));
         qsum += v[e];
       }
@@ -392,22 +522,30 @@ __device__ __forceinline__ void decode_kernel(
   }
 }
 
-#define DEFINE(NAME, T, VT, STAGES, MINB)                                                                 \
+#define DEFINE(NAME, T, VT, STAGES, MINB, FUSED)                                                          \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(                                       \
-      const T* q, const uint8_t* k_cache, const uint8_t* v_cache, const int* block_tables,                \
-      const int* seq_lens, T* out, float* part, float* lse_out, float scale_log2, int stride_qb,          \
-      int stride_qh, int stride_kb, int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G,    \
-      int KV, int BS, int num_splits, int log2_bs, int heads_fastest) {                                   \
-    decode_kernel<T, VT, STAGES>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,         \
-                                 scale_log2, stride_qb, stride_qh, stride_kb, stride_vb, stride_bt,       \
-                                 stride_ob, stride_oh, G, KV, BS, num_splits, log2_bs, heads_fastest);    \
+      const T* q, uint8_t* k_cache, uint8_t* v_cache, const int* block_tables, const int* seq_lens,       \
+      T* out, float* part, float* lse_out, float scale_log2, int stride_qb, int stride_qh, int stride_kb,  \
+      int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS, int num_splits,  \
+      int log2_bs, int heads_fastest, const T* k_new, const T* v_new, int stride_kn, int stride_vn,       \
+      const float* cos_t, const float* sin_t, int stride_cs, const long long* slots) {                    \
+    decode_kernel<T, VT, STAGES, FUSED>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,  \
+                                        scale_log2, stride_qb, stride_qh, stride_kb, stride_vb,           \
+                                        stride_bt, stride_ob, stride_oh, G, KV, BS, num_splits, log2_bs,  \
+                                        heads_fastest, k_new, v_new, stride_kn, stride_vn, cos_t, sin_t,  \
+                                        stride_cs, slots);                                                \
   }
 
 // the first kernel (BENCHMARKS.md, eighteenth session; HOTLOOP_KV_CUDA_VARIANT=rows)
-DEFINE(kv_int8_decode_f16, __half, false, 4, 3)
-DEFINE(kv_int8_decode_bf16, __nv_bfloat16, false, 4, 3)
+DEFINE(kv_int8_decode_f16, __half, false, 4, 3, false)
+DEFINE(kv_int8_decode_bf16, __nv_bfloat16, false, 4, 3, false)
 // the O^T variants (header), with 4 and 3 stages (nineteenth session: the default picks one by grid)
-DEFINE(kv_int8_decode_vt_f16, __half, true, 4, 3)
-DEFINE(kv_int8_decode_vt_bf16, __nv_bfloat16, true, 4, 3)
-DEFINE(kv_int8_decode_vt3_f16, __half, true, 3, 4)
-DEFINE(kv_int8_decode_vt3_bf16, __nv_bfloat16, true, 3, 4)
+DEFINE(kv_int8_decode_vt_f16, __half, true, 4, 3, false)
+DEFINE(kv_int8_decode_vt_bf16, __nv_bfloat16, true, 4, 3, false)
+DEFINE(kv_int8_decode_vt3_f16, __half, true, 3, 4, false)
+DEFINE(kv_int8_decode_vt3_bf16, __nv_bfloat16, true, 3, 4, false)
+// the same with the step's rotary embedding and KV write fused in (FUSED above; not yet run on a GPU)
+DEFINE(kv_int8_decode_vt_fw_f16, __half, true, 4, 3, true)
+DEFINE(kv_int8_decode_vt_fw_bf16, __nv_bfloat16, true, 4, 3, true)
+DEFINE(kv_int8_decode_vt3_fw_f16, __half, true, 3, 4, true)
+DEFINE(kv_int8_decode_vt3_fw_bf16, __nv_bfloat16, true, 3, 4, true)
