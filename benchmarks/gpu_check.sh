@@ -34,6 +34,10 @@
 #            with KVGRID_RUN=heads|seq also issue 6's KV-bound int8 run with that grid order.
 #   kvfused  one GPU: the fused rotary + int8 KV write's GPU tests (HOTLOOP_KV_CUDA_FUSED_WRITE), then batch
 #            1 with fp16 KV, int8 KV, and int8 KV with the fused write, twice (run_capacity.sh bs1).
+#   kvnext   one GPU, the nineteenth session's untimed work in one call: the GPU tests of the heads-fastest
+#            grid and the fused write (kernel and engine), the int8 decode sweep at the KV-bound and
+#            other batches with every variant and both read probes in both grid orders, then batch 1
+#            with fp16 KV, int8 KV and int8 KV with the fused write (run_capacity.sh bs1, bs1_int8).
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
@@ -725,6 +729,23 @@ if [ "$what" = kvfused ]; then  # one GPU, in turn
     HOTLOOP_KV_CUDA_FUSED_WRITE=1 bash "$here/run_capacity.sh" bs1_int8 "$out/bs1fw_$i" 150 >/dev/null 2>&1
   done
   for f in "$out"/bs1*_*/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
+  exit 0
+fi
+if [ "$what" = kvnext ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 220 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    tests/api/test_gpu_parity.py -k "heads_fastest or fused or hd128 or graph or replay" \
+    >"$out/kvnext_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvnext_tests.log" | cut -c1-300 | head -40
+  timeout 170 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_next.json" --quick --no-prefill \
+    --policies 8 --decode-shapes 300x4608,160x4608,128x4096,16x4096,1x4096 \
+    --cuda-variants ",vt,vt3,probe3,probe4" --cuda-grids seq,heads >"$out/sweep_next.log" 2>&1
+  echo "sweep rc=$?"
+  grep -E "decode B=" "$out/sweep_next.log" | grep -v "default vs" | cut -c1-200
+  bash "$here/run_capacity.sh" bs1 "$out/bs1" 150 >/dev/null 2>&1
+  HOTLOOP_KV_CUDA_FUSED_WRITE=1 bash "$here/run_capacity.sh" bs1_int8 "$out/bs1fw" 150 >/dev/null 2>&1
+  for f in "$out"/bs1*/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
   exit 0
 fi
 if [ "$what" = kvpair ]; then  # two GPUs, side by side

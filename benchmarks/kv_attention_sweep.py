@@ -135,7 +135,10 @@ def decode_case(
         # the Triton rows
         cuda_runs = [
             ("cuda" + (f"-{name}" if name else "") + ("" if grid == "seq" else f"@{grid}"), n)
-            for name in (CUDA_VARIANTS or ["", *kv_int8_decode_cuda.VARIANTS])
+            for name in (
+                CUDA_VARIANTS
+                or ["", *(v for v in kv_int8_decode_cuda.VARIANTS if v not in kv_int8_decode_cuda.PROBES)]
+            )
             for grid in CUDA_GRIDS
             for n in sorted(set(splits or []) | {nsplit})
         ]
@@ -264,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cross", action="store_true", help="decode: every configuration at every split count")
     ap.add_argument(
         "--cuda-variants",
-        help="the CUDA int8 kernel's variants to time ('' for auto, rows, vt, vt3: kv_int8_decode_cuda.VARIANTS); default all",
+        help="the CUDA int8 kernel's variants to time ('' for auto, rows, vt, vt3, and the read probes probe3, "
+        "probe4); default all but the probes",
     )
     ap.add_argument(
         "--cuda-grids",
@@ -273,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     CUDA_GRIDS[:] = args.cuda_grids.split(",")
+    # the read probes as variants, for this process only: rows "cuda-probe3" / "cuda-probe4" time the
+    # int8 kernel's copies through its ring without the arithmetic (their outputs are zeros)
+    kv_int8_decode_cuda.VARIANTS.update(kv_int8_decode_cuda.PROBES)
     global GRAPH_TIMING
     GRAPH_TIMING = not args.eager_timing
     if args.cuda_variants is not None:

@@ -87,8 +87,13 @@ def pick_variant(blocks: int, sms: int) -> str:
 FUSED_VARIANTS = ("vt", "vt3")
 FUSED_ENV = "HOTLOOP_KV_CUDA_FUSED_WRITE"
 FUSED_BYTES = 384  # the .cu's staging area after the ring
-_KERNEL_NAMES = tuple(f"{prefix}_{dt}" for prefix, _ in VARIANTS.values() for dt in _DTYPES.values()) + tuple(
-    f"{VARIANTS[v][0]}_fw_{dt}" for v in FUSED_VARIANTS for dt in _DTYPES.values()
+# the .cu's read probes (benchmarks/kv_attention_sweep.py adds them to VARIANTS for its "probe" rows;
+# they copy the tiles and skip the arithmetic, so they write zeros: never a decode kernel)
+PROBES = {"probe3": ("kv_int8_read_probe3", 3), "probe4": ("kv_int8_read_probe4", 4)}
+_KERNEL_NAMES = (
+    tuple(f"{prefix}_{dt}" for prefix, _ in VARIANTS.values() for dt in _DTYPES.values())
+    + tuple(f"{VARIANTS[v][0]}_fw_{dt}" for v in FUSED_VARIANTS for dt in _DTYPES.values())
+    + tuple(f"{prefix}_{dt}" for prefix, _ in PROBES.values() for dt in _DTYPES.values())
 )
 
 

@@ -161,7 +161,9 @@ __device__ __forceinline__ uint8_t quant_code(float x, float zero, float inv) {
 // split holds a sequence's newest token (position seq_len - 1) rotates that token's k row, quantizes
 // k and v (kv_quant_triton's arithmetic), stores them at the token's slot for later steps, and puts
 // the same bytes straight into its ring in place of a copy from the cache.
-template <typename T, bool VT, int STAGES, bool FUSED>
+// PROBE (benchmarks only: kv_attention_sweep.py's "probe" rows): the same copies through the same ring,
+// grid and barriers with none of the arithmetic, to tell the access pattern's ceiling from the kernel's.
+template <typename T, bool VT, int STAGES, bool FUSED, bool PROBE = false>
 __device__ __forceinline__ void decode_kernel(
     const T* __restrict__ q, uint8_t* __restrict__ k_cache, uint8_t* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* __restrict__ out,
@@ -346,6 +348,7 @@ __device__ __forceinline__ void decode_kernel(
       }
       cp_commit();
     }
+    if (PROBE) continue;  // (the epilogue writes zeros: m and l keep their initial values)
     const u32 base = smem0 + (tile % STAGES) * STAGE_BYTES;
     const int tok0 = start + tile * TILE + 16 * warp;  // this warp's first token
 
@@ -522,14 +525,14 @@ __device__ __forceinline__ void decode_kernel(
   }
 }
 
-#define DEFINE(NAME, T, VT, STAGES, MINB, FUSED)                                                          \
+#define DEFINE(NAME, T, VT, STAGES, MINB, FUSED, ...)                                                          \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(                                       \
       const T* q, uint8_t* k_cache, uint8_t* v_cache, const int* block_tables, const int* seq_lens,       \
       T* out, float* part, float* lse_out, float scale_log2, int stride_qb, int stride_qh, int stride_kb,  \
       int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS, int num_splits,  \
       int log2_bs, int heads_fastest, const T* k_new, const T* v_new, int stride_kn, int stride_vn,       \
       const float* cos_t, const float* sin_t, int stride_cs, const long long* slots) {                    \
-    decode_kernel<T, VT, STAGES, FUSED>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,  \
+    decode_kernel<T, VT, STAGES, FUSED __VA_OPT__(, ) __VA_ARGS__>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,  \
                                         scale_log2, stride_qb, stride_qh, stride_kb, stride_vb,           \
                                         stride_bt, stride_ob, stride_oh, G, KV, BS, num_splits, log2_bs,  \
                                         heads_fastest, k_new, v_new, stride_kn, stride_vn, cos_t, sin_t,  \
@@ -549,3 +552,8 @@ DEFINE(kv_int8_decode_vt_fw_f16, __half, true, 4, 3, true)
 DEFINE(kv_int8_decode_vt_fw_bf16, __nv_bfloat16, true, 4, 3, true)
 DEFINE(kv_int8_decode_vt3_fw_f16, __half, true, 3, 4, true)
 DEFINE(kv_int8_decode_vt3_fw_bf16, __nv_bfloat16, true, 3, 4, true)
+// the read probes (PROBE above; not a decode kernel: they write zeros)
+DEFINE(kv_int8_read_probe3_f16, __half, true, 3, 4, false, true)
+DEFINE(kv_int8_read_probe3_bf16, __nv_bfloat16, true, 3, 4, false, true)
+DEFINE(kv_int8_read_probe4_f16, __half, true, 4, 3, false, true)
+DEFINE(kv_int8_read_probe4_bf16, __nv_bfloat16, true, 4, 3, false, true)
