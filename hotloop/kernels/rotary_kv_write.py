@@ -24,6 +24,10 @@ from hotloop.kernels.launch_math import next_power_of_2
 from hotloop.kernels.launch_replay import recordable
 from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
 
+# a quantized write of at least this many tokens runs one program per token for all KV heads' k (and
+# one for v) instead of one per head: enough programs fill the GPU either way, and fewer cost less
+HEAD_PROGRAMS_BELOW = 1024
+
 
 @triton.jit
 def _rotate_rows(x_ptr, cos, sin, offs_h, mask_h, offs_r, mask_r, stride_h, HALF: tl.constexpr):
@@ -150,6 +154,7 @@ def _rotary_kv_kernel(
     SCALE_BITS: tl.constexpr,  # width of the model dtype (scale and zero)
     PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
     KEEP_K: tl.constexpr = False,  # k is rotated in place too (the prefill kernel's k_new)
+    HEAD_PROGRAMS: tl.constexpr = True,  # a quantized write: one program per KV head (else all heads)
 ):
     if PDL:
         gdc_wait()
@@ -158,8 +163,9 @@ def _rotary_kv_kernel(
     # one program per (token, part): q's rotation, k's write and v's write run side by side (at
     # batch 1 a single program did them one after another, and a quantized write's reductions made
     # that chain the step's longest small kernel); a quantized write has one program per KV head
+    # (a long prompt has programs enough without that: ``HEAD_PROGRAMS`` False, as for a float cache)
     part = tl.program_id(1) + (0 if HALF > 0 else 1)  # 0: q, then k (1) and v (2), or per head
-    if QUANT == 0:
+    if QUANT == 0 or not HEAD_PROGRAMS:
         offs_kv = tl.arange(0, BLOCK_KV)
         mask_kv = offs_kv < KV
     else:
@@ -305,7 +311,11 @@ def _launch(
         k_cache.stride(),
         v_cache.stride(),
     )
-    parts = 2 * KV if policy else 2  # k and v, per head when quantized
+    # k and v, per head when quantized, unless the tokens alone make programs enough (the program
+    # count, not the bytes, set a long prompt's time: 16,384 tokens x 17 programs took 0.44 ms a
+    # layer on the H200, the float cache's 3 programs per token 0.12 ms)
+    head_programs = bool(policy) and T < HEAD_PROGRAMS_BELOW
+    parts = 2 * KV if head_programs else 2
     _rotary_kv_kernel[(T, parts + (1 if half > 0 else 0))](
         q,
         k,
@@ -343,6 +353,7 @@ def _launch(
         SCALE_BITS=8 * k.element_size(),
         PDL=pdl(q.device),
         KEEP_K=rotate_k and half > 0,
+        HEAD_PROGRAMS=head_programs,
         num_warps=4,
         # a quantized write must see the reference's rounding of the rotated k: no fma contraction
         enable_fp_fusion=policy == 0,

@@ -148,7 +148,15 @@ def _write_case(
 @pytest.mark.parametrize(
     "h,kv,d,half", [(32, 8, 128, 64), (28, 4, 128, 64), (16, 16, 64, 32), (8, 2, 256, 32), (8, 1, 256, 128)]
 )
-def test_quant_write_gpu(h: int, kv: int, d: int, half: int, dtype: torch.dtype, policy: int) -> None:
+@pytest.mark.parametrize("head_programs", [True, False])
+def test_quant_write_gpu(
+    h: int, kv: int, d: int, half: int, dtype: torch.dtype, policy: int, head_programs: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from hotloop.kernels import rotary_kv_write
+
+    # head_programs False: every KV head's row in one program (a long prompt's launch)
+    monkeypatch.setattr(rotary_kv_write, "HEAD_PROGRAMS_BELOW", 1 << 30 if head_programs else 1)
     _write_case(300, h, kv, d, half, dtype, policy, "cuda")
     _write_case(300, h, kv, d, 0, dtype, policy, "cuda")
 
@@ -156,7 +164,13 @@ def test_quant_write_gpu(h: int, kv: int, d: int, half: int, dtype: torch.dtype,
 @interpret
 @pytest.mark.parametrize("policy", [8, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_quant_write_interpreted(dtype: torch.dtype, policy: int) -> None:
+@pytest.mark.parametrize("head_programs", [True, False])
+def test_quant_write_interpreted(
+    dtype: torch.dtype, policy: int, head_programs: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hotloop.kernels import rotary_kv_write
+
+    monkeypatch.setattr(rotary_kv_write, "HEAD_PROGRAMS_BELOW", 1 << 30 if head_programs else 1)
     _write_case(9, 4, 2, 16, 0, dtype, policy, "cpu")
     if dtype != torch.bfloat16:  # the interpreter truncates float32 -> bf16
         _write_case(9, 4, 2, 16, 8, dtype, policy, "cpu")
