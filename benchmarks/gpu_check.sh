@@ -35,7 +35,7 @@
 #   kvfused  one GPU: the fused rotary + int8 KV write's GPU tests (HOTLOOP_KV_CUDA_FUSED_WRITE), then batch
 #            1 with fp16 KV, int8 KV, and int8 KV with the fused write, twice (run_capacity.sh bs1).
 #   kvnext   one GPU, the nineteenth session's untimed work in one call: the GPU tests of the heads-fastest
-#            grid and the fused write (kernel and engine), the int8 decode sweep at the KV-bound and
+#            grid, the fused write (kernel and engine) and the quantized write's all-heads programs, the int8 decode sweep at the KV-bound and
 #            other batches with every variant and both read probes in both grid orders, then batch 1
 #            with fp16 KV, int8 KV and int8 KV with the fused write (run_capacity.sh bs1, bs1_int8).
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
@@ -734,8 +734,8 @@ fi
 if [ "$what" = kvnext ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
   timeout 220 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
-    tests/api/test_gpu_parity.py -k "heads_fastest or fused or hd128 or graph or replay" \
-    >"$out/kvnext_tests.log" 2>&1
+    tests/api/test_gpu_parity.py tests/kernels/test_kv_quant_kernels.py \
+    -k "heads_fastest or fused or hd128 or graph or replay or quant_write" >"$out/kvnext_tests.log" 2>&1
   echo "GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvnext_tests.log" | cut -c1-300 | head -40
   timeout 170 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_next.json" --quick --no-prefill \
