@@ -44,6 +44,10 @@ class EngineConfig:
     of available RAM) given to KV blocks; an int >= 1 is an exact number of blocks.
     session_len: the most tokens one sequence may hold (prompt plus output); None takes the model's
     ``max_position_embeddings``.
+    schedule_conservativeness: how much KV room admission keeps back for the running requests'
+    growth (SGLang's name), in [0, 1]: the weight of the tokens a request will surely produce
+    (``ignore_eos``, ``min_new_tokens``) and the reserve for the rest after a step that had to preempt
+    (``SchedulerConfig``); 0 admits whatever fits now and serves growth by preempting (vLLM's way).
     """
 
     backend: str = "auto"
@@ -63,6 +67,7 @@ class EngineConfig:
     disable_overlap_schedule: bool = False
     jit_schedule: bool = False
     num_scheduler_steps: int = 1
+    schedule_conservativeness: float = 1.0
     load_format: str = "auto"
     seed: int = 0
     vision_max_batch_size: int = 16
@@ -114,6 +119,11 @@ class EngineConfig:
         _check(
             isinstance(self.num_scheduler_steps, int) and 1 <= self.num_scheduler_steps <= 64,
             f"num_scheduler_steps={self.num_scheduler_steps!r} must be an integer in [1, 64]",
+        )
+        r = self.schedule_conservativeness
+        _check(
+            isinstance(r, (int, float)) and not isinstance(r, bool) and 0.0 <= r <= 1.0,
+            f"schedule_conservativeness={r!r} must be a number in [0, 1]",
         )
         _check(
             isinstance(self.vision_max_batch_size, int) and self.vision_max_batch_size >= 1,
@@ -172,8 +182,30 @@ class CacheConfig:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Admission limits of the scheduler."""
+    """Admission limits of the scheduler.
+
+    Admission keeps back KV blocks for the running requests' growth (``engine/scheduler.py``):
+    ``reserve_sure`` x the tokens each will surely still produce (``ignore_eos``, ``min_new_tokens``)
+    and the reserve x the rest up to ``max_new_tokens``. The reserve starts at ``reserve_min``, is
+    ``reserve_max`` after a step that had to preempt and falls linearly back over
+    ``reserve_decay_steps`` steps. All three at 0: admission takes whatever fits now, and growth is
+    served by preempting."""
 
     max_batch_size: int
     max_prefill_token_num: int
     session_len: int
+    reserve_sure: float = 1.0
+    reserve_max: float = 1.0
+    reserve_min: float = 0.0
+    reserve_decay_steps: int = 1000
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.reserve_sure <= 1.0:
+            raise ValueError(f"reserve_sure={self.reserve_sure} must lie in [0, 1]")
+        if not 0.0 <= self.reserve_min <= self.reserve_max <= 1.0:
+            raise ValueError(
+                f"reserve_min={self.reserve_min} and reserve_max={self.reserve_max} must satisfy "
+                "0 <= reserve_min <= reserve_max <= 1"
+            )
+        if self.reserve_decay_steps < 1:
+            raise ValueError(f"reserve_decay_steps={self.reserve_decay_steps} must be >= 1")

@@ -69,6 +69,8 @@ def build_engine(model: str | None, config: EngineConfig | None = None) -> Built
             max_batch_size=config.max_batch_size,
             max_prefill_token_num=config.max_prefill_token_num,
             session_len=session_len,
+            reserve_sure=float(config.schedule_conservativeness),
+            reserve_max=float(config.schedule_conservativeness),
         ),
         overlap=not config.disable_overlap_schedule,
         jit_schedule=config.jit_schedule,

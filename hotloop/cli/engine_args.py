@@ -29,6 +29,10 @@ _HELP = {
     "num_scheduler_steps": "multi-step decode: with overlap, run up to this many decode steps per host round trip "
     "when every running request is decoding (less host time per token; streamed tokens then arrive in bursts "
     "of this many)",
+    "schedule_conservativeness": "KV room admission keeps back for running requests' growth, in [0, 1] (SGLang's "
+    "name): this weight x the tokens a request will surely produce (ignore_eos, min_new_tokens), and after a step "
+    "that had to preempt a request (its prompt is then computed again) up to this fraction of the rest of "
+    "max_new_tokens, falling to 0 over 1,000 steps. 0: admit whatever fits now (vLLM's behaviour)",
     "load_format": f"weights: {', '.join(LOAD_FORMATS)} (dummy: random weights from the config)",
     "seed": "engine-wide random seed",
     "vision_max_batch_size": "most images the vision encoder runs at once, counting each tile of a tiled model "
@@ -69,6 +73,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, choices=("hf", "gguf", "awq"), default=None, help=help_text)
         elif f.name == "load_format":
             group.add_argument(flag, choices=LOAD_FORMATS, default=default, help=help_text)
+        elif isinstance(default, float):
+            group.add_argument(flag, type=float, default=default, help=help_text)
         elif isinstance(default, int) or f.name == "session_len":
             group.add_argument(flag, type=int, default=default, help=help_text)
         else:

@@ -5,7 +5,14 @@ Prefill, chunked prefill and decode are one mechanism: each scheduled request ad
 of its known tokens. Running requests go first (oldest first); when one of them cannot get a
 block, the newest running request is preempted (blocks freed, recomputed later). Waiting requests
 join in FIFO order while slots (``max_batch_size``), blocks and the step's prefill token budget
-(``max_prefill_token_num``) allow; a prompt longer than the budget is prefilled over several steps,
+(``max_prefill_token_num``) allow, and while the blocks left keep room for the growth of the running
+requests (and the new one). A preemption recomputes a whole prompt, so admission reserves the tokens
+a request will surely produce (all of ``max_new_tokens`` with ``ignore_eos`` and no stop words or
+ids, else ``min_new_tokens``; times ``reserve_sure``) and ``reserve`` x the rest up to
+``max_new_tokens``: the reserve starts
+at ``reserve_min`` (0 by default: admit what fits now), jumps to ``reserve_max`` after a step that
+had to preempt, then falls back over ``reserve_decay_steps`` steps (requests that may stop at EOS
+usually need less than their maximum); a prompt longer than the budget is prefilled over several steps,
 alongside the running decodes. With prefix caching, an admitted request first takes the cached
 blocks of its longest cached prefix and only the rest is prefilled (and counts against the
 budget); blocks that became full in a step are registered in ``advance``, after they were computed.
@@ -82,6 +89,10 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        # the admission reserve (SchedulerConfig): full after a step that preempted, then falling each
+        # step to its minimum; it starts at the minimum (no preemption seen yet)
+        self.reserve = config.reserve_min
+        self._reserve_step = (config.reserve_max - config.reserve_min) / config.reserve_decay_steps
 
     # -- queue management -------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -157,6 +168,7 @@ class Scheduler:
                 idx += 1
 
         # No admissions in a step that had to preempt: the pool is under pressure.
+        growth = -1.0  # room reserved for the running requests beyond the blocks they hold (lazy)
         while (
             self.waiting
             and not out.preempted
@@ -168,6 +180,15 @@ class Scheduler:
             n = min(req.num_tokens - len(cached) * bm.block_size - req.num_computed_tokens, budget)
             if not bm.can_allocate(req, n, cached):
                 break
+            if self.running:
+                # keep back blocks for the growth of the running requests and of this one
+                if growth < 0:
+                    growth = sum(self._growth(r, len(r.block_ids) * bs) for r in self.running)
+                held = (req.num_computed_tokens + len(cached) * bs + n + bs - 1) // bs * bs
+                mine = self._growth(req, held)
+                if bm.num_free_blocks - bm.num_new_blocks(req, n) < -(-int(growth + mine) // bs):
+                    break
+                growth += mine
             self.waiting.popleft()
             if bm.enable_prefix_caching:
                 num_cached = bm.take_cached(req, cached)
@@ -185,7 +206,29 @@ class Scheduler:
         # the GPU serves with the decode kernel, the rest with the prefill kernel.
         if any(s.num_tokens != 1 for s in out.scheduled):
             out.scheduled.sort(key=lambda s: s.num_tokens != 1)
+        if out.preempted:
+            self.reserve = self.config.reserve_max
+        elif self.reserve > self.config.reserve_min:
+            self.reserve = max(self.config.reserve_min, self.reserve - self._reserve_step)
         return out
+
+    def _growth(self, request: Request, held: int) -> float:
+        """The room ``request`` is reserved beyond its ``held`` token slots: the tokens it will surely
+        still produce (``max_new_tokens`` with ``ignore_eos`` and no stop words or ids, else
+        ``min_new_tokens``) in full, the rest up to ``max_new_tokens`` times the reserve; within the
+        session."""
+        p = request.params
+        prompt = len(request.prompt_token_ids)
+        final = min(prompt + p.max_new_tokens, self.config.session_len)
+        sure = (
+            p.max_new_tokens
+            if p.ignore_eos and not p.stop_words and not p.stop_token_ids
+            else p.min_new_tokens
+        )
+        surely = min(prompt + (sure or 0), final)
+        return self.config.reserve_sure * max(0, surely - held) + self.reserve * max(
+            0, final - max(surely, held)
+        )
 
     def _preempt(self, request: Request) -> None:
         """Free ``request``'s blocks; it goes to the front of the queue to be recomputed."""

@@ -46,7 +46,11 @@ class ScriptedExecutor:
 
 
 def make_engine(
-    script: dict[str, str], num_blocks: int = 8, block_size: int = 4, session_len: int = 64
+    script: dict[str, str],
+    num_blocks: int = 8,
+    block_size: int = 4,
+    session_len: int = 64,
+    reserve: float = 1.0,
 ) -> Engine:
     mc = ModelConfig(
         path="toy",
@@ -65,7 +69,13 @@ def make_engine(
         CharTokenizer(),
         mc,
         CacheConfig(block_size=block_size, num_blocks=num_blocks),
-        SchedulerConfig(max_batch_size=4, max_prefill_token_num=16, session_len=session_len),
+        SchedulerConfig(
+            max_batch_size=4,
+            max_prefill_token_num=16,
+            session_len=session_len,
+            reserve_sure=reserve,
+            reserve_max=reserve,
+        ),
     )
 
 
@@ -159,10 +169,19 @@ def test_preemption_keeps_outputs_identical() -> None:
         e = make_engine(script, num_blocks=16)
         e.add_request(rid, [65] * 3, GenerationConfig(max_new_tokens=12, ignore_eos=True))
         alone[rid] = text_of(run_all(e)[rid])
-    e = make_engine(script, num_blocks=5)  # both need 4 blocks at the end: one gets preempted
+    # both need 4 blocks at the end: without the admission reserve both start and one is preempted
+    e = make_engine(script, num_blocks=5, reserve=0.0)
     for rid in script:
         e.add_request(rid, [65] * 3, GenerationConfig(max_new_tokens=12, ignore_eos=True))
     outs = run_all(e)
     assert e.scheduler.num_preemptions > 0
+    assert {rid: text_of(o) for rid, o in outs.items()} == alone
+    assert_pool_full(e)
+    # with it (the default) the second waits for the first's blocks: no preemption, the same text
+    e = make_engine(script, num_blocks=5)
+    for rid in script:
+        e.add_request(rid, [65] * 3, GenerationConfig(max_new_tokens=12, ignore_eos=True))
+    outs = run_all(e)
+    assert e.scheduler.num_preemptions == 0
     assert {rid: text_of(o) for rid, o in outs.items()} == alone
     assert_pool_full(e)

@@ -108,7 +108,8 @@ def _engine(path: Path, steps: int, **kw: Any) -> Engine:
     [
         {},
         {"max_prefill_token_num": 7},  # chunked prefill between the rounds
-        {"cache_max_entry_count": 30, "max_prefill_token_num": 64},  # preemption
+        # preemption (without the admission reserve, which would avoid it)
+        {"cache_max_entry_count": 30, "max_prefill_token_num": 64, "schedule_conservativeness": 0.0},
         {"enable_prefix_caching": True},
         {"session_len": 40},  # a short session (requests end within a few tokens of it)
     ],

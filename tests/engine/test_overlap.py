@@ -89,7 +89,8 @@ def _tokens(got: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[int]]:
     [
         {},
         {"max_prefill_token_num": 7},  # chunked prefill mixed with decodes
-        {"cache_max_entry_count": 14, "max_prefill_token_num": 64},  # preemption
+        # preemption (without the admission reserve, which would avoid it)
+        {"cache_max_entry_count": 14, "max_prefill_token_num": 64, "schedule_conservativeness": 0.0},
     ],
     ids=["plain", "chunked", "preempt"],
 )

@@ -11,7 +11,10 @@ from hotloop.messages import GenerationConfig
 
 
 def make(num_blocks: int = 8, block_size: int = 4, budget: int = 64) -> Scheduler:
-    cfg = SchedulerConfig(max_batch_size=8, max_prefill_token_num=budget, session_len=1024)
+    # (exact block ids under a tight pool: without the admission reserve, tested in test_scheduler.py)
+    cfg = SchedulerConfig(
+        max_batch_size=8, max_prefill_token_num=budget, session_len=1024, reserve_sure=0.0, reserve_max=0.0
+    )
     return Scheduler(cfg, BlockManager(num_blocks, block_size, enable_prefix_caching=True))
 
 
@@ -226,7 +229,9 @@ def test_admission_counts_reclaimed_blocks_against_the_free_pool() -> None:
 
 
 def test_disabled_cache_never_hits() -> None:
-    cfg = SchedulerConfig(max_batch_size=8, max_prefill_token_num=64, session_len=1024)
+    cfg = SchedulerConfig(
+        max_batch_size=8, max_prefill_token_num=64, session_len=1024, reserve_sure=0.0, reserve_max=0.0
+    )
     s = Scheduler(cfg, BlockManager(8, 4))
     for rid in ("a", "b"):
         s.add(req(rid, P10))

@@ -9,8 +9,18 @@ from hotloop.engine.scheduler import Scheduler, SchedulerOutput
 from hotloop.messages import GenerationConfig
 
 
-def make(num_blocks: int = 16, block_size: int = 4, max_batch: int = 8, budget: int = 64) -> Scheduler:
-    cfg = SchedulerConfig(max_batch_size=max_batch, max_prefill_token_num=budget, session_len=1024)
+def make(
+    num_blocks: int = 16, block_size: int = 4, max_batch: int = 8, budget: int = 64, reserve_max: float = 0.0
+) -> Scheduler:
+    """(the mechanics with exact ids are tested without the admission reserve; its own tests pass
+    ``reserve_max``)"""
+    cfg = SchedulerConfig(
+        max_batch_size=max_batch,
+        max_prefill_token_num=budget,
+        session_len=1024,
+        reserve_sure=reserve_max,
+        reserve_max=reserve_max,
+    )
     return Scheduler(cfg, BlockManager(num_blocks, block_size))
 
 
