@@ -150,3 +150,85 @@ def test_self_preemption_when_alone_is_never_needed_for_valid_requests() -> None
         out = run_step(s)
         assert out.scheduled and not out.preempted
     assert a.num_output_tokens == 5
+
+
+# -- the admission reserve ---------------------------------------------------------------------------
+def _finish_done(s: Scheduler, out: SchedulerOutput) -> None:
+    for x in out.scheduled:
+        r = x.request
+        if x.samples and len(r.output_token_ids) >= r.params.max_new_tokens:
+            s.finish(r, RequestStatus.FINISHED_LENGTH)
+
+
+def _drain(s: Scheduler, limit: int = 500) -> int:
+    """Run to the end; returns the steps taken."""
+    for step in range(limit):
+        if not s.has_unfinished():
+            return step
+        _finish_done(s, run_step(s))
+    raise AssertionError("did not finish")
+
+
+def test_reserve_keeps_room_for_the_outputs_ignore_eos_will_produce() -> None:
+    # 4-token prompts (1 block of 4) that will surely grow by 8 (2 more blocks): 3 blocks each at the
+    # end, so a 16-block pool admits 5 and keeps the 6th waiting, and nobody is ever preempted
+    s = make(num_blocks=16, reserve_max=1.0)
+    for i in range(6):
+        s.add(Request(f"r{i}", [1, 2, 3, 4], GenerationConfig(max_new_tokens=8, ignore_eos=True)))
+    out = run_step(s)
+    assert [x.request.request_id for x in out.scheduled] == ["r0", "r1", "r2", "r3", "r4"]
+    assert s.num_waiting == 1 and s.block_manager.num_free_blocks == 11
+    _finish_done(s, out)
+    _drain(s)
+    assert s.num_preemptions == 0 and s.block_manager.num_free_blocks == 16
+    # without it all six start, and growth is served by preempting
+    s = make(num_blocks=16, reserve_max=0.0)
+    for i in range(6):
+        s.add(Request(f"r{i}", [1, 2, 3, 4], GenerationConfig(max_new_tokens=8, ignore_eos=True)))
+    assert len(run_step(s).scheduled) == 6
+    _drain(s)
+    assert s.num_preemptions > 0 and s.block_manager.num_free_blocks == 16
+
+
+def test_reserve_counts_min_new_tokens_and_not_stop_ended_requests() -> None:
+    # min_new_tokens=8 is sure; ignore_eos with a stop word is not (it may stop early)
+    for params, admitted in (
+        (GenerationConfig(max_new_tokens=8, min_new_tokens=8), 5),
+        (GenerationConfig(max_new_tokens=8, ignore_eos=True, stop_token_ids=[9]), 6),
+        (GenerationConfig(max_new_tokens=8), 6),
+    ):
+        s = make(num_blocks=16, reserve_max=1.0)
+        for i in range(6):
+            s.add(Request(f"r{i}", [1, 2, 3, 4], params))
+        assert len(run_step(s).scheduled) == admitted, params
+
+
+def test_reserve_jumps_after_a_preemption_and_decays() -> None:
+    cfg = SchedulerConfig(
+        max_batch_size=8, max_prefill_token_num=64, session_len=1024, reserve_max=0.5, reserve_decay_steps=4
+    )
+    s = Scheduler(cfg, BlockManager(16, 4))
+    assert s.reserve == 0.0  # no preemption yet: admit what fits now
+    for i in range(6):  # may-stop requests: nothing is sure, so all six start and one gets preempted
+        s.add(Request(f"r{i}", [1, 2, 3, 4], GenerationConfig(max_new_tokens=8)))
+    seen = []
+    for _ in range(40):
+        out = run_step(s)
+        seen.append((bool(out.preempted), s.reserve))
+        _finish_done(s, out)
+        if not s.has_unfinished():
+            break
+    first = next(i for i, (pre, _r) in enumerate(seen) if pre)
+    assert seen[first][1] == 0.5  # full after the preempting step
+    # then down by (0.5 - 0) / 4 a step until 0 (or back to 0.5 at the next preemption)
+    for (pre, r), (_p0, r0) in zip(seen[first + 1 :], seen[first:-1], strict=True):
+        assert r == 0.5 if pre else r == max(0.0, r0 - 0.125)
+    assert s.block_manager.num_free_blocks == 16
+
+
+def test_reserve_growth_is_capped_by_the_session() -> None:
+    # max_new_tokens past the session: the reserve counts only up to session_len
+    cfg = SchedulerConfig(max_batch_size=8, max_prefill_token_num=64, session_len=8)
+    s = Scheduler(cfg, BlockManager(16, 4))
+    r = Request("a", [1, 2, 3, 4], GenerationConfig(max_new_tokens=100, ignore_eos=True))
+    assert s._growth(r, 4) == 4.0
