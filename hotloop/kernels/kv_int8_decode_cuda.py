@@ -116,15 +116,20 @@ def fused_write_enabled() -> bool:
     return os.environ.get(FUSED_ENV, "0") == "1"
 
 
-def fused_why_not(q: torch.Tensor, w: FusedWrite) -> str | None:
-    """Why the kernel cannot take ``w`` with queries ``q [B, H, 128]``, or ``None``."""
+def fused_why_not(q: torch.Tensor, k_cache: torch.Tensor, w: FusedWrite) -> str | None:
+    """Why the kernel cannot take ``w`` with queries ``q [B, H, 128]`` over ``k_cache``
+    ``[NB, BS, KV, row]``, or ``None``."""
     B, _H, D = q.shape
-    kv = w.k.shape[1] if w.k.dim() == 3 else -1
-    if variant() == "rows":
-        return f"{VARIANT_ENV}=rows (the fused write is in the O^T kernels)"
+    kv = k_cache.shape[2]
+    chosen = variant()
+    if chosen != AUTO and chosen not in FUSED_VARIANTS:
+        return f"{VARIANT_ENV}={chosen} (the fused write is in the {'/'.join(FUSED_VARIANTS)} kernels)"
+    for label, t in (("k", w.k), ("v", w.v), ("cos", w.cos), ("sin", w.sin), ("slots", w.slots)):
+        if t.device != q.device:
+            return f"{label} is on {t.device}, q on {q.device}"
     for name, t in (("k", w.k), ("v", w.v)):
         if t.dim() != 3 or t.shape != (B, kv, D) or t.dtype != q.dtype:
-            return f"{name} {tuple(t.shape)} {t.dtype}: must be [{B}, KV, {D}] in {q.dtype}"
+            return f"{name} {tuple(t.shape)} {t.dtype}: must be [{B}, {kv}, {D}] in {q.dtype} (the cache's KV heads)"
         if t.stride(2) != 1 or t.stride(1) != D:
             return f"{name}'s heads must be contiguous rows of {D}"
     for name, t in (("cos", w.cos), ("sin", w.sin)):

@@ -547,7 +547,9 @@ def paged_decode_attention(
         config is None
         and kv_int8_decode_cuda.why_not(q, k_cache, v_cache, quant, G, sliding_window or 0, fused) is None
     )
-    if write_kv is not None and not (cuda_ok and kv_int8_decode_cuda.fused_why_not(q, write_kv) is None):
+    if write_kv is not None and not (
+        cuda_ok and kv_int8_decode_cuda.fused_why_not(q, k_cache, write_kv) is None
+    ):
         _write_first(q, k_cache, v_cache, write_kv)
         write_kv = None
     launched = cuda_ok and kv_int8_decode_cuda.launch(

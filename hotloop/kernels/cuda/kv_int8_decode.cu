@@ -151,6 +151,13 @@ __device__ __forceinline__ uint8_t quant_code(float x, float zero, float inv) {
   return (uint8_t)__float2int_rn(y);
 }
 
+// the rotate-half rotation of x (first half: x cos - partner sin; second: x cos + partner sin) with
+// each product and the sum rounded on its own, as rotary_kv_write computes it for quantized caches
+__device__ __forceinline__ float rotate(float x, float partner, float c, float s, bool first) {
+  const float a = __fmul_rn(x, c), b = __fmul_rn(partner, s);
+  return first ? __fsub_rn(a, b) : __fadd_rn(a, b);
+}
+
 // the fused write's staging area after the ring: K codes, V codes, K pair, V pair, then [WARPS][4]
 // floats for the block's min / max
 #define FUSED_BYTES 384
@@ -204,8 +211,9 @@ __device__ __forceinline__ void decode_kernel(
       const T* vr = v_new + (long long)b * stride_vn + kvh * HD;
       const float c = cos_t[(long long)b * stride_cs + (d & 63)], sn = sin_t[(long long)b * stride_cs + (d & 63)];
       const float x = to_float<T>(kr[d]), xp = to_float<T>(kr[d ^ 64]);
-      // rotary_kv_write's x1 cos - x2 sin / x2 cos + x1 sin, rounded to T (what is quantized)
-      const float kf = to_float<T>(from_float<T>(d < 64 ? x * c - xp * sn : x * c + xp * sn));
+      // rotary_kv_write's x1 cos - x2 sin / x2 cos + x1 sin, rounded to T (what is quantized); each
+      // product rounded on its own as there (no fma: its quantized launch turns contraction off)
+      const float kf = to_float<T>(from_float<T>(rotate(x, xp, c, sn, d < 64)));
       const float vf = to_float<T>(vr[d]);
       float mm[4] = {kf, kf, vf, vf};  // k min, k max, v min, v max
 #pragma unroll
@@ -305,7 +313,7 @@ __device__ __forceinline__ void decode_kernel(
           // dim 32t + 4c + e; its rotation partner (dim +- 64) is the same slot of lane t ^ 2
           const float partner = __shfl_xor_sync(0xffffffffu, raw, 2);
           const float cc = crow_cs[4 * c + e], ss = srow_cs[4 * c + e];
-          raw = to_float<T>(from_float<T>(t < 2 ? raw * cc - partner * ss : raw * cc + partner * ss));
+          raw = to_float<T>(from_float<T>(rotate(raw, partner, cc, ss, t < 2)));
         }
         // as the Triton kernel's to_dot_dtype: clamped into fp16's range, then rounded to fp16
         const float x = real ? fminf(fmaxf(raw, -65504.f), 65504.f) : 0.f;
@@ -525,14 +533,14 @@ __device__ __forceinline__ void decode_kernel(
   }
 }
 
-#define DEFINE(NAME, T, VT, STAGES, MINB, FUSED, ...)                                                          \
+#define DEFINE(NAME, T, VT, STAGES, MINB, FUSED, PROBE)                                                          \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(                                       \
       const T* q, uint8_t* k_cache, uint8_t* v_cache, const int* block_tables, const int* seq_lens,       \
       T* out, float* part, float* lse_out, float scale_log2, int stride_qb, int stride_qh, int stride_kb,  \
       int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS, int num_splits,  \
       int log2_bs, int heads_fastest, const T* k_new, const T* v_new, int stride_kn, int stride_vn,       \
       const float* cos_t, const float* sin_t, int stride_cs, const long long* slots) {                    \
-    decode_kernel<T, VT, STAGES, FUSED __VA_OPT__(, ) __VA_ARGS__>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,  \
+    decode_kernel<T, VT, STAGES, FUSED, PROBE>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,  \
                                         scale_log2, stride_qb, stride_qh, stride_kb, stride_vb,           \
                                         stride_bt, stride_ob, stride_oh, G, KV, BS, num_splits, log2_bs,  \
                                         heads_fastest, k_new, v_new, stride_kn, stride_vn, cos_t, sin_t,  \
@@ -540,18 +548,18 @@ __device__ __forceinline__ void decode_kernel(
   }
 
 // the first kernel (BENCHMARKS.md, eighteenth session; HOTLOOP_KV_CUDA_VARIANT=rows)
-DEFINE(kv_int8_decode_f16, __half, false, 4, 3, false)
-DEFINE(kv_int8_decode_bf16, __nv_bfloat16, false, 4, 3, false)
+DEFINE(kv_int8_decode_f16, __half, false, 4, 3, false, false)
+DEFINE(kv_int8_decode_bf16, __nv_bfloat16, false, 4, 3, false, false)
 // the O^T variants (header), with 4 and 3 stages (nineteenth session: the default picks one by grid)
-DEFINE(kv_int8_decode_vt_f16, __half, true, 4, 3, false)
-DEFINE(kv_int8_decode_vt_bf16, __nv_bfloat16, true, 4, 3, false)
-DEFINE(kv_int8_decode_vt3_f16, __half, true, 3, 4, false)
-DEFINE(kv_int8_decode_vt3_bf16, __nv_bfloat16, true, 3, 4, false)
+DEFINE(kv_int8_decode_vt_f16, __half, true, 4, 3, false, false)
+DEFINE(kv_int8_decode_vt_bf16, __nv_bfloat16, true, 4, 3, false, false)
+DEFINE(kv_int8_decode_vt3_f16, __half, true, 3, 4, false, false)
+DEFINE(kv_int8_decode_vt3_bf16, __nv_bfloat16, true, 3, 4, false, false)
 // the same with the step's rotary embedding and KV write fused in (FUSED above; not yet run on a GPU)
-DEFINE(kv_int8_decode_vt_fw_f16, __half, true, 4, 3, true)
-DEFINE(kv_int8_decode_vt_fw_bf16, __nv_bfloat16, true, 4, 3, true)
-DEFINE(kv_int8_decode_vt3_fw_f16, __half, true, 3, 4, true)
-DEFINE(kv_int8_decode_vt3_fw_bf16, __nv_bfloat16, true, 3, 4, true)
+DEFINE(kv_int8_decode_vt_fw_f16, __half, true, 4, 3, true, false)
+DEFINE(kv_int8_decode_vt_fw_bf16, __nv_bfloat16, true, 4, 3, true, false)
+DEFINE(kv_int8_decode_vt3_fw_f16, __half, true, 3, 4, true, false)
+DEFINE(kv_int8_decode_vt3_fw_bf16, __nv_bfloat16, true, 3, 4, true, false)
 // the read probes (PROBE above; not a decode kernel: they write zeros)
 DEFINE(kv_int8_read_probe3_f16, __half, true, 3, 4, false, true)
 DEFINE(kv_int8_read_probe3_bf16, __nv_bfloat16, true, 3, 4, false, true)
