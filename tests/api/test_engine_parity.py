@@ -84,7 +84,13 @@ def run_engine_built(built: Any, prompts: list[list[int]], max_new: int) -> tupl
 VARIANTS = {
     "plain": dict(cache_block_seq_len=4, cache_max_entry_count=512),
     "chunked": dict(cache_block_seq_len=4, cache_max_entry_count=512, max_prefill_token_num=7),
-    "preempt": dict(cache_block_seq_len=4, cache_max_entry_count=16, max_prefill_token_num=64),
+    # (no admission reserve, which would avoid the preemption)
+    "preempt": dict(
+        cache_block_seq_len=4,
+        cache_max_entry_count=16,
+        max_prefill_token_num=64,
+        schedule_conservativeness=0.0,
+    ),
 }
 
 

@@ -73,6 +73,7 @@ def test_preemption_reencodes_images(make_tiny_llava: Callable[[str], Path], ima
         cache_block_seq_len=4,
         cache_max_entry_count=20,
         max_prefill_token_num=128,
+        schedule_conservativeness=0.0,  # no admission reserve: the small pool then preempts
     )
     built = build_engine(str(path), cfg)
     vl = build_vl_processor(path, built.model_config.hf_config, built.tokenizer)
