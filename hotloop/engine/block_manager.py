@@ -68,12 +68,19 @@ class BlockManager:
         """Whether ``allocate`` would succeed, after first taking the ``cached`` hit blocks."""
         if not cached:
             return self.num_new_blocks(request, num_new_tokens) <= self.num_free_blocks
-        pc = self.prefix_cache
-        assert pc is not None and not request.block_ids
-        reclaimed = sum(1 for b in cached if pc.is_evictable(b))  # free now, in use after the hit
+        assert not request.block_ids
+        reclaimed = self.num_reclaimed(cached)
         total = len(cached) * self.block_size + num_new_tokens
         need = max(0, self.blocks_for(total) - len(cached))
         return need + reclaimed <= self.num_free_blocks
+
+    def num_reclaimed(self, cached: list[int]) -> int:
+        """How many of the ``cached`` hit blocks are free now (evictable) and in use after the hit."""
+        pc = self.prefix_cache
+        if not cached:
+            return 0
+        assert pc is not None
+        return sum(1 for b in cached if pc.is_evictable(b))
 
     def allocate(self, request: Request, num_new_tokens: int) -> list[int]:
         """Append enough blocks to ``request.block_ids``; returns the new ids. Raises if short."""

@@ -94,6 +94,9 @@ class Request:
     # its blocks were freed (preemption gives it new blocks).
     serial: int = field(default_factory=lambda: next(_serials))
     block_epoch: int = 0
+    # The scheduler's admission reserve: the KV slots this request will surely fill and the most it
+    # may fill (``Scheduler._ends``, set when it is added).
+    reserve_ends: tuple[int, int] | None = None
     # Penalties read the output history on the device: such a request's pending token must reach
     # the host before the next step is scheduled (set from ``params``).
     needs_output_history: bool = field(init=False, default=False)

@@ -20,6 +20,7 @@ budget); blocks that became full in a step are registered in ``advance``, after 
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -93,10 +94,15 @@ class Scheduler:
         # step to its minimum; it starts at the minimum (no preemption seen yet)
         self.reserve = config.reserve_min
         self._reserve_step = (config.reserve_max - config.reserve_min) / config.reserve_decay_steps
+        # finishes and preemptions so far, and (request serial, that count, reserve) of the last
+        # admission the reserve refused: the same refusal is not worked out again every step
+        self._events = 0
+        self._refused: tuple[int, int, float] | None = None
 
     # -- queue management -------------------------------------------------------------------
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
+        self._ends(request)
         self.waiting.append(request)
 
     def finish(self, request: Request, status: RequestStatus) -> None:
@@ -108,6 +114,7 @@ class Scheduler:
             self.waiting.remove(request)
         self.block_manager.cache_full_blocks(request)  # e.g. a finished turn, for the next one
         self.block_manager.free(request)
+        self._events += 1
         request.status = status
         request.num_pending_tokens = 0
 
@@ -168,7 +175,7 @@ class Scheduler:
                 idx += 1
 
         # No admissions in a step that had to preempt: the pool is under pressure.
-        growth = -1.0  # room reserved for the running requests beyond the blocks they hold (lazy)
+        growth = -1  # blocks reserved for the running requests' growth (computed when first needed)
         while (
             self.waiting
             and not out.preempted
@@ -181,12 +188,20 @@ class Scheduler:
             if not bm.can_allocate(req, n, cached):
                 break
             if self.running:
-                # keep back blocks for the growth of the running requests and of this one
+                # keep back blocks for the growth of the running requests and of this one, each
+                # rounded up to whole blocks (a request's growth starts at a block boundary)
+                key = (req.serial, self._events, self.reserve)
+                if key == self._refused:
+                    # refused before and nothing has freed room since: running requests grow into
+                    # their reserve, so the blocks left over it cannot have grown
+                    break
                 if growth < 0:
-                    growth = sum(self._growth(r, len(r.block_ids) * bs) for r in self.running)
-                held = (req.num_computed_tokens + len(cached) * bs + n + bs - 1) // bs * bs
-                mine = self._growth(req, held)
-                if bm.num_free_blocks - bm.num_new_blocks(req, n) < -(-int(growth + mine) // bs):
+                    growth = self._reserved_blocks()
+                held = -(-(req.num_computed_tokens + len(cached) * bs + n) // bs)
+                mine = self._blocks_reserved(req, held)
+                need = bm.num_new_blocks(req, n) + bm.num_reclaimed(cached)
+                if bm.num_free_blocks - need < growth + mine:
+                    self._refused = key
                     break
                 growth += mine
             self.waiting.popleft()
@@ -212,27 +227,56 @@ class Scheduler:
             self.reserve = max(self.config.reserve_min, self.reserve - self._reserve_step)
         return out
 
-    def _growth(self, request: Request, held: int) -> float:
-        """The room ``request`` is reserved beyond its ``held`` token slots: the tokens it will surely
-        still produce (``max_new_tokens`` with ``ignore_eos`` and no stop words or ids, else
-        ``min_new_tokens``) in full, the rest up to ``max_new_tokens`` times the reserve; within the
-        session."""
-        p = request.params
-        prompt = len(request.prompt_token_ids)
-        final = min(prompt + p.max_new_tokens, self.config.session_len)
-        sure = (
-            p.max_new_tokens
-            if p.ignore_eos and not p.stop_words and not p.stop_token_ids
-            else p.min_new_tokens
+    def _ends(self, request: Request) -> tuple[int, int]:
+        """(sure, final): the KV slots ``request`` will surely fill (its prompt, then all of
+        ``max_new_tokens`` with ``ignore_eos`` and no stop words or ids, else ``min_new_tokens``) and
+        the most it may fill (prompt plus ``max_new_tokens``, less the last sampled token, which is
+        never written), within the session. Worked out once, at ``add``."""
+        if request.reserve_ends is None:
+            p = request.params
+            prompt = len(request.prompt_token_ids)
+            final = min(prompt + p.max_new_tokens - 1, self.config.session_len)
+            surely = (
+                p.max_new_tokens
+                if p.ignore_eos and not p.stop_words and not p.stop_token_ids
+                else p.min_new_tokens
+            )
+            request.reserve_ends = (min(prompt + max((surely or 0) - 1, 0), final), final)
+        return request.reserve_ends
+
+    def _blocks_reserved(self, request: Request, held: int) -> int:
+        """Blocks kept back for ``request``, which holds ``held`` blocks: ``reserve_sure`` x its sure
+        growth and ``reserve`` x the rest, rounded up."""
+        bs = self.block_manager.block_size
+        sure, final = request.reserve_ends or self._ends(request)
+        have = held * bs
+        tokens = self.config.reserve_sure * max(0, sure - have) + self.reserve * max(
+            0, final - max(sure, have)
         )
-        surely = min(prompt + (sure or 0), final)
-        return self.config.reserve_sure * max(0, surely - held) + self.reserve * max(
-            0, final - max(surely, held)
-        )
+        return -(-math.ceil(tokens) // bs)
+
+    def _reserved_blocks(self) -> int:
+        """``_blocks_reserved`` summed over the running requests (inlined: it runs every step while
+        requests wait, over up to ``max_batch_size`` requests)."""
+        bs = self.block_manager.block_size
+        w_sure, w_rest = self.config.reserve_sure, self.reserve
+        total = 0
+        for r in self.running:
+            sure, final = r.reserve_ends or self._ends(r)
+            have = len(r.block_ids) * bs
+            if have >= final:
+                continue
+            tokens = w_sure * (sure - have if sure > have else 0) + w_rest * (
+                final - (sure if sure > have else have)
+            )
+            if tokens > 0:
+                total += -(-math.ceil(tokens) // bs)
+        return total
 
     def _preempt(self, request: Request) -> None:
         """Free ``request``'s blocks; it goes to the front of the queue to be recomputed."""
         self.block_manager.free(request)
+        self._events += 1
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.PREEMPTED

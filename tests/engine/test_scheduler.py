@@ -231,4 +231,48 @@ def test_reserve_growth_is_capped_by_the_session() -> None:
     cfg = SchedulerConfig(max_batch_size=8, max_prefill_token_num=64, session_len=8)
     s = Scheduler(cfg, BlockManager(16, 4))
     r = Request("a", [1, 2, 3, 4], GenerationConfig(max_new_tokens=100, ignore_eos=True))
-    assert s._growth(r, 4) == 4.0
+    s.add(r)
+    assert r.reserve_ends == (8, 8) and s._blocks_reserved(r, 1) == 1
+
+
+def test_reserve_rounds_each_request_to_blocks() -> None:
+    # 4-token prompts that surely fill one more slot (max_new_tokens 2: the last token is never
+    # written): one more block each, so a 5-block pool takes two, not the three a pooled count of
+    # 3 tokens (one block) would let in
+    s = make(num_blocks=5, reserve_max=1.0)
+    for i in range(3):
+        s.add(Request(f"r{i}", [1, 2, 3, 4], GenerationConfig(max_new_tokens=2, ignore_eos=True)))
+    out = run_step(s)
+    assert [x.request.request_id for x in out.scheduled] == ["r0", "r1"]
+    _finish_done(s, out)
+    _drain(s)
+    assert s.num_preemptions == 0 and s.block_manager.num_free_blocks == 5
+
+
+def test_reserve_counts_the_free_cached_blocks_a_hit_takes() -> None:
+    cfg = SchedulerConfig(max_batch_size=8, max_prefill_token_num=64, session_len=1024)
+    s = Scheduler(cfg, BlockManager(5, 4, enable_prefix_caching=True))
+    s.add(Request("a", list(range(1, 9)), GenerationConfig(max_new_tokens=1, ignore_eos=True)))
+    _drain(s)  # leaves its two full blocks cached and free
+    s.add(Request("b", [50, 51, 52, 53], GenerationConfig(max_new_tokens=12, ignore_eos=True)))
+    _finish_done(s, run_step(s))  # b holds 1 block, will surely need 3 more
+    s.add(Request("c", list(range(1, 10)), GenerationConfig(max_new_tokens=3, ignore_eos=True)))
+    out = run_step(s)  # c would take the 2 cached blocks and 1 new: no room for b's growth
+    assert [x.request.request_id for x in out.scheduled] == ["b"]
+    _finish_done(s, out)
+    _drain(s)
+    assert s.num_preemptions == 0 and s.block_manager.num_free_blocks == 5
+
+
+def test_reserve_holds_back_the_uncertain_rest_after_a_preemption() -> None:
+    # requests that may stop at EOS: nothing is sure, so the reserve decides. 4-token prompts that
+    # may fill 7 more slots: 3 blocks each at most, 5 of them in 16 blocks
+    for reserve, admitted in ((0.0, 6), (1.0, 5)):
+        cfg = SchedulerConfig(
+            max_batch_size=8, max_prefill_token_num=64, session_len=1024, reserve_decay_steps=1000
+        )
+        s = Scheduler(cfg, BlockManager(16, 4))
+        s.reserve = reserve  # (as right after a preempting step)
+        for i in range(6):
+            s.add(Request(f"r{i}", [1, 2, 3, 4], GenerationConfig(max_new_tokens=8)))
+        assert len(run_step(s).scheduled) == admitted
