@@ -45,9 +45,10 @@ class EngineConfig:
     session_len: the most tokens one sequence may hold (prompt plus output); None takes the model's
     ``max_position_embeddings``.
     schedule_conservativeness: how much KV room admission keeps back for the running requests'
-    growth (SGLang's name), in [0, 1]: the weight of the tokens a request will surely produce
-    (``ignore_eos``, ``min_new_tokens``) and the reserve for the rest after a step that had to preempt
-    (``SchedulerConfig``); 0 admits whatever fits now and serves growth by preempting (vLLM's way).
+    growth (SGLang's name), in [0, 1]: the weight of what a request will surely still fill (the rest of
+    its prompt; its output with ``ignore_eos``, else up to ``min_new_tokens``) and the reserve for the
+    rest after a step that had to preempt (``SchedulerConfig``); 0 admits whatever fits now and serves
+    growth by preempting (vLLM's way).
     """
 
     backend: str = "auto"
@@ -185,8 +186,9 @@ class SchedulerConfig:
     """Admission limits of the scheduler.
 
     Admission keeps back KV blocks for the running requests' growth (``engine/scheduler.py``):
-    ``reserve_sure`` x the tokens each will surely still produce (``ignore_eos``, ``min_new_tokens``)
-    and the reserve x the rest up to ``max_new_tokens``. The reserve starts at ``reserve_min``, is
+    ``reserve_sure`` x the KV slots each will surely still fill (the rest of its prompt; its output
+    with ``ignore_eos``, else up to ``min_new_tokens``) and the reserve x the rest up to
+    ``max_new_tokens``. The reserve starts at ``reserve_min``, is
     ``reserve_max`` after a step that had to preempt and falls linearly back over
     ``reserve_decay_steps`` steps. All three at 0: admission takes whatever fits now, and growth is
     served by preempting."""

@@ -30,9 +30,10 @@ _HELP = {
     "when every running request is decoding (less host time per token; streamed tokens then arrive in bursts "
     "of this many)",
     "schedule_conservativeness": "KV room admission keeps back for running requests' growth, in [0, 1] (SGLang's "
-    "name): this weight x the tokens a request will surely produce (ignore_eos, min_new_tokens), and after a step "
-    "that had to preempt a request (its prompt is then computed again) up to this fraction of the rest of "
-    "max_new_tokens, falling to 0 over 1,000 steps. 0: admit whatever fits now (vLLM's behaviour)",
+    "name): this weight x what a request will surely still fill (the rest of its prompt; its output with "
+    "ignore_eos, else up to min_tokens), and after a step that had to preempt a request (its prompt is then "
+    "computed again) up to this fraction of the rest of max_new_tokens, falling to 0 over 1,000 scheduler steps. "
+    "0: admit whatever fits now (vLLM's behaviour)",
     "load_format": f"weights: {', '.join(LOAD_FORMATS)} (dummy: random weights from the config)",
     "seed": "engine-wide random seed",
     "vision_max_batch_size": "most images the vision encoder runs at once, counting each tile of a tiled model "

@@ -5,17 +5,18 @@ Prefill, chunked prefill and decode are one mechanism: each scheduled request ad
 of its known tokens. Running requests go first (oldest first); when one of them cannot get a
 block, the newest running request is preempted (blocks freed, recomputed later). Waiting requests
 join in FIFO order while slots (``max_batch_size``), blocks and the step's prefill token budget
-(``max_prefill_token_num``) allow, and while the blocks left keep room for the growth of the running
-requests (and the new one). A preemption recomputes a whole prompt, so admission reserves the tokens
-a request will surely produce (all of ``max_new_tokens`` with ``ignore_eos`` and no stop words or
-ids, else ``min_new_tokens``; times ``reserve_sure``) and ``reserve`` x the rest up to
-``max_new_tokens``: the reserve starts
-at ``reserve_min`` (0 by default: admit what fits now), jumps to ``reserve_max`` after a step that
-had to preempt, then falls back over ``reserve_decay_steps`` steps (requests that may stop at EOS
-usually need less than their maximum); a prompt longer than the budget is prefilled over several steps,
+(``max_prefill_token_num``) allow; a prompt longer than the budget is prefilled over several steps,
 alongside the running decodes. With prefix caching, an admitted request first takes the cached
 blocks of its longest cached prefix and only the rest is prefilled (and counts against the
 budget); blocks that became full in a step are registered in ``advance``, after they were computed.
+
+Admission also keeps room for the growth of the running requests and of the new one, since a
+preemption recomputes a whole prompt. Each is reserved ``reserve_sure`` x the KV slots it will surely
+still fill (the rest of its prompt; its output up to ``max_new_tokens`` with ``ignore_eos`` and no stop
+words or ids, else up to ``min_new_tokens``) and ``reserve`` x the rest up to ``max_new_tokens``,
+rounded up to blocks. The reserve starts at ``reserve_min`` (0 by default: what may stop at EOS
+is not reserved), is ``reserve_max`` after a step that had to preempt and falls back over
+``reserve_decay_steps`` steps.
 """
 
 from __future__ import annotations
