@@ -733,12 +733,12 @@ if [ "$what" = kvfused ]; then  # one GPU, in turn
 fi
 if [ "$what" = kvnext ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
-  timeout 220 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+  timeout 260 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
     tests/api/test_gpu_parity.py tests/kernels/test_kv_quant_kernels.py \
     -k "heads_fastest or fused or hd128 or graph or replay or quant_write" >"$out/kvnext_tests.log" 2>&1
   echo "GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvnext_tests.log" | cut -c1-300 | head -40
-  timeout 170 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_next.json" --quick --no-prefill \
+  timeout 150 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_next.json" --quick --no-prefill \
     --policies 8 --decode-shapes 300x4608,160x4608,128x4096,16x4096,1x4096 \
     --cuda-variants ",vt,vt3,probe3,probe4" --cuda-grids seq,heads >"$out/sweep_next.log" 2>&1
   echo "sweep rc=$?"
