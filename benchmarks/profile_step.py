@@ -22,6 +22,7 @@ from hotloop.api.build import build_engine
 from hotloop.config import EngineConfig
 from hotloop.engine.request import Request
 from hotloop.engine.scheduler import ScheduledRequest, SchedulerOutput
+from hotloop.kernels import kv_quant
 from hotloop.messages import GenerationConfig
 
 BW = 4229e9
@@ -29,7 +30,13 @@ FLOPS = 783e12
 WEIGHT_BYTES = 15.0e9
 AWQ_WEIGHT_BYTES = 4.65e9  # W4A16, group 128, bf16 lm_head (GPU.md)
 FLOP_PER_TOKEN = 16e9
-KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+
+
+def kv_bytes_per_token(policy: int) -> int:
+    """Cache bytes one token takes over the 32 layers' K and V (8 KV heads of 128, bf16 scales)."""
+    return 32 * 8 * 2 * kv_quant.row_bytes(128, policy, 2)
+
+
 PROFILE_HOST = (
     "prefill 1x128",
     "mixed 32 decodes@1k + 1x256",
@@ -199,7 +206,7 @@ def main() -> int:
         attn_flop = sum(4 * 32 * 4096 * n * n / 2 for n in pf) + 4 * 32 * 4096 * dec * ctx
         floor_ms = 1e3 * max(
             (FLOP_PER_TOKEN * tokens + attn_flop) / FLOPS,
-            (weight_bytes + KV_BYTES_PER_TOKEN * dec * ctx) / BW,
+            (weight_bytes + kv_bytes_per_token(args.quant_policy) * dec * ctx) / BW,
         )
         med = statistics.median(ms)
         results[name] = {
