@@ -38,6 +38,9 @@
 #            grid, the fused write (kernel and engine) and the quantized write's all-heads programs, the int8 decode sweep at the KV-bound and
 #            other batches with every variant and both read probes in both grid orders, then batch 1
 #            with fp16 KV, int8 KV and int8 KV with the fused write (run_capacity.sh bs1, bs1_int8).
+#   smolattn one GPU: SmolLM2-135M's decode attention at batch 1 (9 heads, 3 KV heads, head dim 64; 128-640
+#            tokens of context), bf16: every split count with larger tiles and more warps, the merge
+#            launched and fused (issue 4's 2,500 tokens/s: could one launch per layer replace two?).
 #   replay   GPU 0: the launch-replay and piecewise GPU tests, the serving-mix steps of profile_step.py with
 #            the attention launches replayed and not (HOTLOOP_LAUNCH_REPLAY=0), then the serving run.
 #            GPU 1: the serving run with --max-prefill-token-num 512. (Host time matters: run it on one GPU.)
@@ -746,6 +749,15 @@ if [ "$what" = kvnext ]; then  # one GPU, in turn
   bash "$here/run_capacity.sh" bs1 "$out/bs1" 150 >/dev/null 2>&1
   HOTLOOP_KV_CUDA_FUSED_WRITE=1 bash "$here/run_capacity.sh" bs1_int8 "$out/bs1fw" 150 >/dev/null 2>&1
   for f in "$out"/bs1*/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
+  exit 0
+fi
+if [ "$what" = smolattn ]; then  # one GPU
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 500 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_smol.json" --no-prefill --policies 0 \
+    --heads 9,3,64 --decode-shapes 1x128,1x384,1x640 --splits 1,2,4,8,16 --cross --fuse-merge both \
+    --decode-configs "32,4,2;64,4,2;128,4,2;128,8,2;256,8,2;256,8,3;512,8,2" >"$out/sweep_smol.log" 2>&1
+  echo "sweep rc=$?"
+  grep -E "decode B=" "$out/sweep_smol.log" | grep -v "default vs" | sort -t: -k2 -n | cut -c1-160 | head -60
   exit 0
 fi
 if [ "$what" = kvpair ]; then  # two GPUs, side by side

@@ -271,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         "probe4); default all but the probes",
     )
     ap.add_argument(
+        "--heads",
+        default=None,
+        help="H,KV,D: the attention shape (default 32,8,128, Llama-3-8B; 9,3,64 is SmolLM2-135M)",
+    )
+    ap.add_argument(
         "--cuda-grids",
         default="seq",
         help="the CUDA int8 kernel's grid orders to time (seq, heads: HOTLOOP_KV_CUDA_GRID); default seq",
@@ -280,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     # the read probes as variants, for this process only: rows "cuda-probe3" / "cuda-probe4" time the
     # int8 kernel's copies through its ring without the arithmetic (their outputs are zeros)
     kv_int8_decode_cuda.VARIANTS.update(kv_int8_decode_cuda.PROBES)
-    global GRAPH_TIMING
+    global GRAPH_TIMING, H, KV, D
+    if args.heads:
+        H, KV, D = (int(x) for x in args.heads.split(","))
     GRAPH_TIMING = not args.eager_timing
     if args.cuda_variants is not None:
         CUDA_VARIANTS[:] = args.cuda_variants.split(",")
