@@ -757,7 +757,7 @@ if [ "$what" = smolattn ]; then  # one GPU
     --heads 9,3,64 --decode-shapes 1x128,1x384,1x640 --splits 1,2,4,8,16 --cross --fuse-merge both \
     --decode-configs "32,4,2;64,4,2;128,4,2;128,8,2;256,8,2;256,8,3;512,8,2" >"$out/sweep_smol.log" 2>&1
   echo "sweep rc=$?"
-  for c in 128 384 640; do  # the twelve fastest of each context, then the default (16 splits, merge launched)
+  for c in 128 384 640; do  # the twelve fastest of each context, then the default ((64, 4, 3), 16 splits, merge launched)
     grep -E "decode B=1 ctx=$c " "$out/sweep_smol.log" | grep -v "default vs" | sort -t: -k2 -n | cut -c1-160 | head -12
     grep -E "decode B=1 ctx=$c q0 \(32, 4, 2\) splits 16: " "$out/sweep_smol.log" | cut -c1-160
   done
