@@ -759,7 +759,7 @@ if [ "$what" = smolattn ]; then  # one GPU
   echo "sweep rc=$?"
   for c in 128 384 640; do  # the twelve fastest of each context, then the default ((64, 4, 3), 16 splits, merge launched)
     grep -E "decode B=1 ctx=$c " "$out/sweep_smol.log" | grep -v "default vs" | sort -t: -k2 -n | cut -c1-160 | head -12
-    grep -E "decode B=1 ctx=$c q0 \(32, 4, 2\) splits 16: " "$out/sweep_smol.log" | cut -c1-160
+    grep -E "decode B=1 ctx=$c q0 \(64, 4, 3\) splits 16: " "$out/sweep_smol.log" | cut -c1-160
   done
   exit 0
 fi
