@@ -29,11 +29,6 @@
 #   kvsplit  one GPU: the CUDA int8 kernel's graph / replay / sliced / variant GPU tests (the auto choice),
 #            the quantized engine parity tests, then decode attention at the KV-bound run's batches
 #            (160 / 300 x 4,608, bf16 and int8) at 1, 2 and 4 splits.
-#   kvgrid   one GPU: the CUDA int8 kernel's GPU tests with the heads-fastest grid (HOTLOOP_KV_CUDA_GRID),
-#            then int8 decode at the KV-bound batches and others, every variant in both grid orders;
-#            with KVGRID_RUN=heads|seq also issue 6's KV-bound int8 run with that grid order.
-#   kvfused  one GPU: the fused rotary + int8 KV write's GPU tests (HOTLOOP_KV_CUDA_FUSED_WRITE), then batch
-#            1 with fp16 KV, int8 KV, and int8 KV with the fused write, twice (run_capacity.sh bs1).
 #   kvnext   one GPU, the nineteenth session's untimed work in one call: the GPU tests of the heads-fastest
 #            grid, the fused write (kernel and engine) and the quantized write's all-heads programs, the int8 decode sweep at the KV-bound and
 #            other batches with every variant and both read probes in both grid orders, then batch 1
@@ -703,35 +698,6 @@ if [ "$what" = kvsplit ]; then  # one GPU, in turn
     >"$out/sweep_split.log" 2>&1
   echo "split sweep rc=$?"
   grep -E "decode B=" "$out/sweep_split.log" | grep -v "default vs" | cut -c1-200
-  exit 0
-fi
-if [ "$what" = kvgrid ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 150 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
-    -k "heads_fastest or graph or replay" >"$out/kvgrid_tests.log" 2>&1
-  echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvgrid_tests.log" | cut -c1-300 | head -40
-  timeout 150 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_grid.json" --quick --no-prefill \
-    --policies 8 --decode-shapes 300x4608,160x4608,128x4096,16x4096,1x4096 --cuda-grids seq,heads \
-    >"$out/sweep_grid.log" 2>&1
-  echo "grid sweep rc=$?"
-  grep -E "decode B=" "$out/sweep_grid.log" | grep -v "default vs" | cut -c1-200
-  if [ -n "${KVGRID_RUN:-}" ]; then
-    HOTLOOP_KV_CUDA_GRID=$KVGRID_RUN bash "$here/run_capacity.sh" kv_int8 "$out/cap" 300
-  fi
-  exit 0
-fi
-if [ "$what" = kvfused ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
-    tests/api/test_gpu_parity.py -k "fused or hd128" >"$out/kvfused_tests.log" 2>&1
-  echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvfused_tests.log" | cut -c1-300 | head -40
-  for i in 1 2; do
-    bash "$here/run_capacity.sh" bs1 "$out/bs1_$i" 150 >/dev/null 2>&1
-    HOTLOOP_KV_CUDA_FUSED_WRITE=1 bash "$here/run_capacity.sh" bs1_int8 "$out/bs1fw_$i" 150 >/dev/null 2>&1
-  done
-  for f in "$out"/bs1*_*/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
   exit 0
 fi
 if [ "$what" = kvnext ]; then  # one GPU, in turn

@@ -55,7 +55,7 @@ def variant() -> str:
 # HOTLOOP_KV_CUDA_GRID: the launch order of the (sequence, KV head, split) blocks. "seq" (the
 # default: sequences fastest, as measured in the eighteenth and nineteenth sessions) or "heads" (a
 # sequence's KV heads next to each other, sharing the sectors of a token's scale / zero pairs and its
-# 1 KB of codes; untimed: gpu_check.sh OUT kvgrid times it).
+# 1 KB of codes; untimed: gpu_check.sh OUT kvnext times it).
 GRID_ENV = "HOTLOOP_KV_CUDA_GRID"
 GRIDS = ("seq", "heads")
 MAX_GRID_Y = 65535

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from hotloop.kernels import kv_int8_decode_cuda, ops, reference
+from hotloop.kernels import ops, reference
 from hotloop.layers.rotary import apply_rotary
+
+if TYPE_CHECKING:  # (the module imports Triton: the CPU path must not)
+    from hotloop.kernels.kv_int8_decode_cuda import FusedWrite
 
 # A quantized cache's prefill reads the prompt's own keys unquantized (paged_prefill_attention's
 # k_new / v_new). HOTLOOP_KV_FRESH_PREFILL=0 reads them back from the cache instead, as before, for
@@ -159,7 +163,7 @@ class PagedAttention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         out: torch.Tensor,
-        write: kv_int8_decode_cuda.FusedWrite | None = None,
+        write: FusedWrite | None = None,
     ) -> torch.Tensor:
         """The decode kernel over a decode-only batch, into ``out``; a decode graph's metadata
         (``meta.graph``) takes ``decode_plan``'s split count and merge. ``write``: q unrotated and
@@ -190,6 +194,7 @@ class PagedAttention(nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor] | None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        from hotloop.kernels import kv_int8_decode_cuda
         from hotloop.kernels.paged_decode_attention import paged_decode_attention
         from hotloop.kernels.paged_prefill_attention import paged_prefill_attention
         from hotloop.kernels.rotary_kv_write import rotary_kv_write

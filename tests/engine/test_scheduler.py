@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from hotloop.config import SchedulerConfig
+import argparse
+
+import pytest
+
+from hotloop.cli.engine_args import add_engine_args, engine_config_from_args
+from hotloop.config import ConfigError, EngineConfig, SchedulerConfig
 from hotloop.engine.block_manager import BlockManager
 from hotloop.engine.request import Request, RequestStatus
 from hotloop.engine.scheduler import Scheduler, SchedulerOutput
@@ -276,3 +281,15 @@ def test_reserve_holds_back_the_uncertain_rest_after_a_preemption() -> None:
         for i in range(6):
             s.add(Request(f"r{i}", [1, 2, 3, 4], GenerationConfig(max_new_tokens=8)))
         assert len(run_step(s).scheduled) == admitted
+
+
+def test_schedule_conservativeness_flag_range_and_mapping() -> None:
+    for bad in (-0.1, 1.5, True):
+        with pytest.raises(ConfigError, match=r"schedule_conservativeness=.* must be a number in \[0, 1\]"):
+            EngineConfig(schedule_conservativeness=bad)
+    ap = argparse.ArgumentParser()
+    add_engine_args(ap)
+    cfg = engine_config_from_args(ap.parse_args(["--schedule-conservativeness", "0.25"]))
+    assert cfg.schedule_conservativeness == 0.25
+    with pytest.raises(ValueError, match="reserve_min=0.5 and reserve_max=0.25"):
+        SchedulerConfig(8, 64, 1024, reserve_max=0.25, reserve_min=0.5)
