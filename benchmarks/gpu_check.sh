@@ -29,10 +29,9 @@
 #   kvsplit  one GPU: the CUDA int8 kernel's graph / replay / sliced / variant GPU tests (the auto choice),
 #            the quantized engine parity tests, then decode attention at the KV-bound run's batches
 #            (160 / 300 x 4,608, bf16 and int8) at 1, 2 and 4 splits.
-#   kvnext   one GPU, the nineteenth session's untimed work in one call: the GPU tests of the heads-fastest
-#            grid, the fused write (kernel and engine) and the quantized write's all-heads programs, the int8 decode sweep at the KV-bound and
-#            other batches with every variant and both read probes in both grid orders, then batch 1
-#            with fp16 KV, int8 KV and int8 KV with the fused write (run_capacity.sh bs1, bs1_int8).
+#   kvwarp   one GPU, the twentieth session's per-warp rings: the int8 CUDA decode GPU tests (every variant,
+#            the seq grid, graphs, replay), the sweep of vt / vt3 / vtw / vt3w and the read probes at the
+#            KV-bound and other batches, then the KV-bound int8 run with the faster of vt3w / vt3.
 #   smolattn one GPU: SmolLM2-135M's decode attention at batch 1 (9 heads, 3 KV heads, head dim 64; 128-640
 #            tokens of context), bf16: every split count with larger tiles and more warps, the merge
 #            launched and fused (issue 4's 2,500 tokens/s: could one launch per layer replace two?).
@@ -700,21 +699,33 @@ if [ "$what" = kvsplit ]; then  # one GPU, in turn
   grep -E "decode B=" "$out/sweep_split.log" | grep -v "default vs" | cut -c1-200
   exit 0
 fi
-if [ "$what" = kvnext ]; then  # one GPU, in turn
+if [ "$what" = kvwarp ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
-  timeout 260 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
-    tests/api/test_gpu_parity.py tests/kernels/test_kv_quant_kernels.py \
-    -k "heads_fastest or fused or hd128 or graph or replay or quant_write" >"$out/kvnext_tests.log" 2>&1
-  echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvnext_tests.log" | cut -c1-300 | head -40
-  timeout 150 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_next.json" --quick --no-prefill \
+  git -C "$here/.." log --oneline -1 2>/dev/null || true
+  timeout 170 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    -k "variants or seq_grid or graph or replay" >"$out/kvwarp_tests.log" 2>&1
+  trc=$?
+  echo "GPU tests rc=$trc"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvwarp_tests.log" | cut -c1-300 | head -30
+  timeout 120 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_warp.json" --quick --no-prefill \
     --policies 8 --decode-shapes 300x4608,160x4608,128x4096,16x4096,1x4096 \
-    --cuda-variants ",vt,vt3,probe3,probe4" --cuda-grids seq,heads >"$out/sweep_next.log" 2>&1
+    --cuda-variants "vt,vt3,vtw,vt3w,probe3,probe3w" --cuda-grids heads >"$out/sweep_warp.log" 2>&1
   echo "sweep rc=$?"
-  grep -E "decode B=" "$out/sweep_next.log" | grep -v "default vs" | cut -c1-200
-  bash "$here/run_capacity.sh" bs1 "$out/bs1" 150 >/dev/null 2>&1
-  HOTLOOP_KV_CUDA_FUSED_WRITE=1 bash "$here/run_capacity.sh" bs1_int8 "$out/bs1fw" 150 >/dev/null 2>&1
-  for f in "$out"/bs1*/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
+  grep -E "decode B=" "$out/sweep_warp.log" | grep -v "default vs" | cut -c1-200
+  # the KV-bound int8 run with the faster of vt3w / vt3 at batch >= 128 (vt3w only if its tests passed)
+  var=$(python3 - "$out/sweep_warp.json" "$trc" <<'PY'
+import json, sys
+ms = {}
+for r in json.load(open(sys.argv[1]))["results"]:
+    for row in r.get("rows", []):
+        if r["batch"] >= 128 and "ms" in row:
+            ms.setdefault(row["config"], []).append(row["ms"])
+w, b = sum(ms.get("cuda-vt3w@heads", [1e9])), sum(ms.get("cuda-vt3@heads", [0]))
+print("vt3w" if sys.argv[2] == "0" and w < b else "vt3")
+PY
+)
+  echo "KV-bound int8 with HOTLOOP_KV_CUDA_VARIANT=${var:-vt3}"
+  HOTLOOP_KV_CUDA_VARIANT=${var:-vt3} bash "$here/run_capacity.sh" kv_int8 "$out/cap" $((575 - SECONDS))
   exit 0
 fi
 if [ "$what" = smolattn ]; then  # one GPU

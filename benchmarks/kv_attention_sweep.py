@@ -147,7 +147,7 @@ def decode_case(
             continue  # one split: nothing to merge; the CUDA kernel merges in a second launch
         cfg = None if isinstance(label, str) else label
         if isinstance(label, str):  # "cuda[-VARIANT][@GRID]"
-            name, _, grid = label[5:].partition("@")
+            name, _, grid = label[4:].removeprefix("-").partition("@")
             os.environ[kv_int8_decode_cuda.VARIANT_ENV] = name
             os.environ[kv_int8_decode_cuda.GRID_ENV] = grid
         try:

@@ -38,7 +38,15 @@ _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 # once (batch 1: a deeper ring per block) and "vt3" otherwise (more blocks resident: the grid's
 # waves). Measured on the H200 (benchmarks/results/gpu_2026-12-01c): vt3 beat rows by 2-21% at
 # batch 16-256, vt by 20% at batch 1 x 4k; at batch 320 x 4k vt led vt3 by 1%.
-VARIANTS = {"rows": ("kv_int8_decode", 4), "vt": ("kv_int8_decode_vt", 4), "vt3": ("kv_int8_decode_vt3", 3)}
+# "vtw" / "vt3w": vt / vt3 with a ring per warp (the .cu's WRING: no block barrier in the loop, every
+# ring slot in flight while a warp waits; untimed when written: gpu_check.sh OUT kvwarp times them).
+VARIANTS = {
+    "rows": ("kv_int8_decode", 4),
+    "vt": ("kv_int8_decode_vt", 4),
+    "vt3": ("kv_int8_decode_vt3", 3),
+    "vtw": ("kv_int8_decode_vtw", 4),
+    "vt3w": ("kv_int8_decode_vt3w", 3),
+}
 VARIANT_ENV = "HOTLOOP_KV_CUDA_VARIANT"
 AUTO = "auto"
 
@@ -52,18 +60,19 @@ def variant() -> str:
     return raw
 
 
-# HOTLOOP_KV_CUDA_GRID: the launch order of the (sequence, KV head, split) blocks. "seq" (the
-# default: sequences fastest, as measured in the eighteenth and nineteenth sessions) or "heads" (a
-# sequence's KV heads next to each other, sharing the sectors of a token's scale / zero pairs and its
-# 1 KB of codes; untimed: gpu_check.sh OUT kvnext times it).
+# HOTLOOP_KV_CUDA_GRID: the launch order of the (sequence, KV head, split) blocks. "heads" (the
+# default: a sequence's KV heads next to each other, sharing the sectors of a token's scale / zero
+# pairs and its 1 KB of codes) or "seq" (sequences fastest, the first order). Measured on the H200
+# (benchmarks/results/gpu_2026-12-01d): vt3 with "heads" beat "seq" by 1-4% at batch 16-300 x 4k,
+# equal at batch 1; the read probe gained 7-13%.
 GRID_ENV = "HOTLOOP_KV_CUDA_GRID"
 GRIDS = ("seq", "heads")
 MAX_GRID_Y = 65535
 
 
 def grid_order() -> str:
-    """The grid order HOTLOOP_KV_CUDA_GRID names ("seq" when unset or empty); read at each launch."""
-    raw = os.environ.get(GRID_ENV, "") or "seq"
+    """The grid order HOTLOOP_KV_CUDA_GRID names ("heads" when unset or empty); read at each launch."""
+    raw = os.environ.get(GRID_ENV, "") or "heads"
     if raw not in GRIDS:
         raise ValueError(f"{GRID_ENV}={raw!r} must be one of {list(GRIDS)}")
     return raw
@@ -89,7 +98,11 @@ FUSED_ENV = "HOTLOOP_KV_CUDA_FUSED_WRITE"
 FUSED_BYTES = 384  # the .cu's staging area after the ring
 # the .cu's read probes (benchmarks/kv_attention_sweep.py adds them to VARIANTS for its "probe" rows;
 # they copy the tiles and skip the arithmetic, so they write zeros: never a decode kernel)
-PROBES = {"probe3": ("kv_int8_read_probe3", 3), "probe4": ("kv_int8_read_probe4", 4)}
+PROBES = {
+    "probe3": ("kv_int8_read_probe3", 3),
+    "probe4": ("kv_int8_read_probe4", 4),
+    "probe3w": ("kv_int8_read_probe3w", 3),
+}
 _KERNEL_NAMES = (
     tuple(f"{prefix}_{dt}" for prefix, _ in VARIANTS.values() for dt in _DTYPES.values())
     + tuple(f"{VARIANTS[v][0]}_fw_{dt}" for v in FUSED_VARIANTS for dt in _DTYPES.values())

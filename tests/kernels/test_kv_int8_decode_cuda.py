@@ -88,9 +88,9 @@ def test_variant_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_grid_order_env_and_grid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(kv_int8_decode_cuda.GRID_ENV, raising=False)
-    assert kv_int8_decode_cuda.grid_order() == "seq"
-    monkeypatch.setenv(kv_int8_decode_cuda.GRID_ENV, "heads")
     assert kv_int8_decode_cuda.grid_order() == "heads"
+    monkeypatch.setenv(kv_int8_decode_cuda.GRID_ENV, "seq")
+    assert kv_int8_decode_cuda.grid_order() == "seq"
     monkeypatch.setenv(kv_int8_decode_cuda.GRID_ENV, "rows")
     with pytest.raises(ValueError, match="HOTLOOP_KV_CUDA_GRID='rows' must be one of"):
         kv_int8_decode_cuda.grid_order()
@@ -178,7 +178,7 @@ def test_decode_gpu(h: int, kv: int, bs: int, dtype: torch.dtype, monkeypatch: p
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["rows", "vt", "vt3"])
+@pytest.mark.parametrize("variant", ["rows", "vt", "vt3", "vtw", "vt3w"])
 @pytest.mark.parametrize("h,kv", [(8, 8), (32, 8), (28, 4), (16, 2), (6, 1)])
 @pytest.mark.parametrize("bs", [16, 64])
 def test_decode_variants_gpu(h: int, kv: int, bs: int, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,12 +189,11 @@ def test_decode_variants_gpu(h: int, kv: int, bs: int, variant: str, monkeypatch
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["rows", "vt", "vt3"])
+@pytest.mark.parametrize("variant", ["rows", "vt", "vt3", "vt3w"])
 @pytest.mark.parametrize("h,kv", [(32, 8), (28, 4), (6, 1)])
-def test_decode_heads_fastest_grid_gpu(
-    h: int, kv: int, variant: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(kv_int8_decode_cuda.GRID_ENV, "heads")
+def test_decode_seq_grid_gpu(h: int, kv: int, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the default grid is heads-fastest (every other test runs it); this is the other order
+    monkeypatch.setenv(kv_int8_decode_cuda.GRID_ENV, "seq")
     monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
     for splits in (1, 5, None):
         _case(LENS, h, kv, 64, torch.bfloat16, splits, monkeypatch)

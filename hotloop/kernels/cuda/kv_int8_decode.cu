@@ -170,7 +170,13 @@ __device__ __forceinline__ float rotate(float x, float partner, float c, float s
 // the same bytes straight into its ring in place of a copy from the cache.
 // PROBE (benchmarks only: kv_attention_sweep.py's "probe" rows): the same copies through the same ring,
 // grid and barriers with none of the arithmetic, to tell the access pattern's ceiling from the kernel's.
-template <typename T, bool VT, int STAGES, bool FUSED, bool PROBE = false>
+// WRING: each warp's own ring. The copier mapping below gives warp w exactly the rows it reads (tokens
+// 16w .. 16w + 15 of each tile, their codes and pairs), so a warp needs no other warp's copies: it waits
+// on its own cp.async groups and syncs with __syncwarp, never __syncthreads. A warp refills a slot as
+// soon as it has finished with it, before it waits for its next tile, so all STAGES tiles are in flight
+// while it waits (the block ring keeps STAGES - 1: its refill waits for the block's barrier, which
+// comes after the next tile's data), and a warp that finishes early runs ahead instead of idling.
+template <typename T, bool VT, int STAGES, bool FUSED, bool PROBE = false, bool WRING = false>
 __device__ __forceinline__ void decode_kernel(
     const T* __restrict__ q, uint8_t* __restrict__ k_cache, uint8_t* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* __restrict__ out,
@@ -328,14 +334,24 @@ __device__ __forceinline__ void decode_kernel(
   }
   const float qoff = 1024.f * qsum;
 
-  // prologue: the first STAGES - 1 tiles in flight (one commit group per tile, empty or not)
+  // prologue: the first STAGES - 1 tiles in flight (WRING: STAGES), one commit group per tile, empty or not
+  constexpr int AHEAD = WRING ? STAGES : STAGES - 1;
   int next_page = 0;
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
+  for (int s = 0; s < AHEAD; ++s) {
     if (s < n_tiles) issue(s, page_of(s));
     cp_commit();
   }
-  if (STAGES - 1 < n_tiles) next_page = page_of(STAGES - 1);
+  if (AHEAD < n_tiles) next_page = page_of(AHEAD);
+  // tile nt into its slot (the slot of tile nt - STAGES, which every reader has finished), then the
+  // page of tile nt + 1 looked up ahead of its use; one commit group per call, empty or not
+  auto refill = [&](int nt) {
+    if (nt < n_tiles) {
+      issue(nt, next_page);
+      if (nt + 1 < n_tiles) next_page = page_of(nt + 1);
+    }
+    cp_commit();
+  };
 
   float m = -INFINITY, l = 0.f, corr = 0.f;
   // !VT: 16 n-tiles of O (rows: heads g and g + 8, the latter padding); VT: 8 m-tiles of O^T
@@ -346,15 +362,17 @@ __device__ __forceinline__ void decode_kernel(
 
   const u32 smem0 = smem_addr(smem);
   for (int tile = 0; tile < n_tiles; ++tile) {
-    cp_wait<STAGES - 2>();
-    __syncthreads();  // tile's copies visible to all; every warp is done with the slot refilled below
-    {
-      const int nt = tile + STAGES - 1;
-      if (nt < n_tiles) {
-        issue(nt, next_page);
-        if (nt + 1 < n_tiles) next_page = page_of(nt + 1);
+    if (WRING) {
+      if (tile > 0) {
+        __syncwarp();  // every lane of the warp is done reading tile - 1's slot
+        refill(tile - 1 + STAGES);
       }
-      cp_commit();
+      cp_wait<STAGES - 1>();  // this lane's copies of tile have landed
+      __syncwarp();           // and the other lanes' (the warp reads only its own lanes' rows)
+    } else {
+      cp_wait<STAGES - 2>();
+      __syncthreads();  // tile's copies visible to all; every warp is done with the slot refilled below
+      refill(tile + STAGES - 1);
     }
     if (PROBE) continue;  // (the epilogue writes zeros: m and l keep their initial values)
     const u32 base = smem0 + (tile % STAGES) * STAGE_BYTES;
@@ -533,14 +551,15 @@ __device__ __forceinline__ void decode_kernel(
   }
 }
 
-#define DEFINE(NAME, T, VT, STAGES, MINB, FUSED, PROBE)                                                          \
+#define DEFINE(NAME, T, VT, STAGES, MINB, FUSED, PROBE) DEFINE_W(NAME, T, VT, STAGES, MINB, FUSED, PROBE, false)
+#define DEFINE_W(NAME, T, VT, STAGES, MINB, FUSED, PROBE, WRING)                                         \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(                                       \
       const T* q, uint8_t* k_cache, uint8_t* v_cache, const int* block_tables, const int* seq_lens,       \
       T* out, float* part, float* lse_out, float scale_log2, int stride_qb, int stride_qh, int stride_kb,  \
       int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS, int num_splits,  \
       int log2_bs, int heads_fastest, const T* k_new, const T* v_new, int stride_kn, int stride_vn,       \
       const float* cos_t, const float* sin_t, int stride_cs, const long long* slots) {                    \
-    decode_kernel<T, VT, STAGES, FUSED, PROBE>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,  \
+    decode_kernel<T, VT, STAGES, FUSED, PROBE, WRING>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,  \
                                         scale_log2, stride_qb, stride_qh, stride_kb, stride_vb,           \
                                         stride_bt, stride_ob, stride_oh, G, KV, BS, num_splits, log2_bs,  \
                                         heads_fastest, k_new, v_new, stride_kn, stride_vn, cos_t, sin_t,  \
@@ -565,3 +584,10 @@ DEFINE(kv_int8_read_probe3_f16, __half, true, 3, 4, false, true)
 DEFINE(kv_int8_read_probe3_bf16, __nv_bfloat16, true, 3, 4, false, true)
 DEFINE(kv_int8_read_probe4_f16, __half, true, 4, 3, false, true)
 DEFINE(kv_int8_read_probe4_bf16, __nv_bfloat16, true, 4, 3, false, true)
+// the O^T kernels with per-warp rings (WRING above; twentieth session, untimed when written)
+DEFINE_W(kv_int8_decode_vtw_f16, __half, true, 4, 3, false, false, true)
+DEFINE_W(kv_int8_decode_vtw_bf16, __nv_bfloat16, true, 4, 3, false, false, true)
+DEFINE_W(kv_int8_decode_vt3w_f16, __half, true, 3, 4, false, false, true)
+DEFINE_W(kv_int8_decode_vt3w_bf16, __nv_bfloat16, true, 3, 4, false, false, true)
+DEFINE_W(kv_int8_read_probe3w_f16, __half, true, 3, 4, false, true, true)
+DEFINE_W(kv_int8_read_probe3w_bf16, __nv_bfloat16, true, 3, 4, false, true, true)
