@@ -31,7 +31,8 @@
 #            (160 / 300 x 4,608, bf16 and int8) at 1, 2 and 4 splits.
 #   kvwarp   one GPU, the twentieth session's per-warp rings: the int8 CUDA decode GPU tests (every variant,
 #            the seq grid, graphs, replay), the sweep of vt / vt3 / vtw / vt3w and the read probes at the
-#            KV-bound and other batches, then the KV-bound int8 run with the faster of vt3w / vt3.
+#            KV-bound and other batches, then the KV-bound int8 run (the twentieth session ran it with
+#            vt3 then, in a call of its own, HOTLOOP_KV_CUDA_VARIANT=vt3w; vt3w is now the default).
 #   smolattn one GPU: SmolLM2-135M's decode attention at batch 1 (9 heads, 3 KV heads, head dim 64; 128-640
 #            tokens of context), bf16: every split count with larger tiles and more warps, the merge
 #            launched and fused (issue 4's 2,500 tokens/s: could one launch per layer replace two?).
@@ -712,20 +713,8 @@ if [ "$what" = kvwarp ]; then  # one GPU, in turn
     --cuda-variants "vt,vt3,vtw,vt3w,probe3,probe3w" --cuda-grids heads >"$out/sweep_warp.log" 2>&1
   echo "sweep rc=$?"
   grep -E "decode B=" "$out/sweep_warp.log" | grep -v "default vs" | cut -c1-200
-  # the KV-bound int8 run with the faster of vt3w / vt3 at batch >= 128 (vt3w only if its tests passed)
-  var=$(python3 - "$out/sweep_warp.json" "$trc" <<'PY'
-import json, sys
-ms = {}
-for r in json.load(open(sys.argv[1]))["results"]:
-    for row in r.get("rows", []):
-        if r["batch"] >= 128 and "ms" in row:
-            ms.setdefault(row["config"], []).append(row["ms"])
-w, b = sum(ms.get("cuda-vt3w@heads", [1e9])), sum(ms.get("cuda-vt3@heads", [0]))
-print("vt3w" if sys.argv[2] == "0" and w < b else "vt3")
-PY
-)
-  echo "KV-bound int8 with HOTLOOP_KV_CUDA_VARIANT=${var:-vt3}"
-  HOTLOOP_KV_CUDA_VARIANT=${var:-vt3} bash "$here/run_capacity.sh" kv_int8 "$out/cap" $((575 - SECONDS))
+  # the KV-bound int8 run, default variant (vt3w at these batches since the twentieth session)
+  bash "$here/run_capacity.sh" kv_int8 "$out/cap" $((575 - SECONDS))
   exit 0
 fi
 if [ "$what" = smolattn ]; then  # one GPU

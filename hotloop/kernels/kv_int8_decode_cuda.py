@@ -33,13 +33,13 @@ ENV = "HOTLOOP_KV_CUDA_DECODE"
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 # HOTLOOP_KV_CUDA_VARIANT picks the kernel: "rows" (O = P V with the query heads as the MMA's rows,
 # a 4-tile ring: 164 registers, 3 blocks per SM), "vt" (O^T = V^T P^T: the heads as the MMA's
-# columns, half the P V MMAs and output registers: 125 registers) and "vt3" ("vt" with a 3-tile
-# ring, so that 4 blocks fit an SM). The default, "auto", takes "vt" where the grid fits the SMs
-# once (batch 1: a deeper ring per block) and "vt3" otherwise (more blocks resident: the grid's
-# waves). Measured on the H200 (benchmarks/results/gpu_2026-12-01c): vt3 beat rows by 2-21% at
-# batch 16-256, vt by 20% at batch 1 x 4k; at batch 320 x 4k vt led vt3 by 1%.
-# "vtw" / "vt3w": vt / vt3 with a ring per warp (the .cu's WRING: no block barrier in the loop, every
-# ring slot in flight while a warp waits; untimed when written: gpu_check.sh OUT kvwarp times them).
+# columns, half the P V MMAs and output registers: 125 registers), "vt3" ("vt" with a 3-tile ring, so
+# that 4 blocks fit an SM), and "vtw" / "vt3w" (vt / vt3 with a ring per warp: the .cu's WRING, no
+# block barrier in the loop and every ring slot in flight while a warp waits). The default, "auto",
+# takes "vtw" where the grid fits the SMs once (batch 1: a deeper ring per block) and "vt3w" otherwise
+# (more blocks resident: the grid's waves). Measured on the H200 (benchmarks/results/gpu_2026-12-01d,
+# heads grid): vt3w beat vt3 by 7% at batch 300 x 4.6k, 12% at 160 x 4.6k, 7% at 128 x 4k (vtw 9%),
+# 1.5% at 16 x 4k, equal at batch 1; it runs at 80-83% of the bytes' floor at batch 128-300.
 VARIANTS = {
     "rows": ("kv_int8_decode", 4),
     "vt": ("kv_int8_decode_vt", 4),
@@ -86,10 +86,14 @@ def launch_grid(batch: int, kv: int, splits: int, order: str) -> tuple[tuple[int
     return (batch, kv, splits), 0
 
 
-def pick_variant(blocks: int, sms: int) -> str:
-    """The "auto" choice for a grid of ``blocks`` on ``sms`` SMs: "vt" where every block has an SM
-    to itself, "vt3" where blocks share SMs."""
-    return "vt" if blocks <= sms else "vt3"
+def pick_variant(blocks: int, sms: int, fused: bool = False) -> str:
+    """The "auto" choice for a grid of ``blocks`` on ``sms`` SMs: "vtw" where every block has an SM
+    to itself, "vt3w" where blocks share SMs; with the fused write, whose kernels have the block ring,
+    "vt" / "vt3" by the same rule."""
+    deep = blocks <= sms
+    if fused:
+        return "vt" if deep else "vt3"
+    return "vtw" if deep else "vt3w"
 
 
 # the kernels with the step's rotary embedding and int8 KV write fused in (the .cu's FUSED): O^T only
@@ -125,7 +129,8 @@ class FusedWrite:
 
 
 def fused_write_enabled() -> bool:
-    """``HOTLOOP_KV_CUDA_FUSED_WRITE=1`` (off by default: not yet timed on a GPU)."""
+    """``HOTLOOP_KV_CUDA_FUSED_WRITE=1`` (off by default: slower at batch 1 on the H200, 244.6 against
+    248.4 tokens/s, benchmarks/results/gpu_2026-12-01d)."""
     return os.environ.get(FUSED_ENV, "0") == "1"
 
 
@@ -247,7 +252,7 @@ def launch(
     name = variant()
     kv = k_cache.shape[2]
     if name == AUTO:
-        name = pick_variant(q.shape[0] * kv * num_splits, _sm_count(q.device.index or 0))
+        name = pick_variant(q.shape[0] * kv * num_splits, _sm_count(q.device.index or 0), fused is not None)
     prefix, stages = VARIANTS[name]
     if fused is not None:
         assert name in FUSED_VARIANTS, name

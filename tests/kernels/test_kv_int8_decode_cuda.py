@@ -101,11 +101,14 @@ def test_grid_order_env_and_grid(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_auto_variant_by_grid() -> None:
     # one block per SM or fewer: the deeper ring; more: the 3-tile ring that fits 4 blocks an SM
-    assert kv_int8_decode_cuda.pick_variant(1 * 8 * 16, 132) == "vt"
-    assert kv_int8_decode_cuda.pick_variant(132, 132) == "vt"
-    assert kv_int8_decode_cuda.pick_variant(133, 132) == "vt3"
-    assert kv_int8_decode_cuda.pick_variant(256 * 8, 132) == "vt3"
-    for name in ("vt", "vt3"):
+    assert kv_int8_decode_cuda.pick_variant(1 * 8 * 16, 132) == "vtw"
+    assert kv_int8_decode_cuda.pick_variant(132, 132) == "vtw"
+    assert kv_int8_decode_cuda.pick_variant(133, 132) == "vt3w"
+    assert kv_int8_decode_cuda.pick_variant(256 * 8, 132) == "vt3w"
+    # the fused write's kernels keep the block ring: the same rule over vt / vt3
+    assert kv_int8_decode_cuda.pick_variant(132, 132, fused=True) == "vt"
+    assert kv_int8_decode_cuda.pick_variant(133, 132, fused=True) == "vt3"
+    for name in ("vtw", "vt3w", *kv_int8_decode_cuda.FUSED_VARIANTS):
         assert name in kv_int8_decode_cuda.VARIANTS
 
 
