@@ -46,6 +46,9 @@ VARIANTS = {
     "vt3": ("kv_int8_decode_vt3", 3),
     "vtw": ("kv_int8_decode_vtw", 4),
     "vt3w": ("kv_int8_decode_vt3w", 3),
+    # vtw / vt3w with each tile's score dots in two MMA chains of 4 (the .cu's CHAINS; untimed)
+    "vtwc": ("kv_int8_decode_vtwc", 4),
+    "vt3wc": ("kv_int8_decode_vt3wc", 3),
 }
 VARIANT_ENV = "HOTLOOP_KV_CUDA_VARIANT"
 AUTO = "auto"

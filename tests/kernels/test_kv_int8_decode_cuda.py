@@ -181,7 +181,7 @@ def test_decode_gpu(h: int, kv: int, bs: int, dtype: torch.dtype, monkeypatch: p
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["rows", "vt", "vt3", "vtw", "vt3w"])
+@pytest.mark.parametrize("variant", ["rows", "vt", "vt3", "vtw", "vt3w", "vtwc", "vt3wc"])
 @pytest.mark.parametrize("h,kv", [(8, 8), (32, 8), (28, 4), (16, 2), (6, 1)])
 @pytest.mark.parametrize("bs", [16, 64])
 def test_decode_variants_gpu(h: int, kv: int, bs: int, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
