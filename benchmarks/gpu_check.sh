@@ -30,7 +30,8 @@
 #            the quantized engine parity tests, then decode attention at the KV-bound run's batches
 #            (160 / 300 x 4,608, bf16 and int8) at 1, 2 and 4 splits.
 #   kvsame   one GPU, the first of two calls on one lease (issue 6's same-host pair): the GPU tests of the
-#            two-chain variants (vtwc / vt3wc), their sweep beside vtw / vt3w, then the KV-bound fp16 run;
+#            two-chain variants (vtwc / vt3wc), their sweep beside vtw / vt3w at 1 and 2 splits (the grid's
+#            last partial wave), then the KV-bound fp16 run;
 #            the next call runs `run_capacity.sh kv_int8 OUT 570` on the same (warm) machine.
 #   kvwarp   one GPU, the twentieth session's per-warp rings: the int8 CUDA decode GPU tests (every variant,
 #            the seq grid, graphs, replay), the sweep of vt / vt3 / vtw / vt3w and the read probes at the
@@ -705,14 +706,14 @@ if [ "$what" = kvsplit ]; then  # one GPU, in turn
 fi
 if [ "$what" = kvsame ]; then  # one GPU; then, in the next call on the same lease, run_capacity.sh kv_int8
   export CUDA_VISIBLE_DEVICES=0
-  timeout 120 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+  timeout 110 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
     tests/api/test_gpu_parity.py -k "(variants and (wc or vt3w)) or graph or replay or quantized_kv or fused_write" \
-    >"$out/kvsame_tests.log" 2>&1  # (at most 120 s: the fp16 run after the sweep needs about 340)
+    >"$out/kvsame_tests.log" 2>&1  # (at most 110 s, the sweep 90: the fp16 run after them needs about 340)
   echo "GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvsame_tests.log" | cut -c1-300 | head -30
-  timeout 60 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_same.json" --quick --no-prefill \
-    --policies 8 --decode-shapes 300x4608,160x4608,128x4096,16x4096 \
-    --cuda-variants "vt3w,vt3wc,vtw,vtwc,probe3w" --cuda-grids heads >"$out/sweep_same.log" 2>&1
+  timeout 90 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_same.json" --quick --no-prefill \
+    --policies 8 --decode-shapes 300x4608,160x4608,128x4096 \
+    --splits 1,2 --cuda-variants "vt3w,vt3wc,vtw,vtwc,probe3w" --cuda-grids heads >"$out/sweep_same.log" 2>&1
   echo "sweep rc=$?"
   grep -E "decode B=" "$out/sweep_same.log" | grep -v "default vs" | cut -c1-200
   bash "$here/run_capacity.sh" kv_fp16 "$out/cap" $((578 - SECONDS))

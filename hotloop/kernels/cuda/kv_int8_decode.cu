@@ -304,6 +304,26 @@ __device__ __forceinline__ void decode_kernel(
     cp_async4(base + 2 * CODE_BYTES + chalf * (TILE * 4) + crow * 4, ps, ok);
   };
 
+  // prologue: the first STAGES - 1 tiles in flight (WRING: STAGES), one commit group per tile, empty or not;
+  // issued before q is loaded, so that q's loads wait behind the copies instead of ahead of them
+  constexpr int AHEAD = WRING ? STAGES : STAGES - 1;
+  int next_page = 0;
+#pragma unroll
+  for (int s = 0; s < AHEAD; ++s) {
+    if (s < n_tiles) issue(s, page_of(s));
+    cp_commit();
+  }
+  if (AHEAD < n_tiles) next_page = page_of(AHEAD);
+  // tile nt into its slot (the slot of tile nt - STAGES, which every reader has finished), then the
+  // page of tile nt + 1 looked up ahead of its use; one commit group per call, empty or not
+  auto refill = [&](int nt) {
+    if (nt < n_tiles) {
+      issue(nt, next_page);
+      if (nt + 1 < n_tiles) next_page = page_of(nt + 1);
+    }
+    cp_commit();
+  };
+
   // ---- q as the A fragments of the score MMAs: row g (head kvh * G + g), dims 32t + 4c + {0,1} / {2,3}
   u32 qa[8][2];
   float qsum = 0.f;
@@ -336,25 +356,6 @@ __device__ __forceinline__ void decode_kernel(
     qsum += __shfl_xor_sync(0xffffffffu, qsum, 2);
   }
   const float qoff = 1024.f * qsum;
-
-  // prologue: the first STAGES - 1 tiles in flight (WRING: STAGES), one commit group per tile, empty or not
-  constexpr int AHEAD = WRING ? STAGES : STAGES - 1;
-  int next_page = 0;
-#pragma unroll
-  for (int s = 0; s < AHEAD; ++s) {
-    if (s < n_tiles) issue(s, page_of(s));
-    cp_commit();
-  }
-  if (AHEAD < n_tiles) next_page = page_of(AHEAD);
-  // tile nt into its slot (the slot of tile nt - STAGES, which every reader has finished), then the
-  // page of tile nt + 1 looked up ahead of its use; one commit group per call, empty or not
-  auto refill = [&](int nt) {
-    if (nt < n_tiles) {
-      issue(nt, next_page);
-      if (nt + 1 < n_tiles) next_page = page_of(nt + 1);
-    }
-    cp_commit();
-  };
 
   float m = -INFINITY, l = 0.f, corr = 0.f;
   // !VT: 16 n-tiles of O (rows: heads g and g + 8, the latter padding); VT: 8 m-tiles of O^T
