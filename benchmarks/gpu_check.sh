@@ -33,6 +33,9 @@
 #            two-chain variants (vtwc / vt3wc), their sweep beside vtw / vt3w at 1 and 2 splits (the grid's
 #            last partial wave), then the KV-bound fp16 run;
 #            the next call runs `run_capacity.sh kv_int8 OUT 570` on the same (warm) machine.
+#   kvsame2  one GPU, right after kvsame on the same lease: the KV-bound int8 run, then the cluster-merge
+#            variants (vtwk / vt3wk): their GPU tests, the small-batch sweep beside vtw / vt3w, and batch 1
+#            with fp16 KV, int8 KV, and int8 KV with HOTLOOP_KV_CUDA_VARIANT=vtwk (the merge launch gone).
 #   kvwarp   one GPU, the twentieth session's per-warp rings: the int8 CUDA decode GPU tests (every variant,
 #            the seq grid, graphs, replay), the sweep of vt / vt3 / vtw / vt3w and the read probes at the
 #            KV-bound and other batches, then the KV-bound int8 run (the twentieth session ran it with
@@ -717,6 +720,23 @@ if [ "$what" = kvsame ]; then  # one GPU; then, in the next call on the same lea
   echo "sweep rc=$?"
   grep -E "decode B=" "$out/sweep_same.log" | grep -v "default vs" | cut -c1-200
   bash "$here/run_capacity.sh" kv_fp16 "$out/cap" $((578 - SECONDS))
+  exit 0
+fi
+if [ "$what" = kvsame2 ]; then  # one GPU, the call after kvsame on the same lease
+  export CUDA_VISIBLE_DEVICES=0
+  bash "$here/run_capacity.sh" kv_int8 "$out/cap" 300
+  timeout 80 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    -k "cluster" >"$out/cluster_tests.log" 2>&1
+  echo "cluster GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/cluster_tests.log" | cut -c1-300 | head -20
+  timeout 50 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_cluster.json" --quick --no-prefill \
+    --policies 8 --decode-shapes 1x512,1x4096,4x4096,16x4096 --cuda-variants "vtw,vtwk,vt3w,vt3wk" \
+    --cuda-grids heads >"$out/sweep_cluster.log" 2>&1
+  echo "sweep rc=$?"
+  grep -E "decode B=" "$out/sweep_cluster.log" | grep -v "default vs" | cut -c1-200
+  bash "$here/run_capacity.sh" bs1 "$out/bs1" 120 >/dev/null 2>&1
+  HOTLOOP_KV_CUDA_VARIANT=vtwk bash "$here/run_capacity.sh" bs1_int8 "$out/bs1k" 120 >/dev/null 2>&1
+  for f in "$out"/bs1*/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
   exit 0
 fi
 if [ "$what" = kvwarp ]; then  # one GPU, in turn

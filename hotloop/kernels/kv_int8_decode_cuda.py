@@ -49,7 +49,13 @@ VARIANTS = {
     # vtw / vt3w with each tile's score dots in two MMA chains of 4 (the .cu's CHAINS; untimed)
     "vtwc": ("kv_int8_decode_vtwc", 4),
     "vt3wc": ("kv_int8_decode_vt3wc", 3),
+    # vtw / vt3w whose splits merge inside the launch, through a thread-block cluster (the .cu's
+    # CLUSTER: no partials in global memory, no merge launch; untimed)
+    "vtwk": ("kv_int8_decode_vtwk", 4),
+    "vt3wk": ("kv_int8_decode_vt3wk", 3),
 }
+CLUSTER_VARIANTS = ("vtwk", "vt3wk")
+MAX_CLUSTER = 16  # the .cu's MAX_CLUSTER (and Hopper's largest, non-portable, cluster)
 VARIANT_ENV = "HOTLOOP_KV_CUDA_VARIANT"
 AUTO = "auto"
 
@@ -234,6 +240,21 @@ def _machine_why_not(index: int) -> str | None:
     return _machine[index]
 
 
+def choose(batch: int, kv: int, num_splits: int, device: torch.device, fused: bool = False) -> str:
+    """The variant a launch of ``batch`` sequences x ``kv`` heads x ``num_splits`` runs: the one
+    HOTLOOP_KV_CUDA_VARIANT names, else ``pick_variant``'s."""
+    name = variant()
+    if name == AUTO:
+        name = pick_variant(batch * kv * num_splits, _sm_count(device.index or 0), fused)
+    return name
+
+
+def merges_in_launch(name: str, num_splits: int) -> bool:
+    """Whether variant ``name`` with ``num_splits`` splits writes the merged output itself (a cluster
+    variant, 2..MAX_CLUSTER splits): then no partials are written and no merge launch follows."""
+    return name in CLUSTER_VARIANTS and 1 < num_splits <= MAX_CLUSTER
+
+
 def launch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -249,13 +270,17 @@ def launch(
 ) -> bool:
     """Launch the kernel on checked inputs (``paged_decode_attention`` checks them): with one split
     it writes ``out`` ``[B, H, D]``; with more, the float32 partials ``part`` ``[B, H, S, D]`` and
-    their log2-sum-exp ``lse`` ``[B, H, S]`` for ``_merge_kernel``. With ``fused`` (checked by
-    ``fused_why_not``) the kernel also rotates q and writes this step's k / v first. False (nothing
-    launched) where the kernels cannot be built on this machine."""
-    name = variant()
+    their log2-sum-exp ``lse`` ``[B, H, S]`` for ``_merge_kernel``, or, where ``merges_in_launch``
+    (a cluster variant), ``out`` itself. With ``fused`` (checked by ``fused_why_not``) the kernel
+    also rotates q and writes this step's k / v first. False (nothing launched) where the kernels
+    cannot be built on this machine."""
     kv = k_cache.shape[2]
-    if name == AUTO:
-        name = pick_variant(q.shape[0] * kv * num_splits, _sm_count(q.device.index or 0), fused is not None)
+    name = choose(q.shape[0], kv, num_splits, q.device, fused is not None)
+    merged = merges_in_launch(name, num_splits)
+    if num_splits > MAX_CLUSTER and name in CLUSTER_VARIANTS:
+        raise ValueError(
+            f"{VARIANT_ENV}={name} merges at most {MAX_CLUSTER} splits in a cluster, got {num_splits}"
+        )
     prefix, stages = VARIANTS[name]
     if fused is not None:
         assert name in FUSED_VARIANTS, name
@@ -265,9 +290,10 @@ def launch(
         return False
     B, H, _D = q.shape
     _nb, bs, _kv, _row = k_cache.shape
-    if num_splits > 1:
+    if num_splits > 1 and not merged:
         assert part is not None and lse is not None
     grid, heads_fastest = launch_grid(B, kv, num_splits, grid_order())
+    cluster = (1, 1, num_splits) if merged else None
     args = (
         q,
         k_cache,
@@ -303,7 +329,7 @@ def launch(
     use_pdl = pdl(q.device)
 
     def run(*a: object) -> None:
-        kernel(grid, THREADS, a, shared_bytes=shared, pdl=use_pdl)  # type: ignore[arg-type]
+        kernel(grid, THREADS, a, shared_bytes=shared, pdl=use_pdl, cluster=cluster)  # type: ignore[arg-type]
 
     run(*args)
     launch_replay.note_launch(run, args)  # the piecewise graphs' attention replays it per layer

@@ -556,6 +556,10 @@ def paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, out, part if splits > 1 else None,
         lse if splits > 1 else None, scale * _LOG2E, splits, write_kv,
     )  # fmt: skip
+    # a cluster variant merged the splits itself (kv_int8_decode_cuda.merges_in_launch)
+    merged_in_launch = launched and kv_int8_decode_cuda.merges_in_launch(
+        kv_int8_decode_cuda.choose(B, kv, splits, q.device, write_kv is not None), splits
+    )
     if write_kv is not None and not launched:  # the CUDA kernels could not be built here
         _write_first(q, k_cache, v_cache, write_kv)
     arrivals = counters.counters(q.device, "decode_merge", B * kv) if fused and not launched else None
@@ -604,7 +608,7 @@ def paged_decode_attention(
             maxnreg=maxnreg,
             **launch_kwargs(q.device),
         )
-    if splits > 1 and not merge:
+    if splits > 1 and not merge and not merged_in_launch:
         _merge_kernel[(B, H)](
             part,
             lse,

@@ -10,6 +10,7 @@ graphs' launch replay. CPU: when the kernel applies, and that its source compile
 
 from __future__ import annotations
 
+import ctypes
 import random
 
 import pytest
@@ -99,6 +100,32 @@ def test_grid_order_env_and_grid(monkeypatch: pytest.MonkeyPatch) -> None:
     assert kv_int8_decode_cuda.launch_grid(70000, 8, 1, "heads") == ((70000, 8, 1), 0)  # y limit
 
 
+def test_cluster_variants_merge_in_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the cluster variants merge 2..16 splits themselves; one split needs no merge; others never do
+    for name in kv_int8_decode_cuda.CLUSTER_VARIANTS:
+        assert name in kv_int8_decode_cuda.VARIANTS
+        assert not kv_int8_decode_cuda.merges_in_launch(name, 1)
+        assert all(kv_int8_decode_cuda.merges_in_launch(name, n) for n in (2, 5, 8, 16))
+    assert not kv_int8_decode_cuda.merges_in_launch("vtw", 16)
+    # the variant a launch runs: the environment's, else the grid-size rule
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, "vtwk")
+    assert kv_int8_decode_cuda.choose(1, 8, 16, torch.device("cpu")) == "vtwk"
+    monkeypatch.delenv(kv_int8_decode_cuda.VARIANT_ENV)
+    monkeypatch.setattr(kv_int8_decode_cuda, "_sm_count", lambda index: 132)
+    assert kv_int8_decode_cuda.choose(1, 8, 16, torch.device("cpu")) == "vtw"
+    assert kv_int8_decode_cuda.choose(300, 8, 1, torch.device("cpu")) == "vt3w"
+
+
+def test_cluster_launch_attribute_layout() -> None:
+    # CUlaunchAttribute: a 4-byte id, 4 bytes of padding, then the value (clusterDim: x, y, z as
+    # 32-bit unsigned ints); 72 bytes in all
+    attr = cuda_jit.cluster_attribute((1, 1, 16))
+    assert attr.id == 4 and bytes(attr.value[:12]) == (1).to_bytes(4, "little") * 2 + (16).to_bytes(
+        4, "little"
+    )
+    assert ctypes.sizeof(attr) == 72
+
+
 def test_auto_variant_by_grid() -> None:
     # one block per SM or fewer: the deeper ring; more: the 3-tile ring that fits 4 blocks an SM
     assert kv_int8_decode_cuda.pick_variant(1 * 8 * 16, 132) == "vtw"
@@ -181,7 +208,7 @@ def test_decode_gpu(h: int, kv: int, bs: int, dtype: torch.dtype, monkeypatch: p
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["rows", "vt", "vt3", "vtw", "vt3w", "vtwc", "vt3wc"])
+@pytest.mark.parametrize("variant", ["rows", "vt", "vt3", "vtw", "vt3w", "vtwc", "vt3wc", "vtwk", "vt3wk"])
 @pytest.mark.parametrize("h,kv", [(8, 8), (32, 8), (28, 4), (16, 2), (6, 1)])
 @pytest.mark.parametrize("bs", [16, 64])
 def test_decode_variants_gpu(h: int, kv: int, bs: int, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -439,3 +466,78 @@ def test_decode_launch_replay_swaps_the_caches_gpu(monkeypatch: pytest.MonkeyPat
     torch.cuda.synchronize()
     ref = reference.paged_attention(q.float(), kf2, vf2, tables, [1, 1], lens, 0.088, None)
     _check(out, ref, seq, torch.float16)
+
+
+def _merge_spy(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Record the Triton merge's launches (a cluster variant must not need one)."""
+    from hotloop.kernels import paged_decode_attention as pda
+
+    calls: list[object] = []
+    real = pda._merge_kernel
+
+    class Spy:
+        def __getitem__(self, grid: object) -> object:
+            calls.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(pda, "_merge_kernel", Spy())
+    return calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["vtwk", "vt3wk"])
+@pytest.mark.parametrize("h,kv", [(32, 8), (28, 4), (6, 1)])
+def test_cluster_merge_gpu(h: int, kv: int, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Splits merged inside the launch through a cluster: 2 to 16 splits (16 is a non-portable
+    cluster), batch 1 as the decode graphs run it and a mixed batch, and no merge launch."""
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
+    merges = _merge_spy(monkeypatch)
+    for lens, splits in (
+        ([4096], 16),
+        ([700], 16),
+        ([130], 16),
+        ([3000], 8),
+        (LENS, 2),
+        (LENS, 5),
+        (LENS, 16),
+    ):
+        _case(lens, h, kv, 64, torch.bfloat16, splits, monkeypatch)
+    _case(LENS, h, kv, 16, torch.float16, 4, monkeypatch, sliced=True, strided_q=True)
+    assert merges == []
+
+
+@pytest.mark.gpu
+def test_cluster_merge_in_a_cuda_graph_and_launch_replay_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, "vtwk")
+    merges = _merge_spy(monkeypatch)
+    seed = random.randrange(1 << 30)
+    lens = [900, 2000, 1, 64]
+    kq, vq, kf, vf, tables = _quant_pool(lens, 8, 128, 64, torch.bfloat16, 8, "cuda", seed)
+    q = torch.randn(len(lens), 32, 128, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda()
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 16, out=out)  # compile and load first
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 16, out=out)
+    for new in ([900, 2000, 1, 64], [901, 1500, 0, 700]):
+        seq.copy_(torch.tensor(new, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference.paged_attention(q.float().half().float(), kf, vf, tables, [1] * 4, new, 0.088, None)
+        _check(out, ref, seq, torch.bfloat16)
+    if launch_replay.available(torch.device("cuda")):
+        kq2, vq2, kf2, vf2, _t = _quant_pool(lens, 8, 128, 64, torch.bfloat16, 8, "cuda", seed + 7)
+        seq.copy_(torch.tensor(lens, dtype=torch.int32))
+        with launch_replay.record((kq, vq)) as plan:
+            paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 8, out=out)
+        assert plan.valid and len(plan.launches) == 1  # the CUDA kernel alone: no merge launch
+        out.fill_(float("nan"))
+        plan.replay((kq2, vq2))
+        torch.cuda.synchronize()
+        ref = reference.paged_attention(
+            q.float().half().float(), kf2, vf2, tables, [1] * 4, lens, 0.088, None
+        )
+        _check(out, ref, seq, torch.bfloat16)
+    assert merges == []

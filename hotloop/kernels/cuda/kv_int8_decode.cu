@@ -28,9 +28,12 @@
 // - Rows in shared memory are 128 bytes with their 16-byte chunks XOR-swizzled by (row & 7): both
 //   read patterns are free of bank conflicts.
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+namespace cg = cooperative_groups;
 
 typedef unsigned int u32;
 
@@ -179,7 +182,13 @@ __device__ __forceinline__ float rotate(float x, float partner, float c, float s
 // CHAINS: the score dots of a tile as two accumulator chains of 4 MMAs each, added at the end, instead
 // of one chain of 8: half the dependent MMA latency a warp waits through per tile (the sum's order
 // changes, not its terms).
-template <typename T, bool VT, int STAGES, bool FUSED, bool PROBE = false, bool WRING = false, bool CHAINS = false>
+// CLUSTER: with splits, the (sequence, KV head)'s split blocks are one thread-block cluster (launched
+// with cluster dims (1, 1, num_splits), num_splits <= MAX_CLUSTER) and merge their partial outputs
+// through distributed shared memory at the end, writing out directly: no partials in global memory
+// and no merge launch (the Triton _merge_kernel's arithmetic: weights exp2(lse - max lse)).
+#define MAX_CLUSTER 16
+template <typename T, bool VT, int STAGES, bool FUSED, bool PROBE = false, bool WRING = false, bool CHAINS = false,
+          bool CLUSTER = false>
 __device__ __forceinline__ void decode_kernel(
     const T* __restrict__ q, uint8_t* __restrict__ k_cache, uint8_t* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* __restrict__ out,
@@ -392,7 +401,6 @@ __device__ __forceinline__ void decode_kernel(
       const uint4 lo = lds128(rb + (((2 * t) ^ (r & 7)) << 4));
       const uint4 hi = lds128(rb + (((2 * t + 1) ^ (r & 7)) << 4));
       const u32 w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
       if (CHAINS) {
         float sb[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -509,6 +517,8 @@ __device__ __forceinline__ void decode_kernel(
   float* red = reinterpret_cast<float*>(smem);  // [WARPS][MAXG][HD] outputs, then [WARPS][MAXG] m and l
   float* red_m = red + WARPS * MAXG * HD;
   float* red_l = red_m + WARPS * MAXG;
+  float* c_o = red_l + WARPS * MAXG;  // CLUSTER: [MAXG][HD] this split's outputs, then [MAXG] their lse
+  float* c_lse = c_o + MAXG * HD;
   if (VT) {
     // columns 2t and 2t + 1 (heads), rows 16g + 2i and 16g + 2i + 1 (dims) of m-tile i
     const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t), c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
@@ -559,24 +569,65 @@ __device__ __forceinline__ void decode_kernel(
     const int head = kvh * G + h;
     if (num_splits == 1) {
       out[(long long)b * stride_ob + (long long)head * stride_oh + d] = from_float<T>(o);
+    } else if (CLUSTER) {
+      c_o[h * HD + d] = o;
+      if (d == 0) c_lse[h] = ll > 0.f ? mref + log2f(ll) : -INFINITY;
     } else {
       const long long prow = ((long long)b * H + head) * num_splits + split;
       part[prow * HD + d] = o;
       if (d == 0) lse_out[prow] = ll > 0.f ? mref + log2f(ll) : -INFINITY;
     }
   }
+  if (CLUSTER && num_splits > 1) {
+    // ---- the cluster's merge: every split's (o, lse) of the group's heads sit in its block's shared
+    // memory (c_o, c_lse); block `split` merges outputs split * THREADS + tid, + num_splits * THREADS, ..
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every block's c_o / c_lse written and visible to the cluster
+    float* w_all = c_lse + MAXG;  // [MAX_CLUSTER][MAXG] the merge weights, this block's copy
+    if (tid < num_splits * G) {
+      const int r = tid / G, h = tid % G;
+      w_all[r * MAXG + h] = *cluster.map_shared_rank(c_lse + h, r);
+    }
+    __syncthreads();
+    if (tid < G) {  // lse -> weights exp2(lse - max), as _merge_kernel (all -inf: weights 0)
+      float mx = -INFINITY;
+      for (int r = 0; r < num_splits; ++r) mx = fmaxf(mx, w_all[r * MAXG + tid]);
+      const float mref = mx == -INFINITY ? 0.f : mx;
+      for (int r = 0; r < num_splits; ++r) w_all[r * MAXG + tid] = exp2f(w_all[r * MAXG + tid] - mref);
+    }
+    __syncthreads();
+    for (int idx = split * THREADS + tid; idx < G * HD; idx += num_splits * THREADS) {
+      const int h = idx / HD, d = idx % HD;
+      float vals[MAX_CLUSTER];
+#pragma unroll
+      for (int r = 0; r < MAX_CLUSTER; ++r) vals[r] = r < num_splits ? *cluster.map_shared_rank(c_o + idx, r) : 0.f;
+      float acc = 0.f, den = 0.f;
+#pragma unroll
+      for (int r = 0; r < MAX_CLUSTER; ++r) {
+        if (r < num_splits) {
+          const float wt = w_all[r * MAXG + h];
+          acc += vals[r] * wt;
+          den += wt;
+        }
+      }
+      const float o = acc / (den > 0.f ? den : 1.f);
+      out[(long long)b * stride_ob + (long long)(kvh * G + h) * stride_oh + d] = from_float<T>(o);
+    }
+    cluster.sync();  // no block leaves while another still reads its shared memory
+  }
 }
 
 #define DEFINE(NAME, T, VT, STAGES, MINB, FUSED, PROBE) DEFINE_W(NAME, T, VT, STAGES, MINB, FUSED, PROBE, false)
 #define DEFINE_W(NAME, T, VT, STAGES, MINB, FUSED, PROBE, WRING) DEFINE_WC(NAME, T, VT, STAGES, MINB, FUSED, PROBE, WRING, false)
-#define DEFINE_WC(NAME, T, VT, STAGES, MINB, FUSED, PROBE, WRING, CHAINS)                                 \
+#define DEFINE_WC(NAME, T, VT, STAGES, MINB, FUSED, PROBE, WRING, CHAINS) DEFINE_WCK(NAME, T, VT, STAGES, MINB, FUSED, PROBE, WRING, CHAINS, false)
+#define DEFINE_WCK(NAME, T, VT, STAGES, MINB, FUSED, PROBE, WRING, CHAINS, CLUSTER)                         \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(                                       \
       const T* q, uint8_t* k_cache, uint8_t* v_cache, const int* block_tables, const int* seq_lens,       \
       T* out, float* part, float* lse_out, float scale_log2, int stride_qb, int stride_qh, int stride_kb,  \
       int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS, int num_splits,  \
       int log2_bs, int heads_fastest, const T* k_new, const T* v_new, int stride_kn, int stride_vn,       \
       const float* cos_t, const float* sin_t, int stride_cs, const long long* slots) {                    \
-    decode_kernel<T, VT, STAGES, FUSED, PROBE, WRING, CHAINS>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,  \
+    decode_kernel<T, VT, STAGES, FUSED, PROBE, WRING, CHAINS, CLUSTER>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,  \
                                         scale_log2, stride_qb, stride_qh, stride_kb, stride_vb,           \
                                         stride_bt, stride_ob, stride_oh, G, KV, BS, num_splits, log2_bs,  \
                                         heads_fastest, k_new, v_new, stride_kn, stride_vn, cos_t, sin_t,  \
@@ -614,3 +665,8 @@ DEFINE_WC(kv_int8_decode_vtwc_f16, __half, true, 4, 3, false, false, true, true)
 DEFINE_WC(kv_int8_decode_vtwc_bf16, __nv_bfloat16, true, 4, 3, false, false, true, true)
 DEFINE_WC(kv_int8_decode_vt3wc_f16, __half, true, 3, 4, false, false, true, true)
 DEFINE_WC(kv_int8_decode_vt3wc_bf16, __nv_bfloat16, true, 3, 4, false, false, true, true)
+// per-warp rings with the split merge inside the launch, through the cluster (CLUSTER above; untimed)
+DEFINE_WCK(kv_int8_decode_vtwk_f16, __half, true, 4, 3, false, false, true, false, true)
+DEFINE_WCK(kv_int8_decode_vtwk_bf16, __nv_bfloat16, true, 4, 3, false, false, true, false, true)
+DEFINE_WCK(kv_int8_decode_vt3wk_f16, __half, true, 3, 4, false, false, true, false, true)
+DEFINE_WCK(kv_int8_decode_vt3wk_bf16, __nv_bfloat16, true, 3, 4, false, false, true, false, true)
