@@ -510,6 +510,7 @@ def test_cluster_merge_gpu(h: int, kv: int, variant: str, monkeypatch: pytest.Mo
 def test_cluster_merge_in_a_cuda_graph_and_launch_replay_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, "vtwk")
     merges = _merge_spy(monkeypatch)
+    launched = _spy(monkeypatch)
     seed = random.randrange(1 << 30)
     lens = [900, 2000, 1, 64]
     kq, vq, kf, vf, tables = _quant_pool(lens, 8, 128, 64, torch.bfloat16, 8, "cuda", seed)
@@ -520,6 +521,7 @@ def test_cluster_merge_in_a_cuda_graph_and_launch_replay_gpu(monkeypatch: pytest
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 16, out=out)
+    assert launched == [1, 1], "the CUDA kernel did not run"
     for new in ([900, 2000, 1, 64], [901, 1500, 0, 700]):
         seq.copy_(torch.tensor(new, dtype=torch.int32))
         q.copy_(torch.randn_like(q))

@@ -320,6 +320,7 @@ __device__ __forceinline__ void decode_kernel(const T* __restrict__ q, const T* 
     // the Triton _merge_kernel's weights exp2(lse - max lse); block `split` merges outputs
     // split * THREADS + tid, + num_splits * THREADS, ..
     cg::cluster_group cluster = cg::this_cluster();
+    if (cluster.num_blocks() != (unsigned)num_splits) __trap();  // launched without the matching cluster
     cluster.sync();  // every block's c_o / c_lse written and visible to the cluster
     float* w_all = c_lse + MAXG;  // [MAX_CLUSTER][MAXG]
     if (tid < num_splits * G) {

@@ -582,6 +582,7 @@ __device__ __forceinline__ void decode_kernel(
     // ---- the cluster's merge: every split's (o, lse) of the group's heads sit in its block's shared
     // memory (c_o, c_lse); block `split` merges outputs split * THREADS + tid, + num_splits * THREADS, ..
     cg::cluster_group cluster = cg::this_cluster();
+    if (cluster.num_blocks() != (unsigned)num_splits) __trap();  // launched without the matching cluster
     cluster.sync();  // every block's c_o / c_lse written and visible to the cluster
     float* w_all = c_lse + MAXG;  // [MAX_CLUSTER][MAXG] the merge weights, this block's copy
     if (tid < num_splits * G) {
