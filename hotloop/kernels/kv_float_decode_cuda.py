@@ -69,6 +69,8 @@ def why_not(
         return f"a GQA group of {group} query heads (at most {MAX_GROUP})"
     if window:
         return "a sliding window"
+    if q.shape[0] > kv_int8_decode_cuda.MAX_GRID_Y:
+        return f"a batch of {q.shape[0]} (the grid's y holds at most {kv_int8_decode_cuda.MAX_GRID_Y})"
     if not 2 <= num_splits <= MAX_CLUSTER:
         return f"{num_splits} splits (2 to {MAX_CLUSTER}: the splits merge in one cluster)"
     bs = k_cache.shape[1]

@@ -140,6 +140,36 @@ def test_decode_gpu(h: int, kv: int, d: int, dtype: torch.dtype, monkeypatch: py
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_decode_strided_caches_and_output_gpu(d: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """K every other block of a larger pool, V rows padded (other strides than K's), out a slice of a
+    wider buffer: each stride goes to the kernel as given."""
+    monkeypatch.setenv(kv_float_decode_cuda.ENV, "1")
+    launched, merges = _spies(monkeypatch)
+    seed = random.randrange(1 << 30)
+    lens = [1, 200, 1031, 0, 2100]
+    k, v, tables = _pool(lens, 4, d, 32, torch.bfloat16, "cuda", seed)
+    k_big = torch.zeros(2 * k.shape[0], *k.shape[1:], dtype=k.dtype, device="cuda")
+    k_big[::2] = k
+    v_big = torch.zeros(*v.shape[:3], d + 8, dtype=v.dtype, device="cuda")
+    v_big[..., :d] = v
+    ks, vs = k_big[::2], v_big[..., :d]
+    assert ks.stride(0) == 2 * k.stride(0) and vs.stride(2) == d + 8
+    q = torch.randn(len(lens), 16, d, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda()
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out_big = torch.full((len(lens), 16, d + 16), float("nan"), dtype=q.dtype, device="cuda")
+    out = out_big[..., :d]
+    paged_decode_attention(q, ks, vs, tables, seq, d**-0.5, None, 8, out=out)
+    assert launched == [1] and merges == []
+    ref = reference.paged_attention(
+        q.float(), k.float(), v.float(), tables, [1] * len(lens), lens, d**-0.5, None
+    )
+    live = seq > 0
+    assert rel_err(out[live], ref[live]) < TOL[torch.bfloat16]
+    assert (out[~live] == 0).all() and torch.isnan(out_big[..., d:]).all()  # nothing past the slice
+
+
+@pytest.mark.gpu
 def test_decode_in_a_cuda_graph_and_launch_replay_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(kv_float_decode_cuda.ENV, "1")
     launched, merges = _spies(monkeypatch)
