@@ -3,7 +3,7 @@
 A few kernels are faster written in CUDA C than in Triton (``kernels/cuda/*.cu``; today the W4A16
 one-row GEMV, ``w4a16_cuda.py``). They need no PyTorch extension build: the source is compiled by
 ``nvcc -cubin`` for the GPU's architecture (a few seconds, once: the cubin is kept under
-``$HOTLOOP_CACHE/cuda/``, keyed by the source, the architecture and the nvcc version), loaded with
+``$HOTLOOP_CACHE/cuda/``, keyed by the source, the headers beside it, the architecture and the nvcc version), loaded with
 ``cuModuleLoadData`` and launched with ``cuLaunchKernelEx`` on torch's current stream, so the
 launches are captured by CUDA graphs like any other. Where there is no nvcc (``$HOTLOOP_NVCC``,
 ``$CUDA_HOME/bin/nvcc``, ``/usr/local/cuda/bin/nvcc`` or ``nvcc`` on the PATH), or it fails,
@@ -77,13 +77,18 @@ def arch_of(device: torch.device) -> str:
     return f"sm_{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")
 
 
+def headers(source: Path) -> list[Path]:
+    """The headers a source may include (every ``.cuh`` beside it): part of its cache key."""
+    return sorted(source.parent.glob("*.cuh"))
+
+
 def compile_cubin(source: Path, arch: str, nvcc: str | None = None) -> bytes:
     """``source`` compiled for ``arch`` (cached on disk); raises :class:`CudaError` on failure."""
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise CudaError("no nvcc found (set HOTLOOP_NVCC or CUDA_HOME, or install the CUDA toolkit)")
     flags = ["-cubin", f"-arch={arch}", "-O3", "-std=c++17"]
-    text = source.read_bytes()
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in headers(source))
     key = hashlib.sha256(text + arch.encode() + _nvcc_version(nvcc).encode() + " ".join(flags).encode())
     path = cache_dir() / "cuda" / f"{source.stem}-{arch}-{key.hexdigest()[:16]}.cubin"
     if path.is_file():

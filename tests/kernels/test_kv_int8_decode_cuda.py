@@ -10,7 +10,6 @@ graphs' launch replay. CPU: when the kernel applies, and that its source compile
 
 from __future__ import annotations
 
-import ctypes
 import random
 
 import pytest
@@ -114,16 +113,6 @@ def test_cluster_variants_merge_in_the_launch(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(kv_int8_decode_cuda, "_sm_count", lambda index: 132)
     assert kv_int8_decode_cuda.choose(1, 8, 16, torch.device("cpu")) == "vtw"
     assert kv_int8_decode_cuda.choose(300, 8, 1, torch.device("cpu")) == "vt3w"
-
-
-def test_cluster_launch_attribute_layout() -> None:
-    # CUlaunchAttribute: a 4-byte id, 4 bytes of padding, then the value (clusterDim: x, y, z as
-    # 32-bit unsigned ints); 72 bytes in all
-    attr = cuda_jit.cluster_attribute((1, 1, 16))
-    assert attr.id == 4 and bytes(attr.value[:12]) == (1).to_bytes(4, "little") * 2 + (16).to_bytes(
-        4, "little"
-    )
-    assert ctypes.sizeof(attr) == 72
 
 
 def test_auto_variant_by_grid() -> None:

@@ -25,38 +25,7 @@
 //   8 rows of one chunk). Both are conflict-free.
 // With one split the kernel writes the output directly (no cluster).
 
-#include <cooperative_groups.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <stdint.h>
-
-namespace cg = cooperative_groups;
-typedef unsigned int u32;
-
-#define WARPS 4
-#define THREADS (32 * WARPS)
-#define TILE 64
-#define MAXG 8
-#define MAX_CLUSTER 16
-
-__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ uint4 lds128(u32 addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
+#include "decode_common.cuh"
 
 __device__ __forceinline__ uint4 ldmatrix_x4_trans(u32 addr) {
   uint4 v;
@@ -97,13 +66,6 @@ __device__ __forceinline__ u32 pack2<__nv_bfloat16>(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<u32*>(&h);
 }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // the physical 16-byte chunk of logical chunk `chunk` in K row `row` / V row `row`
 template <int HD>
@@ -295,65 +257,17 @@ __device__ __forceinline__ void decode_kernel(const T* __restrict__ q, const T* 
   __syncthreads();
   for (int idx = tid; idx < G * HD; idx += THREADS) {
     const int h = idx / HD, d = idx % HD;
-    float mm = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, red_m[w * MAXG + h]);
-    const float mref = mm == -INFINITY ? 0.f : mm;
-    float ll = 0.f, acc = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) {
-      const float mw = red_m[w * MAXG + h];
-      const float wt = mw == -INFINITY ? 0.f : exp2f(mw - mref);
-      ll += red_l[w * MAXG + h] * wt;
-      acc += red[(w * MAXG + h) * HD + d] * wt;
-    }
-    const float o = ll > 0.f ? acc / ll : 0.f;
+    float lse;
+    const float o = merge_warps<HD>(red, red_m, red_l, h, d, &lse);
     if (num_splits == 1) {
       out[(long long)b * stride_ob + (long long)(kvh * G + h) * stride_oh + d] = from_float<T>(o);
     } else {
       c_o[h * HD + d] = o;
-      if (d == 0) c_lse[h] = ll > 0.f ? mref + log2f(ll) : -INFINITY;
+      if (d == 0) c_lse[h] = lse;
     }
   }
-  if (num_splits > 1) {
-    // ---- the cluster's merge (grid z = cluster z = num_splits: the block's rank is its split), with
-    // the Triton _merge_kernel's weights exp2(lse - max lse); block `split` merges outputs
-    // split * THREADS + tid, + num_splits * THREADS, ..
-    cg::cluster_group cluster = cg::this_cluster();
-    if (cluster.num_blocks() != (unsigned)num_splits) __trap();  // launched without the matching cluster
-    cluster.sync();  // every block's c_o / c_lse written and visible to the cluster
-    float* w_all = c_lse + MAXG;  // [MAX_CLUSTER][MAXG]
-    if (tid < num_splits * G) {
-      const int r = tid / G, h = tid % G;
-      w_all[r * MAXG + h] = *cluster.map_shared_rank(c_lse + h, r);
-    }
-    __syncthreads();
-    if (tid < G) {
-      float mx = -INFINITY;
-      for (int r = 0; r < num_splits; ++r) mx = fmaxf(mx, w_all[r * MAXG + tid]);
-      const float mref = mx == -INFINITY ? 0.f : mx;
-      for (int r = 0; r < num_splits; ++r) w_all[r * MAXG + tid] = exp2f(w_all[r * MAXG + tid] - mref);
-    }
-    __syncthreads();
-    for (int idx = split * THREADS + tid; idx < G * HD; idx += num_splits * THREADS) {
-      const int h = idx / HD, d = idx % HD;
-      float vals[MAX_CLUSTER];
-#pragma unroll
-      for (int r = 0; r < MAX_CLUSTER; ++r) vals[r] = r < num_splits ? *cluster.map_shared_rank(c_o + idx, r) : 0.f;
-      float acc = 0.f, den = 0.f;
-#pragma unroll
-      for (int r = 0; r < MAX_CLUSTER; ++r) {
-        if (r < num_splits) {
-          const float wt = w_all[r * MAXG + h];
-          acc += vals[r] * wt;
-          den += wt;
-        }
-      }
-      out[(long long)b * stride_ob + (long long)(kvh * G + h) * stride_oh + d] =
-          from_float<T>(acc / (den > 0.f ? den : 1.f));
-    }
-    cluster.sync();  // no block leaves while another still reads its shared memory
-  }
+  if (num_splits > 1)
+    cluster_merge<T, HD>(c_o, c_lse, out + (long long)b * stride_ob, stride_oh, kvh * G, G, num_splits, split, tid);
 }
 
 #define DEFINE(NAME, T, HD, STAGES, MINB)                                                                        \

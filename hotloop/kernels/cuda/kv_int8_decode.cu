@@ -28,44 +28,14 @@
 // - Rows in shared memory are 128 bytes with their 16-byte chunks XOR-swizzled by (row & 7): both
 //   read patterns are free of bank conflicts.
 
-#include <cooperative_groups.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <stdint.h>
-
-namespace cg = cooperative_groups;
-
-typedef unsigned int u32;
+#include "decode_common.cuh"
 
 #define HD 128                                    // head dim = code bytes per row
-#define WARPS 4
-#define THREADS (32 * WARPS)
-#define TILE 64                                   // tokens per stage
 #define CODE_BYTES (TILE * HD)                    // 8192
 #define STAGE_BYTES (2 * CODE_BYTES + 2 * TILE * 4)  // K codes, V codes, K pairs, V pairs: 16896
-#define MAXG 8
-
-__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
-}
 
 __device__ __forceinline__ void cp_async4(u32 dst, const void* src, bool pred) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(pred ? 4 : 0));
-}
-
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ uint4 lds128(u32 addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
 }
 
 __device__ __forceinline__ void sts128(u32 addr, uint4 v) {
@@ -102,13 +72,6 @@ __device__ __forceinline__ u32 pack_half2(float lo, float hi) {
   return *reinterpret_cast<u32*>(&h);
 }
 
-template <typename T>
-__device__ __forceinline__ float to_float(T x);
-template <>
-__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-
 // the (scale, zero) pair of a cache row, as stored: low 16 bits the scale, high the zero
 template <typename T>
 __device__ __forceinline__ float2 pair_to_float(u32 p) {
@@ -116,13 +79,6 @@ __device__ __forceinline__ float2 pair_to_float(u32 p) {
   T s = *reinterpret_cast<T*>(&lo), z = *reinterpret_cast<T*>(&hi);
   return make_float2(to_float<T>(s), to_float<T>(z));
 }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 template <typename T>
 __device__ __forceinline__ unsigned short bits_of(T x);
@@ -186,7 +142,6 @@ __device__ __forceinline__ float rotate(float x, float partner, float c, float s
 // with cluster dims (1, 1, num_splits), num_splits <= MAX_CLUSTER) and merge their partial outputs
 // through distributed shared memory at the end, writing out directly: no partials in global memory
 // and no merge launch (the Triton _merge_kernel's arithmetic: weights exp2(lse - max lse)).
-#define MAX_CLUSTER 16
 template <typename T, bool VT, int STAGES, bool FUSED, bool PROBE = false, bool WRING = false, bool CHAINS = false,
           bool CLUSTER = false>
 __device__ __forceinline__ void decode_kernel(
@@ -553,69 +508,22 @@ __device__ __forceinline__ void decode_kernel(
   __syncthreads();
   for (int idx = tid; idx < G * HD; idx += THREADS) {
     const int h = idx / HD, d = idx % HD;
-    float mm = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, red_m[w * MAXG + h]);
-    const float mref = mm == -INFINITY ? 0.f : mm;
-    float ll = 0.f, acc = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) {
-      const float mw = red_m[w * MAXG + h];
-      const float wt = mw == -INFINITY ? 0.f : exp2f(mw - mref);
-      ll += red_l[w * MAXG + h] * wt;
-      acc += red[(w * MAXG + h) * HD + d] * wt;
-    }
-    const float o = ll > 0.f ? acc / ll : 0.f;
+    float lse;
+    const float o = merge_warps<HD>(red, red_m, red_l, h, d, &lse);
     const int head = kvh * G + h;
     if (num_splits == 1) {
       out[(long long)b * stride_ob + (long long)head * stride_oh + d] = from_float<T>(o);
     } else if (CLUSTER) {
       c_o[h * HD + d] = o;
-      if (d == 0) c_lse[h] = ll > 0.f ? mref + log2f(ll) : -INFINITY;
+      if (d == 0) c_lse[h] = lse;
     } else {
       const long long prow = ((long long)b * H + head) * num_splits + split;
       part[prow * HD + d] = o;
-      if (d == 0) lse_out[prow] = ll > 0.f ? mref + log2f(ll) : -INFINITY;
+      if (d == 0) lse_out[prow] = lse;
     }
   }
-  if (CLUSTER && num_splits > 1) {
-    // ---- the cluster's merge: every split's (o, lse) of the group's heads sit in its block's shared
-    // memory (c_o, c_lse); block `split` merges outputs split * THREADS + tid, + num_splits * THREADS, ..
-    cg::cluster_group cluster = cg::this_cluster();
-    if (cluster.num_blocks() != (unsigned)num_splits) __trap();  // launched without the matching cluster
-    cluster.sync();  // every block's c_o / c_lse written and visible to the cluster
-    float* w_all = c_lse + MAXG;  // [MAX_CLUSTER][MAXG] the merge weights, this block's copy
-    if (tid < num_splits * G) {
-      const int r = tid / G, h = tid % G;
-      w_all[r * MAXG + h] = *cluster.map_shared_rank(c_lse + h, r);
-    }
-    __syncthreads();
-    if (tid < G) {  // lse -> weights exp2(lse - max), as _merge_kernel (all -inf: weights 0)
-      float mx = -INFINITY;
-      for (int r = 0; r < num_splits; ++r) mx = fmaxf(mx, w_all[r * MAXG + tid]);
-      const float mref = mx == -INFINITY ? 0.f : mx;
-      for (int r = 0; r < num_splits; ++r) w_all[r * MAXG + tid] = exp2f(w_all[r * MAXG + tid] - mref);
-    }
-    __syncthreads();
-    for (int idx = split * THREADS + tid; idx < G * HD; idx += num_splits * THREADS) {
-      const int h = idx / HD, d = idx % HD;
-      float vals[MAX_CLUSTER];
-#pragma unroll
-      for (int r = 0; r < MAX_CLUSTER; ++r) vals[r] = r < num_splits ? *cluster.map_shared_rank(c_o + idx, r) : 0.f;
-      float acc = 0.f, den = 0.f;
-#pragma unroll
-      for (int r = 0; r < MAX_CLUSTER; ++r) {
-        if (r < num_splits) {
-          const float wt = w_all[r * MAXG + h];
-          acc += vals[r] * wt;
-          den += wt;
-        }
-      }
-      const float o = acc / (den > 0.f ? den : 1.f);
-      out[(long long)b * stride_ob + (long long)(kvh * G + h) * stride_oh + d] = from_float<T>(o);
-    }
-    cluster.sync();  // no block leaves while another still reads its shared memory
-  }
+  if (CLUSTER && num_splits > 1)
+    cluster_merge<T, HD>(c_o, c_lse, out + (long long)b * stride_ob, stride_oh, kvh * G, G, num_splits, split, tid);
 }
 
 #define DEFINE(NAME, T, VT, STAGES, MINB, FUSED, PROBE) DEFINE_W(NAME, T, VT, STAGES, MINB, FUSED, PROBE, false)
