@@ -733,6 +733,13 @@ if [ "$what" = floatk ]; then  # one GPU, in turn
   trc=$?
   echo "GPU tests rc=$trc"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/floatk_tests.log" | cut -c1-300 | head -30
+  for shape in "9,3,64 1x128,1x384,1x640" "32,8,128 1x384,1x4096,8x1024"; do  # Triton (+ merge) vs cuda-float
+    set -- $shape
+    timeout 60 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_float_$1.json" --quick --no-prefill \
+      --policies 0 --heads "$1" --decode-shapes "$2" --splits 4,8,16 >"$out/sweep_float_$1.log" 2>&1
+    echo "sweep $1 rc=$?"
+    grep -E "decode B=" "$out/sweep_float_$1.log" | grep -v "default vs" | cut -c1-160
+  done
   if [ $trc -eq 0 ]; then  # batch 1, the Triton decode + merge launch against the cluster kernel, alternating
     for i in 1 2; do
       bs1 "smol_ms8_triton$i" smollm2-135m --num-scheduler-steps 8
