@@ -73,7 +73,7 @@ def variant() -> str:
 # default: a sequence's KV heads next to each other, sharing the sectors of a token's scale / zero
 # pairs and its 1 KB of codes) or "seq" (sequences fastest, the first order). Measured on the H200
 # (benchmarks/results/gpu_2026-12-01d): vt3 with "heads" beat "seq" by 1-4% at batch 16-300 x 4k,
-# equal at batch 1; the read probe gained 7-13%.
+# equal at batch 1; the read probe gained 6-13% at batch 128-300.
 GRID_ENV = "HOTLOOP_KV_CUDA_GRID"
 GRIDS = ("seq", "heads")
 MAX_GRID_Y = 65535
