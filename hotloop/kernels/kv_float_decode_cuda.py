@@ -37,8 +37,12 @@ def kernel_names() -> list[str]:
 
 
 def enabled() -> bool:
-    """``HOTLOOP_FLOAT_CUDA_DECODE=1`` (read at each call: benchmarks flip it between runs)."""
-    return os.environ.get(ENV, "0") == "1"
+    """``HOTLOOP_FLOAT_CUDA_DECODE=1`` (read at each call: benchmarks flip it between runs); unset,
+    empty or 0: off. Any other value raises, naming the variable."""
+    raw = os.environ.get(ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{ENV}={raw!r} must be 1 (the CUDA kernel) or 0 / unset (the Triton kernel)")
+    return raw == "1"
 
 
 def shared_bytes(head_dim: int) -> int:

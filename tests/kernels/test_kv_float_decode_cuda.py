@@ -31,6 +31,9 @@ def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     q = torch.zeros(1, 8, 128, dtype=torch.bfloat16)
     cache = torch.zeros(4, 16, 2, 128, dtype=torch.bfloat16)
     assert "HOTLOOP_FLOAT_CUDA_DECODE is not 1" in str(_why(q, cache))
+    monkeypatch.setenv(kv_float_decode_cuda.ENV, "yes")
+    with pytest.raises(ValueError, match="HOTLOOP_FLOAT_CUDA_DECODE='yes' must be 1"):
+        _why(q, cache)
 
 
 def test_why_not_names_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:

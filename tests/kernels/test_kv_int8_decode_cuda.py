@@ -143,6 +143,22 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return launched
 
 
+def _merge_spy(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Record the Triton merge's launches (a cluster variant must not need one)."""
+    from hotloop.kernels import paged_decode_attention as pda
+
+    calls: list[object] = []
+    real = pda._merge_kernel
+
+    class Spy:
+        def __getitem__(self, grid: object) -> object:
+            calls.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(pda, "_merge_kernel", Spy())
+    return calls
+
+
 def _check(out: torch.Tensor, ref: torch.Tensor, seq: torch.Tensor, dtype: torch.dtype) -> None:
     """The whole batch within the float kernels' tolerance, and each live sequence within twice it
     (an error confined to one short sequence or one tile tail would vanish in the batch's norm)."""
@@ -409,7 +425,12 @@ def test_fused_write_rows_variant_falls_back_gpu(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.gpu
-def test_decode_in_a_cuda_graph_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "variant,splits", [("", 4), ("vtwk", 16)]
+)  # vtwk: the cluster merge, no merge launch
+def test_decode_in_a_cuda_graph_gpu(variant: str, splits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
+    merges = _merge_spy(monkeypatch)
     seed = random.randrange(1 << 30)
     lens = [900, 2000, 1, 64]
     kq, vq, kf, vf, tables = _quant_pool(lens, 8, 128, 64, torch.bfloat16, 8, "cuda", seed)
@@ -417,10 +438,10 @@ def test_decode_in_a_cuda_graph_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
     launched = _spy(monkeypatch)
-    paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 4, out=out)  # compile and load first
+    paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, splits, out=out)  # compile and load first
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 4, out=out)
+        paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, splits, out=out)
     assert launched == [1, 1], "the CUDA kernel did not run"
     for new in ([900, 2000, 1, 64], [901, 1500, 0, 700]):
         seq.copy_(torch.tensor(new, dtype=torch.int32))
@@ -429,12 +450,16 @@ def test_decode_in_a_cuda_graph_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
         torch.cuda.synchronize()
         ref = reference.paged_attention(q.float().half().float(), kf, vf, tables, [1] * 4, new, 0.088, None)
         _check(out, ref, seq, torch.bfloat16)
+    assert (merges == []) == (variant == "vtwk")
 
 
 @pytest.mark.gpu
-def test_decode_launch_replay_swaps_the_caches_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("variant", ["", "vtwk"])
+def test_decode_launch_replay_swaps_the_caches_gpu(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The piecewise graphs record one layer's attention launches and replay them on the others'
-    caches (``launch_replay``): the CUDA launch must be recorded, with the caches swappable."""
+    caches (``launch_replay``): the CUDA launch must be recorded, with the caches swappable (and,
+    with the cluster merge, no merge launch after it)."""
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
     if not launch_replay.available(torch.device("cuda")):
         pytest.skip("launch replay is off here")
     seed = random.randrange(1 << 30)
@@ -448,29 +473,14 @@ def test_decode_launch_replay_swaps_the_caches_gpu(monkeypatch: pytest.MonkeyPat
     with launch_replay.record((kq, vq)) as plan:
         paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 2, out=out)
     assert launched == [1], "the CUDA kernel did not run"
-    assert plan.valid and len(plan.launches) == 2  # the CUDA kernel, then the Triton merge
+    # the CUDA kernel, then the Triton merge (none after the cluster variant's)
+    assert plan.valid and len(plan.launches) == (1 if variant == "vtwk" else 2)
     assert [ti for _li, _ai, ti in plan.slots] == [0, 1]  # the CUDA launch's k and v caches
     out.fill_(float("nan"))
     plan.replay((kq2, vq2))
     torch.cuda.synchronize()
     ref = reference.paged_attention(q.float(), kf2, vf2, tables, [1, 1], lens, 0.088, None)
     _check(out, ref, seq, torch.float16)
-
-
-def _merge_spy(monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    """Record the Triton merge's launches (a cluster variant must not need one)."""
-    from hotloop.kernels import paged_decode_attention as pda
-
-    calls: list[object] = []
-    real = pda._merge_kernel
-
-    class Spy:
-        def __getitem__(self, grid: object) -> object:
-            calls.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(pda, "_merge_kernel", Spy())
-    return calls
 
 
 @pytest.mark.gpu
@@ -492,43 +502,4 @@ def test_cluster_merge_gpu(h: int, kv: int, variant: str, monkeypatch: pytest.Mo
     ):
         _case(lens, h, kv, 64, torch.bfloat16, splits, monkeypatch)
     _case(LENS, h, kv, 16, torch.float16, 4, monkeypatch, sliced=True, strided_q=True)
-    assert merges == []
-
-
-@pytest.mark.gpu
-def test_cluster_merge_in_a_cuda_graph_and_launch_replay_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, "vtwk")
-    merges = _merge_spy(monkeypatch)
-    launched = _spy(monkeypatch)
-    seed = random.randrange(1 << 30)
-    lens = [900, 2000, 1, 64]
-    kq, vq, kf, vf, tables = _quant_pool(lens, 8, 128, 64, torch.bfloat16, 8, "cuda", seed)
-    q = torch.randn(len(lens), 32, 128, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda()
-    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    out = torch.empty_like(q)
-    paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 16, out=out)  # compile and load first
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 16, out=out)
-    assert launched == [1, 1], "the CUDA kernel did not run"
-    for new in ([900, 2000, 1, 64], [901, 1500, 0, 700]):
-        seq.copy_(torch.tensor(new, dtype=torch.int32))
-        q.copy_(torch.randn_like(q))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = reference.paged_attention(q.float().half().float(), kf, vf, tables, [1] * 4, new, 0.088, None)
-        _check(out, ref, seq, torch.bfloat16)
-    if launch_replay.available(torch.device("cuda")):
-        kq2, vq2, kf2, vf2, _t = _quant_pool(lens, 8, 128, 64, torch.bfloat16, 8, "cuda", seed + 7)
-        seq.copy_(torch.tensor(lens, dtype=torch.int32))
-        with launch_replay.record((kq, vq)) as plan:
-            paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 8, out=out)
-        assert plan.valid and len(plan.launches) == 1  # the CUDA kernel alone: no merge launch
-        out.fill_(float("nan"))
-        plan.replay((kq2, vq2))
-        torch.cuda.synchronize()
-        ref = reference.paged_attention(
-            q.float().half().float(), kf2, vf2, tables, [1] * 4, lens, 0.088, None
-        )
-        _check(out, ref, seq, torch.bfloat16)
     assert merges == []

@@ -36,6 +36,59 @@ __device__ __forceinline__ uint4 lds128(u32 addr) {
   return v;
 }
 
+// A thread's part of streaming a split's tiles through a cp.async ring of STAGES slots: `issue(tile,
+// page)` copies the thread's rows of `tile` into slot tile % STAGES (page -1: zeros past the split's
+// end), `page_of(tile)` looks up the block-table entry of the thread's row. One commit group per
+// tile, empty or not, so that cp.async.wait_group counts tiles; each tile's page is looked up one
+// refill ahead of its use.
+template <int STAGES, typename Issue, typename PageOf>
+struct TileRing {
+  Issue issue;
+  PageOf page_of;
+  int n_tiles;
+  int next_page;
+
+  __device__ __forceinline__ TileRing(Issue issue_, PageOf page_of_, int n_tiles_)
+      : issue(issue_), page_of(page_of_), n_tiles(n_tiles_), next_page(0) {}
+
+  // the first AHEAD tiles in flight
+  template <int AHEAD>
+  __device__ __forceinline__ void prologue() {
+#pragma unroll
+    for (int s = 0; s < AHEAD; ++s) {
+      if (s < n_tiles) issue(s, page_of(s));
+      cp_commit();
+    }
+    if (AHEAD < n_tiles) next_page = page_of(AHEAD);
+  }
+
+  // tile nt into its slot (that of tile nt - STAGES, which every reader has finished)
+  __device__ __forceinline__ void refill(int nt) {
+    if (nt < n_tiles) {
+      issue(nt, next_page);
+      if (nt + 1 < n_tiles) next_page = page_of(nt + 1);
+    }
+    cp_commit();
+  }
+
+  // A warp's own ring (each warp copies exactly the rows it reads; prologue<STAGES>() before the
+  // loop): tile - 1's slot refilled as soon as the warp has read it, then tile waited for. All STAGES
+  // slots are in flight while the warp waits, and no warp waits for another.
+  __device__ __forceinline__ void warp_next(int tile) {
+    if (tile > 0) {
+      __syncwarp();  // every lane of the warp is done reading tile - 1's slot
+      refill(tile - 1 + STAGES);
+    }
+    cp_wait<STAGES - 1>();  // this lane's copies of tile have landed
+    __syncwarp();           // and the other lanes' (the warp reads only its own lanes' rows)
+  }
+};
+
+template <int STAGES, typename Issue, typename PageOf>
+__device__ __forceinline__ TileRing<STAGES, Issue, PageOf> tile_ring(Issue issue, PageOf page_of, int n_tiles) {
+  return TileRing<STAGES, Issue, PageOf>(issue, page_of, n_tiles);
+}
+
 template <typename T>
 __device__ __forceinline__ float to_float(T x);
 template <>

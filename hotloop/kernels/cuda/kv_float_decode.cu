@@ -124,21 +124,9 @@ __device__ __forceinline__ void decode_kernel(const T* __restrict__ q, const T* 
     }
   };
 
-  // prologue: the whole ring in flight, one commit group per tile, empty or not
-  int next_page = 0;
-#pragma unroll
-  for (int s = 0; s < STAGES; ++s) {
-    if (s < n_tiles) issue(s, page_of(s));
-    cp_commit();
-  }
-  if (STAGES < n_tiles) next_page = page_of(STAGES);
-  auto refill = [&](int nt) {
-    if (nt < n_tiles) {
-      issue(nt, next_page);
-      if (nt + 1 < n_tiles) next_page = page_of(nt + 1);
-    }
-    cp_commit();
-  };
+  // prologue: the whole ring in flight (each warp runs its own)
+  auto ring = tile_ring<STAGES>(issue, page_of, n_tiles);
+  ring.template prologue<STAGES>();
 
   // ---- q as the A fragments of the score MMAs: row g (head kvh * G + g), dims (HD / 4) t + 4c + ..
   u32 qa[NCH][2];
@@ -161,12 +149,7 @@ __device__ __forceinline__ void decode_kernel(const T* __restrict__ q, const T* 
 
   const u32 smem0 = smem_addr(smem);
   for (int tile = 0; tile < n_tiles; ++tile) {
-    if (tile > 0) {
-      __syncwarp();  // every lane of the warp is done reading tile - 1's slot
-      refill(tile - 1 + STAGES);
-    }
-    cp_wait<STAGES - 1>();  // this lane's copies of tile have landed
-    __syncwarp();           // and the other lanes' (the warp reads only its own lanes' rows)
+    ring.warp_next(tile);
     const u32 base = smem0 + (tile % STAGES) * STAGE;
     const int tok0 = start + tile * TILE + 16 * warp;
 

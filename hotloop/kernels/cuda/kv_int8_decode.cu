@@ -270,23 +270,8 @@ __device__ __forceinline__ void decode_kernel(
 
   // prologue: the first STAGES - 1 tiles in flight (WRING: STAGES), one commit group per tile, empty or not;
   // issued before q is loaded, so that q's loads wait behind the copies instead of ahead of them
-  constexpr int AHEAD = WRING ? STAGES : STAGES - 1;
-  int next_page = 0;
-#pragma unroll
-  for (int s = 0; s < AHEAD; ++s) {
-    if (s < n_tiles) issue(s, page_of(s));
-    cp_commit();
-  }
-  if (AHEAD < n_tiles) next_page = page_of(AHEAD);
-  // tile nt into its slot (the slot of tile nt - STAGES, which every reader has finished), then the
-  // page of tile nt + 1 looked up ahead of its use; one commit group per call, empty or not
-  auto refill = [&](int nt) {
-    if (nt < n_tiles) {
-      issue(nt, next_page);
-      if (nt + 1 < n_tiles) next_page = page_of(nt + 1);
-    }
-    cp_commit();
-  };
+  auto ring = tile_ring<STAGES>(issue, page_of, n_tiles);
+  ring.template prologue<WRING ? STAGES : STAGES - 1>();
 
   // ---- q as the A fragments of the score MMAs: row g (head kvh * G + g), dims 32t + 4c + {0,1} / {2,3}
   u32 qa[8][2];
@@ -331,16 +316,11 @@ __device__ __forceinline__ void decode_kernel(
   const u32 smem0 = smem_addr(smem);
   for (int tile = 0; tile < n_tiles; ++tile) {
     if (WRING) {
-      if (tile > 0) {
-        __syncwarp();  // every lane of the warp is done reading tile - 1's slot
-        refill(tile - 1 + STAGES);
-      }
-      cp_wait<STAGES - 1>();  // this lane's copies of tile have landed
-      __syncwarp();           // and the other lanes' (the warp reads only its own lanes' rows)
+      ring.warp_next(tile);
     } else {
       cp_wait<STAGES - 2>();
       __syncthreads();  // tile's copies visible to all; every warp is done with the slot refilled below
-      refill(tile + STAGES - 1);
+      ring.refill(tile + STAGES - 1);
     }
     if (PROBE) continue;  // (the epilogue writes zeros: m and l keep their initial values)
     const u32 base = smem0 + (tile % STAGES) * STAGE_BYTES;
