@@ -126,6 +126,16 @@ set -u
 out=${1:?OUT_DIR}
 what=${2:-tests}
 mkdir -p "$out"
+# The device tool brings back at most 8 files, two folders deep: past that, pack OUT_DIR into one
+# OUT_DIR.tar.gz on exit (unpack it with `tar -xzf`), so that no log is left behind.
+pack_out() {
+  local n
+  n=$(find "$out" -type f | wc -l)
+  if [ "$n" -gt 7 ]; then
+    tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"
+  fi
+}
+trap pack_out EXIT
 here=$(cd "$(dirname "$0")" && pwd)
 ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
 g1=$((ngpu > 1 ? 1 : 0))  # the second lane's GPU
