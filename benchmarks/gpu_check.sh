@@ -40,6 +40,11 @@
 #   kvsame2  one GPU, right after kvsame on the same lease: the KV-bound int8 run, then the cluster-merge
 #            variants (vtwk / vt3wk): their GPU tests, the small-batch sweep beside vtw / vt3w, and batch 1
 #            with fp16 KV, int8 KV, and int8 KV with HOTLOOP_KV_CUDA_VARIANT=vtwk (the merge launch gone).
+#   kvfw     one GPU, issue 6's batch-1 gap: the GPU tests of the int8 fused write (every fused kernel, unrotated
+#            and rotated input), the early prologue (HOTLOOP_KV_CUDA_EARLY), the staged q/k/v GEMV and the engine's
+#            fused-write parity at batch 8 and 1; then batch 1 (Llama-3-8B, 128 / 512) alternating, twice: fp16 KV,
+#            int8 KV, int8 with HOTLOOP_KV_CUDA_FUSED_WRITE=1 (at batch 1: the staged GEMV, the kernel quantizes
+#            and writes), int8 with HOTLOOP_KV_CUDA_EARLY=1.
 #   kvwarp   one GPU, the twentieth session's per-warp rings: the int8 CUDA decode GPU tests (every variant,
 #            the seq grid, graphs, replay), the sweep of vt / vt3 / vtw / vt3w and the read probes at the
 #            KV-bound and other batches, then the KV-bound int8 run (the twentieth session ran it with
@@ -777,6 +782,23 @@ if [ "$what" = kvsame2 ]; then  # one GPU, the call after kvsame on the same lea
   bash "$here/run_capacity.sh" bs1 "$out/bs1" 120 >/dev/null 2>&1
   HOTLOOP_KV_CUDA_VARIANT=vtwk bash "$here/run_capacity.sh" bs1_int8 "$out/bs1k" 120 >/dev/null 2>&1
   for f in "$out"/bs1*/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
+  exit 0
+fi
+if [ "$what" = kvfw ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  git -C "$here/.." log --oneline -1 2>/dev/null || true
+  timeout 230 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    tests/kernels/test_dense_gemv.py tests/api/test_gpu_parity.py -k "fused_write or early or staged" \
+    >"$out/kvfw_tests.log" 2>&1
+  trc=$?
+  echo "GPU tests rc=$trc"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvfw_tests.log" | cut -c1-300 | head -30
+  for i in 1 2; do  # batch 1, alternating: fp16 KV, int8 KV, int8 fused write (staged GEMV), int8 early prologue
+    bs1 "q0_$i" llama3-8b
+    bs1 "q8_$i" llama3-8b --quant-policy 8
+    [ $trc -eq 0 ] && HOTLOOP_KV_CUDA_FUSED_WRITE=1 bs1 "q8fw_$i" llama3-8b --quant-policy 8
+    [ $trc -eq 0 ] && HOTLOOP_KV_CUDA_EARLY=1 bs1 "q8early_$i" llama3-8b --quant-policy 8
+  done
   exit 0
 fi
 if [ "$what" = kvwarp ]; then  # one GPU, in turn

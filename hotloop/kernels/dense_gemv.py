@@ -21,6 +21,8 @@ order of the float32 sums differs, so a bit can differ):
 - epilogue ``rope`` (``dense_gemv_qkv_rope``): W is the fused ``[q; k; v]`` projection; a program
   computes rotation pairs (rows j and j + D/2 of one head), rotates q and k as ``rotary_kv_write``
   does, writes k and v into a float KV cache at the token's slot and returns the rotated q.
+  ``dense_gemv_qkv_rope_staged`` writes no cache: it returns k (rotated) and v beside q, for the int8
+  decode kernel to quantize and write (``kv_int8_decode_cuda.FusedWrite`` with ``rotated``).
 
 On Hopper the launches are programmatic dependents (``kernels/pdl.py``): a GEMV may start while the
 kernel before it drains, requesting its first weight tiles before it waits for that kernel's output.
@@ -106,6 +108,7 @@ def _dense_gemv_kernel(
     EVICT: tl.constexpr,  # the weights' eviction policy ("evict_first" or "")
     PDL: tl.constexpr,  # launched as a programmatic dependent: wait before reading x
     QUANT: tl.constexpr = 0,  # ROPE: 0 (float cache), 8 or 4 (kv_quant.py)
+    STAGE_KV: tl.constexpr = False,  # ROPE: k (rotated) and v into stage_ptr, no cache write
     BS: tl.constexpr = 1,  # QUANT: block size, packed bytes per row, their tile, model dtype bits
     NPACK: tl.constexpr = 1,
     BLOCK_P: tl.constexpr = 2,
@@ -221,7 +224,12 @@ def _dense_gemv_kernel(
         q_dst = out_ptr + row * stride_om + offs_n
         tl.store(q_dst, r1, mask=hv < H)
         tl.store(q_dst + second, r2, mask=hv < H)
-        if QUANT == 0:
+        if STAGE_KV:
+            if head >= H:  # k (rotated, rounded) or v: row head - H of the token's [2 KV, HD]
+                row_stage = stage_ptr + (row * (2 * KV) + head - H) * HD
+                tl.store(row_stage + pair, r1)
+                tl.store(row_stage + pair + second, r2)
+        elif QUANT == 0:
             slot = tl.load(slot_ptr + row) + tl.zeros_like(pair).to(tl.int64)
             is_k = (slot >= 0) & (hv >= H) & rotate
             k_dst = kc_ptr + slot * stride_kcs + (hv - H) * stride_kch + pair
@@ -376,15 +384,21 @@ def _launch(
     rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     heads: tuple[int, int, int] = (1, 1, 2),
     quant: tuple[int, torch.Tensor, torch.Tensor] | None = None,
+    stage_kv: torch.Tensor | None = None,
 ) -> None:
-    """``quant``: (policy, stage, counters) for a quantized cache (``dense_gemv_qkv_rope``)."""
+    """``quant``: (policy, stage, counters) for a quantized cache (``dense_gemv_qkv_rope``);
+    ``stage_kv`` ``[M, 2 KV, D]``: k and v go there instead of a cache (``rope``'s slots and caches
+    are then not read)."""
     k = x.shape[1]
     cos, sin, slots, k_cache, v_cache = rope if rope is not None else (out, out, out, out, out)
     policy, stage, cnt = quant if quant is not None else (0, out, out)
+    if stage_kv is not None:
+        stage = stage_kv
     npack = kv_quant.packed_bytes(heads[2], policy) if policy else 1
     # a float cache [blocks, block_size, KV, D], dense over tokens: a flat slot's stride, a head's
-    kc_st = (k_cache.stride(1), k_cache.stride(2)) if rope is not None and not policy else (0, 0)
-    vc_st = (v_cache.stride(1), v_cache.stride(2)) if rope is not None and not policy else (0, 0)
+    writes_cache = rope is not None and not policy and stage_kv is None
+    kc_st = (k_cache.stride(1), k_cache.stride(2)) if writes_cache else (0, 0)
+    vc_st = (v_cache.stride(1), v_cache.stride(2)) if writes_cache else (0, 0)
     _dense_gemv_kernel[grid](
         x,
         weight,
@@ -428,6 +442,7 @@ def _launch(
         EVICT="evict_first" if cfg.evict_first else "",
         PDL=pdl(x.device),
         QUANT=policy,
+        STAGE_KV=stage_kv is not None,
         BS=k_cache.shape[1] if policy else 1,
         NPACK=npack,
         BLOCK_P=block_packed(npack),
@@ -481,6 +496,67 @@ def rope_pairs(head_dim: int, block_n: int) -> int:
     return min(half & -half, 1 << (max(block_n, 1).bit_length() - 1))
 
 
+def _check_rope(m: int, rows: int, cos: torch.Tensor, sin: torch.Tensor, H: int, KV: int) -> int:
+    """The rope epilogue's checks: ``(H + 2 KV)`` heads of weight rows, full rotary ``cos`` / ``sin``
+    ``[M, D / 2]`` float32. Returns the head dim D."""
+    check(rows % (H + 2 * KV) == 0, f"weight rows {rows} are not (H + 2 KV) = {H + 2 * KV} heads")
+    D = rows // (H + 2 * KV)
+    check(D % 2 == 0, f"head_dim {D} must be even")
+    for name, t in (("cos", cos), ("sin", sin)):
+        check(t.shape == (m, D // 2), f"{name} must be [{m}, {D // 2}] (full rotary), got {tuple(t.shape)}")
+        check(t.dtype == torch.float32 and t.stride(-1) == 1, f"{name}: float32, last dim contiguous")
+    check(cos.stride() == sin.stride(), "cos and sin must have the same strides")
+    return D
+
+
+def dense_gemv_qkv_rope_staged(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    config: GemvConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dense_gemv_qkv_rope`` without the cache write: the fused q/k/v projection of ``x [M, K]``
+    (input norm in front) with q and k rotated. Returns ``(q [M, H * D], kv [M, 2 KV, D])``, kv's
+    rows k (rotated) then v, each rounded where the projection and ``rotary_kv_write`` round
+    (``reference.fused_qkv_rope_staged``). For an int8 cache whose decode kernel quantizes and writes
+    this step's k and v itself (``kv_int8_decode_cuda.FusedWrite`` with ``rotated``): the batch-1
+    step then has the float cache's launches."""
+    m, k, rows = _check_common(x, weight, bias, norm_weight, cos=cos, sin=sin)
+    H, KV = num_heads, num_kv_heads
+    D = _check_rope(m, rows, cos, sin, H, KV)
+    base = config or rope_default_config(k)
+    pairs = rope_pairs(D, base.block_n)
+    cfg = GemvConfig(pairs, base.block_k, base.num_warps, base.evict_first)
+    out = torch.empty(m, H * D, dtype=x.dtype, device=x.device)
+    kv = torch.empty(m, 2 * KV, D, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out, kv
+    grid = ((H + 2 * KV) * (D // 2 // pairs), m)
+    _launch(
+        grid,
+        cfg,
+        x,
+        weight,
+        bias,
+        norm_weight,
+        eps,
+        out,
+        rows,
+        k % cfg.block_k == 0,
+        rope=(cos, sin, out, out, out),
+        heads=(H, KV, D),
+        stage_kv=kv,
+    )
+    return out, kv
+
+
 def dense_gemv_qkv_rope(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -521,13 +597,7 @@ def dense_gemv_qkv_rope(
         slot_mapping=slot_mapping,
     )
     H, KV = num_heads, num_kv_heads
-    check(rows % (H + 2 * KV) == 0, f"weight rows {rows} are not (H + 2 KV) = {H + 2 * KV} heads")
-    D = rows // (H + 2 * KV)
-    check(D % 2 == 0, f"head_dim {D} must be even")
-    for name, t in (("cos", cos), ("sin", sin)):
-        check(t.shape == (m, D // 2), f"{name} must be [{m}, {D // 2}] (full rotary), got {tuple(t.shape)}")
-        check(t.dtype == torch.float32 and t.stride(-1) == 1, f"{name}: float32, last dim contiguous")
-    check(cos.stride() == sin.stride(), "cos and sin must have the same strides")
+    D = _check_rope(m, rows, cos, sin, H, KV)
     check(
         slot_mapping.shape == (m,) and slot_mapping.dtype == torch.int64 and slot_mapping.stride(0) == 1,
         "slot_mapping: int64 [M], contiguous",

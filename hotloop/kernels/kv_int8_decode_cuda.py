@@ -97,17 +97,27 @@ def launch_grid(batch: int, kv: int, splits: int, order: str) -> tuple[tuple[int
 
 def pick_variant(blocks: int, sms: int, fused: bool = False) -> str:
     """The "auto" choice for a grid of ``blocks`` on ``sms`` SMs: "vtw" where every block has an SM
-    to itself, "vt3w" where blocks share SMs; with the fused write, whose kernels have the block ring,
-    "vt" / "vt3" by the same rule."""
-    deep = blocks <= sms
-    if fused:
-        return "vt" if deep else "vt3"
-    return "vtw" if deep else "vt3w"
+    to itself, "vt3w" where blocks share SMs (with the fused write too: those kernels exist with it)."""
+    del fused  # every auto choice has a fused-write kernel (FUSED_VARIANTS)
+    return "vtw" if blocks <= sms else "vt3w"
 
 
 # the kernels with the step's rotary embedding and int8 KV write fused in (the .cu's FUSED): O^T only
-FUSED_VARIANTS = ("vt", "vt3")
+FUSED_VARIANTS = ("vt", "vt3", "vtw", "vt3w")
 FUSED_ENV = "HOTLOOP_KV_CUDA_FUSED_WRITE"
+# HOTLOOP_KV_CUDA_EARLY=1: the kernels without the fused write also request their first tiles before
+# they wait for the kernel before (the .cu's EARLY; the fused write always does). Off: untimed.
+EARLY_ENV = "HOTLOOP_KV_CUDA_EARLY"
+
+
+def early_enabled() -> bool:
+    """``HOTLOOP_KV_CUDA_EARLY=1`` (read at each launch; 0 or unset: off; anything else raises)."""
+    raw = os.environ.get(EARLY_ENV, "0") or "0"
+    if raw not in ("0", "1"):
+        raise ValueError(f"{EARLY_ENV}={raw!r} must be 0 or 1")
+    return raw == "1"
+
+
 FUSED_BYTES = 384  # the .cu's staging area after the ring
 # the .cu's read probes (benchmarks/kv_attention_sweep.py adds them to VARIANTS for its "probe" rows;
 # they copy the tiles and skip the arithmetic, so they write zeros: never a decode kernel)
@@ -128,13 +138,16 @@ class FusedWrite:
     """This step's rotary embedding and KV write, for the kernel to do (``HOTLOOP_KV_CUDA_FUSED_WRITE``):
     q comes unrotated, and ``k`` / ``v`` ``[B, KV, 128]`` (unrotated k) go into the int8 cache at
     ``slots [B]`` (int64; negative: not written) after k's rotation by ``cos`` / ``sin`` ``[B, 64]``
-    (float32, full rotary), quantized as ``rotary_kv_write`` quantizes them."""
+    (float32, full rotary), quantized as ``rotary_kv_write`` quantizes them. With ``rotated`` q and
+    k arrive rotated (``dense_gemv_qkv_rope_staged``): the kernel only quantizes and writes (cos /
+    sin are not read)."""
 
     k: torch.Tensor
     v: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
     slots: torch.Tensor
+    rotated: bool = False
 
 
 def fused_write_enabled() -> bool:
@@ -323,6 +336,8 @@ def launch(
             if fused is not None
             else (None, None, 0, 0, None, None, 0, None)
         ),
+        int(fused is not None and fused.rotated),
+        int(early_enabled()),
     )  # fmt: skip
     kernel = kernels[f"{prefix}_{_DTYPES[q.dtype]}"]
     shared = stages * STAGE_BYTES + (FUSED_BYTES if fused is not None else 0)

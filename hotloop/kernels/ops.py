@@ -230,6 +230,37 @@ def fused_qkv_rope(
     )
 
 
+def fused_qkv_rope_staged(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The q/k/v projection with its input norm and the rotary embedding, no cache write: one
+    ``dense_gemv_qkv_rope_staged`` launch on CUDA, the reference elsewhere. Returns the rotated q
+    ``[T, H * D]`` and ``kv [T, 2 KV, D]`` (k rotated, then v)."""
+    fn = (
+        _kernel("dense_gemv").dense_gemv_qkv_rope_staged if use_triton(x) else reference.fused_qkv_rope_staged
+    )
+    return fn(
+        x,
+        weight,
+        bias,
+        norm_weight=norm_weight,
+        eps=eps,
+        cos=cos,
+        sin=sin,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+    )
+
+
 def rotary_kv_write(
     q: torch.Tensor,
     k: torch.Tensor,

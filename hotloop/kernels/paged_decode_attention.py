@@ -18,8 +18,11 @@ An int8 cache at head dim 128 (GQA groups up to 8, no window, the merge in its o
 a CUDA C kernel instead where one can be built (``kv_int8_decode_cuda.py``: a cp.async ring and
 tensor-core dots; it writes the same partials for ``_merge_kernel``, or, in its cluster variants,
 merges the splits itself); an explicit ``config`` always runs this Triton kernel. With
-``HOTLOOP_FLOAT_CUDA_DECODE=1`` (off: untimed) a 16-bit cache with splits goes to
-``kv_float_decode_cuda.py``, whose splits merge inside the launch through a thread-block cluster.
+``HOTLOOP_FLOAT_CUDA_DECODE=1`` (off: slower at batch 1 on the H200, benchmarks/results/gpu_2026-12-01e)
+a 16-bit cache with splits goes to ``kv_float_decode_cuda.py``, whose splits merge inside the launch
+through a thread-block cluster. The CUDA int8 kernel may request the cache's rows before it waits for
+the kernel launched just before it (its fused write, or ``HOTLOOP_KV_CUDA_EARLY=1``), all but each
+sequence's newest token: that kernel may write this step's new tokens and nothing else of the cache.
 
 Tiles start at multiples of ``BLOCK_N`` (a sliding window's first tile masks the tokens before the
 window). For a quantized cache whose block size is a multiple of ``BLOCK_N`` a tile lies in one
@@ -56,7 +59,7 @@ from hotloop.kernels.kv_quant_triton import (
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
 from hotloop.kernels.launch_replay import recordable
 from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
-from hotloop.kernels.rotary_kv_write import rotary_kv_write
+from hotloop.kernels.rotary_kv_write import rotary_kv_write, write_kv_cache
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 16
@@ -470,8 +473,12 @@ def decode_config(quant: int, block_d: int, splits: int = 1) -> tuple[int, int, 
 def _write_first(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, w: kv_int8_decode_cuda.FusedWrite
 ) -> None:
-    """``write_kv`` where the fused kernel does not take it: the rotary embedding and KV write."""
-    rotary_kv_write(q, w.k, w.v, w.cos, w.sin, k_cache, v_cache, w.slots)
+    """``write_kv`` where the fused kernel does not take it: the rotary embedding and KV write (the
+    write alone where q and k arrived rotated)."""
+    if w.rotated:
+        write_kv_cache(w.k, w.v, k_cache, v_cache, w.slots)
+    else:
+        rotary_kv_write(q, w.k, w.v, w.cos, w.sin, k_cache, v_cache, w.slots)
 
 
 def paged_decode_attention(

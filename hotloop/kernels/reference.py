@@ -248,6 +248,34 @@ def fused_qkv_rope(
     return q.reshape(T, num_heads * D)
 
 
+def fused_qkv_rope_staged(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The q/k/v projection (input norm in front) with q and k rotated as ``rotary_kv_write``
+    rotates them, nothing written: ``(q [T, H * D], kv [T, 2 KV, D])``, kv's rows k (rotated) then v
+    (``kernels/dense_gemv.py``'s ``dense_gemv_qkv_rope_staged``)."""
+    qkv = fused_linear(x, weight, bias, norm_weight=norm_weight, eps=eps)
+    T = qkv.shape[0]
+    H, KV = num_heads, num_kv_heads
+    D = qkv.shape[1] // (H + 2 * KV)
+    half = cos.shape[-1]
+    heads = qkv.reshape(T, H + 2 * KV, D).float()
+    x1, x2 = heads[..., :half], heads[..., half : 2 * half]
+    c, s = cos[:, None, :], sin[:, None, :]
+    rotated = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, heads[..., 2 * half :]], dim=-1)
+    out = torch.cat([rotated[:, : H + KV], heads[:, H + KV :]], dim=1).to(x.dtype)
+    return out[:, :H].reshape(T, H * D).contiguous(), out[:, H:].contiguous()
+
+
 def rotary_kv_write(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -157,6 +157,41 @@ class PagedAttention(nn.Module):
             )
         return o.reshape(T, self.num_heads * self.head_dim)
 
+    def writes_in_decode(self, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> bool:
+        """Whether this step's decode kernel should write the step's K/V itself (``attend_staged``):
+        a decode-only batch on the GPU path over an int8 cache at head dim 128, with
+        ``HOTLOOP_KV_CUDA_FUSED_WRITE=1``. Where the CUDA kernel then cannot take the launch, the
+        write runs as its own launch first (``paged_decode_attention``)."""
+        if kv_cache[0].dtype != torch.uint8 or not meta.decode_only or meta.seq_lens_t is None:
+            return False
+        if not kv_cache[0].is_cuda or self.head_dim != 128:
+            return False
+        from hotloop.kernels import kv_int8_decode_cuda
+
+        return kv_int8_decode_cuda.fused_write_enabled()
+
+    def attend_staged(
+        self,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """Decode attention of ``q [T, H*D]`` (rotated) where this step's ``kv [T, 2 KV, D]`` (k
+        rotated, then v; ``QKVLinear.forward_rope_staged``) is not yet in the int8 cache: the
+        decode kernel quantizes and writes it (``writes_in_decode`` said so)."""
+        from hotloop.kernels.kv_int8_decode_cuda import FusedWrite
+
+        T = q.shape[0]
+        qv = q.view(T, self.num_heads, self.head_dim)
+        kv_h = self.num_kv_heads
+        write = FusedWrite(
+            kv[:, :kv_h], kv[:, kv_h:], cos_sin[0], cos_sin[1], meta.slot_mapping, rotated=True
+        )
+        o = self._decode(qv, kv_cache, meta, torch.empty_like(qv), write)
+        return o.reshape(T, self.num_heads * self.head_dim)
+
     def _decode(
         self,
         q: torch.Tensor,

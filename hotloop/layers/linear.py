@@ -326,6 +326,32 @@ class QKVLinear(_FusedLinear):
             num_kv_heads=self.num_kv_heads,
         )
 
+    def forward_rope_staged(
+        self,
+        x: torch.Tensor,
+        *,
+        norm_weight: torch.Tensor | None,
+        eps: float,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The projection with its input norm and the rotary embedding (full rotary), writing no
+        cache: one launch on CUDA (``ops.fused_qkv_rope_staged``). Returns the rotated q
+        ``[T, H * D]`` and ``kv [T, 2 KV, D]`` (k rotated, then v), for a decode kernel that
+        writes them itself. Needs ``is_dense``."""
+        if not self.is_dense:
+            raise ValueError("forward_rope_staged needs a dense weight; this layer's is quantized")
+        return ops.fused_qkv_rope_staged(
+            x,
+            cast(torch.Tensor, self.weight),
+            self.bias,
+            norm_weight=norm_weight,
+            eps=eps,
+            cos=cos_sin[0],
+            sin=cos_sin[1],
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+        )
+
 
 class MergedLinear(_FusedLinear):
     """Projections of sizes ``output_sizes`` in one matmul, shard ``i`` at index ``i`` (gate/up: 0/1)."""

@@ -184,12 +184,18 @@ class LlamaDecoderLayer(nn.Module):
         (``Linear.forward_fused``); the same roundings as ``forward``."""
         attn, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        if self._rope_in_projection(h, cos_sin, kv_cache, meta):
+        rope = self._rope_in_projection(h, cos_sin, kv_cache, meta)
+        if rope == "cache":
             q = attn.qkv_proj.forward_rope(
                 h, norm_weight=norm1.weight, eps=norm1.eps, cos_sin=cos_sin, slot_mapping=meta.slot_mapping,
                 kv_cache=kv_cache,
             )  # fmt: skip
             o = attn.attn.attend(q, kv_cache, meta)
+        elif rope == "staged":
+            q, kv = attn.qkv_proj.forward_rope_staged(
+                h, norm_weight=norm1.weight, eps=norm1.eps, cos_sin=cos_sin
+            )
+            o = attn.attn.attend_staged(q, kv, kv_cache, meta, cos_sin)
         else:
             qkv = attn.qkv_proj.forward_fused(h, norm_weight=norm1.weight, eps=norm1.eps)
             q, k, v = attn.split_heads(qkv)
@@ -200,21 +206,28 @@ class LlamaDecoderLayer(nn.Module):
 
     def _rope_in_projection(
         self, h: torch.Tensor, cos_sin: CosSin, kv_cache: KVCache, meta: AttentionMetadata
-    ) -> bool:
-        """Whether ``forward_one_row`` may fuse the rotary embedding and the KV write into the q/k/v
-        projection (``ops.one_row_rope``): no q/k norm, full rotary, a float cache (or a quantized
-        one with ``ops.one_row_rope_quant``), and (on CUDA) a decode-only batch."""
+    ) -> str | None:
+        """Whether ``forward_one_row`` fuses the rotary embedding into the q/k/v projection
+        (``ops.one_row_rope``; no q/k norm, full rotary, and on CUDA a decode-only batch), and where
+        the step's K/V go: "cache" (the projection writes them: a float cache, or a quantized one
+        with ``ops.one_row_rope_quant``), "staged" (an int8 cache whose decode kernel writes them,
+        ``PagedAttention.writes_in_decode``), or None (no fusion)."""
         attn = self.self_attn
-        return (
+        if not (
             ops.one_row_rope()
             and attn.q_norm is None
             and 2 * cos_sin[0].shape[-1] == attn.head_dim
-            and (
-                kv_cache[0].dtype == h.dtype
-                or (kv_cache[0].dtype == torch.uint8 and ops.one_row_rope_quant())
-            )
             and (meta.decode_only or meta.seq_lens_t is None)
-        )
+        ):
+            return None
+        if kv_cache[0].dtype == h.dtype:
+            return "cache"
+        if kv_cache[0].dtype == torch.uint8:
+            if ops.use_triton(h) and attn.attn.writes_in_decode(kv_cache, meta):
+                return "staged"
+            if ops.one_row_rope_quant():
+                return "cache"
+        return None
 
     def dense(self) -> bool:
         """Whether every projection has a dense weight (``forward_one_row`` needs it)."""

@@ -139,22 +139,28 @@ def test_quantized_kv_graphs_equal_eager(policy: int, make_tiny_model: Callable[
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("eager", [True, False])
+@pytest.mark.parametrize("batch", [8, 1])
 def test_int8_fused_write_keeps_tokens(
-    eager: bool, make_tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+    eager: bool, batch: int, make_tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``HOTLOOP_KV_CUDA_FUSED_WRITE=1``: the CUDA int8 decode kernel rotates q and writes the step's
     k / v itself (no rotary_kv_write launch in decode steps). Head dim 128 so that the kernel takes
-    the decode steps; the tokens equal those of the two-launch path, eager and in CUDA graphs."""
+    the decode steps; the tokens equal those of the two-launch path, eager and in CUDA graphs. At
+    batch 1 (the one-row path) the q/k/v GEMV rotates and hands k / v over
+    (``dense_gemv_qkv_rope_staged``), and the kernel only quantizes and writes them."""
     from hotloop.kernels import kv_int8_decode_cuda
 
     path = make_tiny_model("llama_hd128")
     prompts = make_prompts(seed=11)
     fused_launches: list[int] = []
+    rotated_launches: list[int] = []
     real = kv_int8_decode_cuda.launch
 
     def spy(*args: object, **kwargs: object) -> bool:
         ok = real(*args, **kwargs)  # type: ignore[arg-type]
-        fused_launches.append(int(ok and len(args) > 10 and args[10] is not None))
+        w = args[10] if len(args) > 10 else None
+        fused_launches.append(int(ok and w is not None))
+        rotated_launches.append(int(ok and w is not None and bool(getattr(w, "rotated", False))))
         return ok
 
     monkeypatch.setattr(kv_int8_decode_cuda, "launch", spy)
@@ -162,10 +168,11 @@ def test_int8_fused_write_keeps_tokens(
     for fused in ("0", "1"):
         monkeypatch.setenv(kv_int8_decode_cuda.FUSED_ENV, fused)
         fused_launches.clear()
+        rotated_launches.clear()
         cfg = EngineConfig(
             device="cuda",
             dtype="bfloat16",
-            max_batch_size=8,
+            max_batch_size=batch,
             eager_mode=eager,
             quant_policy=8,
             **VARIANTS["chunked"],
@@ -174,6 +181,8 @@ def test_int8_fused_write_keeps_tokens(
         runs.append(got)
         if fused == "1":
             assert sum(fused_launches) > 0, "no decode step took the fused kernel"
+            if batch == 1:
+                assert sum(rotated_launches) > 0, "no batch-1 step took the staged q/k/v GEMV"
         else:
             assert sum(fused_launches) == 0
     assert runs[0] == runs[1]

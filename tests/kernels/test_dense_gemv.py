@@ -390,3 +390,92 @@ def test_rope_gemv_quantized_cache_gpu(policy: int, h: int, kv: int, d: int, k: 
             step = (b.amax(-1, keepdim=True) - b.amin(-1, keepdim=True)) / ((1 << policy) - 1)
             assert ((a - b).abs() <= step * 1.01 + 1e-3).all(), (m, policy)
     assert int(counters.buffer(torch.device("cuda"), "rope_quant").abs().sum()) == 0
+
+
+# -- the staged rope GEMV (dense_gemv_qkv_rope_staged): k and v handed over, no cache write ---------
+def _staged_case(
+    m: int, h: int, kv: int, d: int, k: int, dtype: torch.dtype, device: str, config: object = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The staged GEMV and the cache-writing rope GEMV on the same inputs, with a float cache that
+    has one slot per row: (q, kv) of the first, then (q, k cache rows, v cache rows) of the second,
+    and (q, kv) of ``reference.fused_qkv_rope_staged`` in float32 over the same rounded operands."""
+    from hotloop.kernels.dense_gemv import dense_gemv_qkv_rope, dense_gemv_qkv_rope_staged
+
+    gen = torch.Generator().manual_seed(h * 13 + d + k)
+    rows = (h + 2 * kv) * d
+    x = (torch.randn(m, k, generator=gen) * 3).to(dtype).to(device)
+    w = (torch.randn(rows, k, generator=gen) / k**0.5).to(dtype).to(device)
+    b = (torch.randn(rows, generator=gen) * 0.1).to(dtype).to(device)
+    nw = (torch.rand(k, generator=gen) + 0.5).to(dtype).to(device)
+    ang = torch.rand(m, d // 2, generator=gen) * 50
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    kw = {"norm_weight": nw, "eps": 1e-5, "cos": cos, "sin": sin, "num_heads": h, "num_kv_heads": kv}
+    q, kvs = dense_gemv_qkv_rope_staged(x, w, b, config=config, **kw)  # type: ignore[arg-type]
+    kc = torch.zeros(m, 1, kv, d, dtype=dtype, device=device)  # a cache of m blocks of one slot
+    vc = torch.zeros_like(kc)
+    slots = torch.arange(m, dtype=torch.int64, device=device)
+    q2 = dense_gemv_qkv_rope(x, w, b, slot_mapping=slots, k_cache=kc, v_cache=vc, config=config, **kw)  # type: ignore[arg-type]
+    fkw = {**kw, "norm_weight": nw.float()}
+    q_ref, kv_ref = reference.fused_qkv_rope_staged(x.float(), w.float(), b.float(), **fkw)  # type: ignore[arg-type]
+    assert q.shape == (m, h * d) and kvs.shape == (m, 2 * kv, d) and kvs.dtype == dtype
+    return q, kvs, q2, torch.cat([kc[:, 0], vc[:, 0]], dim=1), q_ref, kv_ref
+
+
+@interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_gemv_staged_interpreted(dtype: torch.dtype) -> None:
+    """Interpreted: the staged GEMV's q, k and v are bit for bit what the cache-writing rope GEMV
+    returns and stores (the same program, its stores redirected), and agree with the float32
+    reference (rotation of q and k, v as projected)."""
+    from hotloop.kernels.dense_gemv import GemvConfig
+
+    for cfg in (
+        GemvConfig(block_n=4, block_k=32, num_warps=1),
+        GemvConfig(block_n=2, block_k=16, num_warps=1),
+    ):
+        q, kvs, q2, cache_rows, q_ref, kv_ref = _staged_case(3, 4, 2, 16, 64, dtype, "cpu", cfg)
+        assert torch.equal(q, q2) and torch.equal(kvs, cache_rows), cfg
+        tol = 1e-5 if dtype == torch.float32 else TOL[dtype]  # (bf16: the norm's and the dot's roundings)
+        assert rel_err(q, q_ref) < tol and rel_err(kvs, kv_ref) < tol
+
+
+def test_reference_staged_equals_the_cache_writing_reference() -> None:
+    """The two references agree: the staged one's k and v are the rows ``fused_qkv_rope`` stores."""
+    gen = torch.Generator().manual_seed(3)
+    m, h, kv, d, k = 2, 4, 2, 16, 48
+    x, w = torch.randn(m, k, generator=gen), torch.randn((h + 2 * kv) * d, k, generator=gen)
+    ang = torch.rand(m, d // 2, generator=gen) * 9
+    kw = {
+        "norm_weight": None,
+        "eps": 1e-5,
+        "cos": ang.cos(),
+        "sin": ang.sin(),
+        "num_heads": h,
+        "num_kv_heads": kv,
+    }
+    q, kvs = reference.fused_qkv_rope_staged(x, w, None, **kw)  # type: ignore[arg-type]
+    kc, vc = torch.zeros(m, 1, kv, d), torch.zeros(m, 1, kv, d)
+    q2 = reference.fused_qkv_rope(
+        x,
+        w,
+        None,
+        slot_mapping=torch.arange(m),
+        k_cache=kc,
+        v_cache=vc,
+        **kw,  # type: ignore[arg-type]
+    )
+    assert torch.equal(q, q2)
+    assert torch.equal(kvs[:, :kv], kc[:, 0]) and torch.equal(kvs[:, kv:], vc[:, 0])
+    assert not torch.equal(kvs[:, :kv], x.new_zeros(m, kv, d))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("h,kv,d,k", [(32, 8, 128, 4096), (9, 3, 64, 576), (28, 4, 128, 3584)])
+def test_rope_gemv_staged_gpu(h: int, kv: int, d: int, k: int, dtype: torch.dtype) -> None:
+    """On the GPU: the staged GEMV equals the cache-writing one bit for bit (one program, the stores
+    redirected) and the float32 reference within the dtype's tolerance."""
+    for m in (1, 3):
+        q, kvs, q2, cache_rows, q_ref, kv_ref = _staged_case(m, h, kv, d, k, dtype, "cuda")
+        assert torch.equal(q, q2) and torch.equal(kvs, cache_rows), m
+        assert rel_err(q, q_ref) < TOL[dtype] and rel_err(kvs, kv_ref) < TOL[dtype], m

@@ -121,9 +121,9 @@ def test_auto_variant_by_grid() -> None:
     assert kv_int8_decode_cuda.pick_variant(132, 132) == "vtw"
     assert kv_int8_decode_cuda.pick_variant(133, 132) == "vt3w"
     assert kv_int8_decode_cuda.pick_variant(256 * 8, 132) == "vt3w"
-    # the fused write's kernels keep the block ring: the same rule over vt / vt3
-    assert kv_int8_decode_cuda.pick_variant(132, 132, fused=True) == "vt"
-    assert kv_int8_decode_cuda.pick_variant(133, 132, fused=True) == "vt3"
+    # the fused write's kernels: the same rule (the per-warp rings have the fused write too)
+    assert kv_int8_decode_cuda.pick_variant(132, 132, fused=True) == "vtw"
+    assert kv_int8_decode_cuda.pick_variant(133, 132, fused=True) == "vt3w"
     for name in ("vtw", "vt3w", *kv_int8_decode_cuda.FUSED_VARIANTS):
         assert name in kv_int8_decode_cuda.VARIANTS
 
@@ -274,9 +274,11 @@ def _fused_write_case(
     splits: int | None,
     device: str,
     monkeypatch: pytest.MonkeyPatch,
+    rotated: bool = False,
 ) -> tuple[list[object], float]:
     """The same step two ways: ``rotary_kv_write`` then decode (the reference) and decode with
-    ``write_kv`` (q unrotated, this step's k / v not yet in the cache). Asserts that the caches agree
+    ``write_kv`` (q unrotated, this step's k / v not yet in the cache; with ``rotated``, q and k as
+    ``rotary_kv_write`` rotated them, the way the staged q/k/v GEMV hands them over). Asserts that the caches agree
     (every byte outside the new tokens' rows identical; the new rows' dequantized values within a
     code step) and that each output matches the torch reference over the cache it wrote. Returns
     the launches the spy saw and the smallest fraction of the new rows' code and pair bytes that
@@ -309,7 +311,9 @@ def _fused_write_case(
     # the reference: the write, then decode
     kc_r, vc_r, qkv_r = kq.clone(), vq.clone(), qkv.clone()
     q_r, k_r, v_r = views(qkv_r)
-    rotary_kv_write(q_r, k_r, v_r, cos, sin, kc_r, vc_r, slots)
+    qkv_unrotated = qkv_r.clone()
+    # (rotate_k: k rotated in place too, the exact values the write quantized, for `rotated`)
+    rotary_kv_write(q_r, k_r, v_r, cos, sin, kc_r, vc_r, slots, rotate_k=rotated)
     out_r = paged_decode_attention(q_r, kc_r, vc_r, tables, seq, D**-0.5, None, splits)
     # fused
     launched: list[object] = []
@@ -322,8 +326,10 @@ def _fused_write_case(
 
     monkeypatch.setattr(kv_int8_decode_cuda, "launch", spy)
     kc_f, vc_f = kq.clone(), vq.clone()
-    q_f, k_f, v_f = views(qkv.clone())
-    w = kv_int8_decode_cuda.FusedWrite(k_f, v_f, cos, sin, slots)
+    q_f, k_f, v_f = views(qkv_r.clone() if rotated else qkv_unrotated)
+    if rotated:  # rows without a slot (padding) were not rotated: the kernel does not write them
+        assert not torch.equal(k_f, views(qkv_unrotated)[1]) or not (slots >= 0).any()
+    w = kv_int8_decode_cuda.FusedWrite(k_f, v_f, cos, sin, slots, rotated=rotated)
     out_f = paged_decode_attention(q_f, kc_f, vc_f, tables, seq, D**-0.5, None, splits, write_kv=w)
 
     new_rows = torch.zeros(kq.shape[0], bs, dtype=torch.bool)
@@ -360,10 +366,14 @@ def _fused_write_case(
 FUSED_LENS = [0, 1, 17, 64, 65, 300, 64 * 40 + 5]
 
 
-def test_fused_write_falls_back_off_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("rotated", [False, True])
+def test_fused_write_falls_back_off_the_gpu(rotated: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the CUDA kernel cannot take the launch (here: no GPU) ``write_kv`` runs
-    ``rotary_kv_write`` first: the same bytes and the same output as the two calls."""
-    launched, same = _fused_write_case([0, 1, 17, 65], 8, 2, 16, torch.bfloat16, 2, "cpu", monkeypatch)
+    ``rotary_kv_write`` first (the write alone when q and k arrive rotated): the same bytes and the
+    same output as the two calls."""
+    launched, same = _fused_write_case(
+        [0, 1, 17, 65], 8, 2, 16, torch.bfloat16, 2, "cpu", monkeypatch, rotated
+    )
     assert launched == [] and same == 1.0
 
 
@@ -390,7 +400,7 @@ def test_fused_write_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("rows", "probe3"):  # only the O^T kernels (or the auto choice, always one of them)
         monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, name)
         monkeypatch.setitem(kv_int8_decode_cuda.VARIANTS, "probe3", kv_int8_decode_cuda.PROBES["probe3"])
-        assert "fused write is in the vt/vt3 kernels" in str(why(ok))
+        assert "fused write is in the vt/vt3/vtw/vt3w kernels" in str(why(ok))
 
 
 def test_fused_write_falls_back_when_the_kernels_do_not_build(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -404,17 +414,73 @@ def test_fused_write_falls_back_when_the_kernels_do_not_build(monkeypatch: pytes
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["", "vt", "vt3"])
+@pytest.mark.parametrize("variant", ["", "vt", "vt3", "vtw", "vt3w"])
 @pytest.mark.parametrize("h,kv", [(32, 8), (28, 4), (8, 8), (6, 1)])
 @pytest.mark.parametrize("bs", [16, 64])
 def test_fused_write_gpu(h: int, kv: int, bs: int, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fused kernel, unrotated and rotated input (the staged GEMV's), against the two launches.
+    The fused kernels request their first tiles before the wait (EARLY): the newest row is put in
+    after it, whichever tile (a split's first or a later one) holds it."""
     monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
-    runs = [(torch.bfloat16, 1, "seq"), (torch.bfloat16, 5, "heads"), (torch.float16, None, "seq")]
-    for dtype, splits, grid in runs:
+    runs = [
+        (torch.bfloat16, 1, "seq", False),
+        (torch.bfloat16, 5, "heads", True),
+        (torch.float16, None, "seq", False),
+        (torch.bfloat16, 16, "heads", True),
+    ]
+    for dtype, splits, grid, rotated in runs:
         monkeypatch.setenv(kv_int8_decode_cuda.GRID_ENV, grid)
-        launched, same = _fused_write_case(FUSED_LENS, h, kv, bs, dtype, splits, "cuda", monkeypatch)
+        launched, same = _fused_write_case(FUSED_LENS, h, kv, bs, dtype, splits, "cuda", monkeypatch, rotated)
         assert launched and all(ok and w is not None for ok, w in launched), "the fused kernel did not run"
         assert same == 1.0, f"only {same:.4f} of the new rows' bytes equal the two-launch write's"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["vtw", "vt3w", "vt", "rows"])
+@pytest.mark.parametrize("splits", [1, 3, 16])
+def test_early_prologue_gpu(variant: str, splits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOTLOOP_KV_CUDA_EARLY=1: the first tiles requested before the wait and the newest token's row
+    read from the cache after it, plainly. Right after ``rotary_kv_write`` wrote that row (the
+    kernel launched just before, as in a decode step), the output matches the reference over the
+    cache as written; a stale newest row would not."""
+    from hotloop.kernels.rotary_kv_write import rotary_kv_write
+
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
+    monkeypatch.setenv(kv_int8_decode_cuda.EARLY_ENV, "1")
+    lens, h, kv, bs, dtype, D = FUSED_LENS, 32, 8, 16, torch.bfloat16, 128
+    seed = random.randrange(1 << 30)
+    kq, vq, _kf, _vf, tables = _quant_pool(lens, kv, D, bs, dtype, 8, "cuda", seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    B = len(lens)
+    q = torch.randn(B, h, D, generator=gen).to(dtype).cuda()
+    k = (torch.randn(B, kv, D, generator=gen) * 4).to(dtype).cuda()  # unlike the pool's rows
+    v = (torch.randn(B, kv, D, generator=gen) * 4).to(dtype).cuda()
+    slots = torch.tensor(
+        [int(tables[i, (n - 1) // bs]) * bs + (n - 1) % bs if n > 0 else -1 for i, n in enumerate(lens)],
+        dtype=torch.int64,
+    ).cuda()
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    half = torch.zeros(B, D // 2, device="cuda")
+    launched = _spy(monkeypatch)
+    for _ in range(3):  # the write, then decode at once: three steps, rows overwritten each time
+        k.mul_(-1)
+        rotary_kv_write(q.clone(), k, v, half.cos(), half, kq, vq, slots)  # a zero-angle rotation
+        out = paged_decode_attention(q, kq, vq, tables, seq, D**-0.5, None, splits)
+        kf = kv_quant.dequantize_cache(kq, D, dtype)
+        vf = kv_quant.dequantize_cache(vq, D, dtype)
+        qd = q.float().clamp(-65504, 65504).half().float()
+        _check(out, reference.paged_attention(qd, kf, vf, tables, [1] * B, lens, D**-0.5, None), seq, dtype)
+    assert launched and all(launched), "the CUDA kernel did not run"
+
+
+def test_early_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(kv_int8_decode_cuda.EARLY_ENV, raising=False)
+    assert not kv_int8_decode_cuda.early_enabled()
+    monkeypatch.setenv(kv_int8_decode_cuda.EARLY_ENV, "1")
+    assert kv_int8_decode_cuda.early_enabled()
+    monkeypatch.setenv(kv_int8_decode_cuda.EARLY_ENV, "yes")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        kv_int8_decode_cuda.early_enabled()
 
 
 @pytest.mark.gpu

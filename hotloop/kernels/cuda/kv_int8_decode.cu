@@ -126,7 +126,16 @@ __device__ __forceinline__ float rotate(float x, float partner, float c, float s
 // q arrives unrotated (each block rotates its heads' rows as it loads them), and the block whose
 // split holds a sequence's newest token (position seq_len - 1) rotates that token's k row, quantizes
 // k and v (kv_quant_triton's arithmetic), stores them at the token's slot for later steps, and puts
-// the same bytes straight into its ring in place of a copy from the cache.
+// the same bytes straight into its ring in place of a copy from the cache. With `rotated` (runtime,
+// uniform) q and k arrive rotated (the q/k/v GEMV's rope epilogue, dense_gemv_qkv_rope_staged):
+// only the quantization and the write are left.
+// EARLY (FUSED, or the runtime `early`): the ring's first tiles are requested before the
+// griddepcontrol.wait on the kernel before, so that their DRAM latency overlaps that kernel's tail.
+// That is safe for every row but the newest token's: the kernel before this one has passed its own
+// wait before letting this one start (every PDL kernel here waits, then triggers), so everything
+// older is written; only that kernel itself may still be writing (rotary_kv_write: this step's
+// tokens). The newest token's row is put into the ring after the wait (FUSED: from the staging area;
+// else read from the cache).
 // PROBE (benchmarks only: kv_attention_sweep.py's "probe" rows): the same copies through the same ring,
 // grid and barriers with none of the arithmetic, to tell the access pattern's ceiling from the kernel's.
 // WRING: each warp's own ring. The copier mapping below gives warp w exactly the rows it reads (tokens
@@ -151,10 +160,13 @@ __device__ __forceinline__ void decode_kernel(
     int stride_kb, int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS,
     int num_splits, int log2_bs, int heads_fastest, const T* __restrict__ k_new,
     const T* __restrict__ v_new, int stride_kn, int stride_vn, const float* __restrict__ cos_t,
-    const float* __restrict__ sin_t, int stride_cs, const long long* __restrict__ slots) {
+    const float* __restrict__ sin_t, int stride_cs, const long long* __restrict__ slots, int rotated, int early) {
   extern __shared__ __align__(128) uint8_t smem[];
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;");
+  const bool pre = FUSED || early != 0;  // EARLY above: the prologue before the wait
+  if (!pre) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+  }
 
   // grid (B, KV, splits), or (KV, B, splits) with heads_fastest: then a sequence's KV heads are
   // neighbours in the launch order, run together and share the 32-byte sectors that hold a token's
@@ -171,62 +183,15 @@ __device__ __forceinline__ void decode_kernel(
   const int* table = block_tables + (long long)b * stride_bt;
   const long long pair_base = (long long)BS * KV * HD;  // bytes of a block's codes
 
-  // ---- FUSED: the newest token's k / v row, quantized into the staging area and the cache
-  uint8_t* const stage = smem + STAGES * STAGE_BYTES;
-  int new_pos = -1;  // the token whose row comes from the staging area (block-uniform)
-  if (FUSED) {
+  // ---- the newest token (position seq_len - 1), where this split holds it and its row is not taken
+  // from the cache before the wait: FUSED (and a slot to write it to), or EARLY
+  uint8_t* const stage = smem + STAGES * STAGE_BYTES;  // FUSED: the staging area after the ring
+  int new_pos = -1;                                    // block-uniform
+  {
     const int pos = seq_len - 1;
-    const long long slot = slots[b];
-    if (pos >= start && pos < end && slot >= 0) {
-      new_pos = pos;
-      const int d = tid;  // one head dim per thread (THREADS == HD)
-      const T* kr = k_new + (long long)b * stride_kn + kvh * HD;
-      const T* vr = v_new + (long long)b * stride_vn + kvh * HD;
-      const float c = cos_t[(long long)b * stride_cs + (d & 63)], sn = sin_t[(long long)b * stride_cs + (d & 63)];
-      const float x = to_float<T>(kr[d]), xp = to_float<T>(kr[d ^ 64]);
-      // rotary_kv_write's x1 cos - x2 sin / x2 cos + x1 sin, rounded to T (what is quantized); each
-      // product rounded on its own as there (no fma: its quantized launch turns contraction off)
-      const float kf = to_float<T>(from_float<T>(rotate(x, xp, c, sn, d < 64)));
-      const float vf = to_float<T>(vr[d]);
-      float mm[4] = {kf, kf, vf, vf};  // k min, k max, v min, v max
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        mm[0] = fminf(mm[0], __shfl_xor_sync(0xffffffffu, mm[0], o));
-        mm[1] = fmaxf(mm[1], __shfl_xor_sync(0xffffffffu, mm[1], o));
-        mm[2] = fminf(mm[2], __shfl_xor_sync(0xffffffffu, mm[2], o));
-        mm[3] = fmaxf(mm[3], __shfl_xor_sync(0xffffffffu, mm[3], o));
-      }
-      float* scratch = reinterpret_cast<float*>(stage + 2 * HD + 16);
-      if (lane == 0) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) scratch[warp * 4 + j] = mm[j];
-      }
-      __syncthreads();
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w) {
-        mm[0] = fminf(mm[0], scratch[w * 4 + 0]);
-        mm[1] = fmaxf(mm[1], scratch[w * 4 + 1]);
-        mm[2] = fminf(mm[2], scratch[w * 4 + 2]);
-        mm[3] = fmaxf(mm[3], scratch[w * 4 + 3]);
-      }
-      float kinv, vinv;
-      const T ks = quant_scale<T>(mm[0], mm[1], &kinv), vs = quant_scale<T>(mm[2], mm[3], &vinv);
-      const uint8_t kc = quant_code(kf, mm[0], kinv), vc = quant_code(vf, mm[2], vinv);
-      const long long page = slot >> log2_bs;
-      const long long row = (slot & (BS - 1)) * KV + kvh;
-      const long long pair_off = (long long)BS * KV * HD + row * 4;
-      k_cache[page * stride_kb + row * HD + d] = kc;
-      v_cache[page * stride_vb + row * HD + d] = vc;
-      stage[d] = kc;
-      stage[HD + d] = vc;
-      if (d < 2) {  // thread 0: k's (scale, zero) pair; thread 1: v's (zero: the minimum, a T value)
-        const u32 pair = (u32)bits_of<T>(d ? vs : ks) | ((u32)bits_of<T>(from_float<T>(d ? mm[2] : mm[0])) << 16);
-        *reinterpret_cast<u32*>((d ? v_cache + page * stride_vb : k_cache + page * stride_kb) + pair_off) = pair;
-        *reinterpret_cast<u32*>(stage + 2 * HD + 4 * d) = pair;
-      }
-      __syncthreads();  // the staged row, for whichever thread copies it into the ring
-    }
+    if (pos >= start && pos < end && (FUSED ? slots[b] >= 0 : pre)) new_pos = pos;
   }
+  bool ready = !pre;  // the newest row may go into the ring (after the wait; FUSED: once staged)
 
   // ---- the copier's part: thread tid copies row tid / 2, code chunks 4 (tid & 1) .. + 3 of K and V,
   // and the K (tid even) or V (tid odd) pair of that row
@@ -237,23 +202,47 @@ __device__ __forceinline__ void decode_kernel(
     const int tok = start + tile * TILE + crow;
     return tok < end ? table[tok >> log2_bs] : -1;
   };
+  auto slot_base = [&](int tile) -> u32 { return smem_addr(smem + (tile % STAGES) * STAGE_BYTES); };
+  // FUSED: the newest token's bytes from the staging area into the thread's part of the row (no copy)
+  auto put_staged = [&](u32 base) {
+    const u32 st = smem_addr(stage);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int ch = chalf * 4 + i;
+      const u32 dst = crow * HD + ((ch ^ (crow & 7)) << 4);
+      sts128(base + dst, lds128(st + ch * 16));
+      sts128(base + CODE_BYTES + dst, lds128(st + HD + ch * 16));
+    }
+    sts32(base + 2 * CODE_BYTES + chalf * (TILE * 4) + crow * 4, lds32(st + 2 * HD + 4 * chalf));
+  };
+  // EARLY without FUSED: the newest token's part of the row read from the cache after the wait, with
+  // plain loads (a cp.async would join a later commit group than its tile's)
+  auto load_row = [&](u32 base, int tok, int page) {
+    const long long row = (long long)((tok & (BS - 1)) * KV + kvh);
+    const uint8_t* ks = k_cache + (long long)page * stride_kb + row * HD;
+    const uint8_t* vs = v_cache + (long long)page * stride_vb + row * HD;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int ch = chalf * 4 + i;
+      const u32 dst = crow * HD + ((ch ^ (crow & 7)) << 4);
+      sts128(base + dst, __ldcg(reinterpret_cast<const uint4*>(ks + ch * 16)));
+      sts128(base + CODE_BYTES + dst, __ldcg(reinterpret_cast<const uint4*>(vs + ch * 16)));
+    }
+    const uint8_t* ps = pair_src_cache + (long long)page * pair_stride + pair_base + row * 4;
+    sts32(base + 2 * CODE_BYTES + chalf * (TILE * 4) + crow * 4, __ldcg(reinterpret_cast<const unsigned int*>(ps)));
+  };
   auto issue = [&](int tile, int page) {
-    const u32 base = smem_addr(smem + (tile % STAGES) * STAGE_BYTES);
+    const u32 base = slot_base(tile);
     const int tok = start + tile * TILE + crow;
     const bool ok = page >= 0;
     const long long row = ok ? (long long)((tok & (BS - 1)) * KV + kvh) : 0;
     const long long pg = ok ? (long long)page : 0;
-    if (FUSED && tok == new_pos) {  // the newest token: its bytes from the staging area, no copy
-      const u32 st = smem_addr(stage);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int ch = chalf * 4 + i;
-        const u32 dst = crow * HD + ((ch ^ (crow & 7)) << 4);
-        sts128(base + dst, lds128(st + ch * 16));
-        sts128(base + CODE_BYTES + dst, lds128(st + HD + ch * 16));
+    if (tok == new_pos) {  // the newest token
+      if (!ready) return;  // before the wait: put into the ring after it (below the prologue)
+      if (FUSED) {         // its bytes from the staging area, no copy
+        put_staged(base);
+        return;
       }
-      sts32(base + 2 * CODE_BYTES + chalf * (TILE * 4) + crow * 4, lds32(st + 2 * HD + 4 * chalf));
-      return;
     }
     const uint8_t* ks = k_cache + pg * stride_kb + row * HD;
     const uint8_t* vs = v_cache + pg * stride_vb + row * HD;
@@ -271,7 +260,79 @@ __device__ __forceinline__ void decode_kernel(
   // prologue: the first STAGES - 1 tiles in flight (WRING: STAGES), one commit group per tile, empty or not;
   // issued before q is loaded, so that q's loads wait behind the copies instead of ahead of them
   auto ring = tile_ring<STAGES>(issue, page_of, n_tiles);
-  ring.template prologue<WRING ? STAGES : STAGES - 1>();
+  constexpr int PRO = WRING ? STAGES : STAGES - 1;  // tiles the prologue issues
+  ring.template prologue<PRO>();
+
+  if (pre) {  // the prologue's copies are in flight: now wait for the kernel before
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+  }
+  // ---- FUSED: the newest token's k / v row, quantized into the staging area and the cache
+  if (FUSED && new_pos >= 0) {
+    const long long slot = slots[b];
+    const int d = tid;  // one head dim per thread (THREADS == HD)
+    const T* kr = k_new + (long long)b * stride_kn + kvh * HD;
+    const T* vr = v_new + (long long)b * stride_vn + kvh * HD;
+    float kf;
+    if (rotated) {
+      kf = to_float<T>(kr[d]);
+    } else {
+      const float c = cos_t[(long long)b * stride_cs + (d & 63)], sn = sin_t[(long long)b * stride_cs + (d & 63)];
+      const float x = to_float<T>(kr[d]), xp = to_float<T>(kr[d ^ 64]);
+      // rotary_kv_write's x1 cos - x2 sin / x2 cos + x1 sin, rounded to T (what is quantized); each
+      // product rounded on its own as there (no fma: its quantized launch turns contraction off)
+      kf = to_float<T>(from_float<T>(rotate(x, xp, c, sn, d < 64)));
+    }
+    const float vf = to_float<T>(vr[d]);
+    float mm[4] = {kf, kf, vf, vf};  // k min, k max, v min, v max
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      mm[0] = fminf(mm[0], __shfl_xor_sync(0xffffffffu, mm[0], o));
+      mm[1] = fmaxf(mm[1], __shfl_xor_sync(0xffffffffu, mm[1], o));
+      mm[2] = fminf(mm[2], __shfl_xor_sync(0xffffffffu, mm[2], o));
+      mm[3] = fmaxf(mm[3], __shfl_xor_sync(0xffffffffu, mm[3], o));
+    }
+    float* scratch = reinterpret_cast<float*>(stage + 2 * HD + 16);
+    if (lane == 0) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) scratch[warp * 4 + j] = mm[j];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      mm[0] = fminf(mm[0], scratch[w * 4 + 0]);
+      mm[1] = fmaxf(mm[1], scratch[w * 4 + 1]);
+      mm[2] = fminf(mm[2], scratch[w * 4 + 2]);
+      mm[3] = fmaxf(mm[3], scratch[w * 4 + 3]);
+    }
+    float kinv, vinv;
+    const T ks = quant_scale<T>(mm[0], mm[1], &kinv), vs = quant_scale<T>(mm[2], mm[3], &vinv);
+    const uint8_t kc = quant_code(kf, mm[0], kinv), vc = quant_code(vf, mm[2], vinv);
+    const long long page = slot >> log2_bs;
+    const long long row = (slot & (BS - 1)) * KV + kvh;
+    const long long pair_off = (long long)BS * KV * HD + row * 4;
+    k_cache[page * stride_kb + row * HD + d] = kc;
+    v_cache[page * stride_vb + row * HD + d] = vc;
+    stage[d] = kc;
+    stage[HD + d] = vc;
+    if (d < 2) {  // thread 0: k's (scale, zero) pair; thread 1: v's (zero: the minimum, a T value)
+      const u32 pair = (u32)bits_of<T>(d ? vs : ks) | ((u32)bits_of<T>(from_float<T>(d ? mm[2] : mm[0])) << 16);
+      *reinterpret_cast<u32*>((d ? v_cache + page * stride_vb : k_cache + page * stride_kb) + pair_off) = pair;
+      *reinterpret_cast<u32*>(stage + 2 * HD + 4 * d) = pair;
+    }
+    __syncthreads();  // the staged row, for whichever thread copies it into the ring
+  }
+  ready = true;
+  if (new_pos >= 0) {  // the newest row into its slot, if the prologue has issued its tile
+    const int nt = (new_pos - start) / TILE;
+    if (nt < PRO && start + nt * TILE + crow == new_pos) {
+      if (FUSED)
+        put_staged(slot_base(nt));
+      else
+        load_row(slot_base(nt), new_pos, table[new_pos >> log2_bs]);
+    }
+  }
+
 
   // ---- q as the A fragments of the score MMAs: row g (head kvh * G + g), dims 32t + 4c + {0,1} / {2,3}
   u32 qa[8][2];
@@ -279,15 +340,16 @@ __device__ __forceinline__ void decode_kernel(
   {
     const bool real = g < G;
     const T* qrow = q + (long long)b * stride_qb + (long long)(kvh * G + (real ? g : 0)) * stride_qh + 32 * t;
-    const float* crow_cs = FUSED ? cos_t + (long long)b * stride_cs + 32 * (t & 1) : nullptr;
-    const float* srow_cs = FUSED ? sin_t + (long long)b * stride_cs + 32 * (t & 1) : nullptr;
+    const bool rot_q = FUSED && !rotated;
+    const float* crow_cs = rot_q ? cos_t + (long long)b * stride_cs + 32 * (t & 1) : nullptr;
+    const float* srow_cs = rot_q ? sin_t + (long long)b * stride_cs + 32 * (t & 1) : nullptr;
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
       float v[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float raw = to_float<T>(qrow[4 * c + e]);
-        if (FUSED) {
+        if (rot_q) {
           // dim 32t + 4c + e; its rotation partner (dim +- 64) is the same slot of lane t ^ 2
           const float partner = __shfl_xor_sync(0xffffffffu, raw, 2);
           const float cc = crow_cs[4 * c + e], ss = srow_cs[4 * c + e];
@@ -515,12 +577,12 @@ __device__ __forceinline__ void decode_kernel(
       T* out, float* part, float* lse_out, float scale_log2, int stride_qb, int stride_qh, int stride_kb,  \
       int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS, int num_splits,  \
       int log2_bs, int heads_fastest, const T* k_new, const T* v_new, int stride_kn, int stride_vn,       \
-      const float* cos_t, const float* sin_t, int stride_cs, const long long* slots) {                    \
+      const float* cos_t, const float* sin_t, int stride_cs, const long long* slots, int rotated, int early) { \
     decode_kernel<T, VT, STAGES, FUSED, PROBE, WRING, CHAINS, CLUSTER>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,  \
                                         scale_log2, stride_qb, stride_qh, stride_kb, stride_vb,           \
                                         stride_bt, stride_ob, stride_oh, G, KV, BS, num_splits, log2_bs,  \
                                         heads_fastest, k_new, v_new, stride_kn, stride_vn, cos_t, sin_t,  \
-                                        stride_cs, slots);                                                \
+                                        stride_cs, slots, rotated, early);                                \
   }
 
 // the first kernel (BENCHMARKS.md, eighteenth session; HOTLOOP_KV_CUDA_VARIANT=rows)
@@ -549,6 +611,11 @@ DEFINE_W(kv_int8_decode_vt3w_f16, __half, true, 3, 4, false, false, true)
 DEFINE_W(kv_int8_decode_vt3w_bf16, __nv_bfloat16, true, 3, 4, false, false, true)
 DEFINE_W(kv_int8_read_probe3w_f16, __half, true, 3, 4, false, true, true)
 DEFINE_W(kv_int8_read_probe3w_bf16, __nv_bfloat16, true, 3, 4, false, true, true)
+// per-warp rings with the fused write (FUSED above; twenty-first session, untimed)
+DEFINE_W(kv_int8_decode_vtw_fw_f16, __half, true, 4, 3, true, false, true)
+DEFINE_W(kv_int8_decode_vtw_fw_bf16, __nv_bfloat16, true, 4, 3, true, false, true)
+DEFINE_W(kv_int8_decode_vt3w_fw_f16, __half, true, 3, 4, true, false, true)
+DEFINE_W(kv_int8_decode_vt3w_fw_bf16, __nv_bfloat16, true, 3, 4, true, false, true)
 // per-warp rings with the score dots in two chains (CHAINS above; twentieth session, untimed)
 DEFINE_WC(kv_int8_decode_vtwc_f16, __half, true, 4, 3, false, false, true, true)
 DEFINE_WC(kv_int8_decode_vtwc_bf16, __nv_bfloat16, true, 4, 3, false, false, true, true)
