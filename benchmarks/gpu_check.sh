@@ -40,11 +40,13 @@
 #   kvsame2  one GPU, right after kvsame on the same lease: the KV-bound int8 run, then the cluster-merge
 #            variants (vtwk / vt3wk): their GPU tests, the small-batch sweep beside vtw / vt3w, and batch 1
 #            with fp16 KV, int8 KV, and int8 KV with HOTLOOP_KV_CUDA_VARIANT=vtwk (the merge launch gone).
-#   kvfw     one GPU, issue 6's batch-1 gap: the GPU tests of the int8 fused write (every fused kernel, unrotated
-#            and rotated input), the early prologue (HOTLOOP_KV_CUDA_EARLY), the staged q/k/v GEMV and the engine's
-#            fused-write parity at batch 8 and 1; then batch 1 (Llama-3-8B, 128 / 512) alternating, twice: fp16 KV,
-#            int8 KV, int8 with HOTLOOP_KV_CUDA_FUSED_WRITE=1 (at batch 1: the staged GEMV, the kernel quantizes
-#            and writes), int8 with HOTLOOP_KV_CUDA_EARLY=1.
+#   kvfw     one GPU, issue 6's batch-1 gap and the early first tile (issue 4's 254 / 2,500): the GPU tests of the
+#            int8 fused write (every fused kernel, unrotated and rotated input), the early prologues
+#            (HOTLOOP_KV_CUDA_EARLY, HOTLOOP_DECODE_EARLY), the staged q/k/v GEMV and the engine's fused-write
+#            parity at batch 8 and 1; then batch 1 (Llama-3-8B, 128 / 512) alternating, twice: fp16 KV, fp16
+#            with HOTLOOP_DECODE_EARLY=1, int8 KV, int8 with HOTLOOP_KV_CUDA_FUSED_WRITE=1 (at batch 1: the
+#            staged GEMV, the kernel quantizes and writes); then int8 with HOTLOOP_KV_CUDA_EARLY=1, and
+#            SmolLM2-135M (8 steps a launch) plain and with HOTLOOP_DECODE_EARLY=1.
 #   kvwarp   one GPU, the twentieth session's per-warp rings: the int8 CUDA decode GPU tests (every variant,
 #            the seq grid, graphs, replay), the sweep of vt / vt3 / vtw / vt3w and the read probes at the
 #            KV-bound and other batches, then the KV-bound int8 run (the twentieth session ran it with
@@ -787,18 +789,23 @@ fi
 if [ "$what" = kvfw ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
   git -C "$here/.." log --oneline -1 2>/dev/null || true
-  timeout 230 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
-    tests/kernels/test_dense_gemv.py tests/api/test_gpu_parity.py -k "fused_write or early or staged" \
-    >"$out/kvfw_tests.log" 2>&1
+  timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    tests/kernels/test_dense_gemv.py tests/kernels/test_attention_kernels.py tests/api/test_gpu_parity.py \
+    -k "fused_write or early or staged" >"$out/kvfw_tests.log" 2>&1
   trc=$?
   echo "GPU tests rc=$trc"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvfw_tests.log" | cut -c1-300 | head -30
-  for i in 1 2; do  # batch 1, alternating: fp16 KV, int8 KV, int8 fused write (staged GEMV), int8 early prologue
+  for i in 1 2; do  # batch 1, alternating (the new paths only if their tests passed)
     bs1 "q0_$i" llama3-8b
+    [ $trc -eq 0 ] && HOTLOOP_DECODE_EARLY=1 bs1 "q0early_$i" llama3-8b
     bs1 "q8_$i" llama3-8b --quant-policy 8
     [ $trc -eq 0 ] && HOTLOOP_KV_CUDA_FUSED_WRITE=1 bs1 "q8fw_$i" llama3-8b --quant-policy 8
-    [ $trc -eq 0 ] && HOTLOOP_KV_CUDA_EARLY=1 bs1 "q8early_$i" llama3-8b --quant-policy 8
   done
+  if [ $trc -eq 0 ]; then
+    HOTLOOP_KV_CUDA_EARLY=1 bs1 q8early llama3-8b --quant-policy 8
+    bs1 smol_ms8 smollm2-135m --num-scheduler-steps 8
+    HOTLOOP_DECODE_EARLY=1 bs1 smol_ms8_early smollm2-135m --num-scheduler-steps 8
+  fi
   exit 0
 fi
 if [ "$what" = kvwarp ]; then  # one GPU, in turn

@@ -84,9 +84,10 @@ def compile_decode(
     bs: int = BS,
     config: tuple[int, ...] | None = None,
     merge: bool | None = None,
+    early: bool = False,
 ) -> Any:
     """The decode kernel for cache policy ``quant``, model ``dtype`` and block size ``bs`` (``merge``:
-    the last split merges, default ``FUSE_MERGE``);
+    the last split merges, default ``FUSE_MERGE``; ``early``: the first tile before the PDL wait);
     ``block_n`` and ``asm`` (the code-reading bits, ``kv_quant_triton.code_mode_bits``) override
     the launcher's choices on a GPU; ``config`` overrides the whole launch configuration,
     ``(BLOCK_N, num_warps, num_stages[, maxnreg])``."""
@@ -105,7 +106,7 @@ def compile_decode(
         asm = code_mode_bits(True, dec.INT8_PAIRS) & split_eo_mask(_TORCH[dtype], D)
     consts = {"G": G, "D": D, "BS": bs, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
               "BLOCK_N": block_n or default_n, "PDL": True,
-              "MERGE": bool(dec.FUSE_MERGE if merge is None else merge) and splits > 1,
+              "MERGE": bool(dec.FUSE_MERGE if merge is None else merge) and splits > 1, "EARLY": early,
               **_cache_consts(quant, dtype, asm)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
     # a quantized cache's token and head strides (rows of 132 bytes) are not divisible by 16; its
@@ -212,14 +213,16 @@ def compile_dense_gemv(
     mode: str, dtype: str = "bfloat16", k: int = 4096, out: str | None = None, quant: int = 0
 ) -> Any:
     """The one-row dense GEMV (``kernels/dense_gemv.py``) with its default launch for a Llama-3-8B
-    shape: ``mode`` ``plain``, ``norm`` (qkv), ``res`` (o, down), ``silu`` (gate/up) or ``rope``
+    shape: ``mode`` ``plain``, ``norm`` (qkv), ``res`` (o, down), ``silu`` (gate/up), ``rope``
     (qkv with the rotary embedding and the KV-cache write; ``quant`` 8 / 4: into a quantized
-    cache); ``out`` the output dtype (float32: the LM head's logits)."""
+    cache) or ``staged`` (qkv with the rotary embedding, k and v handed over, no cache write);
+    ``out`` the output dtype (float32: the LM head's logits)."""
     from hotloop.kernels import dense_gemv as dg
 
     t = _TYPES[dtype]
-    silu, rope = mode == "silu", mode == "rope"
-    norm = mode in ("norm", "silu", "rope")
+    staged = mode == "staged"
+    silu, rope = mode == "silu", mode in ("rope", "staged")
+    norm = mode in ("norm", "silu", "rope", "staged")
     cfg = dg.default_config(4096, k, silu, norm)
     if rope:
         base = dg.rope_default_config(k)
@@ -235,7 +238,8 @@ def compile_dense_gemv(
               "HAS_BIAS": False, "EVEN": k % cfg.block_k == 0, "K_POW2": 1 << (k - 1).bit_length() if norm else 16,
               "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVICT": "evict_first", "PDL": True,
               "QUANT": quant, "BS": 64 if quant else 1, "NPACK": 128 if quant == 8 else 64 if quant else 1,
-              "BLOCK_P": 128 if quant == 8 else 64 if quant else 2, "SCALE_BITS": 8 * (2 if dtype == "bfloat16" else 4)}  # fmt: skip
+              "BLOCK_P": 128 if quant == 8 else 64 if quant else 2, "SCALE_BITS": 8 * (2 if dtype == "bfloat16" else 4),
+              "STAGE_KV": staged}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")] + ["N", "K", *strides]
     return compile_for_target(dg._dense_gemv_kernel, sig, consts, aligned, num_warps=cfg.num_warps)
 
@@ -287,6 +291,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # the last split merges (fuse_merge)
     "decode-q0-bfloat16-merge": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 16, "merge": True}),
     "decode-q8-bfloat16-merge": ("decode", {"quant": 8, "dtype": "bfloat16", "splits": 16, "merge": True}),
+    # the first tile before the PDL wait (HOTLOOP_DECODE_EARLY)
+    "decode-q0-bfloat16-early": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 16, "early": True}),
+    "decode-q0-bfloat16-early-one-split": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 1, "early": True}),
+    "dense-gemv-staged-bfloat16": ("dense", {"mode": "staged"}),
     **{f"dense-gemv-{m}-bfloat16": ("dense", {"mode": m}) for m in ("plain", "norm", "res", "silu", "rope")},
     "dense-gemv-rope-float32": ("dense", {"mode": "rope", "dtype": "float32"}),
     "dense-gemv-silu-bfloat16-k576": ("dense", {"mode": "silu", "k": 576}),

@@ -20,9 +20,14 @@ tensor-core dots; it writes the same partials for ``_merge_kernel``, or, in its 
 merges the splits itself); an explicit ``config`` always runs this Triton kernel. With
 ``HOTLOOP_FLOAT_CUDA_DECODE=1`` (off: slower at batch 1 on the H200, benchmarks/results/gpu_2026-12-01e)
 a 16-bit cache with splits goes to ``kv_float_decode_cuda.py``, whose splits merge inside the launch
-through a thread-block cluster. The CUDA int8 kernel may request the cache's rows before it waits for
-the kernel launched just before it (its fused write, or ``HOTLOOP_KV_CUDA_EARLY=1``), all but each
-sequence's newest token: that kernel may write this step's new tokens and nothing else of the cache.
+through a thread-block cluster.
+
+Early reads: the CUDA int8 kernel (its fused write, or ``HOTLOOP_KV_CUDA_EARLY=1``) and this kernel
+over a 16-bit cache (``HOTLOOP_DECODE_EARLY=1``) may request cache rows before they wait for the
+kernel launched just before them, all but each sequence's newest token. The contract that makes this
+safe: that kernel may write this step's new tokens and nothing else of the cache, and every kernel of
+the step waits for its own predecessor before it lets the next one start (``kernels/pdl.py``), so
+anything older is written.
 
 Tiles start at multiples of ``BLOCK_N`` (a sliding window's first tile masks the tokens before the
 window). For a quantized cache whose block size is a multiple of ``BLOCK_N`` a tile lies in one
@@ -108,8 +113,13 @@ def _decode_kernel(
     # bit 4 even/odd split dots (kv_quant_triton.code_mode_bits)
     PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
     MERGE: tl.constexpr,  # with splits: the last split of a (sequence, KV head) to finish merges
+    EARLY: tl.constexpr = False,  # (a float cache, no window) the first tile requested before the wait
 ):
-    if PDL:
+    # EARLY: the first tile's K and V rows are requested before the wait for the kernel before (which
+    # may write this step's new token, and nothing else of the cache: the module doc), all but the
+    # newest token's row, which is read after it; that tile is then attended before the loop
+    PRE: tl.constexpr = EARLY and QUANT == 0 and WINDOW == 0
+    if PDL and not PRE:
         gdc_wait()
         gdc_launch_dependents()
     b = tl.program_id(0)
@@ -131,11 +141,11 @@ def _decode_kernel(
     mask_g = offs_g < G
     mask_d = offs_d < D
     heads = kvh * G + offs_g
-    q = tl.load(
-        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=mask_g[:, None] & mask_d[None, :],
-        other=0.0,
-    )  # [BLOCK_G, BLOCK_D]
+    q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    if PRE:  # q is the kernel before's output: loaded after the wait (below)
+        q = tl.zeros([BLOCK_G, BLOCK_D], q_ptr.dtype.element_ty)
+    else:
+        q = tl.load(q_rows, mask=mask_g[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
     # QUANT: the dots run in fp16 (float32 models: float32) on ``CODE_OFFSET + code`` values; q goes to
     # fp16 once, and its row sum multiplies the K zero points and cancels the offset.
     qd = to_dot_dtype(q)
@@ -159,7 +169,32 @@ def _decode_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     table = block_tables_ptr + b * stride_bt
-    for n0 in range(start, end, BLOCK_N):
+    loop_start = start
+    if PRE:
+        loop_start = start + BLOCK_N
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        page = tl.load(table + offs_n // BS, mask=mask_n, other=0).to(tl.int64)
+        tok = offs_n % BS
+        k_rows = (
+            k_cache_ptr + (page * stride_kb + tok * stride_kt + kvh * stride_kh)[:, None] + offs_d[None, :]
+        )
+        v_rows = (
+            v_cache_ptr + (page * stride_vb + tok * stride_vt + kvh * stride_vh)[:, None] + offs_d[None, :]
+        )
+        newest = (offs_n == seq_len - 1)[:, None] & mask_d[None, :]
+        kmask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_rows, mask=kmask & ~newest, other=0.0)
+        v = tl.load(v_rows, mask=kmask & ~newest, other=0.0)
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+        q = tl.load(q_rows, mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+        k = tl.where(newest, tl.load(k_rows, mask=kmask & newest, other=0.0), k)
+        v = tl.where(newest, tl.load(v_rows, mask=kmask & newest, other=0.0), v)
+        if start < end:  # (an empty split has nothing to attend: its m_i stays -inf)
+            m_i, l_i, acc = _float_tile(q, k, v, mask_n, m_i, l_i, acc, scale_log2)
+    for n0 in range(loop_start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
         if WINDOW > 0:
@@ -253,6 +288,21 @@ def _decode_kernel(
         if MERGE:
             _merge_last(out_ptr, lse_ptr, fin_ptr, cnt_ptr, b, kvh, heads, row - split, mask_g, offs_d,
                         mask_d, stride_fb, stride_fh, D, NUM_SPLITS, BLOCK_G, BLOCK_D)  # fmt: skip
+
+
+@triton.jit
+def _float_tile(q, k, v, mask_n, m_i, l_i, acc, scale_log2):
+    """One tile of a float cache, as ``_decode_kernel``'s loop attends it: the scores of ``q``
+    ``[BLOCK_G, BLOCK_D]`` against ``k`` ``[BLOCK_N, BLOCK_D]`` (tokens past ``mask_n`` out), the
+    running max / sum ``m_i`` / ``l_i`` and output ``acc`` updated with ``v``."""
+    s = tl.dot(q, tl.trans(k)) * scale_log2
+    s = tl.where(mask_n[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -422,6 +472,19 @@ def _fuse_merge_from_env() -> bool | None:
 
 
 FUSE_MERGE: bool | None = _fuse_merge_from_env()
+
+
+# HOTLOOP_DECODE_EARLY=1: over a 16-bit cache (no sliding window) each program requests its first
+# tile's K and V before it waits for the kernel before (the q/k/v projection), all but the newest
+# token's row (``_decode_kernel``'s EARLY). Off by default: not yet timed on a GPU.
+def _early_from_env() -> bool:
+    raw = os.environ.get("HOTLOOP_DECODE_EARLY", "0").strip() or "0"
+    if raw not in ("0", "1"):
+        raise ValueError(f"HOTLOOP_DECODE_EARLY={raw!r} must be 0 or 1")
+    return raw == "1"
+
+
+EARLY: bool = _early_from_env()
 # A 16-bit cache with head dim 128 and batch x KV heads in this range takes twice the splits, merged
 # in the launch. H200, Llama-3-8B shape (8 KV heads), 1k context, us per layer in a CUDA graph
 # (kv_attention_sweep.py, fourteenth session call4): batch 8 14.9 (8 splits, fused) against 16.7
@@ -625,6 +688,7 @@ def paged_decode_attention(
             ASM=(code_mode(q, INT8_PAIRS) & split_eo_mask(q.dtype, block_d)) if quant else 0,
             PDL=use_pdl,
             MERGE=merge,
+            EARLY=EARLY and quant == 0 and not sliding_window,
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=maxnreg,

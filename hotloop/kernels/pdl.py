@@ -1,9 +1,11 @@
 """Programmatic dependent launch (PDL, Hopper and later) for the Triton kernels of the decode step.
 
 A kernel launched as a programmatic dependent may start while the kernel before it in the stream
-drains. Before its ``gdc_wait()`` it may only touch memory no earlier kernel writes (weights);
-after it, everything the kernel before wrote is visible. ``gdc_launch_dependents()`` lets the next
-such launch start early. Both are no-ops for a kernel launched without PDL, so a kernel compiled
+drains. Before its ``gdc_wait()`` it may only read memory that the kernel just before it does not
+write (weights; the decode attention's early cache reads, ``paged_decode_attention``); after it,
+everything the kernel before wrote is visible. ``gdc_launch_dependents()`` lets the next such launch
+start early; every kernel here calls it only after its own ``gdc_wait()``, so when a kernel starts,
+all kernels but the one just before it have finished. Both are no-ops for a kernel launched without PDL, so a kernel compiled
 with ``PDL=True`` is correct after any predecessor. CUDA graphs keep the programmatic edges.
 
 Launchers pass ``PDL=pdl(device)`` to their kernel and ``**launch_kwargs(device)`` to the launch.

@@ -168,6 +168,39 @@ def test_prefill_one_variant_whatever_the_first_row_gpu() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d,h,kv", [(128, 32, 8), (64, 9, 3)])
+def test_decode_early_tile_gpu(d: int, h: int, kv: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOTLOOP_DECODE_EARLY (``EARLY``): the first tile requested before the PDL wait, the newest
+    row after it. Right after the kernel that wrote each sequence's newest row (``write_kv_cache``,
+    as a decode step's q/k/v projection writes it), the output matches the reference over the
+    cache as written; each of three steps writes new values there, so a stale read would show."""
+    from hotloop.kernels import paged_decode_attention as mod
+    from hotloop.kernels.rotary_kv_write import write_kv_cache
+
+    monkeypatch.setattr(mod, "EARLY", True)
+    lens, bs, dtype = [0, 1, 17, 64, 65, 300, 64 * 40 + 5], 16, torch.bfloat16
+    k, v, tables = _pool(lens, kv, d, bs, dtype, "cuda", random.randrange(1 << 30))
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    slots = torch.tensor(
+        [int(tables[i, (n - 1) // bs]) * bs + (n - 1) % bs if n > 0 else -1 for i, n in enumerate(lens)],
+        dtype=torch.int64,
+        device="cuda",
+    )
+    q = torch.randn(len(lens), h, d, device="cuda").to(dtype)
+    for step in range(3):
+        for splits in (1, 4, 16):
+            new = (torch.randn(2, len(lens), kv, d, device="cuda") * (step + 2)).to(dtype)
+            write_kv_cache(new[0], new[1], k, v, slots)
+            out = mod.paged_decode_attention(q, k, v, tables, seq, d**-0.5, None, splits)
+            ref = reference.paged_attention(
+                q.float(), k.float(), v.float(), tables, [1] * len(lens), lens, d**-0.5, None
+            )
+            live = seq > 0
+            assert rel_err(out[live], ref[live]) < TOL[dtype], (step, splits)
+            assert (out[~live] == 0).all()
+
+
+@pytest.mark.gpu
 def test_decode_float32_and_padding_rows_gpu() -> None:
     _decode_case([0, 5, 0, 700], 8, 2, 128, 16, torch.float32, "cuda", None, None)
 
@@ -179,6 +212,30 @@ def test_decode_float32_and_padding_rows_gpu() -> None:
 def test_decode_interpreted(h: int, kv: int, d: int, splits: int) -> None:
     _decode_case([1, 0, 37, 70], h, kv, d, 16, torch.float32, "cpu", None, splits)
     _decode_case([1, 37, 70], h, kv, d, 16, torch.float32, "cpu", 20, splits)
+
+
+@interpret
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_early_tile_interpreted(splits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``EARLY``: the first tile attended before the loop (a split's only tile, its first of several,
+    or an empty split), with and without the fused merge; a sliding window keeps the loop."""
+    from hotloop.kernels import paged_decode_attention as mod
+
+    monkeypatch.setattr(mod, "EARLY", True)
+    _decode_case([1, 0, 37, 70, 130], 8, 2, 32, 16, torch.float32, "cpu", None, splits)
+    _decode_case([1, 0, 37, 70, 130], 6, 3, 16, 16, torch.float32, "cpu", None, splits, fuse_merge=True)
+    _decode_case([1, 37, 70], 8, 2, 32, 16, torch.float32, "cpu", 20, splits)
+
+
+def test_decode_early_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hotloop.kernels import paged_decode_attention as mod
+
+    for raw, value in (("", False), ("0", False), ("1", True)):
+        monkeypatch.setenv("HOTLOOP_DECODE_EARLY", raw)
+        assert mod._early_from_env() is value
+    monkeypatch.setenv("HOTLOOP_DECODE_EARLY", "on")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        mod._early_from_env()
 
 
 @interpret
