@@ -33,10 +33,8 @@
 #            two-chain variants (vtwc / vt3wc), their sweep beside vtw / vt3w at 1 and 2 splits (the grid's
 #            last partial wave), then the KV-bound fp16 run;
 #            the next call runs `run_capacity.sh kv_int8 OUT 570` on the same (warm) machine.
-#   floatk   one GPU: the 16-bit-KV CUDA decode kernel whose splits merge in a cluster
-#            (HOTLOOP_FLOAT_CUDA_DECODE=1): its GPU tests, then, if they pass, batch 1 (128 / 512) with the
-#            Triton decode + merge launch and with it, alternating: SmolLM2-135M with 8 steps per launch
-#            and Llama-3-8B, twice each, then SmolLM2 with one step per launch (issue 4's 2,500 and 254).
+#   floatk   (removed with its kernel, the 16-bit CUDA decode whose splits merged in a cluster: slower at
+#            batch 1, benchmarks/results/gpu_2026-12-01e)
 #   kvsame2  one GPU, right after kvsame on the same lease: the KV-bound int8 run, then the cluster-merge
 #            variants (vtwk / vt3wk): their GPU tests, the small-batch sweep beside vtw / vt3w, and batch 1
 #            with fp16 KV, int8 KV, and int8 KV with HOTLOOP_KV_CUDA_VARIANT=vtwk (the merge launch gone).
@@ -741,32 +739,6 @@ if [ "$what" = kvsame ]; then  # one GPU; then, in the next call on the same lea
   echo "sweep rc=$?"
   grep -E "decode B=" "$out/sweep_same.log" | grep -v "default vs" | cut -c1-200
   bash "$here/run_capacity.sh" kv_fp16 "$out/cap" $((578 - SECONDS))
-  exit 0
-fi
-if [ "$what" = floatk ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 150 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_float_decode_cuda.py \
-    >"$out/floatk_tests.log" 2>&1
-  trc=$?
-  echo "GPU tests rc=$trc"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/floatk_tests.log" | cut -c1-300 | head -30
-  for shape in "9,3,64 1x128,1x384,1x640" "32,8,128 1x384,1x4096,8x1024"; do  # Triton (+ merge) vs cuda-float
-    set -- $shape
-    timeout 60 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_float_$1.json" --quick --no-prefill \
-      --policies 0 --heads "$1" --decode-shapes "$2" --splits 4,8,16 >"$out/sweep_float_$1.log" 2>&1
-    echo "sweep $1 rc=$?"
-    grep -E "decode B=" "$out/sweep_float_$1.log" | grep -v "default vs" | cut -c1-160
-  done
-  if [ $trc -eq 0 ]; then  # batch 1, the Triton decode + merge launch against the cluster kernel, alternating
-    for i in 1 2; do
-      bs1 "smol_ms8_triton$i" smollm2-135m --num-scheduler-steps 8
-      HOTLOOP_FLOAT_CUDA_DECODE=1 bs1 "smol_ms8_cluster$i" smollm2-135m --num-scheduler-steps 8
-      bs1 "llama_triton$i" llama3-8b
-      HOTLOOP_FLOAT_CUDA_DECODE=1 bs1 "llama_cluster$i" llama3-8b
-    done
-    HOTLOOP_FLOAT_CUDA_DECODE=1 bs1 smol_cluster smollm2-135m
-    bs1 smol_triton smollm2-135m
-  fi
   exit 0
 fi
 if [ "$what" = kvsame2 ]; then  # one GPU, the call after kvsame on the same lease

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from hotloop.kernels import kv_float_decode_cuda, kv_int8_decode_cuda, kv_quant, reference
+from hotloop.kernels import kv_int8_decode_cuda, kv_quant, reference
 from hotloop.kernels.paged_decode_attention import decode_config, num_decode_splits, paged_decode_attention
 from hotloop.kernels.paged_prefill_attention import paged_prefill_attention, prefill_config
 
@@ -142,18 +142,11 @@ def decode_case(
             for grid in CUDA_GRIDS
             for n in sorted(set(splits or []) | {nsplit})
         ]
-    os.environ[kv_float_decode_cuda.ENV] = "1"
-    if policy == 0 and kv_float_decode_cuda.why_not(q, k, v, H // KV, 0, 2) is None:
-        # the 16-bit CUDA kernel whose splits merge in a cluster (HOTLOOP_FLOAT_CUDA_DECODE=1): 2+ splits
-        cuda_runs += [("cuda-float", n) for n in sorted(set(splits or []) | {nsplit}) if n >= 2]
     for (label, n), fuse in itertools.product(runs + cuda_runs, fuses):
         if fuse and (n == 1 or isinstance(label, str)):
             continue  # one split: nothing to merge; the CUDA kernels merge in a second launch or a cluster
         cfg = None if isinstance(label, str) else label
-        os.environ.pop(kv_float_decode_cuda.ENV, None)
-        if label == "cuda-float":
-            os.environ[kv_float_decode_cuda.ENV] = "1"
-        elif isinstance(label, str):  # "cuda[-VARIANT][@GRID]"
+        if isinstance(label, str):  # "cuda[-VARIANT][@GRID]"
             name, _, grid = label[4:].removeprefix("-").partition("@")
             os.environ[kv_int8_decode_cuda.VARIANT_ENV] = name
             os.environ[kv_int8_decode_cuda.GRID_ENV] = grid
@@ -180,7 +173,6 @@ def decode_case(
               flush=True)  # fmt: skip
     os.environ.pop(kv_int8_decode_cuda.VARIANT_ENV, None)
     os.environ.pop(kv_int8_decode_cuda.GRID_ENV, None)
-    os.environ.pop(kv_float_decode_cuda.ENV, None)
     return {"kind": "decode", "batch": batch, "ctx": ctx, "policy": policy, "floor_ms": floor_ms,
             "caches_in_turn": rot, "default": list(default), "default_splits": nsplit, "default_rel_err_vs_reference": default_err,
             "rows": rows}  # fmt: skip

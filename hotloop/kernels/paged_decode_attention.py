@@ -17,10 +17,9 @@ a row sum, ``o += (p * scale) . codes + sum(p * zero)``, so V's codes need no ar
 An int8 cache at head dim 128 (GQA groups up to 8, no window, the merge in its own launch) goes to
 a CUDA C kernel instead where one can be built (``kv_int8_decode_cuda.py``: a cp.async ring and
 tensor-core dots; it writes the same partials for ``_merge_kernel``, or, in its cluster variants,
-merges the splits itself); an explicit ``config`` always runs this Triton kernel. With
-``HOTLOOP_FLOAT_CUDA_DECODE=1`` (off: slower at batch 1 on the H200, benchmarks/results/gpu_2026-12-01e)
-a 16-bit cache with splits goes to ``kv_float_decode_cuda.py``, whose splits merge inside the launch
-through a thread-block cluster.
+merges the splits itself); an explicit ``config`` always runs this Triton kernel. (A CUDA kernel
+for 16-bit caches whose splits merged in a thread-block cluster was slower than this kernel plus its
+merge launch at batch 1 on the H200, benchmarks/results/gpu_2026-12-01e, and was removed.)
 
 Early reads: the CUDA int8 kernel (its fused write, or ``HOTLOOP_KV_CUDA_EARLY=1``) and this kernel
 over a 16-bit cache (``HOTLOOP_DECODE_EARLY=1``) may request cache rows before they wait for the
@@ -42,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotloop.kernels import counters, kv_float_decode_cuda, kv_int8_decode_cuda, kv_quant
+from hotloop.kernels import counters, kv_int8_decode_cuda, kv_quant
 from hotloop.kernels.checks import (
     FLOAT_DTYPES,
     check,
@@ -598,19 +597,6 @@ def paged_decode_attention(
         check_launch_config("paged_decode_attention", config, ("BLOCK_N",), allow_maxnreg=True)
     block_n, num_warps, num_stages, *rest = config or decode_config(quant, block_d, splits)
     maxnreg = rest[0] if rest else None
-    if (
-        quant == 0
-        and config is None
-        and kv_float_decode_cuda.why_not(q, k_cache, v_cache, G, sliding_window or 0, splits) is None
-    ):
-        # the CUDA kernel whose splits merge in the launch (HOTLOOP_FLOAT_CUDA_DECODE=1)
-        if write_kv is not None:
-            _write_first(q, k_cache, v_cache, write_kv)
-            write_kv = None
-        if kv_float_decode_cuda.launch(
-            q, k_cache, v_cache, block_tables, seq_lens, out, scale * _LOG2E, splits
-        ):
-            return out
     if splits > 1:
         part = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
         lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)

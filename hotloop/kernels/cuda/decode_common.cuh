@@ -1,4 +1,4 @@
-// What the decode-attention kernels (kv_int8_decode.cu, kv_float_decode.cu) share: their block shape,
+// What the decode-attention kernels (kv_int8_decode.cu) share: their block shape,
 // the cp.async / shared-memory helpers, dtype conversions, the merge of a block's warps and the merge
 // of a cluster's splits. cuda_jit.py hashes every .cuh of this folder into each kernel's cache key.
 #pragma once
