@@ -31,11 +31,13 @@ The rope variant lets the next launch (decode attention) start only after its K 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from hotloop.kernels import counters, kv_quant
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous, check_same_device
@@ -109,6 +111,7 @@ def _dense_gemv_kernel(
     PDL: tl.constexpr,  # launched as a programmatic dependent: wait before reading x
     QUANT: tl.constexpr = 0,  # ROPE: 0 (float cache), 8 or 4 (kv_quant.py)
     STAGE_KV: tl.constexpr = False,  # ROPE: k (rotated) and v into stage_ptr, no cache write
+    NO_FMA: tl.constexpr = False,  # ROPE: each rotation product and sum rounded on its own (GPU)
     BS: tl.constexpr = 1,  # QUANT: block size, packed bytes per row, their tile, model dtype bits
     NPACK: tl.constexpr = 1,
     BLOCK_P: tl.constexpr = 2,
@@ -219,8 +222,14 @@ def _dense_gemv_kernel(
         c = tl.load(cos_ptr + row * stride_cs + pair, mask=rotate, other=1.0)
         s = tl.load(sin_ptr + row * stride_cs + pair, mask=rotate, other=0.0)
         # v is stored as projected (as rotary_kv_write stores it; no 1 * x - 0 * y arithmetic)
-        r1 = tl.where(rotate, x1 * c - x2 * s, x1).to(dt)
-        r2 = tl.where(rotate, x2 * c + x1 * s, x2).to(dt)
+        if NO_FMA:  # rotary_kv_write's quantized launch (fp fusion off): no fused multiply-add
+            y1 = libdevice.sub_rn(libdevice.mul_rn(x1, c), libdevice.mul_rn(x2, s))
+            y2 = libdevice.add_rn(libdevice.mul_rn(x2, c), libdevice.mul_rn(x1, s))
+        else:
+            y1 = x1 * c - x2 * s
+            y2 = x2 * c + x1 * s
+        r1 = tl.where(rotate, y1, x1).to(dt)
+        r2 = tl.where(rotate, y2, x2).to(dt)
         q_dst = out_ptr + row * stride_om + offs_n
         tl.store(q_dst, r1, mask=hv < H)
         tl.store(q_dst + second, r2, mask=hv < H)
@@ -368,6 +377,10 @@ def _check_common(
     return m, k, rows
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def _launch(
     grid: tuple[int, int],
     cfg: GemvConfig,
@@ -443,6 +456,9 @@ def _launch(
         PDL=pdl(x.device),
         QUANT=policy,
         STAGE_KV=stage_kv is not None,
+        # the roundings of rotary_kv_write's quantized launch, which turns fp fusion off (the
+        # interpreter never fuses, and has no libdevice)
+        NO_FMA=(bool(policy) or stage_kv is not None) and x.is_cuda and not _interpreting(),
         BS=k_cache.shape[1] if policy else 1,
         NPACK=npack,
         BLOCK_P=block_packed(npack),

@@ -147,8 +147,13 @@ def test_int8_fused_write_keeps_tokens(
     k / v itself (no rotary_kv_write launch in decode steps). Head dim 128 so that the kernel takes
     the decode steps; the tokens equal those of the two-launch path, eager and in CUDA graphs. At
     batch 1 (the one-row path) the q/k/v GEMV rotates and hands k / v over
-    (``dense_gemv_qkv_rope_staged``), and the kernel only quantizes and writes them."""
-    from hotloop.kernels import kv_int8_decode_cuda
+    (``dense_gemv_qkv_rope_staged``), and the kernel only quantizes and writes them; the path it is
+    compared with there is the rope GEMV that writes the int8 cache itself
+    (``ops.one_row_rope_quant``): the same projection, so the same bits to quantize."""
+    from hotloop.kernels import kv_int8_decode_cuda, ops
+
+    if batch == 1:
+        monkeypatch.setitem(ops._state, "one_row_rope_quant", True)
 
     path = make_tiny_model("llama_hd128")
     prompts = make_prompts(seed=11)

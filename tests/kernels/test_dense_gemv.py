@@ -369,8 +369,8 @@ def test_rope_gemv_quantized_cache_without_counters_takes_two_launches(
 @pytest.mark.parametrize("policy", [8, 4])
 @pytest.mark.parametrize("h,kv,d,k", [(32, 8, 128, 4096), (9, 3, 64, 576), (28, 4, 128, 3584)])
 def test_rope_gemv_quantized_cache_gpu(policy: int, h: int, kv: int, d: int, k: int) -> None:
-    """On the GPU the fused dot and rotation may contract into fmas where the two launches do not,
-    so a value can land one rounding away: q within bf16 noise, the caches' dequantized rows within
+    """On the GPU the fused dot may sum in another order than the plain GEMV (the rotation is
+    rounded as ``rotary_kv_write`` rounds it: ``NO_FMA``), so a value can land one rounding away: q within bf16 noise, the caches' dequantized rows within
     one quantization step of the two launches', almost every code equal; the counters end at zero."""
     from hotloop.kernels import counters, kv_quant
 

@@ -154,13 +154,16 @@ __device__ __forceinline__ float rotate(float x, float partner, float c, float s
 template <typename T, bool VT, int STAGES, bool FUSED, bool PROBE = false, bool WRING = false, bool CHAINS = false,
           bool CLUSTER = false>
 __device__ __forceinline__ void decode_kernel(
-    const T* __restrict__ q, uint8_t* __restrict__ k_cache, uint8_t* __restrict__ v_cache,
+    const T* q, uint8_t* __restrict__ k_cache, uint8_t* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* __restrict__ out,
     float* __restrict__ part, float* __restrict__ lse_out, float scale_log2, int stride_qb, int stride_qh,
     int stride_kb, int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS,
-    int num_splits, int log2_bs, int heads_fastest, const T* __restrict__ k_new,
-    const T* __restrict__ v_new, int stride_kn, int stride_vn, const float* __restrict__ cos_t,
-    const float* __restrict__ sin_t, int stride_cs, const long long* __restrict__ slots, int rotated, int early) {
+    int num_splits, int log2_bs, int heads_fastest, const T* k_new, const T* v_new, int stride_kn,
+    int stride_vn, const float* cos_t, const float* sin_t, int stride_cs, const long long* __restrict__ slots,
+    int rotated, int early) {
+  // q, k_new, v_new, cos_t and sin_t (what the kernel before may write) are not __restrict__: ptxas
+  // moves read-only (.nc) loads across griddepcontrol.wait, and these must stay after it. What it may
+  // move (seq_lens, block_tables, slots, the cache) the kernel before does not write (EARLY above).
   extern __shared__ __align__(128) uint8_t smem[];
   const bool pre = FUSED || early != 0;  // EARLY above: the prologue before the wait
   if (!pre) {
