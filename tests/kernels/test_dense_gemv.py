@@ -473,9 +473,14 @@ def test_reference_staged_equals_the_cache_writing_reference() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("h,kv,d,k", [(32, 8, 128, 4096), (9, 3, 64, 576), (28, 4, 128, 3584)])
 def test_rope_gemv_staged_gpu(h: int, kv: int, d: int, k: int, dtype: torch.dtype) -> None:
-    """On the GPU: the staged GEMV equals the cache-writing one bit for bit (one program, the stores
-    redirected) and the float32 reference within the dtype's tolerance."""
+    """On the GPU: v is bit for bit what the cache-writing rope GEMV stores (one program, the stores
+    redirected); q and k within a rounding of it (the staged rotation rounds each product and sum on
+    its own, as ``rotary_kv_write`` does for a quantized cache; the float cache's path contracts them
+    into fmas); all three within the dtype's tolerance of the float32 reference."""
     for m in (1, 3):
         q, kvs, q2, cache_rows, q_ref, kv_ref = _staged_case(m, h, kv, d, k, dtype, "cuda")
-        assert torch.equal(q, q2) and torch.equal(kvs, cache_rows), m
+        assert torch.equal(kvs[:, kv:], cache_rows[:, kv:]), m
+        assert (
+            rel_err(q, q2) < TOL[dtype] / 8 and rel_err(kvs[:, :kv], cache_rows[:, :kv]) < TOL[dtype] / 8
+        ), m
         assert rel_err(q, q_ref) < TOL[dtype] and rel_err(kvs, kv_ref) < TOL[dtype], m
