@@ -29,15 +29,12 @@
 #   kvsplit  one GPU: the CUDA int8 kernel's graph / replay / sliced / variant GPU tests (the auto choice),
 #            the quantized engine parity tests, then decode attention at the KV-bound run's batches
 #            (160 / 300 x 4,608, bf16 and int8) at 1, 2 and 4 splits.
-#   kvsame   one GPU, the first of two calls on one lease (issue 6's same-host pair): the GPU tests of the
-#            two-chain variants (vtwc / vt3wc), their sweep beside vtw / vt3w at 1 and 2 splits (the grid's
-#            last partial wave), then the KV-bound fp16 run;
-#            the next call runs `run_capacity.sh kv_int8 OUT 570` on the same (warm) machine.
+#   kvsame   one GPU, the first of two calls on one lease (issue 6's same-host pair): the int8 kernel's GPU tests
+#            (vt3w, graphs, replay, engine parity), the sweep of vt3w / vtw / probe3w at 1 and 2 splits, then the
+#            KV-bound fp16 run; kvsame2, the next call on the same (warm) machine, runs the KV-bound int8 run.
 #   floatk   (removed with its kernel, the 16-bit CUDA decode whose splits merged in a cluster: slower at
 #            batch 1, benchmarks/results/gpu_2026-12-01e)
-#   kvsame2  one GPU, right after kvsame on the same lease: the KV-bound int8 run, then the cluster-merge
-#            variants (vtwk / vt3wk): their GPU tests, the small-batch sweep beside vtw / vt3w, and batch 1
-#            with fp16 KV, int8 KV, and int8 KV with HOTLOOP_KV_CUDA_VARIANT=vtwk (the merge launch gone).
+#   kvsame2  one GPU, right after kvsame on the same lease: the KV-bound int8 run, then batch 1 with fp16 and int8 KV.
 #   kvfw     one GPU, issue 6's batch-1 gap and the early first tile (issue 4's 254 / 2,500): the GPU tests of the
 #            int8 fused write (every fused kernel, unrotated and rotated input), the early prologues
 #            (HOTLOOP_KV_CUDA_EARLY, HOTLOOP_DECODE_EARLY), the staged q/k/v GEMV and the engine's fused-write
@@ -729,13 +726,13 @@ fi
 if [ "$what" = kvsame ]; then  # one GPU; then, in the next call on the same lease, run_capacity.sh kv_int8
   export CUDA_VISIBLE_DEVICES=0
   timeout 110 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
-    tests/api/test_gpu_parity.py -k "(variants and (wc or vt3w)) or graph or replay or quantized_kv or fused_write" \
+    tests/api/test_gpu_parity.py -k "(variants and vt3w) or graph or replay or quantized_kv or fused_write" \
     >"$out/kvsame_tests.log" 2>&1  # (at most 110 s, the sweep 90: the fp16 run after them needs about 340)
   echo "GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvsame_tests.log" | cut -c1-300 | head -30
   timeout 90 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_same.json" --quick --no-prefill \
     --policies 8 --decode-shapes 300x4608,160x4608,128x4096 \
-    --splits 1,2 --cuda-variants "vt3w,vt3wc,vtw,vtwc,probe3w" --cuda-grids heads >"$out/sweep_same.log" 2>&1
+    --splits 1,2 --cuda-variants "vt3w,vtw,probe3w" --cuda-grids heads >"$out/sweep_same.log" 2>&1
   echo "sweep rc=$?"
   grep -E "decode B=" "$out/sweep_same.log" | grep -v "default vs" | cut -c1-200
   bash "$here/run_capacity.sh" kv_fp16 "$out/cap" $((578 - SECONDS))
@@ -744,40 +741,8 @@ fi
 if [ "$what" = kvsame2 ]; then  # one GPU, the call after kvsame on the same lease
   export CUDA_VISIBLE_DEVICES=0
   bash "$here/run_capacity.sh" kv_int8 "$out/cap" 300
-  timeout 80 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
-    -k "cluster" >"$out/cluster_tests.log" 2>&1
-  echo "cluster GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/cluster_tests.log" | cut -c1-300 | head -20
-  timeout 50 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_cluster.json" --quick --no-prefill \
-    --policies 8 --decode-shapes 1x512,1x4096,4x4096,16x4096 --cuda-variants "vtw,vtwk,vt3w,vt3wk" \
-    --cuda-grids heads >"$out/sweep_cluster.log" 2>&1
-  echo "sweep rc=$?"
-  grep -E "decode B=" "$out/sweep_cluster.log" | grep -v "default vs" | cut -c1-200
   bash "$here/run_capacity.sh" bs1 "$out/bs1" 120 >/dev/null 2>&1
-  HOTLOOP_KV_CUDA_VARIANT=vtwk bash "$here/run_capacity.sh" bs1_int8 "$out/bs1k" 120 >/dev/null 2>&1
-  for f in "$out"/bs1*/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
-  exit 0
-fi
-if [ "$what" = kvfw ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  git -C "$here/.." log --oneline -1 2>/dev/null || true
-  timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
-    tests/kernels/test_dense_gemv.py tests/kernels/test_attention_kernels.py tests/api/test_gpu_parity.py \
-    -k "fused_write or early or staged" >"$out/kvfw_tests.log" 2>&1
-  trc=$?
-  echo "GPU tests rc=$trc"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvfw_tests.log" | cut -c1-300 | head -30
-  for i in 1 2; do  # batch 1, alternating (the new paths only if their tests passed)
-    bs1 "q0_$i" llama3-8b
-    [ $trc -eq 0 ] && HOTLOOP_DECODE_EARLY=1 bs1 "q0early_$i" llama3-8b
-    bs1 "q8_$i" llama3-8b --quant-policy 8
-    [ $trc -eq 0 ] && HOTLOOP_KV_CUDA_FUSED_WRITE=1 bs1 "q8fw_$i" llama3-8b --quant-policy 8
-  done
-  if [ $trc -eq 0 ]; then
-    HOTLOOP_KV_CUDA_EARLY=1 bs1 q8early llama3-8b --quant-policy 8
-    bs1 smol_ms8 smollm2-135m --num-scheduler-steps 8
-    HOTLOOP_DECODE_EARLY=1 bs1 smol_ms8_early smollm2-135m --num-scheduler-steps 8
-  fi
+  for f in "$out"/bs1/bs1_q*.json; do echo "$f $(grep -o '"decode_tokens_per_s": [0-9.]*' "$f")"; done
   exit 0
 fi
 if [ "$what" = kvwarp ]; then  # one GPU, in turn

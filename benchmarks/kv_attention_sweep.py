@@ -144,7 +144,7 @@ def decode_case(
         ]
     for (label, n), fuse in itertools.product(runs + cuda_runs, fuses):
         if fuse and (n == 1 or isinstance(label, str)):
-            continue  # one split: nothing to merge; the CUDA kernels merge in a second launch or a cluster
+            continue  # one split: nothing to merge; the CUDA kernels merge in a second launch
         cfg = None if isinstance(label, str) else label
         if isinstance(label, str):  # "cuda[-VARIANT][@GRID]"
             name, _, grid = label[4:].removeprefix("-").partition("@")

@@ -46,16 +46,7 @@ VARIANTS = {
     "vt3": ("kv_int8_decode_vt3", 3),
     "vtw": ("kv_int8_decode_vtw", 4),
     "vt3w": ("kv_int8_decode_vt3w", 3),
-    # vtw / vt3w with each tile's score dots in two MMA chains of 4 (the .cu's CHAINS; untimed)
-    "vtwc": ("kv_int8_decode_vtwc", 4),
-    "vt3wc": ("kv_int8_decode_vt3wc", 3),
-    # vtw / vt3w whose splits merge inside the launch, through a thread-block cluster (the .cu's
-    # CLUSTER: no partials in global memory, no merge launch; untimed)
-    "vtwk": ("kv_int8_decode_vtwk", 4),
-    "vt3wk": ("kv_int8_decode_vt3wk", 3),
 }
-CLUSTER_VARIANTS = ("vtwk", "vt3wk")
-MAX_CLUSTER = 16  # the .cu's MAX_CLUSTER (and Hopper's largest, non-portable, cluster)
 VARIANT_ENV = "HOTLOOP_KV_CUDA_VARIANT"
 AUTO = "auto"
 
@@ -262,12 +253,6 @@ def choose(batch: int, kv: int, num_splits: int, device: torch.device, fused: bo
     return name
 
 
-def merges_in_launch(name: str, num_splits: int) -> bool:
-    """Whether variant ``name`` with ``num_splits`` splits writes the merged output itself (a cluster
-    variant, 2..MAX_CLUSTER splits): then no partials are written and no merge launch follows."""
-    return name in CLUSTER_VARIANTS and 1 < num_splits <= MAX_CLUSTER
-
-
 def launch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -283,17 +268,11 @@ def launch(
 ) -> bool:
     """Launch the kernel on checked inputs (``paged_decode_attention`` checks them): with one split
     it writes ``out`` ``[B, H, D]``; with more, the float32 partials ``part`` ``[B, H, S, D]`` and
-    their log2-sum-exp ``lse`` ``[B, H, S]`` for ``_merge_kernel``, or, where ``merges_in_launch``
-    (a cluster variant), ``out`` itself. With ``fused`` (checked by ``fused_why_not``) the kernel
+    their log2-sum-exp ``lse`` ``[B, H, S]`` for ``_merge_kernel``. With ``fused`` (checked by ``fused_why_not``) the kernel
     also rotates q and writes this step's k / v first. False (nothing launched) where the kernels
     cannot be built on this machine."""
     kv = k_cache.shape[2]
     name = choose(q.shape[0], kv, num_splits, q.device, fused is not None)
-    merged = merges_in_launch(name, num_splits)
-    if num_splits > MAX_CLUSTER and name in CLUSTER_VARIANTS:
-        raise ValueError(
-            f"{VARIANT_ENV}={name} merges at most {MAX_CLUSTER} splits in a cluster, got {num_splits}"
-        )
     prefix, stages = VARIANTS[name]
     if fused is not None:
         assert name in FUSED_VARIANTS, name
@@ -303,10 +282,9 @@ def launch(
         return False
     B, H, _D = q.shape
     _nb, bs, _kv, _row = k_cache.shape
-    if num_splits > 1 and not merged:
+    if num_splits > 1:
         assert part is not None and lse is not None
     grid, heads_fastest = launch_grid(B, kv, num_splits, grid_order())
-    cluster = (1, 1, num_splits) if merged else None
     args = (
         q,
         k_cache,
@@ -344,7 +322,7 @@ def launch(
     use_pdl = pdl(q.device)
 
     def run(*a: object) -> None:
-        kernel(grid, THREADS, a, shared_bytes=shared, pdl=use_pdl, cluster=cluster)  # type: ignore[arg-type]
+        kernel(grid, THREADS, a, shared_bytes=shared, pdl=use_pdl)  # type: ignore[arg-type]
 
     run(*args)
     launch_replay.note_launch(run, args)  # the piecewise graphs' attention replays it per layer

@@ -16,10 +16,10 @@ a row sum, ``o += (p * scale) . codes + sum(p * zero)``, so V's codes need no ar
 
 An int8 cache at head dim 128 (GQA groups up to 8, no window, the merge in its own launch) goes to
 a CUDA C kernel instead where one can be built (``kv_int8_decode_cuda.py``: a cp.async ring and
-tensor-core dots; it writes the same partials for ``_merge_kernel``, or, in its cluster variants,
-merges the splits itself); an explicit ``config`` always runs this Triton kernel. (A CUDA kernel
-for 16-bit caches whose splits merged in a thread-block cluster was slower than this kernel plus its
-merge launch at batch 1 on the H200, benchmarks/results/gpu_2026-12-01e, and was removed.)
+tensor-core dots; it writes the same partials for ``_merge_kernel``); an explicit ``config`` always
+runs this Triton kernel. (CUDA kernels whose splits merged through a thread-block cluster, for int8
+and for 16-bit caches, were slower than a kernel plus the merge launch at batch 1 on the H200,
+benchmarks/results/gpu_2026-12-01e, and were removed.)
 
 Early reads: the CUDA int8 kernel (its fused write, or ``HOTLOOP_KV_CUDA_EARLY=1``) and this kernel
 over a 16-bit cache (``HOTLOOP_DECODE_EARLY=1``) may request cache rows before they wait for the
@@ -627,10 +627,6 @@ def paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, out, part if splits > 1 else None,
         lse if splits > 1 else None, scale * _LOG2E, splits, write_kv,
     )  # fmt: skip
-    # a cluster variant merged the splits itself (kv_int8_decode_cuda.merges_in_launch)
-    merged_in_launch = launched and kv_int8_decode_cuda.merges_in_launch(
-        kv_int8_decode_cuda.choose(B, kv, splits, q.device, write_kv is not None), splits
-    )
     if write_kv is not None and not launched:  # the CUDA kernels could not be built here
         _write_first(q, k_cache, v_cache, write_kv)
     arrivals = counters.counters(q.device, "decode_merge", B * kv) if fused and not launched else None
@@ -680,7 +676,7 @@ def paged_decode_attention(
             maxnreg=maxnreg,
             **launch_kwargs(q.device),
         )
-    if splits > 1 and not merge and not merged_in_launch:
+    if splits > 1 and not merge:
         _merge_kernel[(B, H)](
             part,
             lse,

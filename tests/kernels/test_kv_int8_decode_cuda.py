@@ -99,20 +99,17 @@ def test_grid_order_env_and_grid(monkeypatch: pytest.MonkeyPatch) -> None:
     assert kv_int8_decode_cuda.launch_grid(70000, 8, 1, "heads") == ((70000, 8, 1), 0)  # y limit
 
 
-def test_cluster_variants_merge_in_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the cluster variants merge 2..16 splits themselves; one split needs no merge; others never do
-    for name in kv_int8_decode_cuda.CLUSTER_VARIANTS:
-        assert name in kv_int8_decode_cuda.VARIANTS
-        assert not kv_int8_decode_cuda.merges_in_launch(name, 1)
-        assert all(kv_int8_decode_cuda.merges_in_launch(name, n) for n in (2, 5, 8, 16))
-    assert not kv_int8_decode_cuda.merges_in_launch("vtw", 16)
-    # the variant a launch runs: the environment's, else the grid-size rule
-    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, "vtwk")
-    assert kv_int8_decode_cuda.choose(1, 8, 16, torch.device("cpu")) == "vtwk"
+def test_choose_takes_the_environment_then_the_grid_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, "vt3")
+    assert kv_int8_decode_cuda.choose(1, 8, 16, torch.device("cpu")) == "vt3"
     monkeypatch.delenv(kv_int8_decode_cuda.VARIANT_ENV)
     monkeypatch.setattr(kv_int8_decode_cuda, "_sm_count", lambda index: 132)
     assert kv_int8_decode_cuda.choose(1, 8, 16, torch.device("cpu")) == "vtw"
     assert kv_int8_decode_cuda.choose(300, 8, 1, torch.device("cpu")) == "vt3w"
+    for gone in ("vtwc", "vtwk"):  # timed slower and removed (benchmarks/results/gpu_2026-12-01e)
+        monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, gone)
+        with pytest.raises(ValueError, match="must be one of"):
+            kv_int8_decode_cuda.choose(1, 8, 16, torch.device("cpu"))
 
 
 def test_auto_variant_by_grid() -> None:
@@ -144,7 +141,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def _merge_spy(monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    """Record the Triton merge's launches (a cluster variant must not need one)."""
+    """Record the Triton merge's launches."""
     from hotloop.kernels import paged_decode_attention as pda
 
     calls: list[object] = []
@@ -213,7 +210,7 @@ def test_decode_gpu(h: int, kv: int, bs: int, dtype: torch.dtype, monkeypatch: p
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["rows", "vt", "vt3", "vtw", "vt3w", "vtwc", "vt3wc", "vtwk", "vt3wk"])
+@pytest.mark.parametrize("variant", ["rows", "vt", "vt3", "vtw", "vt3w"])
 @pytest.mark.parametrize("h,kv", [(8, 8), (32, 8), (28, 4), (16, 2), (6, 1)])
 @pytest.mark.parametrize("bs", [16, 64])
 def test_decode_variants_gpu(h: int, kv: int, bs: int, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -491,9 +488,7 @@ def test_fused_write_rows_variant_falls_back_gpu(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "variant,splits", [("", 4), ("vtwk", 16)]
-)  # vtwk: the cluster merge, no merge launch
+@pytest.mark.parametrize("variant,splits", [("", 4), ("", 16), ("vt3w", 1)])
 def test_decode_in_a_cuda_graph_gpu(variant: str, splits: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
     merges = _merge_spy(monkeypatch)
@@ -516,15 +511,14 @@ def test_decode_in_a_cuda_graph_gpu(variant: str, splits: int, monkeypatch: pyte
         torch.cuda.synchronize()
         ref = reference.paged_attention(q.float().half().float(), kf, vf, tables, [1] * 4, new, 0.088, None)
         _check(out, ref, seq, torch.bfloat16)
-    assert (merges == []) == (variant == "vtwk")
+    assert (merges == []) == (splits == 1)  # with splits, the merge launch follows
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["", "vtwk"])
+@pytest.mark.parametrize("variant", ["", "vt3w"])
 def test_decode_launch_replay_swaps_the_caches_gpu(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The piecewise graphs record one layer's attention launches and replay them on the others'
-    caches (``launch_replay``): the CUDA launch must be recorded, with the caches swappable (and,
-    with the cluster merge, no merge launch after it)."""
+    caches (``launch_replay``): the CUDA launch must be recorded, with the caches swappable."""
     monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
     if not launch_replay.available(torch.device("cuda")):
         pytest.skip("launch replay is off here")
@@ -539,33 +533,11 @@ def test_decode_launch_replay_swaps_the_caches_gpu(variant: str, monkeypatch: py
     with launch_replay.record((kq, vq)) as plan:
         paged_decode_attention(q, kq, vq, tables, seq, 0.088, None, 2, out=out)
     assert launched == [1], "the CUDA kernel did not run"
-    # the CUDA kernel, then the Triton merge (none after the cluster variant's)
-    assert plan.valid and len(plan.launches) == (1 if variant == "vtwk" else 2)
+    # the CUDA kernel, then the Triton merge
+    assert plan.valid and len(plan.launches) == 2
     assert [ti for _li, _ai, ti in plan.slots] == [0, 1]  # the CUDA launch's k and v caches
     out.fill_(float("nan"))
     plan.replay((kq2, vq2))
     torch.cuda.synchronize()
     ref = reference.paged_attention(q.float(), kf2, vf2, tables, [1, 1], lens, 0.088, None)
     _check(out, ref, seq, torch.float16)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["vtwk", "vt3wk"])
-@pytest.mark.parametrize("h,kv", [(32, 8), (28, 4), (6, 1)])
-def test_cluster_merge_gpu(h: int, kv: int, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Splits merged inside the launch through a cluster: 2 to 16 splits (16 is a non-portable
-    cluster), batch 1 as the decode graphs run it and a mixed batch, and no merge launch."""
-    monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
-    merges = _merge_spy(monkeypatch)
-    for lens, splits in (
-        ([4096], 16),
-        ([700], 16),
-        ([130], 16),
-        ([3000], 8),
-        (LENS, 2),
-        (LENS, 5),
-        (LENS, 16),
-    ):
-        _case(lens, h, kv, 64, torch.bfloat16, splits, monkeypatch)
-    _case(LENS, h, kv, 16, torch.float16, 4, monkeypatch, sliced=True, strided_q=True)
-    assert merges == []

@@ -1,21 +1,18 @@
-// What the decode-attention kernels (kv_int8_decode.cu) share: their block shape,
-// the cp.async / shared-memory helpers, dtype conversions, the merge of a block's warps and the merge
-// of a cluster's splits. cuda_jit.py hashes every .cuh of this folder into each kernel's cache key.
+// What the decode-attention kernels (kv_int8_decode.cu) share: their block shape, the cp.async /
+// shared-memory helpers, dtype conversions, the tile ring and the merge of a block's warps. cuda_jit.py
+// hashes every .cuh of this folder into each kernel's cache key.
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-namespace cg = cooperative_groups;
 typedef unsigned int u32;
 
 #define WARPS 4
 #define THREADS (32 * WARPS)
 #define TILE 64         // tokens per ring slot (warp w takes tokens 16w .. 16w + 15)
 #define MAXG 8          // query heads per KV head, at most
-#define MAX_CLUSTER 16  // splits merged in one cluster, at most (Hopper's largest, non-portable, cluster)
 
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
@@ -123,49 +120,4 @@ __device__ __forceinline__ float merge_warps(const float* red, const float* red_
   }
   *lse = ll > 0.f ? mref + log2f(ll) : -INFINITY;
   return ll > 0.f ? acc / ll : 0.f;
-}
-
-// The splits of one (sequence, KV head), launched as one cluster of num_splits blocks (grid z =
-// cluster z, so a block's rank is its split), merged through distributed shared memory: each block
-// has left its split's outputs in c_o [MAXG][DIM] and their log2-sum-exp in c_lse [MAXG], followed by
-// room for [MAX_CLUSTER][MAXG] floats of weights. Block `split` merges outputs split * THREADS + tid,
-// + num_splits * THREADS, .. with the Triton _merge_kernel's arithmetic (weights exp2(lse - max lse),
-// the max taken as 0 where all are -inf, the division guarded) and writes them to out_row[head * stride_oh + d]
-// for the group's heads head0 .. head0 + G - 1. Every block of the cluster must call it.
-template <typename T, int DIM>
-__device__ __forceinline__ void cluster_merge(const float* c_o, const float* c_lse, T* out_row, int stride_oh, int head0,
-                                              int G, int num_splits, int split, int tid) {
-  cg::cluster_group cluster = cg::this_cluster();
-  if (cluster.num_blocks() != (unsigned)num_splits) __trap();  // launched without the matching cluster
-  cluster.sync();  // every block's c_o / c_lse written and visible to the cluster
-  float* w_all = const_cast<float*>(c_lse) + MAXG;
-  if (tid < num_splits * G) {
-    const int r = tid / G, h = tid % G;
-    w_all[r * MAXG + h] = *cluster.map_shared_rank(c_lse + h, r);
-  }
-  __syncthreads();
-  if (tid < G) {
-    float mx = -INFINITY;
-    for (int r = 0; r < num_splits; ++r) mx = fmaxf(mx, w_all[r * MAXG + tid]);
-    const float mref = mx == -INFINITY ? 0.f : mx;
-    for (int r = 0; r < num_splits; ++r) w_all[r * MAXG + tid] = exp2f(w_all[r * MAXG + tid] - mref);
-  }
-  __syncthreads();
-  for (int idx = split * THREADS + tid; idx < G * DIM; idx += num_splits * THREADS) {
-    const int h = idx / DIM, d = idx % DIM;
-    float vals[MAX_CLUSTER];
-#pragma unroll
-    for (int r = 0; r < MAX_CLUSTER; ++r) vals[r] = r < num_splits ? *cluster.map_shared_rank(c_o + idx, r) : 0.f;
-    float acc = 0.f, den = 0.f;
-#pragma unroll
-    for (int r = 0; r < MAX_CLUSTER; ++r) {
-      if (r < num_splits) {
-        const float wt = w_all[r * MAXG + h];
-        acc += vals[r] * wt;
-        den += wt;
-      }
-    }
-    out_row[(long long)(head0 + h) * stride_oh + d] = from_float<T>(acc / (den > 0.f ? den : 1.f));
-  }
-  cluster.sync();  // no block leaves while another still reads its shared memory
 }

@@ -144,15 +144,10 @@ __device__ __forceinline__ float rotate(float x, float partner, float c, float s
 // soon as it has finished with it, before it waits for its next tile, so all STAGES tiles are in flight
 // while it waits (the block ring keeps STAGES - 1: its refill waits for the block's barrier, which
 // comes after the next tile's data), and a warp that finishes early runs ahead instead of idling.
-// CHAINS: the score dots of a tile as two accumulator chains of 4 MMAs each, added at the end, instead
-// of one chain of 8: half the dependent MMA latency a warp waits through per tile (the sum's order
-// changes, not its terms).
-// CLUSTER: with splits, the (sequence, KV head)'s split blocks are one thread-block cluster (launched
-// with cluster dims (1, 1, num_splits), num_splits <= MAX_CLUSTER) and merge their partial outputs
-// through distributed shared memory at the end, writing out directly: no partials in global memory
-// and no merge launch (the Triton _merge_kernel's arithmetic: weights exp2(lse - max lse)).
-template <typename T, bool VT, int STAGES, bool FUSED, bool PROBE = false, bool WRING = false, bool CHAINS = false,
-          bool CLUSTER = false>
+// (Removed after timing on the H200, benchmarks/results/gpu_2026-12-01e: the score dots in two MMA chains,
+// slower at every KV-bound shape; the splits merged through a thread-block cluster instead of a merge
+// launch, slower at batch 1.)
+template <typename T, bool VT, int STAGES, bool FUSED, bool PROBE = false, bool WRING = false>
 __device__ __forceinline__ void decode_kernel(
     const T* q, uint8_t* __restrict__ k_cache, uint8_t* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* __restrict__ out,
@@ -401,19 +396,8 @@ __device__ __forceinline__ void decode_kernel(
       const uint4 lo = lds128(rb + (((2 * t) ^ (r & 7)) << 4));
       const uint4 hi = lds128(rb + (((2 * t + 1) ^ (r & 7)) << 4));
       const u32 w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-      if (CHAINS) {
-        float sb[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          mma16816(sacc[j], qa[c][0], 0u, qa[c][1], 0u, expand_lo(w[c]), expand_hi(w[c]));
-          mma16816(sb, qa[c + 4][0], 0u, qa[c + 4][1], 0u, expand_lo(w[c + 4]), expand_hi(w[c + 4]));
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sacc[j][e] += sb[e];
-      } else {
-#pragma unroll
-        for (int c = 0; c < 8; ++c) mma16816(sacc[j], qa[c][0], 0u, qa[c][1], 0u, expand_lo(w[c]), expand_hi(w[c]));
-      }
+      for (int c = 0; c < 8; ++c) mma16816(sacc[j], qa[c][0], 0u, qa[c][1], 0u, expand_lo(w[c]), expand_hi(w[c]));
     }
     const u32 kp = base + 2 * CODE_BYTES, vp = kp + TILE * 4;
     float s[2][2], vs[2][2], vz[2][2];
@@ -517,8 +501,6 @@ __device__ __forceinline__ void decode_kernel(
   float* red = reinterpret_cast<float*>(smem);  // [WARPS][MAXG][HD] outputs, then [WARPS][MAXG] m and l
   float* red_m = red + WARPS * MAXG * HD;
   float* red_l = red_m + WARPS * MAXG;
-  float* c_o = red_l + WARPS * MAXG;  // CLUSTER: [MAXG][HD] this split's outputs, then [MAXG] their lse
-  float* c_lse = c_o + MAXG * HD;
   if (VT) {
     // columns 2t and 2t + 1 (heads), rows 16g + 2i and 16g + 2i + 1 (dims) of m-tile i
     const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t), c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
@@ -558,30 +540,23 @@ __device__ __forceinline__ void decode_kernel(
     const int head = kvh * G + h;
     if (num_splits == 1) {
       out[(long long)b * stride_ob + (long long)head * stride_oh + d] = from_float<T>(o);
-    } else if (CLUSTER) {
-      c_o[h * HD + d] = o;
-      if (d == 0) c_lse[h] = lse;
     } else {
       const long long prow = ((long long)b * H + head) * num_splits + split;
       part[prow * HD + d] = o;
       if (d == 0) lse_out[prow] = lse;
     }
   }
-  if (CLUSTER && num_splits > 1)
-    cluster_merge<T, HD>(c_o, c_lse, out + (long long)b * stride_ob, stride_oh, kvh * G, G, num_splits, split, tid);
 }
 
 #define DEFINE(NAME, T, VT, STAGES, MINB, FUSED, PROBE) DEFINE_W(NAME, T, VT, STAGES, MINB, FUSED, PROBE, false)
-#define DEFINE_W(NAME, T, VT, STAGES, MINB, FUSED, PROBE, WRING) DEFINE_WC(NAME, T, VT, STAGES, MINB, FUSED, PROBE, WRING, false)
-#define DEFINE_WC(NAME, T, VT, STAGES, MINB, FUSED, PROBE, WRING, CHAINS) DEFINE_WCK(NAME, T, VT, STAGES, MINB, FUSED, PROBE, WRING, CHAINS, false)
-#define DEFINE_WCK(NAME, T, VT, STAGES, MINB, FUSED, PROBE, WRING, CHAINS, CLUSTER)                         \
+#define DEFINE_W(NAME, T, VT, STAGES, MINB, FUSED, PROBE, WRING)                                        \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(                                       \
       const T* q, uint8_t* k_cache, uint8_t* v_cache, const int* block_tables, const int* seq_lens,       \
       T* out, float* part, float* lse_out, float scale_log2, int stride_qb, int stride_qh, int stride_kb,  \
       int stride_vb, int stride_bt, int stride_ob, int stride_oh, int G, int KV, int BS, int num_splits,  \
       int log2_bs, int heads_fastest, const T* k_new, const T* v_new, int stride_kn, int stride_vn,       \
       const float* cos_t, const float* sin_t, int stride_cs, const long long* slots, int rotated, int early) { \
-    decode_kernel<T, VT, STAGES, FUSED, PROBE, WRING, CHAINS, CLUSTER>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,  \
+    decode_kernel<T, VT, STAGES, FUSED, PROBE, WRING>(q, k_cache, v_cache, block_tables, seq_lens, out, part, lse_out,  \
                                         scale_log2, stride_qb, stride_qh, stride_kb, stride_vb,           \
                                         stride_bt, stride_ob, stride_oh, G, KV, BS, num_splits, log2_bs,  \
                                         heads_fastest, k_new, v_new, stride_kn, stride_vn, cos_t, sin_t,  \
@@ -619,13 +594,3 @@ DEFINE_W(kv_int8_decode_vtw_fw_f16, __half, true, 4, 3, true, false, true)
 DEFINE_W(kv_int8_decode_vtw_fw_bf16, __nv_bfloat16, true, 4, 3, true, false, true)
 DEFINE_W(kv_int8_decode_vt3w_fw_f16, __half, true, 3, 4, true, false, true)
 DEFINE_W(kv_int8_decode_vt3w_fw_bf16, __nv_bfloat16, true, 3, 4, true, false, true)
-// per-warp rings with the score dots in two chains (CHAINS above; twentieth session, untimed)
-DEFINE_WC(kv_int8_decode_vtwc_f16, __half, true, 4, 3, false, false, true, true)
-DEFINE_WC(kv_int8_decode_vtwc_bf16, __nv_bfloat16, true, 4, 3, false, false, true, true)
-DEFINE_WC(kv_int8_decode_vt3wc_f16, __half, true, 3, 4, false, false, true, true)
-DEFINE_WC(kv_int8_decode_vt3wc_bf16, __nv_bfloat16, true, 3, 4, false, false, true, true)
-// per-warp rings with the split merge inside the launch, through the cluster (CLUSTER above; untimed)
-DEFINE_WCK(kv_int8_decode_vtwk_f16, __half, true, 4, 3, false, false, true, false, true)
-DEFINE_WCK(kv_int8_decode_vtwk_bf16, __nv_bfloat16, true, 4, 3, false, false, true, false, true)
-DEFINE_WCK(kv_int8_decode_vt3wk_f16, __half, true, 3, 4, false, false, true, false, true)
-DEFINE_WCK(kv_int8_decode_vt3wk_bf16, __nv_bfloat16, true, 3, 4, false, false, true, false, true)
