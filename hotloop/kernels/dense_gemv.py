@@ -512,6 +512,31 @@ def rope_pairs(head_dim: int, block_n: int) -> int:
     return min(half & -half, 1 << (max(block_n, 1).bit_length() - 1))
 
 
+def _launch_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    out: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    heads: tuple[int, int, int],
+    config: GemvConfig | None,
+    quant: tuple[int, torch.Tensor, torch.Tensor] | None = None,
+    stage_kv: torch.Tensor | None = None,
+) -> None:
+    """The rope epilogue's launch: one program per ``block_n`` rotation pairs of a head."""
+    H, KV, D = heads
+    k = x.shape[1]
+    base = config or rope_default_config(k)
+    pairs = rope_pairs(D, base.block_n)
+    cfg = GemvConfig(pairs, base.block_k, base.num_warps, base.evict_first)
+    grid = ((H + 2 * KV) * (D // 2 // pairs), x.shape[0])
+    rows = weight.shape[0]
+    _launch(grid, cfg, x, weight, bias, norm_weight, eps, out, rows, k % cfg.block_k == 0, rope=rope,
+            heads=heads, quant=quant, stage_kv=stage_kv)  # fmt: skip
+
+
 def _check_rope(m: int, rows: int, cos: torch.Tensor, sin: torch.Tensor, H: int, KV: int) -> int:
     """The rope epilogue's checks: ``(H + 2 KV)`` heads of weight rows, full rotary ``cos`` / ``sin``
     ``[M, D / 2]`` float32. Returns the head dim D."""
@@ -547,29 +572,12 @@ def dense_gemv_qkv_rope_staged(
     m, k, rows = _check_common(x, weight, bias, norm_weight, cos=cos, sin=sin)
     H, KV = num_heads, num_kv_heads
     D = _check_rope(m, rows, cos, sin, H, KV)
-    base = config or rope_default_config(k)
-    pairs = rope_pairs(D, base.block_n)
-    cfg = GemvConfig(pairs, base.block_k, base.num_warps, base.evict_first)
     out = torch.empty(m, H * D, dtype=x.dtype, device=x.device)
     kv = torch.empty(m, 2 * KV, D, dtype=x.dtype, device=x.device)
-    if m == 0:
-        return out, kv
-    grid = ((H + 2 * KV) * (D // 2 // pairs), m)
-    _launch(
-        grid,
-        cfg,
-        x,
-        weight,
-        bias,
-        norm_weight,
-        eps,
-        out,
-        rows,
-        k % cfg.block_k == 0,
-        rope=(cos, sin, out, out, out),
-        heads=(H, KV, D),
-        stage_kv=kv,
-    )
+    if m:
+        _launch_rope(
+            x, weight, bias, norm_weight, eps, out, (cos, sin, out, out, out), (H, KV, D), config, stage_kv=kv
+        )
     return out, kv
 
 
@@ -644,28 +652,8 @@ def dense_gemv_qkv_rope(
             )
             return q.reshape(m, H * D).contiguous()
         quant = (policy, torch.empty(m, 2 * KV, D, dtype=x.dtype, device=x.device), cnt)
-    base = config or rope_default_config(k)
-    pairs = rope_pairs(D, base.block_n)
-    cfg = GemvConfig(pairs, base.block_k, base.num_warps, base.evict_first)
     out = torch.empty(m, H * D, dtype=x.dtype, device=x.device)
-    if m == 0:
-        return out
-    grid = ((H + 2 * KV) * (D // 2 // pairs), m)
-    even = k % cfg.block_k == 0
-    rope = (cos, sin, slot_mapping, k_cache, v_cache)
-    _launch(
-        grid,
-        cfg,
-        x,
-        weight,
-        bias,
-        norm_weight,
-        eps,
-        out,
-        rows,
-        even,
-        rope=rope,
-        heads=(H, KV, D),
-        quant=quant,
-    )
+    if m:
+        rope = (cos, sin, slot_mapping, k_cache, v_cache)
+        _launch_rope(x, weight, bias, norm_weight, eps, out, rope, (H, KV, D), config, quant=quant)
     return out
