@@ -153,7 +153,12 @@ def test_int8_fused_write_keeps_tokens(
     from hotloop.kernels import kv_int8_decode_cuda, ops
 
     if batch == 1:
+        from hotloop.kernels import counters
+
         monkeypatch.setitem(ops._state, "one_row_rope_quant", True)
+        # its arrival counters made now: a buffer first asked for inside the graph capture would not
+        # exist (counters.counters), and the captured step would take the plain GEMV instead
+        counters.counters(torch.device("cuda"), "rope_quant", 1)
 
     path = make_tiny_model("llama_hd128")
     prompts = make_prompts(seed=11)
