@@ -86,10 +86,9 @@ def launch_grid(batch: int, kv: int, splits: int, order: str) -> tuple[tuple[int
     return (batch, kv, splits), 0
 
 
-def pick_variant(blocks: int, sms: int, fused: bool = False) -> str:
+def pick_variant(blocks: int, sms: int) -> str:
     """The "auto" choice for a grid of ``blocks`` on ``sms`` SMs: "vtw" where every block has an SM
-    to itself, "vt3w" where blocks share SMs (with the fused write too: those kernels exist with it)."""
-    del fused  # every auto choice has a fused-write kernel (FUSED_VARIANTS)
+    to itself, "vt3w" where blocks share SMs (both exist with the fused write too)."""
     return "vtw" if blocks <= sms else "vt3w"
 
 
@@ -244,12 +243,12 @@ def _machine_why_not(index: int) -> str | None:
     return _machine[index]
 
 
-def choose(batch: int, kv: int, num_splits: int, device: torch.device, fused: bool = False) -> str:
+def choose(batch: int, kv: int, num_splits: int, device: torch.device) -> str:
     """The variant a launch of ``batch`` sequences x ``kv`` heads x ``num_splits`` runs: the one
     HOTLOOP_KV_CUDA_VARIANT names, else ``pick_variant``'s."""
     name = variant()
     if name == AUTO:
-        name = pick_variant(batch * kv * num_splits, _sm_count(device.index or 0), fused)
+        name = pick_variant(batch * kv * num_splits, _sm_count(device.index or 0))
     return name
 
 
@@ -268,11 +267,11 @@ def launch(
 ) -> bool:
     """Launch the kernel on checked inputs (``paged_decode_attention`` checks them): with one split
     it writes ``out`` ``[B, H, D]``; with more, the float32 partials ``part`` ``[B, H, S, D]`` and
-    their log2-sum-exp ``lse`` ``[B, H, S]`` for ``_merge_kernel``. With ``fused`` (checked by ``fused_why_not``) the kernel
-    also rotates q and writes this step's k / v first. False (nothing launched) where the kernels
-    cannot be built on this machine."""
+    their log2-sum-exp ``lse`` ``[B, H, S]`` for ``_merge_kernel``. With ``fused`` (checked by
+    ``fused_why_not``) the kernel also writes this step's k / v (and, unless ``fused.rotated``,
+    rotates q and k first). False (nothing launched) where the kernels cannot be built here."""
     kv = k_cache.shape[2]
-    name = choose(q.shape[0], kv, num_splits, q.device, fused is not None)
+    name = choose(q.shape[0], kv, num_splits, q.device)
     prefix, stages = VARIANTS[name]
     if fused is not None:
         assert name in FUSED_VARIANTS, name
