@@ -293,7 +293,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "decode-q8-bfloat16-merge": ("decode", {"quant": 8, "dtype": "bfloat16", "splits": 16, "merge": True}),
     # the first tile before the PDL wait (HOTLOOP_DECODE_EARLY)
     "decode-q0-bfloat16-early": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 16, "early": True}),
-    "decode-q0-bfloat16-early-one-split": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 1, "early": True}),
     "dense-gemv-staged-bfloat16": ("dense", {"mode": "staged"}),
     **{f"dense-gemv-{m}-bfloat16": ("dense", {"mode": m}) for m in ("plain", "norm", "res", "silu", "rope")},
     "dense-gemv-rope-float32": ("dense", {"mode": "rope", "dtype": "float32"}),

@@ -473,9 +473,10 @@ def _fuse_merge_from_env() -> bool | None:
 FUSE_MERGE: bool | None = _fuse_merge_from_env()
 
 
-# HOTLOOP_DECODE_EARLY=1: over a 16-bit cache (no sliding window) each program requests its first
-# tile's K and V before it waits for the kernel before (the q/k/v projection), all but the newest
-# token's row (``_decode_kernel``'s EARLY). Off by default: not yet timed on a GPU.
+# HOTLOOP_DECODE_EARLY=1: over a 16-bit cache (no sliding window), in launches with splits (small
+# batches), each program requests its first tile's K and V before it waits for the kernel before
+# (the q/k/v projection), all but the newest token's row (``_decode_kernel``'s EARLY). Off by
+# default: not yet timed on a GPU.
 def _early_from_env() -> bool:
     raw = os.environ.get("HOTLOOP_DECODE_EARLY", "0").strip() or "0"
     if raw not in ("0", "1"):
@@ -670,7 +671,9 @@ def paged_decode_attention(
             ASM=(code_mode(q, INT8_PAIRS) & split_eo_mask(q.dtype, block_d)) if quant else 0,
             PDL=use_pdl,
             MERGE=merge,
-            EARLY=EARLY and quant == 0 and not sliding_window,
+            # (with splits only: the early tile holds 213 registers a thread against 96, which only
+            # a small batch's grid, one wave at 2 blocks an SM, can afford; ptxas, sm_90)
+            EARLY=EARLY and quant == 0 and not sliding_window and splits > 1,
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=maxnreg,

@@ -188,7 +188,7 @@ def test_decode_early_tile_gpu(d: int, h: int, kv: int, monkeypatch: pytest.Monk
     )
     q = torch.randn(len(lens), h, d, device="cuda").to(dtype)
     for step in range(3):
-        for splits in (1, 4, 16):
+        for splits in (1, 4, 16):  # (one split: the plain kernel, EARLY is for launches with splits)
             new = (torch.randn(2, len(lens), kv, d, device="cuda") * (step + 2)).to(dtype)
             write_kv_cache(new[0], new[1], k, v, slots)
             out = mod.paged_decode_attention(q, k, v, tables, seq, d**-0.5, None, splits)
@@ -215,10 +215,11 @@ def test_decode_interpreted(h: int, kv: int, d: int, splits: int) -> None:
 
 
 @interpret
-@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("splits", [2, 3])
 def test_decode_early_tile_interpreted(splits: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``EARLY``: the first tile attended before the loop (a split's only tile, its first of several,
-    or an empty split), with and without the fused merge; a sliding window keeps the loop."""
+    """``EARLY`` (launches with splits): the first tile attended before the loop (a split's only
+    tile, its first of several, or an empty split), with and without the fused merge; a sliding
+    window keeps the loop."""
     from hotloop.kernels import paged_decode_attention as mod
 
     monkeypatch.setattr(mod, "EARLY", True)
