@@ -31,11 +31,8 @@ logger = logging.getLogger(__name__)
 
 ENV = "HOTLOOP_CUDA_KERNELS"
 SOURCE_DIR = Path(__file__).parent / "cuda"
-_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-_CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
-MAX_PORTABLE_CLUSTER = 8  # blocks per cluster without the non-portable opt-in (16 with it, Hopper)
 _DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a kernel may take without opting in
 
 
@@ -123,15 +120,6 @@ def pdl_attribute() -> _LaunchAttribute:
     return attr
 
 
-def cluster_attribute(dims: Sequence[int]) -> _LaunchAttribute:
-    """The launch attribute that groups the grid's blocks into clusters of ``dims`` (x, y, z)."""
-    attr = _LaunchAttribute()
-    attr.id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    for i, d in enumerate(dims):
-        ctypes.c_uint.from_buffer(attr, _LaunchAttribute.value.offset + 4 * i).value = int(d)
-    return attr
-
-
 class _LaunchConfig(ctypes.Structure):
     _fields_ = [
         ("gridDimX", ctypes.c_uint),
@@ -203,7 +191,6 @@ class Kernel:
         self.handle = handle
         self.device_index = device_index
         self._shared_opt_in = _DEFAULT_SHARED_LIMIT
-        self._non_portable = False
 
     def __call__(
         self,
@@ -212,13 +199,10 @@ class Kernel:
         args: Sequence[torch.Tensor | int | float | None],
         shared_bytes: int = 0,
         pdl: bool = False,
-        cluster: Sequence[int] | None = None,
     ) -> None:
-        """``cluster``: (x, y, z) blocks per thread-block cluster (each must divide the grid's), or
-        None for none."""
         # the device's primary context current for the launch; torch's current device restored after
         with torch.cuda.device(self.device_index):
-            self._launch(grid, block, args, shared_bytes, pdl, cluster)
+            self._launch(grid, block, args, shared_bytes, pdl)
 
     def _launch(
         self,
@@ -227,7 +211,6 @@ class Kernel:
         args: Sequence[torch.Tensor | int | float | None],
         shared_bytes: int,
         pdl: bool,
-        cluster: Sequence[int] | None = None,
     ) -> None:
         drv = _get_driver()
         drv.ensure_context(self.device_index)
@@ -261,30 +244,10 @@ class Kernel:
         )
         gx, gy, gz = (list(grid) + [1, 1])[:3]
         stream = torch.cuda.current_stream(self.device_index).cuda_stream
-        attrs = (_LaunchAttribute * 2)()
+        attrs = (_LaunchAttribute * 1)()
         n_attrs = 0
         if pdl:
             attrs[n_attrs] = pdl_attribute()
-            n_attrs += 1
-        if cluster is not None:
-            dims = (list(cluster) + [1, 1])[:3]
-            for g, c in zip((gx, gy, gz), dims, strict=True):
-                if c < 1 or g % c:
-                    raise ValueError(
-                        f"{self.name}: cluster {tuple(dims)} does not divide the grid {(gx, gy, gz)}"
-                    )
-            size = dims[0] * dims[1] * dims[2]
-            if size > MAX_PORTABLE_CLUSTER and not self._non_portable:
-                drv.check(
-                    drv.lib.cuFuncSetAttribute(
-                        ctypes.c_void_p(self.handle),
-                        _CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                        ctypes.c_int(1),
-                    ),
-                    f"cuFuncSetAttribute({self.name}, non-portable cluster size {size})",
-                )
-                self._non_portable = True
-            attrs[n_attrs] = cluster_attribute(dims)
             n_attrs += 1
         config = _LaunchConfig(
             gx,

@@ -42,11 +42,9 @@ def test_cache_key_covers_the_headers(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert runs.read_text().count("run") == 2
 
 
-def test_cluster_launch_attribute_layout() -> None:
-    # CUlaunchAttribute: a 4-byte id, 4 bytes of padding, then the value (clusterDim: x, y, z as
-    # 32-bit unsigned ints); 72 bytes in all
-    attr = cuda_jit.cluster_attribute((1, 1, 16))
-    assert attr.id == 4 and bytes(attr.value[:12]) == (1).to_bytes(4, "little") * 2 + (16).to_bytes(
-        4, "little"
-    )
+def test_pdl_launch_attribute_layout() -> None:
+    # CUlaunchAttribute: a 4-byte id, 4 bytes of padding, then a 64-byte value (here one int, 1);
+    # 72 bytes in all
+    attr = cuda_jit.pdl_attribute()
+    assert attr.id == 6 and bytes(attr.value[:4]) == (1).to_bytes(4, "little")
     assert ctypes.sizeof(attr) == 72
