@@ -691,6 +691,24 @@ if [ "$what" = kvvt ]; then  # one GPU: the CUDA int8 kernel's variants (tests, 
   fi
   exit 0
 fi
+if [ "$what" = kvfw ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    tests/kernels/test_dense_gemv.py tests/kernels/test_attention_kernels.py tests/api/test_gpu_parity.py \
+    -k "fused_write or early or staged" >"$out/kvfw_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvfw_tests.log" | cut -c1-300 | head -40
+  for i in 1 2; do
+    bs1 "q0_$i" llama3-8b
+    HOTLOOP_DECODE_EARLY=1 bs1 "q0early_$i" llama3-8b
+    bs1 "q8_$i" llama3-8b --quant-policy 8
+    HOTLOOP_KV_CUDA_FUSED_WRITE=1 bs1 "q8fw_$i" llama3-8b --quant-policy 8
+  done
+  HOTLOOP_KV_CUDA_EARLY=1 bs1 q8early llama3-8b --quant-policy 8
+  bs1 smol_ms8 smollm2-135m --num-scheduler-steps 8
+  HOTLOOP_DECODE_EARLY=1 bs1 smol_ms8early smollm2-135m --num-scheduler-steps 8
+  exit 0
+fi
 if [ "$what" = kvprof ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
   timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
