@@ -691,6 +691,21 @@ if [ "$what" = kvvt ]; then  # one GPU: the CUDA int8 kernel's variants (tests, 
   fi
   exit 0
 fi
+if [ "$what" = kvfw2 ]; then  # one GPU, in turn: where the staged int8 batch-1 path loses its overlap
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 100 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_dense_gemv.py \
+    -k "staged or rope" >"$out/kvfw2_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvfw2_tests.log" | cut -c1-300 | head -20
+  bs1 q8 llama3-8b --quant-policy 8
+  HOTLOOP_KV_CUDA_FUSED_WRITE=1 HOTLOOP_ROPE_TRIGGER=early bs1 q8fwE llama3-8b --quant-policy 8
+  HOTLOOP_ROPE_TRIGGER=early bs1 q0E llama3-8b
+  HOTLOOP_PDL=0 bs1 q8nopdl llama3-8b --quant-policy 8
+  HOTLOOP_PDL=0 HOTLOOP_KV_CUDA_FUSED_WRITE=1 bs1 q8fwnopdl llama3-8b --quant-policy 8
+  HOTLOOP_KV_CUDA_FUSED_WRITE=1 HOTLOOP_KV_CUDA_VARIANT=vt3 bs1 q8fwvt3 llama3-8b --quant-policy 8
+  bs1 q0 llama3-8b
+  exit 0
+fi
 if [ "$what" = kvfw ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
   timeout 200 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \

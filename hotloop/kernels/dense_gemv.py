@@ -112,6 +112,7 @@ def _dense_gemv_kernel(
     QUANT: tl.constexpr = 0,  # ROPE: 0 (float cache), 8 or 4 (kv_quant.py)
     STAGE_KV: tl.constexpr = False,  # ROPE: k (rotated) and v into stage_ptr, no cache write
     NO_FMA: tl.constexpr = False,  # ROPE: each rotation product and sum rounded on its own (GPU)
+    LATE: tl.constexpr = True,  # ROPE + PDL: the launch trigger after the loop (else after the wait)
     BS: tl.constexpr = 1,  # QUANT: block size, packed bytes per row, their tile, model dtype bits
     NPACK: tl.constexpr = 1,
     BLOCK_P: tl.constexpr = 2,
@@ -163,7 +164,7 @@ def _dense_gemv_kernel(
 
     if PDL:
         gdc_wait()  # the kernel before this one is done: x and the residual are written
-        if not ROPE:
+        if not (ROPE and LATE):
             gdc_launch_dependents()  # the next launch may start requesting its weights
     rstd = 1.0
     if NORM:
@@ -202,7 +203,7 @@ def _dense_gemv_kernel(
         w = w_next
         wu = wu_next
 
-    if PDL and ROPE:
+    if PDL and ROPE and LATE:
         # after the loop: the next kernel (decode attention) has no weights to prefetch, and its
         # programs, resident early and waiting, likely take SM slots from this GEMV's later ones
         # (measured faster this way at batch 1, 2026-11-30; the reason is not profiled)
@@ -381,6 +382,16 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _rope_late_trigger() -> bool:
+    """Where the rope GEMV lets the next launch start: after its loop (the default, measured faster
+    for the float cache's write at batch 1), or after its wait with ``HOTLOOP_ROPE_TRIGGER=early``
+    (for timing the staged int8 path, whose decode kernel requests its first tiles before waiting)."""
+    v = os.environ.get("HOTLOOP_ROPE_TRIGGER", "late")
+    if v not in ("late", "early"):
+        raise ValueError(f"HOTLOOP_ROPE_TRIGGER must be 'late' or 'early', got {v!r}")
+    return v == "late"
+
+
 def _launch(
     grid: tuple[int, int],
     cfg: GemvConfig,
@@ -459,6 +470,7 @@ def _launch(
         # the roundings of rotary_kv_write's quantized launch, which turns fp fusion off (the
         # interpreter never fuses, and has no libdevice)
         NO_FMA=(bool(policy) or stage_kv is not None) and x.is_cuda and not _interpreting(),
+        LATE=_rope_late_trigger(),
         BS=k_cache.shape[1] if policy else 1,
         NPACK=npack,
         BLOCK_P=block_packed(npack),
