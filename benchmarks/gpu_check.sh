@@ -691,6 +691,18 @@ if [ "$what" = kvvt ]; then  # one GPU: the CUDA int8 kernel's variants (tests, 
   fi
   exit 0
 fi
+if [ "$what" = kvearly ]; then  # one GPU, in turn: the early prologues, alternating
+  export CUDA_VISIBLE_DEVICES=0
+  for i in 1 2 3; do
+    bs1 "q8_$i" llama3-8b --quant-policy 8
+    HOTLOOP_KV_CUDA_EARLY=1 bs1 "q8early_$i" llama3-8b --quant-policy 8
+  done
+  for i in 1 2; do
+    bs1 "smol_$i" smollm2-135m --num-scheduler-steps 8
+    HOTLOOP_DECODE_EARLY=1 bs1 "smolearly_$i" smollm2-135m --num-scheduler-steps 8
+  done
+  exit 0
+fi
 if [ "$what" = kvfw2 ]; then  # one GPU, in turn: where the staged int8 batch-1 path loses its overlap
   export CUDA_VISIBLE_DEVICES=0
   timeout 100 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_dense_gemv.py \
