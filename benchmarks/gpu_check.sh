@@ -691,6 +691,17 @@ if [ "$what" = kvvt ]; then  # one GPU: the CUDA int8 kernel's variants (tests, 
   fi
   exit 0
 fi
+if [ "$what" = kvdef ]; then  # one GPU, in turn: the early prologue on by default for one-wave grids
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 300 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_kv_int8_decode_cuda.py \
+    tests/kernels/test_launch_replay.py tests/api/test_gpu_parity.py -k "int8 or quantized or early or replay or cuda" \
+    >"$out/kvdef_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/kvdef_tests.log" | cut -c1-300 | head -30
+  bs1 q8 llama3-8b --quant-policy 8
+  HOTLOOP_KV_CUDA_EARLY=0 bs1 q8late llama3-8b --quant-policy 8
+  exit 0
+fi
 if [ "$what" = kvearly ]; then  # one GPU, in turn: the early prologues, alternating
   export CUDA_VISIBLE_DEVICES=0
   for i in 1 2 3; do

@@ -95,17 +95,23 @@ def pick_variant(blocks: int, sms: int) -> str:
 # the kernels with the step's rotary embedding and int8 KV write fused in (the .cu's FUSED): O^T only
 FUSED_VARIANTS = ("vt", "vt3", "vtw", "vt3w")
 FUSED_ENV = "HOTLOOP_KV_CUDA_FUSED_WRITE"
-# HOTLOOP_KV_CUDA_EARLY=1: the kernels without the fused write also request their first tiles before
-# they wait for the kernel before (the .cu's EARLY; the fused write always does). Off: untimed.
+# The kernels without the fused write also request their first tiles before they wait for the kernel
+# before (the .cu's EARLY; the fused write always does). By default where the grid fits the SMs once
+# (batch 1 and other small grids): on an H200 at batch 1 (Llama-3-8B, int8 KV,
+# benchmarks/results/gpu_2026-12-01f) 250.10 / 250.16 / 250.07 tokens/s against 249.80 / 249.75 /
+# 249.89 without, alternating on one host. Larger grids are not timed with it (only their first wave
+# could start early). HOTLOOP_KV_CUDA_EARLY=1 turns it on for every grid, =0 off for every grid.
 EARLY_ENV = "HOTLOOP_KV_CUDA_EARLY"
 
 
-def early_enabled() -> bool:
-    """``HOTLOOP_KV_CUDA_EARLY=1`` (read at each launch; 0 or unset: off; anything else raises)."""
-    raw = os.environ.get(EARLY_ENV, "0") or "0"
-    if raw not in ("0", "1"):
-        raise ValueError(f"{EARLY_ENV}={raw!r} must be 0 or 1")
-    return raw == "1"
+def early_enabled(blocks: int, sms: int) -> bool:
+    """Whether a launch of ``blocks`` blocks on ``sms`` SMs takes the early prologue:
+    ``HOTLOOP_KV_CUDA_EARLY`` (read at each launch) 1 for every grid, 0 for none, unset or empty
+    where ``blocks <= sms``; anything else raises."""
+    raw = os.environ.get(EARLY_ENV, "")
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{EARLY_ENV}={raw!r} must be 0 or 1 (or unset: grids that fit the SMs once)")
+    return raw == "1" or (raw == "" and blocks <= sms)
 
 
 FUSED_BYTES = 384  # the .cu's staging area after the ring
@@ -314,7 +320,7 @@ def launch(
             else (None, None, 0, 0, None, None, 0, None)
         ),
         int(fused is not None and fused.rotated),
-        int(early_enabled()),
+        int(early_enabled(B * kv * num_splits, _sm_count(q.device.index or 0))),
     )  # fmt: skip
     kernel = kernels[f"{prefix}_{_DTYPES[q.dtype]}"]
     shared = stages * STAGE_BYTES + (FUSED_BYTES if fused is not None else 0)

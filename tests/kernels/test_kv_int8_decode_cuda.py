@@ -434,15 +434,16 @@ def test_fused_write_gpu(h: int, kv: int, bs: int, variant: str, monkeypatch: py
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["vtw", "vt3w", "vt", "rows"])
 @pytest.mark.parametrize("splits", [1, 3, 16])
-def test_early_prologue_gpu(variant: str, splits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("early", ["1", "0"])
+def test_early_prologue_gpu(variant: str, splits: int, early: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """HOTLOOP_KV_CUDA_EARLY=1: the first tiles requested before the wait and the newest token's row
-    read from the cache after it, plainly. Right after ``rotary_kv_write`` wrote that row (the
-    kernel launched just before, as in a decode step), the output matches the reference over the
-    cache as written; a stale newest row would not."""
+    read from the cache after it, plainly (=0: every copy after the wait). Right after
+    ``rotary_kv_write`` wrote that row (the kernel launched just before, as in a decode step), the
+    output matches the reference over the cache as written; a stale newest row would not."""
     from hotloop.kernels.rotary_kv_write import rotary_kv_write
 
     monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
-    monkeypatch.setenv(kv_int8_decode_cuda.EARLY_ENV, "1")
+    monkeypatch.setenv(kv_int8_decode_cuda.EARLY_ENV, early)
     lens, h, kv, bs, dtype, D = FUSED_LENS, 32, 8, 16, torch.bfloat16, 128
     seed = random.randrange(1 << 30)
     kq, vq, _kf, _vf, tables = _quant_pool(lens, kv, D, bs, dtype, 8, "cuda", seed)
@@ -470,13 +471,16 @@ def test_early_prologue_gpu(variant: str, splits: int, monkeypatch: pytest.Monke
 
 
 def test_early_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    early = kv_int8_decode_cuda.early_enabled
     monkeypatch.delenv(kv_int8_decode_cuda.EARLY_ENV, raising=False)
-    assert not kv_int8_decode_cuda.early_enabled()
+    assert early(132, 132) and not early(133, 132)  # by default: grids that fit the SMs once
+    monkeypatch.setenv(kv_int8_decode_cuda.EARLY_ENV, "0")
+    assert not early(8, 132)
     monkeypatch.setenv(kv_int8_decode_cuda.EARLY_ENV, "1")
-    assert kv_int8_decode_cuda.early_enabled()
+    assert early(8, 132) and early(4096, 132)
     monkeypatch.setenv(kv_int8_decode_cuda.EARLY_ENV, "yes")
     with pytest.raises(ValueError, match="must be 0 or 1"):
-        kv_int8_decode_cuda.early_enabled()
+        early(8, 132)
 
 
 @pytest.mark.gpu
