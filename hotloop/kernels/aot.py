@@ -239,7 +239,7 @@ def compile_dense_gemv(
               "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVICT": "evict_first", "PDL": True,
               "QUANT": quant, "BS": 64 if quant else 1, "NPACK": 128 if quant == 8 else 64 if quant else 1,
               "BLOCK_P": 128 if quant == 8 else 64 if quant else 2, "SCALE_BITS": 8 * (2 if dtype == "bfloat16" else 4),
-              "STAGE_KV": staged, "NO_FMA": staged or bool(quant)}  # fmt: skip
+              "STAGE_KV": staged, "NO_FMA": staged or bool(quant), "LATE": True}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")] + ["N", "K", *strides]
     return compile_for_target(dg._dense_gemv_kernel, sig, consts, aligned, num_warps=cfg.num_warps)
 

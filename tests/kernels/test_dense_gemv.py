@@ -174,6 +174,27 @@ def test_dense_gemv_qkv_rope_interpreted(h: int, kv: int, d: int, k: int, bias: 
         assert max(errs) < 1e-5, (cfg, errs)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("trigger", ["early", "late"])
+def test_dense_gemv_qkv_rope_trigger_gpu(trigger: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOTLOOP_ROPE_TRIGGER moves only the PDL launch trigger: the results stay within tolerance."""
+    monkeypatch.setenv("HOTLOOP_ROPE_TRIGGER", trigger)
+    errs = _rope_case(1, 32, 8, 128, 4096, torch.bfloat16, "cuda")
+    assert max(errs) < TOL[torch.bfloat16] / 2, errs
+
+
+def test_rope_trigger_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hotloop.kernels.dense_gemv import _rope_late_trigger
+
+    monkeypatch.delenv("HOTLOOP_ROPE_TRIGGER", raising=False)
+    assert _rope_late_trigger()  # the default
+    monkeypatch.setenv("HOTLOOP_ROPE_TRIGGER", "early")
+    assert not _rope_late_trigger()
+    monkeypatch.setenv("HOTLOOP_ROPE_TRIGGER", "soon")
+    with pytest.raises(ValueError, match="HOTLOOP_ROPE_TRIGGER"):
+        _rope_late_trigger()
+
+
 @interpret
 def test_dense_gemv_qkv_rope_checks() -> None:
     from hotloop.kernels.dense_gemv import dense_gemv_qkv_rope
