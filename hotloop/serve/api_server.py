@@ -68,7 +68,7 @@ def create_app(built_engine: Any, server_args: ServerArgs | None = None) -> Fast
 
 
 def _add_basic_routes(app: FastAPI, state: ServerState) -> None:
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probes
     async def health() -> Response:
         if state.draining:
             return error_response(503, "the server is shutting down", None, "shutting_down")

@@ -16,7 +16,7 @@ from hotloop.serve.chat_template import ChatTemplateError, encode_messages
 from hotloop.serve.errors import APIError, error_body
 from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
 from hotloop.serve.logprobs import chat_logprobs
-from hotloop.serve.openai_protocol import ChatCompletionRequest, ChatCompletionResponse, ChatMessage
+from hotloop.serve.openai_protocol import ChatCompletionRequest, ChatCompletionResponse, ChatMessage, TextPart
 from hotloop.serve.params import (
     check_stream_options,
     choice_seed,
@@ -68,6 +68,12 @@ def message_dicts(
     return out
 
 
+def _text_chars(content: str | list[Any] | None) -> int:
+    if isinstance(content, str):
+        return len(content)
+    return sum(len(p.text) for p in content or () if isinstance(p, TextPart))
+
+
 def encode_chat(
     state: ServerState,
     messages: list[ChatMessage],
@@ -76,6 +82,7 @@ def encode_chat(
 ) -> list[int]:
     """Token ids of the chat; image URLs found in ``messages`` go to ``images`` (VL models only)."""
     placeholder = state.vl.placeholder if state.vl is not None else None
+    state.check_text_length(sum(_text_chars(m.content) for m in messages), "messages")
     try:
         return encode_messages(
             state.tokenizer,
@@ -104,6 +111,13 @@ def _check_unsupported(body: ChatCompletionRequest) -> None:
             "use 'text' or 'json_object'",
             "response_format",
             "unsupported_parameter",
+        )
+    if body.tool_choice not in (None, "none") and not body.tools:
+        raise APIError(
+            400,
+            f"tool_choice={body.tool_choice!r} needs tools; none were given",
+            "tool_choice",
+            "invalid_value",
         )
     if body.tools and body.tool_choice != "none":
         raise APIError(

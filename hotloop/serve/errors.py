@@ -150,6 +150,13 @@ def _validation_message(request: Request, exc: RequestValidationError) -> tuple[
             return (f"Content-Type must be application/json (got {ctype!r})", None, "invalid_content_type")
         if etype == "missing":
             return "the request body is missing: send a JSON object", None, "invalid_request"
+        if isinstance(first.get("input"), (bytes, str)):  # a body that was never parsed as JSON
+            return (
+                f"the request body was not read as JSON (Content-Type {ctype!r}): send a JSON object "
+                "with Content-Type: application/json",
+                None,
+                "invalid_content_type",
+            )
         return (
             f"the request body must be a JSON object, not {_short(first.get('input'))}",
             None,
@@ -162,6 +169,9 @@ def _validation_message(request: Request, exc: RequestValidationError) -> tuple[
         return f"{param} is required", param, "missing_required_parameter"
     msg = f"expected one of: {', '.join(forms)}" if forms else chosen.get("msg", "invalid value")
     return f"{param}={_short(chosen.get('input'))} is invalid: {msg}", param, "invalid_value"
+
+
+_FASTAPI_PARSE_ERROR = "There was an error parsing the body"
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -183,6 +193,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        if exc.status_code == 400 and message == _FASTAPI_PARSE_ERROR:
+            # FastAPI's words when json.loads raised something other than a JSON syntax error
+            message = (
+                "the request body could not be parsed as JSON: it is not valid UTF-8, or it nests too deeply"
+            )
+            code = "invalid_json"
         return error_response(exc.status_code, message, None, code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(EngineDeadError)

@@ -1,11 +1,13 @@
 """Engine ``TokenLogprob``s -> OpenAI's chat and completions logprob shapes.
 
-A token is shown as its own decoded text. ``-inf`` (a token masked by a filter or a bias) is
+A token is shown as its own decoded text, and its ``bytes`` are its raw bytes (a token that is part
+of a UTF-8 character shows U+FFFD as text, but the bytes join up into the character). ``-inf`` (a token masked by a filter or a bias) is
 reported as -9999.0, as OpenAI does, because JSON has no infinity.
 """
 
 from __future__ import annotations
 
+import codecs
 import math
 from typing import Any
 
@@ -32,12 +34,12 @@ def chat_logprobs(state: ServerState, lps: list[TokenLogprob], top_k: int) -> li
             {
                 "token": text,
                 "logprob": _finite(lp.logprob),
-                "bytes": list(text.encode("utf-8")),
+                "bytes": list(state.token_bytes(lp.token_id)),
                 "top_logprobs": [
                     {
-                        "token": (t := state.token_text(tid)),
+                        "token": state.token_text(tid),
                         "logprob": _finite(v),
-                        "bytes": list(t.encode("utf-8")),
+                        "bytes": list(state.token_bytes(tid)),
                     }
                     for tid, v in _top(lp, top_k)
                 ],
@@ -48,12 +50,15 @@ def chat_logprobs(state: ServerState, lps: list[TokenLogprob], top_k: int) -> li
 
 class CompletionLogprobAccumulator:
     """Builds ``choices[i].logprobs`` for /v1/completions (tokens, token_logprobs, top_logprobs,
-    text_offset), with offsets continuing from ``offset``."""
+    text_offset), with offsets continuing from ``offset``. A token's offset is where its text starts
+    in the output: the characters its bytes and the earlier tokens' complete (the tokens of one
+    emoji share an offset, and the next token starts one character later)."""
 
     def __init__(self, state: ServerState, top_k: int, offset: int = 0) -> None:
         self.state = state
         self.top_k = top_k
         self.offset = offset
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     def add(self, lps: list[TokenLogprob]) -> dict[str, Any]:
         """The logprobs of these tokens, as one increment."""
@@ -68,7 +73,7 @@ class CompletionLogprobAccumulator:
                 else None
             )
             inc["text_offset"].append(self.offset)
-            self.offset += len(text)
+            self.offset += len(self._utf8.decode(self.state.token_bytes(lp.token_id)))
         return inc
 
 

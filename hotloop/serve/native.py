@@ -79,10 +79,19 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     param = "input_ids" if body.input_ids is not None else "prompt"
     if not ids:
         raise APIError(400, f"{param} is empty: it must hold at least one token", param, "invalid_value")
-    if body.max_new_tokens is None:
-        max_new = resolve_max_tokens(state, len(ids), None, param)
+    if body.max_new_tokens is None or len(ids) >= state.context_limit:
+        max_new = resolve_max_tokens(state, len(ids), None, param)  # (a prompt with no room: 400)
     else:
         max_new = body.max_new_tokens
+        if len(ids) + max_new > state.context_limit:
+            raise APIError(
+                400,
+                f"the prompt has {len(ids)} tokens and max_new_tokens is {max_new}: {len(ids) + max_new} "
+                f"tokens exceed the context limit of {state.context_limit}; lower max_new_tokens to at "
+                f"most {state.context_limit - len(ids)} or shorten the prompt",
+                "max_new_tokens",
+                "context_length_exceeded",
+            )
     if body.stop_token_ids:
         state.check_token_ids(body.stop_token_ids, "stop_token_ids")
     try:

@@ -10,13 +10,42 @@ prompt (ask for JSON in the messages); ``json_schema`` is refused with 400 until
 from __future__ import annotations
 
 import time
+import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticUndefined
+
+
+def _admits_none(annotation: Any) -> bool:
+    return annotation is None or type(None) in typing.get_args(annotation)
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """A request body: unknown fields ignored, non-finite numbers refused (``Infinity`` is valid
+    JSON to Python's parser), and an explicit ``null`` on a field with a default that ``null`` is
+    not a value of (``n``, ``stream``, ``echo``, ...) means that default, as OpenAI and vLLM read it
+    (SDKs and proxies that write every field send them)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        drop = [
+            k
+            for k, v in data.items()
+            if v is None
+            and k in fields
+            and fields[k].default is not PydanticUndefined
+            and not _admits_none(fields[k].annotation)
+        ]
+        if not drop:
+            return data
+        return {k: v for k, v in data.items() if k not in drop}
 
 
 # -- shared pieces -------------------------------------------------------------------------------
@@ -84,6 +113,13 @@ class ChatMessage(_Body):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_needed(self) -> ChatMessage:
+        # only an assistant turn (that made tool calls) may come without content, as in OpenAI's API
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role!r} message needs content (a string or a list of parts)")
+        return self
 
 
 class ChatCompletionRequest(_SamplingFields):

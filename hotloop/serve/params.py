@@ -23,9 +23,9 @@ def resolve_max_tokens(state: ServerState, prompt_len: int, max_tokens: int | No
         if limit == state.session_len
         else (f"the KV cache's {limit} tokens (session_len={state.session_len})")
     )
-    if max_tokens is None:
+    if max_tokens is None or prompt_len >= limit:
         room = limit - prompt_len
-        if room < 1:
+        if room < 1:  # the prompt alone leaves no room: it, not max_tokens, is what must change
             raise APIError(
                 400,
                 f"the prompt has {prompt_len} tokens, which leaves no room to generate within {where}; "
@@ -34,11 +34,12 @@ def resolve_max_tokens(state: ServerState, prompt_len: int, max_tokens: int | No
                 "context_length_exceeded",
             )
         return room
+    assert max_tokens is not None
     if prompt_len + max_tokens > limit:
         raise APIError(
             400,
             f"the prompt has {prompt_len} tokens and max_tokens is {max_tokens}: {prompt_len + max_tokens} "
-            f"tokens exceed {where}; lower max_tokens to at most {max(limit - prompt_len, 0)} "
+            f"tokens exceed {where}; lower max_tokens to at most {limit - prompt_len} "
             "or shorten the prompt",
             "max_tokens",
             "context_length_exceeded",

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hotloop.engine.async_engine import AsyncEngine
+from hotloop.engine.detokenizer import byte_table
 from hotloop.serve.chat_template import load_chat_template, unicode_error
 from hotloop.serve.errors import APIError
 from hotloop.serve.metrics import ServerMetrics
@@ -79,6 +80,8 @@ class ServerState:
         self._max_concurrent = args.max_concurrent_requests
         self._semaphore: asyncio.Semaphore | None = None
         self._token_text: dict[int, str] = {}
+        self._byte_table: list[bytes] | None = None  # token_bytes' table, built at first use
+        self._max_text_chars: int | None = None  # check_text_length's bound, set at first use
         # Prompts are tokenized on one worker thread: off the event loop (a long prompt would stall
         # every stream in flight) and one at a time (tokenizer calls never overlap each other).
         self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="hotloop-tokenize")
@@ -123,6 +126,17 @@ class ServerState:
             )
 
     # -- tokens -------------------------------------------------------------------------------
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token (for logprobs' ``bytes``): for a byte-level BPE tokenizer its
+        bytes from the vocabulary, which may be part of a UTF-8 character (an emoji's first byte);
+        otherwise its text encoded as UTF-8."""
+        if self._byte_table is None:
+            self._byte_table = byte_table(self.tokenizer, skip_special_tokens=False) or []
+        table = self._byte_table
+        if 0 <= token_id < len(table):
+            return table[token_id]
+        return self.token_text(token_id).encode("utf-8")
+
     def token_text(self, token_id: int) -> str:
         """The text of one token on its own (for logprobs), cached."""
         text = self._token_text.get(token_id)
@@ -136,8 +150,32 @@ class ServerState:
         """``fn(*args)`` on the tokenizing thread (see ``__init__``)."""
         return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn, *args)
 
+    def check_text_length(self, n_chars: int, param: str) -> None:
+        """A 400 for text far too long to fit the context, before it is tokenized (tokenizing
+        megabytes takes seconds on the one tokenizing thread, which every other request waits for).
+        No token holds more characters than the vocabulary's longest token, so text longer than the
+        context limit times that (twice over, for normalizers) cannot fit."""
+        if self._max_text_chars is None:
+            if self._byte_table is None:
+                self._byte_table = byte_table(self.tokenizer, skip_special_tokens=False) or []
+            longest = max((len(b) for b in self._byte_table), default=0)
+            if not longest:
+                vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
+                longest = max((len(t) for t in vocab), default=64)
+            self._max_text_chars = 2 * max(longest, 1) * self.context_limit
+        if n_chars > self._max_text_chars:
+            raise APIError(
+                400,
+                f"{param} has {n_chars} characters, far more than the context limit of {self.context_limit} "
+                f"tokens can hold (at most {self._max_text_chars} characters); shorten it",
+                param,
+                "context_length_exceeded",
+            )
+
     def encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text`` (field ``param``); text that is not valid Unicode is a 400."""
+        """Token ids of ``text`` (field ``param``); text that is not valid Unicode, or far too long
+        for the context (``check_text_length``), is a 400."""
+        self.check_text_length(len(text), param)
         problem = unicode_error(text, param)
         if problem is not None:
             raise APIError(400, problem, param, "invalid_value")

@@ -247,3 +247,120 @@ def test_a_json_body_without_content_type_is_read_as_json() -> None:
             assert r.status_code == 400 and "Content-Type must be application/json" in r.text
 
     run(main())
+
+
+def test_null_means_the_default_and_non_finite_numbers_are_refused() -> None:
+    """OpenAI and vLLM read an explicit null on a defaulted field as the default (SDKs that write
+    every field send them); Infinity is valid JSON to Python's parser but no valid temperature."""
+
+    async def main() -> None:
+        async with app_client() as (c, _state):
+            msgs = [{"role": "user", "content": "x"}]
+            nulls = {"n": None, "stream": None, "logprobs": None, "ignore_eos": None, "temperature": None}
+            r = await c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, **nulls})
+            assert r.status_code == 200 and len(r.json()["choices"]) == 1, r.text
+            r = await c.post(
+                "/v1/completions", json={"prompt": "abc", "max_tokens": 2, "echo": None, "n": None}
+            )
+            assert r.status_code == 200 and not r.json()["choices"][0]["text"].startswith("abc"), r.text
+            raw = '{"messages":[{"role":"user","content":"x"}],"max_tokens":2,"temperature":Infinity}'
+            r = await c.post(
+                "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
+            )
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["param"] == "temperature" and "finite" in err["message"], (
+                r.text
+            )
+
+    run(main())
+
+
+def test_messages_and_tool_choice_openai_refuses() -> None:
+    async def main() -> None:
+        async with app_client() as (c, _state):
+            r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": None}]})
+            err = r.json()["error"]
+            assert (
+                r.status_code == 400 and err["param"] == "messages[0]" and "needs content" in err["message"]
+            )
+            ok = {"role": "assistant", "content": None, "tool_calls": []}  # an assistant turn may have none
+            r = await c.post(
+                "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "x"}, ok], "max_tokens": 2},
+            )
+            assert r.status_code == 200, r.text
+            r = await c.post(
+                "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+            )
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["param"] == "tool_choice" and "needs tools" in err["message"]
+
+    run(main())
+
+
+def test_a_prompt_with_no_room_names_the_prompt_not_max_tokens() -> None:
+    async def main() -> None:
+        async with app_client(session_len=64) as (c, state):
+            limit = state.context_limit
+            prompt = "a" * limit  # the byte tokenizer: one token a character
+            for path, body, param in (
+                ("/v1/completions", {"prompt": prompt, "max_tokens": 5}, "prompt"),
+                ("/generate", {"prompt": prompt, "max_new_tokens": 5}, "prompt"),
+            ):
+                r = await c.post(path, json=body)
+                err = r.json()["error"]
+                assert r.status_code == 400 and err["param"] == param, r.text
+                assert err["code"] == "context_length_exceeded" and f"at most {limit - 1}" in err["message"]
+            r = await c.post("/generate", json={"prompt": "a" * (limit - 3), "max_new_tokens": 5})
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["param"] == "max_new_tokens", r.text
+            assert err["code"] == "context_length_exceeded" and "at most 3" in err["message"]
+
+    run(main())
+
+
+def test_text_far_too_long_is_refused_before_it_is_tokenized() -> None:
+    async def main() -> None:
+        async with app_client() as (c, state):
+            calls = []
+            encode = state.tokenizer.encode
+            state.tokenizer.encode = lambda text, **kw: calls.append(len(text)) or encode(text, **kw)  # type: ignore[method-assign]
+            huge = "word " * 200_000
+            for path, body, param in (
+                ("/v1/completions", {"prompt": huge, "max_tokens": 2}, "prompt"),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}, "messages"),
+                ("/tokenize", {"prompt": huge}, "prompt"),
+            ):
+                r = await c.post(path, json=body)
+                err = r.json()["error"]
+                assert r.status_code == 400 and err["param"] == param, (path, r.text)
+                assert err["code"] == "context_length_exceeded" and "1000000 characters" in err["message"]
+            assert not calls, "the huge text was tokenized"
+            r = await c.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2})
+            assert r.status_code == 200
+
+    run(main())
+
+
+def test_body_parse_errors_say_what_is_wrong_and_health_answers_head() -> None:
+    async def main() -> None:
+        async with app_client() as (c, _state):
+            r = await c.post(
+                "/v1/completions",
+                content=b'{"prompt":"caf\xe9"}',
+                headers={"content-type": "application/json"},
+            )
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["code"] == "invalid_json" and "UTF-8" in err["message"], (
+                r.text
+            )
+            raw = json.dumps({"prompt": "abc", "max_tokens": 2})
+            r = await c.post("/v1/completions", content=raw, headers={"content-type": ""})
+            err = r.json()["error"]
+            assert r.status_code == 400 and "Content-Type: application/json" in err["message"], r.text
+            assert "not b'" not in err["message"]
+            r = await c.head("/health")
+            assert r.status_code == 200
+
+    run(main())

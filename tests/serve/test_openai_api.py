@@ -173,6 +173,30 @@ def test_logprobs(client, model_name, tokenizer) -> None:
     )
 
 
+def test_logprob_bytes_are_the_tokens_raw_bytes(client, model_name, tokenizer) -> None:
+    """An emoji is several byte-level tokens, each part of one UTF-8 character: each token shows
+    U+FFFD as text, but its bytes are its own, and they join up into the generated text."""
+    from hotloop.engine.detokenizer import byte_table
+
+    ids = tokenizer.encode("\U0001f603", add_special_tokens=False)
+    assert len(ids) > 1  # (the test needs a character split over tokens)
+    r = client.chat.completions.create(
+        model=model_name,
+        messages=MSG,
+        max_tokens=len(ids),
+        logprobs=True,
+        logit_bias={str(i): 100 for i in ids},
+        **GREEDY,
+    ).choices[0]
+    table = byte_table(tokenizer, skip_special_tokens=False)
+    assert table is not None
+    content = r.logprobs.content
+    joined = b"".join(bytes(t.bytes) for t in content)
+    assert joined.decode("utf-8", errors="replace") == r.message.content
+    for t in content:
+        assert bytes(t.bytes) in {table[i] for i in ids}, t
+
+
 def test_json_object_accepted_and_penalties(client, model_name) -> None:
     r = _chat(
         client,
