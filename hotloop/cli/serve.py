@@ -70,7 +70,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         "--shutdown-timeout",
         type=float,
         default=10.0,
-        help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default: 10)",
+        help="seconds in-flight requests get to finish after SIGINT/SIGTERM; what still runs a second "
+        "before the end is aborted (its stream ends with finish_reason 'abort') (default: 10)",
     )
     g.add_argument(
         "--allow-private-image-urls",

@@ -194,9 +194,11 @@ class AsyncEngine:
         finally:
             stream.close()
 
-    def abort(self, request_id: str) -> None:
-        """Abort a request from any thread; its stream (if still open) ends without more outputs."""
-        self._forget(request_id)
+    def abort(self, request_id: str, final_output: bool = False) -> None:
+        """Abort a request from any thread. Its stream gets no more outputs (the caller closes it),
+        or with ``final_output`` one last output, finish_reason ``abort``, which ends it."""
+        if not final_output:
+            self._forget(request_id)
         self.engine.abort_request(request_id)
         with self._cond:
             self._cond.notify()

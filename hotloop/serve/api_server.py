@@ -3,7 +3,9 @@
 Routes: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, ``/generate``, ``/tokenize``,
 ``/detokenize``, ``/health``, ``/metrics``. The engine loop runs on its own thread (``AsyncEngine``),
 started and stopped with the app's lifespan. On SIGINT/SIGTERM the server stops accepting work
-(503), lets in-flight requests finish for up to ``shutdown_timeout`` seconds, then stops the engine.
+(uvicorn closes the listening socket; a request on an open connection gets 503), lets in-flight
+requests finish for up to ``shutdown_timeout`` seconds (what still runs a second before the end is
+aborted, so that its stream ends with finish_reason ``abort`` and ``[DONE]``), then stops the engine.
 """
 
 from __future__ import annotations
@@ -117,12 +119,24 @@ class _Server(uvicorn.Server):
         self.hotloop_state = state
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        if not self.hotloop_state.draining:
+        state = self.hotloop_state
+        if not state.draining:
             logger.info(
                 "received %s: finishing in-flight requests, then shutting down", signal.Signals(sig).name
             )
-        self.hotloop_state.draining = True
+            # Whatever is still running one second before uvicorn's grace period ends is aborted, so
+            # that its stream ends with finish_reason "abort" and [DONE] instead of being cut off.
+            grace = self.config.timeout_graceful_shutdown or 0
+            with contextlib.suppress(RuntimeError):  # (no loop running: nothing can be in flight)
+                loop = asyncio.get_running_loop()
+                loop.call_soon_threadsafe(loop.call_later, max(grace - 1.0, 0.0), self._abort_in_flight)
+        state.draining = True
         super().handle_exit(sig, frame)
+
+    def _abort_in_flight(self) -> None:
+        n = self.hotloop_state.abort_all()
+        if n:
+            logger.warning("shutdown: aborted %d request(s) still running at the end of the grace period", n)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

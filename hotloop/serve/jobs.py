@@ -63,7 +63,9 @@ class GenerationJob:
             if isinstance(e, RequestError):
                 raise from_request_error(e, native) from e
             raise
-        return cls(state, streams, release)
+        job = cls(state, streams, release)
+        state.jobs.add(job)
+        return job
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """``(submission index, output)`` in arrival order, until every stream finished."""
@@ -101,6 +103,7 @@ class GenerationJob:
         if self._closed:
             return
         self._closed = True
+        self.state.jobs.discard(self)
         try:
             for s in self.streams:
                 s.close()

@@ -81,6 +81,7 @@ class ServerState:
         self._semaphore: asyncio.Semaphore | None = None
         self._token_text: dict[int, str] = {}
         self._byte_table: list[bytes] | None = None  # token_bytes' table, built at first use
+        self.jobs: set[Any] = set()  # the GenerationJobs in flight (abort_all)
         self._max_text_chars: int | None = None  # check_text_length's bound, set at first use
         # Prompts are tokenized on one worker thread: off the event loop (a long prompt would stall
         # every stream in flight) and one at a time (tokenizer calls never overlap each other).
@@ -126,6 +127,17 @@ class ServerState:
             )
 
     # -- tokens -------------------------------------------------------------------------------
+    def abort_all(self) -> int:
+        """Abort every request in flight (shutdown, at the end of its grace period): each stream
+        then ends with finish_reason ``abort`` and ``[DONE]`` instead of being cut. The number of
+        engine requests aborted."""
+        n = 0
+        for job in list(self.jobs):
+            for stream in job.streams:
+                self.async_engine.abort(stream.request_id, final_output=True)
+                n += 1
+        return n
+
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes of one token (for logprobs' ``bytes``): for a byte-level BPE tokenizer its
         bytes from the vocabulary, which may be part of a UTF-8 character (an emoji's first byte);
