@@ -33,6 +33,7 @@ class FinishReason(str, enum.Enum):
 
 MIN_TEMPERATURE = 1e-5  # below this a sampled request decodes greedily (as vLLM)
 MAX_SEED = 2**63  # seeds lie in [0, MAX_SEED): torch generators take a signed 64-bit seed
+RESPONSE_FORMATS = (None, "text", "json_object")  # GenerationConfig.response_format
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class GenerationConfig:
     stop_token_ids are masked and stop_words do not stop (as in vLLM).
     logprobs: how many top alternatives to return with each generated token's log-probability
     (0 returns only the chosen token's; None returns none).
+    response_format: None or "text" is free text; "json_object" constrains the output to one JSON
+    object (OpenAI's JSON mode; ``hotloop.engine.grammar``). Such a request stops when the object is
+    closed (finish reason stop) and outranks ``min_new_tokens`` and ``ignore_eos`` there; if it runs
+    out of ``max_new_tokens`` first, its text is an unfinished object (finish reason length).
     """
 
     n: int = 1
@@ -67,6 +72,7 @@ class GenerationConfig:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
+    response_format: str | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, limit: str) -> RequestError:
@@ -104,12 +110,19 @@ class GenerationConfig:
             raise bad("random_seed", "must be an integer in [0, 2**63)")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "must be an integer in [0, 20]")
+        if self.response_format not in RESPONSE_FORMATS:
+            raise bad("response_format", "must be None, 'text' or 'json_object'")
         if isinstance(self.stop_words, str):
             object.__setattr__(self, "stop_words", (self.stop_words,))
         if self.stop_words is not None:
             object.__setattr__(self, "stop_words", tuple(s for s in self.stop_words if s))
         if self.stop_token_ids is not None:
             object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def json_mode(self) -> bool:
+        """The output is constrained to one JSON object."""
+        return self.response_format == "json_object"
 
     @property
     def greedy(self) -> bool:
