@@ -9,8 +9,14 @@ step N+1 *before* it collects step N's sampled tokens, so the host's scheduling,
 stop checks and detokenization run while the GPU computes. A request's token from step N is then
 "pending": it counts for scheduling and the runner reads its id on the device. The price is at most
 one wasted token per finishing request (computed, then dropped). Requests whose next step needs
-their whole history on the host (repetition/presence/frequency penalties) and steps that must
-preempt are not overlapped: the engine collects first. Outputs are identical either way.
+their whole history on the host (repetition/presence/frequency penalties, JSON mode's grammar) and
+steps that must preempt are not overlapped: the engine collects first. Outputs are identical either
+way.
+
+JSON mode (``GenerationConfig.response_format="json_object"``): each such request gets a grammar
+matcher (``engine/grammar.py``; the grammar is compiled on the first one) that the runner asks for
+the allowed next tokens and ``_update`` advances with every token; the request stops when the
+matcher terminates (a stop id after a complete object).
 
 Just-in-time scheduling (``jit_schedule=True``, with overlap; off by default): deciding step N+1
 before step N ends makes a request that arrives during N wait for N+2. With an executor that can
@@ -31,6 +37,7 @@ from typing import Any, Protocol
 from hotloop.config import CacheConfig, ModelConfig, SchedulerConfig
 from hotloop.engine.block_manager import BlockManager
 from hotloop.engine.detokenizer import IncrementalDetokenizer
+from hotloop.engine.grammar import JsonGrammar, require_json_mode
 from hotloop.engine.outputs import RequestOutput, SampledToken
 from hotloop.engine.request import Request, RequestStatus
 from hotloop.engine.scheduler import Scheduler, SchedulerOutput, multi_step_ok
@@ -102,6 +109,8 @@ class Engine:
         self.num_overlapped_steps = 0
         self.tokenizer = tokenizer
         self.model_config = model_config
+        # JSON mode's grammar, over the logits' width (the mask must cover every row of the LM head)
+        self.json_grammar = JsonGrammar(tokenizer, model_config.vocab_size)
         self.cache_config = cache_config
         self.scheduler_config = scheduler_config
         self.block_manager = BlockManager(
@@ -136,6 +145,8 @@ class Engine:
             raise RequestError(
                 f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})", param="prompt"
             )
+        if params.json_mode:
+            require_json_mode()
         bias = params.logit_bias or {}
         outside = [t for t in bias if not (isinstance(t, int) and 0 <= t < vocab)]
         if outside:
@@ -181,6 +192,8 @@ class Engine:
             mm_inputs=tuple(mm_inputs),
             cache_extra_keys=tuple(f"image:{m.content_hash}" for m in mm_inputs),
         )
+        if params.json_mode:
+            req.grammar = self.json_grammar.matcher(stop_ids)
         req.detokenizer = IncrementalDetokenizer(
             self.tokenizer,
             req.prompt_token_ids,
@@ -363,6 +376,7 @@ class Engine:
                 req.first_token_time = now
             detok: IncrementalDetokenizer = req.detokenizer
             is_stop_token = token_id in req.stop_token_ids
+            grammar_done = req.grammar is not None and req.grammar.advance(token_id)
             params = req.params
             # A stop token's own text (e.g. "<|im_end|>") is not output unless asked for.
             text = (
@@ -371,7 +385,7 @@ class Engine:
             status = None
             n_out = len(output_ids)
             n_prompt = len(req.prompt_token_ids)
-            if is_stop_token or detok.stopped:
+            if is_stop_token or detok.stopped or grammar_done:
                 status = RequestStatus.FINISHED_STOPPED
             elif n_out >= params.max_new_tokens or n_prompt + n_out >= session_len:
                 status = RequestStatus.FINISHED_LENGTH
@@ -397,7 +411,8 @@ class Engine:
     def _update_steps(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]:
         """``_update`` for a multi-step launch: each request's ids of every step, applied in order
         up to the first that finishes it (the rest were computed past its end and are dropped);
-        one output per request with all its new ids and text. Its per-token branch repeats
+        one output per request with all its new ids and text (never a JSON-mode request: its grammar
+        must see every token before the next step, see ``multi_step_ok``). Its per-token branch repeats
         ``_update``'s stop and length checks on purpose: that loop runs for every request every step,
         and a shared helper would add a call per token there."""
         samplers = [s.request for s in out.scheduled if s.samples]

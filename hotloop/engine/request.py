@@ -97,17 +97,24 @@ class Request:
     # The scheduler's admission reserve: the KV slots this request will surely fill and the most it
     # may fill (``Scheduler._ends``, set when it is added).
     reserve_ends: tuple[int, int] | None = None
-    # Penalties read the output history on the device: such a request's pending token must reach
-    # the host before the next step is scheduled (set from ``params``).
+    # JSON mode: the grammar matcher (``hotloop.engine.grammar.RequestGrammar``), set by the engine.
+    grammar: Any = None
+    # Penalties read the output history on the device and a grammar's mask depends on every output
+    # token: such a request's pending token must reach the host before the next step is scheduled,
+    # and it never runs in a multi-step round (set from ``params``).
     needs_output_history: bool = field(init=False, default=False)
-    # Plain greedy (no bias, penalties or logprobs): the argmax is the token once this many output
-    # tokens are known (``min_new_tokens`` masks EOS before that); None: never (set from ``params``).
+    # Plain greedy (no bias, penalties, grammar or logprobs): the argmax is the token once this many
+    # output tokens are known (``min_new_tokens`` masks EOS before that); None: never (set from
+    # ``params``).
     greedy_from: int | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         p = self.params
         self.needs_output_history = (
-            p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+            p.repetition_penalty != 1.0
+            or p.presence_penalty != 0.0
+            or p.frequency_penalty != 0.0
+            or p.json_mode
         )
         if p.greedy and not p.logit_bias and p.logprobs is None and not self.needs_output_history:
             self.greedy_from = p.min_new_tokens or 0

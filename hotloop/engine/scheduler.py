@@ -64,8 +64,8 @@ def multi_step_ok(out: SchedulerOutput) -> bool:
     """Whether ``out`` can run as a multi-step decode launch: every row one token that samples past
     its prompt (so a request's images, all in its prompt, are behind it), no 3-D positions (M-RoPE),
     and nothing a later step would need from the host (logprobs, penalties over the output history,
-    a ``min_new_tokens`` mask that changes with the step). The engine checks this before it
-    allocates a round's blocks; the runner checks again."""
+    JSON mode's grammar mask, a ``min_new_tokens`` mask that changes with the step). The engine
+    checks this before it allocates a round's blocks; the runner checks again."""
     for s in out.scheduled:
         req = s.request
         p = req.params

@@ -189,19 +189,32 @@ class ModelRunner:
     def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
         gens: list[torch.Generator | None] = []
         suppress: list[list[int]] = []
+        masks: list[torch.Tensor | None] = []
         for r in reqs:
             if r.params.random_seed is not None and not r.params.greedy and r.sampler_state is None:
                 r.sampler_state = torch.Generator(device=self.device).manual_seed(r.params.random_seed)
             gens.append(r.sampler_state)
             min_new = r.params.min_new_tokens or 0
             n_out = r.num_output_tokens + r.num_pending_tokens  # index of the token sampled now
-            suppress.append(sorted(r.stop_token_ids) if n_out < min_new else [])
+            grammar = r.grammar
+            # once a JSON object is complete only a stop id may follow: the grammar outranks min_new_tokens
+            hold = n_out < min_new and not (grammar is not None and grammar.is_completed)
+            suppress.append(sorted(r.stop_token_ids) if hold else [])
+            if grammar is not None:
+                if r.num_pending_tokens:
+                    raise RuntimeError(
+                        f"request {r.request_id}: a grammar mask needs its last token on the host"
+                    )
+                masks.append(grammar.next_token_bitmask())
+            else:
+                masks.append(None)
         return SamplingMetadata(
             params=[r.params for r in reqs],
             prompt_token_ids=[r.prompt_token_ids for r in reqs],
             output_token_ids=[r.output_token_ids for r in reqs],
             generators=gens,
             suppress_token_ids=suppress,
+            token_bitmasks=masks if any(m is not None for m in masks) else None,
         )
 
     supports_multi_step = True  # ``launch(out, steps > 1)`` runs the steps (eagerly, here)

@@ -1,18 +1,21 @@
 """The sampler: one batch of logits plus per-row ``GenerationConfig`` in, next token ids (and logprobs) out.
 
-Owns the sampling semantics shared by both backends: logit bias, suppressed ids, repetition /
-presence / frequency penalties, greedy, temperature, top-k / top-p / min-p, seeded draws and
+Owns the sampling semantics shared by both backends: logit bias, suppressed ids, grammar masks
+(JSON mode), repetition / presence / frequency penalties, greedy, temperature, top-k / top-p / min-p, seeded draws and
 logprobs. Everything runs on the logits' device with batched tensor ops; the only Python loops are
 over rows or over sparse per-row entries (bias dicts, seeded generators), never over the vocabulary,
 and no step reads a device value back to the host.
 
 Order of operations for one row (the same order the helpers below are composed in ``Sampler``):
 
-1. ``logits += logit_bias``; suppressed ids -> ``-inf``.
-2. repetition penalty, then frequency and presence penalties.
-3. logprobs (if asked) are the log-softmax of the logits *at this point*: after bias, suppression
-   and penalties, before temperature and the top-k / top-p / min-p filters, so they describe the
-   model's (penalised) distribution rather than the truncated one that was sampled from.
+1. ``logits += logit_bias``; suppressed ids -> ``-inf``; ids outside the row's grammar bitmask
+   (JSON mode) -> ``-inf``.
+2. repetition penalty, then frequency and presence penalties (a ``-inf`` stays ``-inf``).
+3. logprobs (if asked) are the log-softmax of the logits *at this point*: after bias, suppression,
+   the grammar mask and penalties, before temperature and the top-k / top-p / min-p filters, so they
+   describe the model's (penalised) distribution constrained to what the grammar allows
+   (renormalised over the allowed ids; a disallowed id has logprob ``-inf``) rather than the
+   truncated one that was sampled from.
 4. greedy rows: argmax.
 5. sampled rows: ``/ temperature``, then top-k, top-p, min-p masks, then one draw.
 """
@@ -42,6 +45,9 @@ class SamplingMetadata:
     ``generators`` must live on the logits' device; each seeded request keeps its own generator
     across steps (seeded once from ``GenerationConfig.random_seed``). ``suppress_token_ids`` are
     the ids forbidden this step, e.g. EOS and stop ids while ``min_new_tokens`` is not reached.
+    ``token_bitmasks`` (JSON mode): per row, the allowed ids as a host int32 bitmask of
+    ``ceil(V / 32)`` words (bit ``t % 32`` of word ``t // 32``; ``hotloop.engine.grammar``), or
+    ``None`` for an unconstrained row; ``None`` for the whole list when no row is constrained.
     """
 
     params: list[GenerationConfig]
@@ -49,6 +55,7 @@ class SamplingMetadata:
     output_token_ids: list[list[int]]
     generators: list[torch.Generator | None]
     suppress_token_ids: list[list[int]]
+    token_bitmasks: list[torch.Tensor | None] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.params)
@@ -57,6 +64,10 @@ class SamplingMetadata:
                 raise ValueError(
                     f"SamplingMetadata.{name} has {len(getattr(self, name))} rows, params has {n}"
                 )
+        if self.token_bitmasks is not None and len(self.token_bitmasks) != n:
+            raise ValueError(
+                f"SamplingMetadata.token_bitmasks has {len(self.token_bitmasks)} rows, params has {n}"
+            )
 
 
 @dataclass
@@ -133,6 +144,26 @@ def apply_suppression(logits: torch.Tensor, suppress_token_ids: Sequence[Sequenc
     return logits.index_put(
         index, torch.full((len(rows),), float("-inf"), dtype=logits.dtype, device=logits.device)
     )
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmasks: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """Set ``logits[i, t] = -inf`` for every ``t`` not allowed by ``bitmasks[i]`` (an int32 bitmask of
+    ``ceil(V / 32)`` words, bit ``t % 32`` of word ``t // 32`` set = allowed); ``None`` rows stay."""
+    rows = [i for i, m in enumerate(bitmasks) if m is not None]
+    if not rows:
+        return logits
+    vocab = logits.shape[-1]
+    words = torch.stack([m for m in bitmasks if m is not None])  # [R, W] int32, host
+    if words.shape[-1] * 32 < vocab:
+        raise ValueError(f"token bitmask of {words.shape[-1]} words cannot cover a vocabulary of {vocab}")
+    words = _to_device(words.numpy(), torch.int32, logits.device)
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :vocab]  # [R, V]
+    if len(rows) == logits.shape[0]:
+        return logits.masked_fill(~allowed, float("-inf"))
+    index = _to_device(rows, torch.int64, logits.device)
+    masked = logits.index_select(0, index).masked_fill(~allowed, float("-inf"))
+    return logits.index_copy(0, index, masked)
 
 
 def apply_penalties(
@@ -253,7 +284,7 @@ def _penalties_active(p: GenerationConfig) -> bool:
 class Sampler:
     """Samples the next token of every row; see the module docstring for the order of operations.
 
-    Greedy rows (``GenerationConfig.greedy``) take the argmax after bias and penalties, ignoring
+    Greedy rows (``GenerationConfig.greedy``) take the argmax after bias, masks and penalties, ignoring
     temperature and the filters. Sampled rows divide by temperature, apply top-k / top-p / min-p
     (:func:`top_k_top_p_min_p_mask`) and draw with :func:`random_sample`.
     """
@@ -268,6 +299,8 @@ class Sampler:
 
         x = apply_logit_bias(x, [p.logit_bias for p in params])
         x = apply_suppression(x, meta.suppress_token_ids)
+        if meta.token_bitmasks is not None:
+            x = apply_token_bitmask(x, meta.token_bitmasks)
         if any(_penalties_active(p) for p in params):
             # Counting the prompt is only needed for the repetition penalty, and prompts are long.
             any_rep = any(p.repetition_penalty != 1.0 for p in params)

@@ -1,0 +1,115 @@
+"""Grammar-constrained output (JSON mode): the compiled JSON-object grammar of a tokenizer, and one
+xgrammar matcher per request that says which tokens may come next and when the output is over.
+
+xgrammar is imported on the first JSON-mode request (``JsonGrammar``), never at start-up.
+
+A request's allowed next tokens are an int32 bitmask of ``ceil(vocab_size / 32)`` words: bit
+``t % 32`` of word ``t // 32`` is set when token ``t`` is allowed (xgrammar's layout, which the
+sampler unpacks). ``vocab_size`` is the width of the model's logits, which may exceed the
+tokenizer's vocabulary (padding rows of the LM head): those ids are never allowed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from hotloop.messages import RequestError
+
+# OpenAI's JSON mode asks for an object; xgrammar's built-in JSON grammar also accepts a top-level
+# array, so the grammar is the schema of "any object" instead (strict_mode=False: any properties).
+_JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+def json_mode_available() -> bool:
+    """Whether JSON mode can be served here (xgrammar is installed); it is not imported."""
+    return importlib.util.find_spec("xgrammar") is not None
+
+
+def require_json_mode() -> None:
+    """Raise ``RequestError`` (param ``response_format``) when JSON mode cannot be served."""
+    if not json_mode_available():
+        raise RequestError(
+            "response_format 'json_object' needs the xgrammar package, which is not installed "
+            "(pip install 'xgrammar>=0.2')",
+            param="response_format",
+        )
+
+
+class RequestGrammar:
+    """One sequence's position in the grammar.
+
+    Contract: the engine calls ``advance`` with every token the request outputs, in order, before
+    the runner asks for the next ``next_token_bitmask`` (a JSON-mode request is never overlapped or
+    run in a multi-step round, see ``Request.needs_output_history``).
+    """
+
+    def __init__(self, matcher: Any, bitmask_words: int) -> None:
+        self._matcher = matcher
+        self._words = bitmask_words
+        self.rejected = False  # a token outside the grammar was output (all its tokens were masked)
+
+    def next_token_bitmask(self) -> torch.Tensor:
+        """The tokens allowed next: ``[ceil(vocab_size / 32)]`` int32 on the host. Stop ids are
+        allowed exactly when the object is complete."""
+        mask = torch.empty(1, self._words, dtype=torch.int32)
+        self._matcher.fill_next_token_bitmask(mask, 0)
+        return mask[0]
+
+    @property
+    def is_completed(self) -> bool:
+        """The object is closed: only a stop id may follow."""
+        return bool(self._matcher.is_completed())
+
+    def advance(self, token_id: int) -> bool:
+        """Accept the request's next output token; True when the output is over: the matcher took a
+        stop id after a complete object, or the token broke the grammar (which the mask prevents,
+        unless every token was masked)."""
+        if not self._matcher.accept_token(token_id):
+            self.rejected = True
+            return True
+        return bool(self._matcher.is_terminated())
+
+
+class JsonGrammar:
+    """The JSON-object grammar compiled for one tokenizer and logits width, and its matchers.
+
+    Compiles on first use (thread-safe: ``Engine.add_request`` may run on any thread); the
+    compiled grammar is shared by every request of the engine.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._compiled: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def bitmask_words(self) -> int:
+        return -(-self.vocab_size // 32)
+
+    def compiled(self) -> Any:
+        """The xgrammar ``CompiledGrammar``, compiled once."""
+        with self._lock:
+            if self._compiled is None:
+                require_json_mode()
+                import xgrammar as xgr
+
+                info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size)
+                compiler = xgr.GrammarCompiler(info, max_threads=1)
+                self._compiled = compiler.compile_json_schema(_JSON_OBJECT_SCHEMA, strict_mode=False)
+            return self._compiled
+
+    def matcher(self, stop_token_ids: Iterable[int]) -> RequestGrammar:
+        """A fresh matcher for one sequence. ``stop_token_ids``: the ids that end it (EOS and the
+        request's stop ids); empty means the tokenizer's EOS."""
+        import xgrammar as xgr
+
+        compiled = self.compiled()
+        stops = sorted(t for t in set(stop_token_ids) if 0 <= t < self.vocab_size)
+        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stops or None)
+        return RequestGrammar(matcher, self.bitmask_words)
