@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from hotloop.engine.async_engine import EngineDeadError
-from hotloop.serve.chat_template import ChatTemplateError, encode_messages
+from hotloop.serve.chat_template import ChatTemplateError, encode_messages, unicode_error
 from hotloop.serve.errors import APIError, error_body
 from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
 from hotloop.serve.logprobs import chat_logprobs
@@ -27,6 +27,12 @@ from hotloop.serve.params import (
 from hotloop.serve.state import ServerState
 
 router = APIRouter()
+
+
+def _check_unicode(text: str, param: str) -> None:
+    problem = unicode_error(text, param)
+    if problem is not None:
+        raise APIError(400, problem, param, "invalid_value")
 
 
 def message_dicts(
@@ -55,8 +61,11 @@ def message_dicts(
                         f"messages[{i}].content[{j}]",
                         "unsupported_content",
                     )
+                _check_unicode(part.text, f"messages[{i}].content[{j}].text")  # type: ignore[union-attr]
                 texts.append(part.text)  # type: ignore[union-attr]
             content = "\n".join(texts)
+        elif content is not None:
+            _check_unicode(content, f"messages[{i}].content")
         d: dict[str, Any] = {"role": m.role, "content": content or ""}
         if m.name is not None:
             d["name"] = m.name

@@ -172,7 +172,12 @@ def test_text_that_is_not_unicode_is_a_400_naming_the_field() -> None:
                 (
                     "/v1/chat/completions",
                     '{"messages":[{"role":"user","content":"hi \\ud800 x"}],"max_tokens":2}',
-                    "messages",
+                    "messages[0].content",  # (at character 3 of it, not of the rendered chat)
+                ),
+                (
+                    "/v1/chat/completions",
+                    '{"messages":[{"role":"user","content":[{"type":"text","text":"\\udfff"}]}]}',
+                    "messages[0].content[0].text",
                 ),
                 ("/v1/completions", '{"prompt":"hi \\ud800 x","max_tokens":2}', "prompt"),
                 ("/v1/completions", '{"prompt":["ok","hi \\udfff"],"max_tokens":2}', "prompt[1]"),
@@ -184,6 +189,8 @@ def test_text_that_is_not_unicode_is_a_400_naming_the_field() -> None:
                 assert r.status_code == 400, (path, r.status_code, r.text)
                 err = r.json()["error"]
                 assert err["param"] == param and "unpaired UTF-16 surrogate" in err["message"], (path, err)
+                if param == "messages[0].content":
+                    assert "at character 3;" in err["message"], err
             ok = await c.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2})
             assert ok.status_code == 200
             assert state.engine.num_free_blocks == state.engine.num_total_blocks
