@@ -20,6 +20,8 @@ from hotloop.messages import GenerationConfig
         (GenerationConfig(repetition_penalty=1.1), None, True),
         (GenerationConfig(presence_penalty=0.5), None, True),
         (GenerationConfig(frequency_penalty=0.5), None, True),
+        (GenerationConfig(response_format="json_object"), None, True),  # the grammar reads every token
+        (GenerationConfig(response_format="text"), 0, False),
     ],
 )
 def test_flags_follow_the_params(params: GenerationConfig, greedy_from: int | None, history: bool) -> None:

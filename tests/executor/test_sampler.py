@@ -13,6 +13,7 @@ from hotloop.executor.sampler import (
     apply_logit_bias,
     apply_penalties,
     apply_suppression,
+    apply_token_bitmask,
     apply_top_k_top_p_min_p,
     token_counts,
     top_k_top_p_min_p_mask,
@@ -29,6 +30,7 @@ def meta(
     output: list[list[int]] | None = None,
     generators: list[torch.Generator | None] | None = None,
     suppress: list[list[int]] | None = None,
+    bitmasks: list[torch.Tensor | None] | None = None,
 ) -> SamplingMetadata:
     n = len(params)
     return SamplingMetadata(
@@ -37,6 +39,7 @@ def meta(
         output_token_ids=output if output is not None else [[] for _ in range(n)],
         generators=generators if generators is not None else [None] * n,
         suppress_token_ids=suppress if suppress is not None else [[] for _ in range(n)],
+        token_bitmasks=bitmasks,
     )
 
 
@@ -372,3 +375,63 @@ def test_logprobs_are_log_softmax_before_temperature() -> None:
     assert torch.equal(out.top_ids, want_ids)
     torch.testing.assert_close(out.top_logprobs, want_top)
     assert out.token_ids[1] == want[1].argmax()
+
+
+# --- grammar bitmask (JSON mode) ----------------------------------------------------------------
+
+
+def bitmask(allowed: set[int], vocab: int) -> torch.Tensor:
+    """The int32 bitmask of ``allowed`` (bit ``t % 32`` of word ``t // 32``), built by hand."""
+    words = [0] * (-(-vocab // 32))
+    for tok in allowed:
+        words[tok // 32] |= 1 << (tok % 32)
+    return torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
+
+
+def test_bitmask_masks_exactly_the_disallowed_ids_of_its_rows() -> None:
+    torch.manual_seed(5)
+    vocab = 70  # three words, the last one partial; ids 31 and 63 use the sign bit
+    logits = torch.randn(3, vocab)
+    allowed = {0, 5, 31, 32, 63, 69}
+    out = apply_token_bitmask(logits, [bitmask(allowed, vocab), None, bitmask({7}, vocab)])
+    assert set(out[0].isfinite().nonzero().flatten().tolist()) == allowed
+    assert torch.equal(out[0, sorted(allowed)], logits[0, sorted(allowed)])
+    assert torch.equal(out[1], logits[1])  # an unconstrained row is untouched
+    assert out[2].isfinite().nonzero().flatten().tolist() == [7]
+    assert apply_token_bitmask(logits, [None, None, None]) is logits
+    with pytest.raises(ValueError, match="cannot cover"):
+        apply_token_bitmask(logits, [bitmask({1}, 32), None, None])
+
+
+def test_masked_ids_get_probability_zero_and_logprobs_renormalise() -> None:
+    torch.manual_seed(6)
+    vocab = 40
+    logits = torch.randn(3, vocab)
+    allowed = {3, 17, 33, 39}
+    masks = [bitmask(allowed, vocab), None, bitmask(allowed, vocab)]
+    params = [
+        GenerationConfig(logprobs=5),  # greedy: the best allowed id
+        GenerationConfig(logprobs=1),  # unconstrained
+        GenerationConfig(do_sample=True, temperature=1.5, logprobs=2),
+    ]
+    gens: list[torch.Generator | None] = [None, None, seeded(1)]
+    sampler = Sampler()
+    for _ in range(50):
+        out = sampler(logits, meta(params, generators=gens, bitmasks=masks))
+        assert out.token_ids[2].item() in allowed
+    assert out.token_ids[0].item() == max(allowed, key=lambda t: logits[0, t].item())
+    assert out.token_ids[1].item() == logits[1].argmax().item()
+    assert out.logprobs is not None and out.top_ids is not None and out.top_logprobs is not None
+    ref = torch.full_like(logits[0], -math.inf)
+    ref[sorted(allowed)] = logits[0, sorted(allowed)]
+    want = torch.log_softmax(ref, dim=-1)  # renormalised over the allowed ids
+    assert math.isclose(want.exp().sum().item(), 1.0, rel_tol=1e-5)
+    torch.testing.assert_close(out.logprobs[0], want[out.token_ids[0]])
+    assert set(out.top_ids[0, :4].tolist()) == allowed
+    assert out.top_logprobs[0, 4].item() == -math.inf  # a fifth alternative is a masked id
+    torch.testing.assert_close(out.top_logprobs[1, 0], torch.log_softmax(logits[1], dim=-1).max())
+
+
+def test_bitmask_rows_must_match_the_params() -> None:
+    with pytest.raises(ValueError, match="token_bitmasks has 1 rows, params has 2"):
+        meta([GREEDY, GREEDY], bitmasks=[None])
