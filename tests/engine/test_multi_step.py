@@ -320,3 +320,33 @@ def test_build_says_when_the_flag_is_ignored(
     text = caplog.text
     assert "up to 4 decode steps per launch" in text
     assert "--num-scheduler-steps 4 ignored" in text and "--disable-overlap-schedule" in text
+
+
+def test_json_mode_rows_run_one_step_at_a_time_with_their_mask(
+    make_tiny_model: Callable[[str], Path],
+) -> None:
+    """A JSON-mode row keeps its batch out of multi-step rounds and out of overlap (its grammar needs each
+    token on the host before the next mask): the same outputs as one step, collected every step, and the
+    JSON rows' tokens are a prefix the grammar accepts, or a whole object."""
+    import json
+
+    path = make_tiny_model(ARCH)
+    prompts = _prompts(4, seed=5)
+
+    def params(i: int) -> GenerationConfig:
+        if i % 2 == 0:
+            return GenerationConfig(max_new_tokens=24, response_format="json_object", ignore_eos=i == 2)
+        return GenerationConfig(max_new_tokens=24, ignore_eos=True)
+
+    multi = _engine(path, 4)
+    got = _run(multi, prompts, params, join_every=100)
+    assert multi.num_multi_step_launches == 0 and multi.num_overlapped_steps == 0
+    assert got == _run(_engine(path, 1, disable_overlap_schedule=True), prompts, params, join_every=100)
+    for i in (0, 2):
+        ids, text, reason, _n = got[str(i)]
+        g = multi.json_grammar.matcher([2])
+        assert not any(g.advance(t) for t in ids[:-1]), text
+        if reason == "stop":
+            assert ids[-1] == 2 and isinstance(json.loads(text), dict)
+        else:
+            assert reason == "length" and not g.advance(ids[-1])
