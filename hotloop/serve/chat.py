@@ -112,15 +112,6 @@ async def expand_images(state: ServerState, ids: list[int], images: list[Any]) -
 
 
 def _check_unsupported(body: ChatCompletionRequest) -> None:
-    rf = body.response_format
-    if rf is not None and rf.type == "json_schema":
-        raise APIError(
-            400,
-            "response_format type 'json_schema' is not supported yet (no constrained decoding); "
-            "use 'text' or 'json_object'",
-            "response_format",
-            "unsupported_parameter",
-        )
     if body.tool_choice not in (None, "none") and not body.tools:
         raise APIError(
             400,

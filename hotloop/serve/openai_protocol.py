@@ -2,9 +2,9 @@
 
 Range checks live here (``Field`` bounds) so that FastAPI's validation names the field and the
 limit; checks that need the model (context length, vocabulary) happen in the handlers. Unknown
-fields are ignored, as clients often send extras. ``response_format`` of type ``json_object`` is
-accepted but not enforced: there is no grammar-constrained decoding yet, so it acts only through the
-prompt (ask for JSON in the messages); ``json_schema`` is refused with 400 until it is enforced.
+fields are ignored, as clients often send extras. ``response_format`` of type ``json_object`` (chat
+and, as in vLLM, completions) makes the output one valid JSON object, enforced token by token with a
+grammar (``engine/grammar.py``); ``json_schema`` is refused with 400 until schemas are enforced.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ class _SamplingFields(_Body):
     min_tokens: int | None = Field(None, ge=0)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    response_format: ResponseFormat | None = None
     user: str | None = None
 
 
@@ -128,7 +129,6 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     add_generation_prompt: bool = True

@@ -85,6 +85,23 @@ def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> dict[int, 
     return out
 
 
+def _response_format(body: _SamplingFields) -> str | None:
+    """``"json_object"`` (the output is one JSON object, enforced by a grammar) or None (free text);
+    a 400 for ``json_schema``, which is not enforced yet."""
+    rf = body.response_format
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_schema":
+        raise APIError(
+            400,
+            "response_format type 'json_schema' is not supported yet (schemas are not enforced); "
+            "use 'json_object' (any JSON object) or 'text'",
+            "response_format",
+            "unsupported_parameter",
+        )
+    return rf.type
+
+
 def check_stream_options(body: _SamplingFields) -> None:
     """``stream_options`` belongs to a streamed request (OpenAI answers 400 otherwise)."""
     if body.stream_options is not None and not body.stream:
@@ -99,6 +116,7 @@ def sampling_config(
     """The ``GenerationConfig`` for one choice (``choice_seed`` gives choice j its seed)."""
     temperature = 1.0 if body.temperature is None else body.temperature
     top_k = body.top_k or 0
+    response_format = _response_format(body)
     if body.stop_token_ids:
         state.check_token_ids(body.stop_token_ids, "stop_token_ids")
     try:
@@ -121,6 +139,7 @@ def sampling_config(
             logprobs=logprobs,
             include_stop_str_in_output=body.include_stop_str_in_output,
             logit_bias=_logit_bias(state, body.logit_bias),
+            response_format=response_format,
         )
     except RequestError as e:
         raise from_request_error(e) from e

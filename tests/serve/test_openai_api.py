@@ -4,6 +4,8 @@ case of the issue with its status and OpenAI error shape."""
 
 from __future__ import annotations
 
+import json
+
 import httpx2 as httpx
 import openai
 import pytest
@@ -195,6 +197,35 @@ def test_logprob_bytes_are_the_tokens_raw_bytes(client, model_name, tokenizer) -
     assert joined.decode("utf-8", errors="replace") == r.message.content
     for t in content:
         assert bytes(t.bytes) in {table[i] for i in ids}, t
+
+
+def test_json_object_output_is_one_json_object(client, model_name) -> None:
+    """response_format json_object: the output is one JSON object (enforced by a grammar), in chat
+    and, as in vLLM, in completions; json_schema is refused."""
+    prompt = "Describe a cat as a short JSON object with the keys name and age."
+    r = client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=64,
+        response_format={"type": "json_object"},
+        **GREEDY,
+    ).choices[0]
+    assert r.finish_reason == "stop" and isinstance(json.loads(r.message.content), dict), r
+    c = client.completions.create(
+        model=model_name,
+        prompt=prompt + "\n",
+        max_tokens=64,
+        extra_body={"response_format": {"type": "json_object"}},
+        **GREEDY,
+    ).choices[0]
+    assert c.finish_reason == "stop" and isinstance(json.loads(c.text), dict), c
+    with pytest.raises(openai.BadRequestError, match="json_schema"):
+        client.chat.completions.create(
+            model=model_name,
+            messages=MSG,
+            max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+        )
 
 
 def test_json_object_accepted_and_penalties(client, model_name) -> None:
