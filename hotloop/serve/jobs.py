@@ -46,7 +46,14 @@ class GenerationJob:
         mm_inputs: Sequence[Any] = (),
     ) -> GenerationJob:
         """Wait for a concurrency slot, then submit every ``(prompt_ids, params)`` at once
-        (``mm_inputs``: the prompt's images, shared by every submission)."""
+        (``mm_inputs``: the prompt's images, shared by every submission). JSON mode's grammar is
+        compiled off the event loop first (once per engine: ~0.4 s for a 49k vocabulary)."""
+        grammar = getattr(state.engine, "json_grammar", None)
+        if grammar is not None and any(p.json_mode for _, p in submissions):
+            try:
+                await asyncio.to_thread(grammar.compiled)
+            except RequestError as e:  # xgrammar is not installed
+                raise from_request_error(e, native) from e
         release = await _acquire_slot(state)
         streams: list[RequestStream] = []
         try:

@@ -371,3 +371,30 @@ def test_body_parse_errors_say_what_is_wrong_and_health_answers_head() -> None:
             assert r.status_code == 200
 
     run(main())
+
+
+def test_json_grammar_is_compiled_off_the_event_loop_and_its_absence_is_a_400() -> None:
+    import threading
+
+    from hotloop.messages import RequestError
+
+    async def main() -> None:
+        async with app_client() as (c, state):
+            threads = []
+
+            def compiled() -> None:
+                threads.append(threading.current_thread())
+                raise RequestError("JSON mode needs xgrammar: pip install xgrammar", param="response_format")
+
+            state.engine.json_grammar.compiled = compiled  # type: ignore[method-assign]
+            body = {
+                "messages": [{"role": "user", "content": "x"}],
+                "response_format": {"type": "json_object"},
+            }
+            r = await c.post("/v1/chat/completions", json=body)
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["param"] == "response_format" and "xgrammar" in err["message"]
+            assert threads and threads[0] is not threading.main_thread()
+            assert state.engine.num_free_blocks == state.engine.num_total_blocks
+
+    run(main())
