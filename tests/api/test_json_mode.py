@@ -83,3 +83,22 @@ def test_plain_requests_batched_with_a_json_request_are_unchanged(pipe) -> None:
     mixed = run(pipe.engine, [(prompts[0], plain), (pipe.encode(PROMPT), json_gen), (prompts[1], plain)])
     assert [mixed[0], mixed[2]] == alone
     assert mixed[1][1].startswith("{")
+
+
+@pytest.mark.gpu
+def test_json_mode_on_the_gpu_with_plain_requests_in_the_graphs() -> None:
+    """On CUDA (bf16, decode CUDA graphs, overlap on): the JSON request goes through the general
+    sampler with its grammar mask while the plain ones keep the graphs' greedy path; the JSON output
+    is one object and the plain outputs equal the same requests run without it."""
+    p = pipeline(backend_config=EngineConfig(device="cuda", dtype="bfloat16", max_batch_size=8))
+    try:
+        plain = GenerationConfig(max_new_tokens=16)
+        prompts = [p.encode(x, do_preprocess=False) for x in PLAIN]
+        alone = run(p.engine, [(x, plain) for x in prompts])
+        gen = GenerationConfig(response_format="json_object", max_new_tokens=96)
+        mixed = run(p.engine, [(prompts[0], plain), (p.encode(PROMPT), gen), (prompts[1], plain)])
+        assert [mixed[0], mixed[2]] == alone
+        _ids, text, reason = mixed[1]
+        assert reason == "stop" and isinstance(json.loads(text), dict), (reason, text)
+    finally:
+        p.close()
