@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ class FinishReason(str, enum.Enum):
 
 MIN_TEMPERATURE = 1e-5  # below this a sampled request decodes greedily (as vLLM)
 MAX_SEED = 2**63  # seeds lie in [0, MAX_SEED): torch generators take a signed 64-bit seed
-RESPONSE_FORMATS = (None, "text", "json_object")  # GenerationConfig.response_format
+RESPONSE_FORMATS = (None, "text", "json_object", "json_schema")  # GenerationConfig.response_format
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,11 @@ class GenerationConfig:
     logprobs: how many top alternatives to return with each generated token's log-probability
     (0 returns only the chosen token's; None returns none).
     response_format: None or "text" is free text; "json_object" constrains the output to one JSON
-    object (OpenAI's JSON mode; ``hotloop.engine.grammar``). Such a request stops when the object is
+    object (OpenAI's JSON mode; ``hotloop.engine.grammar``), "json_schema" to one JSON value that
+    follows ``json_schema`` (a JSON Schema as JSON text; properties it does not list are not
+    allowed, as with OpenAI's strict structured outputs). Such a request stops when the value is
     closed (finish reason stop) and outranks ``min_new_tokens`` and ``ignore_eos`` there; if it runs
-    out of ``max_new_tokens`` first, its text is an unfinished object (finish reason length).
+    out of ``max_new_tokens`` first, its text is an unfinished value (finish reason length).
     """
 
     n: int = 1
@@ -73,6 +76,7 @@ class GenerationConfig:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
     response_format: str | None = None
+    json_schema: str | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, limit: str) -> RequestError:
@@ -111,7 +115,19 @@ class GenerationConfig:
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "must be an integer in [0, 20]")
         if self.response_format not in RESPONSE_FORMATS:
-            raise bad("response_format", "must be None, 'text' or 'json_object'")
+            raise bad("response_format", "must be None, 'text', 'json_object' or 'json_schema'")
+        if self.response_format == "json_schema":
+            try:
+                schema = json.loads(self.json_schema) if isinstance(self.json_schema, str) else None
+            except ValueError:
+                schema = None
+            if not isinstance(schema, dict):
+                raise bad(
+                    "json_schema",
+                    "must be a JSON Schema object as JSON text with response_format='json_schema'",
+                )
+        elif self.json_schema is not None:
+            raise bad("json_schema", "is only used with response_format='json_schema'")
         if isinstance(self.stop_words, str):
             object.__setattr__(self, "stop_words", (self.stop_words,))
         if self.stop_words is not None:
@@ -121,8 +137,8 @@ class GenerationConfig:
 
     @property
     def json_mode(self) -> bool:
-        """The output is constrained to one JSON object."""
-        return self.response_format == "json_object"
+        """The output is constrained by a JSON grammar (``json_object`` or ``json_schema``)."""
+        return self.response_format in ("json_object", "json_schema")
 
     @property
     def greedy(self) -> bool:

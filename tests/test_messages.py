@@ -7,15 +7,29 @@ import pytest
 from hotloop.messages import GenerationConfig, RequestError
 
 
-@pytest.mark.parametrize("fmt", [None, "text", "json_object"])
+@pytest.mark.parametrize("fmt", [None, "text", "json_object", "json_schema"])
 def test_response_format_accepts_the_known_formats(fmt: str | None) -> None:
-    cfg = GenerationConfig(response_format=fmt)
+    schema = '{"type": "object"}' if fmt == "json_schema" else None
+    cfg = GenerationConfig(response_format=fmt, json_schema=schema)
     assert cfg.response_format == fmt
-    assert cfg.json_mode is (fmt == "json_object")
+    assert cfg.json_mode is (fmt in ("json_object", "json_schema"))
 
 
-@pytest.mark.parametrize("fmt", ["json", "json_schema", "", {"type": "json_object"}])
+@pytest.mark.parametrize("fmt", ["json", "", {"type": "json_object"}])
 def test_response_format_rejects_anything_else(fmt: object) -> None:
-    with pytest.raises(RequestError, match="response_format=.* must be None, 'text' or 'json_object'") as e:
+    with pytest.raises(RequestError, match="response_format=.* must be None, 'text', 'json_object' or") as e:
         GenerationConfig(response_format=fmt)  # type: ignore[arg-type]
     assert e.value.param == "response_format"
+
+
+@pytest.mark.parametrize("schema", [None, "", "[1]", "{not json", 7])
+def test_json_schema_needs_a_schema_object(schema: object) -> None:
+    with pytest.raises(RequestError, match="must be a JSON Schema object") as e:
+        GenerationConfig(response_format="json_schema", json_schema=schema)  # type: ignore[arg-type]
+    assert e.value.param == "json_schema"
+
+
+def test_json_schema_only_with_its_format() -> None:
+    with pytest.raises(RequestError, match="only used with response_format='json_schema'") as e:
+        GenerationConfig(response_format="json_object", json_schema='{"type": "object"}')
+    assert e.value.param == "json_schema"

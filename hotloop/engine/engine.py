@@ -146,7 +146,7 @@ class Engine:
                 f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})", param="prompt"
             )
         if params.json_mode:
-            require_json_mode()
+            require_json_mode()  # (a schema that does not compile raises in add_request, which compiles it)
         bias = params.logit_bias or {}
         outside = [t for t in bias if not (isinstance(t, int) and 0 <= t < vocab)]
         if outside:
@@ -193,7 +193,7 @@ class Engine:
             cache_extra_keys=tuple(f"image:{m.content_hash}" for m in mm_inputs),
         )
         if params.json_mode:
-            req.grammar = self.json_grammar.matcher(stop_ids)
+            req.grammar = self.json_grammar.matcher(stop_ids, params.json_schema)
         req.detokenizer = IncrementalDetokenizer(
             self.tokenizer,
             req.prompt_token_ids,

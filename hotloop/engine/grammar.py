@@ -1,5 +1,6 @@
-"""Grammar-constrained output (JSON mode): the compiled JSON-object grammar of a tokenizer, and one
-xgrammar matcher per request that says which tokens may come next and when the output is over.
+"""Grammar-constrained output (JSON mode and JSON Schemas): the compiled JSON grammars of a
+tokenizer, and one xgrammar matcher per request that says which tokens may come next and when the
+output is over.
 
 xgrammar is imported on the first JSON-mode request (``JsonGrammar``), never at start-up.
 
@@ -12,7 +13,9 @@ tokenizer's vocabulary (padding rows of the LM head): those ids are never allowe
 from __future__ import annotations
 
 import importlib.util
+import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,7 +37,7 @@ def require_json_mode() -> None:
     """Raise ``RequestError`` (param ``response_format``) when JSON mode cannot be served."""
     if not json_mode_available():
         raise RequestError(
-            "response_format 'json_object' needs the xgrammar package, which is not installed "
+            "response_format 'json_object' / 'json_schema' needs the xgrammar package, which is not installed "
             "(pip install 'xgrammar>=0.2')",
             param="response_format",
         )
@@ -76,40 +79,65 @@ class RequestGrammar:
 
 
 class JsonGrammar:
-    """The JSON-object grammar compiled for one tokenizer and logits width, and its matchers.
+    """The JSON grammars compiled for one tokenizer and logits width, and their matchers: the
+    "any object" grammar (JSON mode) and one per JSON Schema (the most recent ``MAX_SCHEMAS``).
 
-    Compiles on first use (thread-safe: ``Engine.add_request`` may run on any thread); the
-    compiled grammar is shared by every request of the engine.
+    Compiles on first use (thread-safe: ``Engine.add_request`` may run on any thread; the server
+    compiles off its event loop first). A compiled grammar is shared by every request that uses it.
     """
+
+    MAX_SCHEMAS = 64
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self._compiled: Any = None
+        self._compiler: Any = None
+        self._compiled: OrderedDict[str | None, Any] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
     def bitmask_words(self) -> int:
         return -(-self.vocab_size // 32)
 
-    def compiled(self) -> Any:
-        """The xgrammar ``CompiledGrammar``, compiled once."""
+    def compiled(self, schema: str | None = None) -> Any:
+        """The xgrammar ``CompiledGrammar`` of ``schema`` (a JSON Schema as JSON text; None: any
+        object), compiled once. A schema xgrammar cannot compile raises ``RequestError`` naming
+        ``json_schema``."""
         with self._lock:
-            if self._compiled is None:
-                require_json_mode()
-                import xgrammar as xgr
+            hit = self._compiled.get(schema)
+            if hit is not None:
+                self._compiled.move_to_end(schema)
+                return hit
+            require_json_mode()
+            import xgrammar as xgr
 
+            if self._compiler is None:
                 info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size)
-                compiler = xgr.GrammarCompiler(info, max_threads=1)
-                self._compiled = compiler.compile_json_schema(_JSON_OBJECT_SCHEMA, strict_mode=False)
-            return self._compiled
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+            if schema is None:
+                grammar = self._compiler.compile_json_schema(_JSON_OBJECT_SCHEMA, strict_mode=False)
+            else:
+                try:
+                    grammar = self._compiler.compile_json_schema(schema, strict_mode=True)
+                except Exception as e:  # xgrammar raises RuntimeError / ValueError on bad schemas
+                    # (its messages start with "[time] /source/file.cc:line: ")
+                    why = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(e).strip())
+                    raise RequestError(
+                        f"json_schema could not be compiled into a grammar: {why}", param="json_schema"
+                    ) from e
+            self._compiled[schema] = grammar
+            if len(self._compiled) > self.MAX_SCHEMAS + 1:  # (+1: the any-object grammar)
+                oldest = next(k for k in self._compiled if k is not None)
+                del self._compiled[oldest]
+            return grammar
 
-    def matcher(self, stop_token_ids: Iterable[int]) -> RequestGrammar:
-        """A fresh matcher for one sequence. ``stop_token_ids``: the ids that end it (EOS and the
-        request's stop ids); empty means the tokenizer's EOS."""
+    def matcher(self, stop_token_ids: Iterable[int], schema: str | None = None) -> RequestGrammar:
+        """A fresh matcher for one sequence, over ``schema`` (None: any object).
+        ``stop_token_ids``: the ids that end it (EOS and the request's stop ids); empty means the
+        tokenizer's EOS."""
         import xgrammar as xgr
 
-        compiled = self.compiled()
+        compiled = self.compiled(schema)
         stops = sorted(t for t in set(stop_token_ids) if 0 <= t < self.vocab_size)
         matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stops or None)
         return RequestGrammar(matcher, self.bitmask_words)

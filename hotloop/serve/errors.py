@@ -77,6 +77,7 @@ _OPENAI_PARAM = {
     "stop_words": "stop",
     "min_new_tokens": "min_tokens",
     "stop_token_ids": "stop_token_ids",
+    "json_schema": "response_format.json_schema",
 }
 
 

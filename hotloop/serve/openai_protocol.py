@@ -3,8 +3,8 @@
 Range checks live here (``Field`` bounds) so that FastAPI's validation names the field and the
 limit; checks that need the model (context length, vocabulary) happen in the handlers. Unknown
 fields are ignored, as clients often send extras. ``response_format`` of type ``json_object`` (chat
-and, as in vLLM, completions) makes the output one valid JSON object, enforced token by token with a
-grammar (``engine/grammar.py``); ``json_schema`` is refused with 400 until schemas are enforced.
+and, as in vLLM, completions) makes the output one valid JSON object, and ``json_schema`` one JSON
+value that follows the schema, enforced token by token with a grammar (``engine/grammar.py``).
 """
 
 from __future__ import annotations

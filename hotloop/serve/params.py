@@ -6,6 +6,8 @@ OpenAI semantics: ``temperature`` defaults to 1.0 and 0 means greedy; ``top_k`` 
 
 from __future__ import annotations
 
+import json
+
 from hotloop.messages import MAX_SEED, GenerationConfig, RequestError
 from hotloop.serve.errors import APIError, from_request_error
 from hotloop.serve.openai_protocol import _SamplingFields
@@ -85,21 +87,26 @@ def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> dict[int, 
     return out
 
 
-def _response_format(body: _SamplingFields) -> str | None:
-    """``"json_object"`` (the output is one JSON object, enforced by a grammar) or None (free text);
-    a 400 for ``json_schema``, which is not enforced yet."""
+def _response_format(body: _SamplingFields) -> tuple[str | None, str | None]:
+    """``(response_format, json_schema)`` for ``GenerationConfig``: ``json_object`` (one JSON
+    object), ``json_schema`` with the schema as JSON text (OpenAI's ``{"name", "schema", "strict"}``
+    wrapper, or a bare schema), or ``(None, None)`` for free text."""
     rf = body.response_format
     if rf is None or rf.type == "text":
-        return None
-    if rf.type == "json_schema":
+        return None, None
+    if rf.type == "json_object":
+        return "json_object", None
+    wrapper = rf.json_schema
+    schema = wrapper.get("schema", wrapper) if isinstance(wrapper, dict) else None
+    if not isinstance(schema, dict) or not schema:
         raise APIError(
             400,
-            "response_format type 'json_schema' is not supported yet (schemas are not enforced); "
-            "use 'json_object' (any JSON object) or 'text'",
-            "response_format",
-            "unsupported_parameter",
+            "response_format.json_schema.schema must be a JSON Schema object, e.g. "
+            '{"type": "object", "properties": {...}, "required": [...]}',
+            "response_format.json_schema",
+            "invalid_value",
         )
-    return rf.type
+    return "json_schema", json.dumps(schema)
 
 
 def check_stream_options(body: _SamplingFields) -> None:
@@ -116,7 +123,7 @@ def sampling_config(
     """The ``GenerationConfig`` for one choice (``choice_seed`` gives choice j its seed)."""
     temperature = 1.0 if body.temperature is None else body.temperature
     top_k = body.top_k or 0
-    response_format = _response_format(body)
+    response_format, json_schema = _response_format(body)
     if body.stop_token_ids:
         state.check_token_ids(body.stop_token_ids, "stop_token_ids")
     try:
@@ -140,6 +147,7 @@ def sampling_config(
             include_stop_str_in_output=body.include_stop_str_in_output,
             logit_bias=_logit_bias(state, body.logit_bias),
             response_format=response_format,
+            json_schema=json_schema,
         )
     except RequestError as e:
         raise from_request_error(e) from e

@@ -65,6 +65,19 @@ def test_sampled_outputs_are_json_objects_each(pipe) -> None:
         assert isinstance(json.loads(r.text), dict), r.text
 
 
+def test_a_json_schema_is_followed(pipe) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
+        "required": ["name", "age"],
+    }
+    gen = GenerationConfig(response_format="json_schema", json_schema=json.dumps(schema), max_new_tokens=48)
+    r = pipe(PROMPT, gen_config=gen)
+    cat = json.loads(r.text)
+    assert r.finish_reason == "stop" and set(cat) == {"name", "age"}, r.text
+    assert isinstance(cat["name"], str) and isinstance(cat["age"], int) and cat["age"] >= 0
+
+
 def test_out_of_tokens_is_length_and_a_valid_prefix(pipe) -> None:
     r = pipe(PROMPT, gen_config=GenerationConfig(response_format="json_object", max_new_tokens=4))
     assert r.finish_reason == "length" and len(r.token_ids) == 4

@@ -74,6 +74,30 @@ def test_a_token_outside_the_grammar_ends_the_output(json_grammar: JsonGrammar, 
     assert g.advance(bad) is True and g.rejected
 
 
+SCHEMA = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
+
+
+def test_a_schema_allows_what_it_describes_and_nothing_else(
+    json_grammar: JsonGrammar, tokenizer: Any
+) -> None:
+    g = json_grammar.matcher([2], SCHEMA)
+    assert not any(feed(g, tokenizer, '{"n": 12}'))
+    assert g.is_completed and allowed(g) == {2}
+    g = json_grammar.matcher([2], SCHEMA)
+    assert not any(feed(g, tokenizer, '{"n": '))
+    (quote,) = tokenizer.encode('"', add_special_tokens=False)
+    assert quote not in allowed(g)  # n is an integer: no string may start here
+    assert json_grammar.compiled(SCHEMA) is json_grammar.compiled(SCHEMA)  # compiled once
+
+
+def test_a_schema_that_does_not_compile_is_a_request_error(json_grammar: JsonGrammar) -> None:
+    with pytest.raises(
+        RequestError, match='json_schema could not be compiled.*Unsupported type "nonsense"'
+    ) as e:
+        json_grammar.compiled('{"type": "nonsense"}')
+    assert e.value.param == "json_schema"
+
+
 def test_without_xgrammar_json_mode_is_a_request_error(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -382,7 +382,7 @@ def test_json_grammar_is_compiled_off_the_event_loop_and_its_absence_is_a_400() 
         async with app_client() as (c, state):
             threads = []
 
-            def compiled() -> None:
+            def compiled(schema: str | None = None) -> None:
                 threads.append(threading.current_thread())
                 raise RequestError("JSON mode needs xgrammar: pip install xgrammar", param="response_format")
 

@@ -201,7 +201,7 @@ def test_logprob_bytes_are_the_tokens_raw_bytes(client, model_name, tokenizer) -
 
 def test_json_object_output_is_one_json_object(client, model_name) -> None:
     """response_format json_object: the output is one JSON object (enforced by a grammar), in chat
-    and, as in vLLM, in completions; json_schema is refused."""
+    and, as in vLLM, in completions; json_schema: one value that follows the schema."""
     prompt = "Describe a cat as a short JSON object with the keys name and age."
     r = client.chat.completions.create(
         model=model_name,
@@ -219,13 +219,24 @@ def test_json_object_output_is_one_json_object(client, model_name) -> None:
         **GREEDY,
     ).choices[0]
     assert c.finish_reason == "stop" and isinstance(json.loads(c.text), dict), c
-    with pytest.raises(openai.BadRequestError, match="json_schema"):
-        client.chat.completions.create(
-            model=model_name,
-            messages=MSG,
-            max_tokens=4,
-            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
-        )
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    r = client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=64,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "cat", "schema": schema, "strict": True},
+        },
+        **GREEDY,
+    ).choices[0]
+    cat = json.loads(r.message.content)
+    assert r.finish_reason == "stop" and set(cat) == {"name", "age"}, r
+    assert isinstance(cat["name"], str) and isinstance(cat["age"], int)
 
 
 def test_json_object_accepted_and_penalties(client, model_name) -> None:
@@ -410,12 +421,14 @@ def test_unsupported_features_400(server, model_name) -> None:
     _assert_error(
         _post(server, "/v1/completions", json={"prompt": "def f(", "suffix": "return 1"}), 400, "suffix"
     )
-    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
-    _assert_error(
-        _post(server, "/v1/chat/completions", json={"messages": MSG, "response_format": rf}),
-        400,
-        "response_format",
-    )
+    for schema, words in (({"type": "nonsense"}, 'Unsupported type "nonsense"'), ({}, "JSON Schema object")):
+        rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        _assert_error(
+            _post(server, "/v1/chat/completions", json={"messages": MSG, "response_format": rf}),
+            400,
+            "response_format.json_schema",
+            words,
+        )
     text_parts = {
         "role": "user",
         "content": [{"type": "text", "text": "Say"}, {"type": "text", "text": "hi"}],
