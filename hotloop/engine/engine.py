@@ -13,10 +13,10 @@ their whole history on the host (repetition/presence/frequency penalties, JSON m
 steps that must preempt are not overlapped: the engine collects first. Outputs are identical either
 way.
 
-JSON mode (``GenerationConfig.response_format="json_object"``): each such request gets a grammar
-matcher (``engine/grammar.py``; the grammar is compiled on the first one) that the runner asks for
-the allowed next tokens and ``_update`` advances with every token; the request stops when the
-matcher terminates (a stop id after a complete object).
+JSON mode (``GenerationConfig.response_format`` "json_object" or "json_schema"): each such request
+gets a grammar matcher (``engine/grammar.py``; each grammar is compiled on its first request) that
+the runner asks for the allowed next tokens and ``_update`` advances with every token; the request
+stops when the matcher terminates (a stop id after a complete value).
 
 Just-in-time scheduling (``jit_schedule=True``, with overlap; off by default): deciding step N+1
 before step N ends makes a request that arrives during N wait for N+2. With an executor that can

@@ -148,7 +148,8 @@ class FusedWrite:
 
 def fused_write_enabled() -> bool:
     """``HOTLOOP_KV_CUDA_FUSED_WRITE=1`` (off by default: slower at batch 1 on the H200, 244.6 against
-    248.4 tokens/s, benchmarks/results/gpu_2026-12-01d)."""
+    248.4 tokens/s, benchmarks/results/gpu_2026-12-01d; with the staged q/k/v GEMV 244.21 against
+    253.30, gpu_2026-12-01f: the GEMV's late launch trigger keeps this kernel from starting early)."""
     return os.environ.get(FUSED_ENV, "0") == "1"
 
 

@@ -31,7 +31,8 @@ _state: dict[str, bool] = {
     # 1, 2026-11-30: Llama-3-8B 254.0 -> 256.1 tokens/s, SmolLM2-135M 2,129 -> 2,175)
     "one_row_rope": os.environ.get("HOTLOOP_ONE_ROW_ROPE", "1") != "0",
     # the same into an int8 / int4 cache (each head quantized by its last program): correct on the
-    # GPU (2026-11-30) but not yet timed against the separate quantized write on one host
+    # GPU, but slower than the separate quantized write at batch 1 (int8 249.77 against 250.90,
+    # BENCHMARKS.md "HOTLOOP_ONE_ROW_ROPE_QUANT")
     "one_row_rope_quant": os.environ.get("HOTLOOP_ONE_ROW_ROPE_QUANT", "0") == "1",
     # the one-row LM head through dense_gemv instead of cuBLAS + a cast
     "one_row_lm_head": os.environ.get("HOTLOOP_ONE_ROW_LM_HEAD", "1") != "0",
