@@ -116,6 +116,10 @@
 #   multistep GPU 0: the GPU tests that run the engine (multi-step decode's included), then the 8B
 #            batch-256 host profile with 1 and 8 decode steps per launch. GPU 1: batch 1 (SmolLM2, 8B)
 #            and SmolLM2 at batch 256, each with 1 and 8 steps per launch.
+#   s23a     one GPU, in turn: the GPU tests never run yet (JSON mode in the graphs, the rope GEMV's launch
+#            trigger, the int8 CUDA kernel and quantized parity cut off in the twenty-second session), the 8B
+#            batch-256 host profile with 1 and 8 steps per launch (issue 4's host row, the byte-chunk decode
+#            not yet timed on a GPU host), then SmolLM2-135M batch 1 with 8 steps per launch, twice.
 #
 # One-off A/B modes of earlier sessions (fusions, pdl, qrope_ab, splits, ...) are in this file's
 # history: each results README under benchmarks/results/ names the commit its calls ran at.
@@ -689,6 +693,19 @@ if [ "$what" = kvvt ]; then  # one GPU: the CUDA int8 kernel's variants (tests, 
     for i in 1 2; do bash "$here/run_capacity.sh" bs1 "$out/bs1_$i" 150; done
     grep -ho '"decode_tokens_per_s": [0-9.]*' "$out"/bs1_*/bs1_q*.json
   fi
+  exit 0
+fi
+if [ "$what" = s23a ]; then
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 330 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/api/test_json_mode.py \
+    tests/kernels/test_dense_gemv.py tests/kernels/test_kv_int8_decode_cuda.py tests/api/test_gpu_parity.py \
+    -k "json or trigger or rope or int8 or quantized or early or cuda" >"$out/s23a_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s23a_tests.log" | cut -c1-300 | head -30
+  hostprof llama3-8b 8b_k1
+  hostprof llama3-8b 8b_k8 --num-scheduler-steps 8
+  bs1 smol_1 smollm2-135m --num-scheduler-steps 8
+  bs1 smol_2 smollm2-135m --num-scheduler-steps 8
   exit 0
 fi
 if [ "$what" = kvdef ]; then  # one GPU, in turn: the early prologue on by default for one-wave grids
