@@ -27,6 +27,12 @@ from hotloop.messages import RequestError
 # array, so the grammar is the schema of "any object" instead (strict_mode=False: any properties).
 _JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
+# Whitespace between JSON tokens is capped at this many characters in a row (llama.cpp's JSON
+# grammar allows 20 too). xgrammar's default is unlimited, and a model that has lost its way can then
+# emit newlines or tabs until max_tokens (vLLM issue 21026); pretty-printing (a newline and the
+# indentation of a few levels) stays legal. Whitespace inside strings is not affected.
+MAX_WHITESPACE = 20
+
 
 def json_mode_available() -> bool:
     """Whether JSON mode can be served here (xgrammar is installed); it is not imported."""
@@ -115,10 +121,14 @@ class JsonGrammar:
                 info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size)
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1)
             if schema is None:
-                grammar = self._compiler.compile_json_schema(_JSON_OBJECT_SCHEMA, strict_mode=False)
+                grammar = self._compiler.compile_json_schema(
+                    _JSON_OBJECT_SCHEMA, strict_mode=False, max_whitespace_cnt=MAX_WHITESPACE
+                )
             else:
                 try:
-                    grammar = self._compiler.compile_json_schema(schema, strict_mode=True)
+                    grammar = self._compiler.compile_json_schema(
+                        schema, strict_mode=True, max_whitespace_cnt=MAX_WHITESPACE
+                    )
                 except Exception as e:  # xgrammar raises RuntimeError / ValueError on bad schemas
                     # (its messages start with "[time] /source/file.cc:line: ")
                     why = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(e).strip())

@@ -100,18 +100,42 @@ def test_plain_requests_batched_with_a_json_request_are_unchanged(pipe) -> None:
 
 @pytest.mark.gpu
 def test_json_mode_on_the_gpu_with_plain_requests_in_the_graphs() -> None:
-    """On CUDA (bf16, decode CUDA graphs, overlap on): the JSON request goes through the general
-    sampler with its grammar mask while the plain ones keep the graphs' greedy path; the JSON output
-    is one object and the plain outputs equal the same requests run without it."""
-    p = pipeline(backend_config=EngineConfig(device="cuda", dtype="bfloat16", max_batch_size=8))
+    """On CUDA (bf16, decode CUDA graphs, overlap on) the JSON requests go through the general sampler
+    with their grammar masks while the plain ones keep the graphs' greedy path. The SmolLM2-135M
+    preset with dummy weights (the GPU machine has no real model): random weights make no sensible
+    JSON, so the checks are the grammar's. Every token the JSON-mode request emits is one an
+    independent matcher accepts; the schema request (a lone boolean: its grammar ends within a bounded
+    number of tokens, whitespace capped) stops with an object that follows the schema; the plain
+    outputs equal the same requests run without them."""
+    p = pipeline(
+        "smollm2-135m",
+        backend_config=EngineConfig(
+            device="cuda", dtype="bfloat16", load_format="dummy", max_batch_size=8, session_len=1024
+        ),
+    )
     try:
         plain = GenerationConfig(max_new_tokens=16)
         prompts = [p.encode(x, do_preprocess=False) for x in PLAIN]
         alone = run(p.engine, [(x, plain) for x in prompts])
-        gen = GenerationConfig(response_format="json_object", max_new_tokens=96)
-        mixed = run(p.engine, [(prompts[0], plain), (p.encode(PROMPT), gen), (prompts[1], plain)])
-        assert [mixed[0], mixed[2]] == alone
-        _ids, text, reason = mixed[1]
-        assert reason == "stop" and isinstance(json.loads(text), dict), (reason, text)
+        obj = GenerationConfig(response_format="json_object", max_new_tokens=48)
+        schema = '{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}'
+        flag = GenerationConfig(response_format="json_schema", json_schema=schema, max_new_tokens=200)
+        mixed = run(
+            p.engine,
+            [(prompts[0], plain), (p.encode(PROMPT), obj), (p.encode(PROMPT), flag), (prompts[1], plain)],
+        )
+        assert [mixed[0], mixed[3]] == alone
+        eos = p.engine.model_config.eos_token_ids
+        ids, text, reason = mixed[1]
+        g = p.engine.json_grammar.matcher(eos)
+        assert text.startswith("{") and not g.rejected, (reason, text)
+        assert [g.advance(t) for t in ids] == [False] * (len(ids) - 1) + [reason == "stop"]
+        if reason == "stop":
+            assert isinstance(json.loads(text), dict), text
+        else:
+            assert reason == "length" and len(ids) == 48, (reason, text)
+        ids, text, reason = mixed[2]
+        assert reason == "stop" and ids[-1] in eos, (reason, text)
+        assert isinstance(json.loads(text)["ok"], bool) and set(json.loads(text)) == {"ok"}, text
     finally:
         p.close()

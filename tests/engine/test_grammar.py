@@ -74,6 +74,23 @@ def test_a_token_outside_the_grammar_ends_the_output(json_grammar: JsonGrammar, 
     assert g.advance(bad) is True and g.rejected
 
 
+@pytest.mark.parametrize("schema", [None, '{"type": "object"}'])
+def test_whitespace_between_tokens_is_capped_but_pretty_printing_is_not(
+    json_grammar: JsonGrammar, tokenizer: Any, schema: str | None
+) -> None:
+    (newline,) = tokenizer.encode("\n", add_special_tokens=False)
+    g = json_grammar.matcher([2], schema)
+    assert not any(feed(g, tokenizer, '{\n    "a": {\n        "b": "  x  "\n    }\n}'))
+    assert g.is_completed
+    g = json_grammar.matcher([2], schema)
+    assert not any(feed(g, tokenizer, "{"))
+    for _ in range(grammar.MAX_WHITESPACE):
+        assert newline in allowed(g)
+        assert g.advance(newline) is False
+    assert newline not in allowed(g)  # a runaway run of whitespace ends here
+    assert not any(feed(g, tokenizer, '"a": 1}')) and g.is_completed
+
+
 SCHEMA = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
 
 
