@@ -67,6 +67,30 @@ class GemvConfig:
 
 
 @triton.jit
+def _merged_x(mp_ptr, ml_ptr, row, kk, K, H: tl.constexpr, HD: tl.constexpr, NUM_SPLITS: tl.constexpr,
+              BLOCK_S: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+    """Elements ``kk`` of the attention row ``row`` (head ``kk // HD``, dim ``kk % HD``) from the
+    decode splits' partials, merged as ``paged_decode_attention._merge_kernel`` merges them (the
+    splits' log-sum-exp maximum, their weights ``exp2(lse - max)``, the weighted sum over the weights'
+    sum), in float32; the caller rounds to the dtype as the merge kernel's store does."""
+    head = kk // HD
+    dim = kk - head * HD
+    offs_s = tl.arange(0, BLOCK_S)
+    base = (row * H + head) * NUM_SPLITS  # [BLOCK_K]: the row's split 0 of each element's head
+    mask = (offs_s < NUM_SPLITS)[:, None]
+    if not EVEN:
+        mask = mask & (kk < K)[None, :]
+    idx = base[None, :] + offs_s[:, None]  # [BLOCK_S, BLOCK_K]
+    lse = tl.load(ml_ptr + idx, mask=mask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m[None, :])
+    part = tl.load(mp_ptr + idx * HD + dim[None, :], mask=mask, other=0.0)
+    denom = tl.sum(w, 0)
+    return tl.sum(part * w, 0) / tl.where(denom > 0.0, denom, 1.0)
+
+
+@triton.jit
 def _dense_gemv_kernel(
     x_ptr,  # [M, K]
     w_ptr,  # [N, K] ([2N, K] with SILU: gate rows, then up rows)
@@ -81,6 +105,8 @@ def _dense_gemv_kernel(
     vc_ptr,
     stage_ptr,  # ROPE + QUANT: [M, 2 KV, HD] in x's dtype, k (rotated) and v before quantization
     cnt_ptr,  # ROPE + QUANT: [M * 2 KV] int32 arrival counters, zero between launches
+    mp_ptr,  # MERGE: the decode splits' partials [M, H, NUM_SPLITS, HD] float32, x = their merge
+    ml_ptr,  # MERGE: their log-sum-exp [M, H, NUM_SPLITS] float32 (log2 units)
     N,
     K,
     stride_xm,
@@ -117,6 +143,9 @@ def _dense_gemv_kernel(
     NPACK: tl.constexpr = 1,
     BLOCK_P: tl.constexpr = 2,
     SCALE_BITS: tl.constexpr = 16,
+    MERGE: tl.constexpr = False,  # x is the merge of decode partials (H heads of HD), not read
+    NUM_SPLITS: tl.constexpr = 1,  # MERGE: the splits, and their power-of-two tile
+    BLOCK_S: tl.constexpr = 2,
 ):
     pid_n = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -185,7 +214,9 @@ def _dense_gemv_kernel(
         wu_next = w_next
         if TWO:
             wu_next = tl.load(up_rows + kn[None, :], mask=next_mask, other=0.0, eviction_policy=EVICT)
-        if EVEN:
+        if MERGE:
+            xk = _merged_x(mp_ptr, ml_ptr, row, kk, K, H, HD, NUM_SPLITS, BLOCK_S, EVEN).to(dt)
+        elif EVEN:
             xk = tl.load(x_row + kk)
         else:
             xk = tl.load(x_row + kk, mask=kk < K, other=0.0)
@@ -409,10 +440,11 @@ def _launch(
     heads: tuple[int, int, int] = (1, 1, 2),
     quant: tuple[int, torch.Tensor, torch.Tensor] | None = None,
     stage_kv: torch.Tensor | None = None,
+    merge: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """``quant``: (policy, stage, counters) for a quantized cache (``dense_gemv_qkv_rope``);
     ``stage_kv`` ``[M, 2 KV, D]``: k and v go there instead of a cache (``rope``'s slots and caches
-    are then not read)."""
+    are then not read); ``merge``: (partials, lse) that x is merged from (x only gives the dtype)."""
     k = x.shape[1]
     cos, sin, slots, k_cache, v_cache = rope if rope is not None else (out, out, out, out, out)
     policy, stage, cnt = quant if quant is not None else (0, out, out)
@@ -437,6 +469,8 @@ def _launch(
         v_cache,
         stage,
         cnt,
+        merge[0] if merge is not None else out,
+        merge[1] if merge is not None else out,
         n,
         k,
         x.stride(0),
@@ -475,6 +509,9 @@ def _launch(
         NPACK=npack,
         BLOCK_P=block_packed(npack),
         SCALE_BITS=8 * x.element_size(),
+        MERGE=merge is not None,
+        NUM_SPLITS=merge[0].shape[2] if merge is not None else 1,
+        BLOCK_S=max(2, next_power_of_2(merge[0].shape[2])) if merge is not None else 2,
         num_warps=cfg.num_warps,
         **launch_kwargs(x.device),
     )
@@ -514,6 +551,72 @@ def dense_gemv(
         return out
     even = n % cfg.block_n == 0 and k % cfg.block_k == 0
     _launch((cdiv(n, cfg.block_n), m), cfg, x, weight, bias, norm_weight, eps, out, n, even, residual, silu)
+    return out
+
+
+def merge_config(n: int, k: int) -> GemvConfig:
+    """``dense_gemv_merged``'s launch: K in 64-wide steps (each step's merge holds a splits x 64
+    tile of partials, which a whole-K step would spill), 4 outputs per program over 4 warps. Not
+    yet timed per shape. ``HOTLOOP_ONE_ROW_MERGE_CONFIG=block_n,block_k,warps`` overrides it."""
+    raw = os.environ.get("HOTLOOP_ONE_ROW_MERGE_CONFIG", "").strip()
+    if raw:
+        try:
+            bn, bk, warps = (int(v) for v in raw.split(","))
+            return GemvConfig(bn, bk, warps)
+        except ValueError as e:
+            raise ValueError(
+                f"HOTLOOP_ONE_ROW_MERGE_CONFIG={raw!r} must be block_n,block_k,warps (powers of two): {e}"
+            ) from e
+    return GemvConfig(4, min(64, max(16, next_power_of_2(k))), 4)
+
+
+def dense_gemv_merged(
+    part: torch.Tensor,
+    lse: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    residual: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """``dense_gemv(x, weight, bias, residual=residual)`` where x ``[M, H * D]`` is the attention
+    output that ``paged_decode_attention``'s merge launch would have written from the decode splits'
+    ``part [M, H, S, D]`` and ``lse [M, H, S]`` (float32; ``DecodeResult``): each program merges the
+    elements of x it reads, with the merge kernel's arithmetic and rounding, so the merge launch goes
+    (the o projection of batch-1 decode). Returns ``[M, N]`` in the weight's dtype."""
+    check(
+        part.dim() == 4 and lse.shape == part.shape[:3], f"part {tuple(part.shape)}, lse {tuple(lse.shape)}"
+    )
+    check(part.dtype == torch.float32 and lse.dtype == torch.float32, "part and lse must be float32")
+    check(part.is_contiguous() and lse.is_contiguous(), "part and lse must be contiguous")
+    m, H, _splits, D = part.shape
+    k = H * D
+    check(
+        weight.dim() == 2 and weight.shape[1] == k,
+        f"weight {tuple(weight.shape)} does not take K = H * D = {k}",
+    )
+    check_dtype("weight", weight, FLOAT_DTYPES)
+    check_last_contiguous("weight", weight)
+    n = weight.shape[0]
+    check_same_device(
+        part=part, lse=lse, weight=weight, **({"residual": residual} if residual is not None else {})
+    )
+    if bias is not None:
+        check(
+            bias.shape == (n,) and bias.dtype == weight.dtype and bias.is_contiguous(),
+            "bias: [N], weight's dtype",
+        )
+    if residual is not None:
+        check(residual.shape == (m, n) and residual.dtype == weight.dtype, f"residual must be [{m}, {n}]")
+        check_last_contiguous("residual", residual)
+    cfg = config or merge_config(n, k)
+    out = torch.empty(m, n, dtype=weight.dtype, device=weight.device)
+    if m == 0 or n == 0:
+        return out
+    x = weight.as_strided((m, k), (0, 1))  # not read (MERGE): the launch takes the dtype and K from it
+    even = n % cfg.block_n == 0 and k % cfg.block_k == 0
+    _launch((cdiv(n, cfg.block_n), m), cfg, x, weight, bias, None, 0.0, out, n, even, residual,
+            heads=(H, 1, D), merge=(part, lse))  # fmt: skip
     return out
 
 

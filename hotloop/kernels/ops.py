@@ -10,6 +10,8 @@ reference everywhere (parity debugging). The environment switches read here:
 - ``HOTLOOP_ONE_ROW_ROPE_QUANT=1`` lets that fusion write int8 / int4 caches too (off by default:
   ``one_row_rope_quant``);
 - ``HOTLOOP_ONE_ROW_LM_HEAD=0`` keeps its LM head on cuBLAS (``lm_head_logits``);
+- ``HOTLOOP_ONE_ROW_MERGE=1`` merges the decode splits inside its o projection instead of in a launch
+  of their own, where the partials are small (``one_row_merge``; off until timed);
 - ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``).
 """
 
@@ -34,6 +36,8 @@ _state: dict[str, bool] = {
     # GPU, but slower than the separate quantized write at batch 1 (int8 249.77 against 250.90,
     # BENCHMARKS.md "HOTLOOP_ONE_ROW_ROPE_QUANT")
     "one_row_rope_quant": os.environ.get("HOTLOOP_ONE_ROW_ROPE_QUANT", "0") == "1",
+    # the decode splits merged in the one-row o projection (dense_gemv_merged), not in a launch
+    "one_row_merge": os.environ.get("HOTLOOP_ONE_ROW_MERGE", "0") == "1",
     # the one-row LM head through dense_gemv instead of cuBLAS + a cast
     "one_row_lm_head": os.environ.get("HOTLOOP_ONE_ROW_LM_HEAD", "1") != "0",
     # the greedy argmax of a few rows in one Triton launch instead of torch.argmax
@@ -84,6 +88,39 @@ def set_one_row_rope_quant(enabled: bool) -> None:
 
 def one_row_rope_quant() -> bool:
     return _state["one_row_rope_quant"]
+
+
+def set_one_row_merge(enabled: bool) -> None:
+    """Merge batch-1 decode attention's splits in the o projection's GEMV (``dense_gemv_merged``)
+    instead of in a merge launch, where the partials are at most ``ONE_ROW_MERGE_MAX_BYTES``
+    (``HOTLOOP_ONE_ROW_MERGE=1`` starts it on)."""
+    _state["one_row_merge"] = enabled
+
+
+# Every program of the o projection reads the whole partials row: SmolLM2-135M's 36 KiB (9 heads x
+# 16 splits x 64 dims) qualifies, Llama-3-8B's 256 KiB (32 x 16 x 128) does not.
+ONE_ROW_MERGE_MAX_BYTES = 64 * 1024
+
+
+def one_row_merge() -> bool:
+    return _state["one_row_merge"]
+
+
+def fused_linear_merged(
+    part: torch.Tensor,
+    lse: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A dense projection (and residual add) of the attention that decode partials ``part [M, H, S,
+    D]`` / ``lse [M, H, S]`` merge into: one ``dense_gemv_merged`` launch on CUDA, the reference
+    merge and ``fused_linear`` elsewhere."""
+    if use_triton(part):
+        return _kernel("dense_gemv").dense_gemv_merged(part, lse, weight, bias, residual=residual)
+    x = reference.merge_decode_partials(part, lse, weight.dtype)
+    return reference.fused_linear(x, weight, bias, residual=residual)
 
 
 def set_one_row_lm_head(enabled: bool) -> None:

@@ -37,6 +37,7 @@ page, and its rows are addressed from one block-table entry.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -561,7 +562,8 @@ def paged_decode_attention(
     graph_plan: bool = False,
     write_kv: kv_int8_decode_cuda.FusedWrite | None = None,
 ) -> torch.Tensor:
-    """One new query per sequence attends over its paged context.
+    """One new query per sequence attends over its paged context (``decode_attention_partials``,
+    then the merge of the splits where the launch left them unmerged).
 
     q ``[B, H, D]``; k_cache / v_cache ``[num_blocks, block_size, KV, D]`` in q's dtype, or
     ``uint8`` ``[num_blocks, block_size, KV, row_bytes]`` (int8 / int4, ``kv_quant.py``); block_tables
@@ -572,6 +574,75 @@ def paged_decode_attention(
     launch instead of a second kernel (default: HOTLOOP_DECODE_FUSED_MERGE=1). ``graph_plan`` (a
     decode CUDA graph's launch): the split count and merge not given come from ``decode_plan``.
     """
+    res = decode_attention_partials(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, config,
+        fuse_merge, graph_plan, write_kv,
+    )  # fmt: skip
+    if res.part is not None:
+        merge_partials(res)
+    return res.out
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """A decode launch's output. ``part`` ``[B, H, S, D]`` and ``lse`` ``[B, H, S]`` (float32, log2
+    units) are the splits' unmerged partials, or None where ``out`` ``[B, H, D]`` already holds the
+    attention (one split, or the merge fused into the decode kernel). Unmerged, ``out`` is only
+    allocated: ``merge_partials`` fills it, or a consumer merges as it reads (``dense_gemv``'s
+    ``merge``)."""
+
+    out: torch.Tensor
+    part: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+
+    @property
+    def splits(self) -> int:
+        return 1 if self.part is None else self.part.shape[2]
+
+
+def merge_partials(res: DecodeResult) -> torch.Tensor:
+    """Merge ``res``'s splits by their log-sum-exp into ``res.out`` (one launch; nothing to do where
+    they are merged already). Returns ``res.out``."""
+    if res.part is None or res.lse is None:
+        return res.out
+    B, H, splits, D = res.part.shape
+    out = res.out
+    _merge_kernel[(B, H)](
+        res.part,
+        res.lse,
+        out,
+        out.stride(0),
+        out.stride(1),
+        H=H,
+        D=D,
+        NUM_SPLITS=splits,
+        BLOCK_S=max(2, next_power_of_2(splits)),
+        BLOCK_D=max(16, next_power_of_2(D)),
+        PDL=pdl(out.device),
+        num_warps=4,
+        **launch_kwargs(out.device),
+    )
+    return out
+
+
+def decode_attention_partials(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    config: tuple[int, ...] | None = None,
+    fuse_merge: bool | None = None,
+    graph_plan: bool = False,
+    write_kv: kv_int8_decode_cuda.FusedWrite | None = None,
+) -> DecodeResult:
+    """``paged_decode_attention`` without the merge launch: the decode launch (Triton, or the CUDA
+    int8 kernel), whose splits are left unmerged in the result's ``part`` / ``lse`` unless it merged
+    them itself (see ``DecodeResult``). Same arguments."""
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [B, H, D] and the caches [NB, BS, KV, D]")
     B, H, D = q.shape
     _nb, bs, kv, _row = k_cache.shape
@@ -682,19 +753,5 @@ def paged_decode_attention(
             **launch_kwargs(q.device),
         )
     if splits > 1 and not merge:
-        _merge_kernel[(B, H)](
-            part,
-            lse,
-            out,
-            out.stride(0),
-            out.stride(1),
-            H=H,
-            D=D,
-            NUM_SPLITS=splits,
-            BLOCK_S=max(2, next_power_of_2(splits)),
-            BLOCK_D=block_d,
-            PDL=use_pdl,
-            num_warps=4,
-            **launch_kwargs(q.device),
-        )
-    return out
+        return DecodeResult(out, part, lse)
+    return DecodeResult(out)

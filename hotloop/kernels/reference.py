@@ -213,6 +213,18 @@ def fused_linear(
     return y
 
 
+def merge_decode_partials(part: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Split decode attention's partials ``part [B, H, S, D]`` and log-sum-exps ``lse [B, H, S]``
+    (float32, log2 units) -> the attention ``[B, H * D]`` in ``dtype``: each split weighted by
+    ``exp2(lse - max lse)`` over the weights' sum (all-empty rows: zeros)."""
+    m = lse.amax(dim=-1, keepdim=True)
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    w = torch.exp2(lse - m)
+    denom = w.sum(-1, keepdim=True)
+    o = (part * w.unsqueeze(-1)).sum(2) / torch.where(denom > 0, denom, torch.ones_like(denom))
+    return o.to(dtype).flatten(1)
+
+
 def fused_qkv_rope(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -17,8 +17,9 @@ from torch import nn
 from hotloop.kernels import ops, reference
 from hotloop.layers.rotary import apply_rotary
 
-if TYPE_CHECKING:  # (the module imports Triton: the CPU path must not)
+if TYPE_CHECKING:  # (the modules import Triton: the CPU path must not)
     from hotloop.kernels.kv_int8_decode_cuda import FusedWrite
+    from hotloop.kernels.paged_decode_attention import DecodeResult
 
 # A quantized cache's prefill reads the prompt's own keys unquantized (paged_prefill_attention's
 # k_new / v_new). HOTLOOP_KV_FRESH_PREFILL=0 reads them back from the cache instead, as before, for
@@ -156,6 +157,32 @@ class PagedAttention(nn.Module):
                 *(fresh_kv or (None, None)),
             )
         return o.reshape(T, self.num_heads * self.head_dim)
+
+    def attend_unmerged(
+        self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+    ) -> DecodeResult | None:
+        """``attend`` for a consumer that merges the decode splits as it reads them
+        (``Linear.forward_merged``): on CUDA, a decode-only batch whose partials are at most
+        ``ops.ONE_ROW_MERGE_MAX_BYTES`` a row, the decode launch's result with the splits unmerged
+        (``part`` None: one split, the output is in ``out``; larger partials are merged here). None
+        where ``attend`` must run instead (not on CUDA with device metadata)."""
+        if not (ops.use_triton(q) and meta.seq_lens_t is not None and meta.decode_only):
+            return None
+        from hotloop.kernels.paged_decode_attention import (
+            DecodeResult,
+            decode_attention_partials,
+            merge_partials,
+        )
+
+        T = q.shape[0]
+        qv = q.view(T, self.num_heads, self.head_dim)
+        res = decode_attention_partials(
+            qv, kv_cache[0], kv_cache[1], meta.block_tables, meta.seq_lens_t, self.scale,
+            self.sliding_window, out=torch.empty_like(qv), graph_plan=meta.graph,
+        )  # fmt: skip
+        if res.part is not None and res.part[0].numel() * 4 > ops.ONE_ROW_MERGE_MAX_BYTES:
+            return DecodeResult(merge_partials(res))
+        return res
 
     def writes_in_decode(self, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> bool:
         """Whether this step's decode kernel should write the step's K/V itself (``attend_staged``):

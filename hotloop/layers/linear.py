@@ -222,6 +222,17 @@ class Linear(nn.Module):
             x, weight, self.bias, norm_weight=norm_weight, eps=eps, residual=residual, silu=silu
         )
 
+    def forward_merged(
+        self, part: torch.Tensor, lse: torch.Tensor, *, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """This projection (and a residual add after it) of the attention output that split decode
+        partials merge into (``ops.fused_linear_merged``: the merge rides in the projection's
+        launch). Needs ``is_dense``."""
+        if not self.is_dense:
+            raise ValueError("forward_merged needs a dense weight; this layer's is quantized")
+        weight = cast(torch.Tensor, self.weight)
+        return ops.fused_linear_merged(part, lse, weight, self.bias, residual=residual)
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

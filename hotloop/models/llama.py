@@ -190,7 +190,13 @@ class LlamaDecoderLayer(nn.Module):
                 h, norm_weight=norm1.weight, eps=norm1.eps, cos_sin=cos_sin, slot_mapping=meta.slot_mapping,
                 kv_cache=kv_cache,
             )  # fmt: skip
-            o = attn.attn.attend(q, kv_cache, meta)
+            res = attn.attn.attend_unmerged(q, kv_cache, meta) if ops.one_row_merge() else None
+            if res is not None and res.part is not None and res.lse is not None:
+                # the splits merge in the o projection's launch (ops.one_row_merge)
+                h = attn.o_proj.forward_merged(res.part, res.lse, residual=h)
+                act = mlp.gate_up_proj.forward_fused(h, norm_weight=norm2.weight, eps=norm2.eps, silu=True)
+                return mlp.down_proj.forward_fused(act, residual=h)
+            o = attn.attn.attend(q, kv_cache, meta) if res is None else res.out.reshape(q.shape)
         elif rope == "staged":
             q, kv = attn.qkv_proj.forward_rope_staged(
                 h, norm_weight=norm1.weight, eps=norm1.eps, cos_sin=cos_sin

@@ -505,3 +505,129 @@ def test_rope_gemv_staged_gpu(h: int, kv: int, d: int, k: int, dtype: torch.dtyp
             rel_err(q, q2) < TOL[dtype] / 8 and rel_err(kvs[:, :kv], cache_rows[:, :kv]) < TOL[dtype] / 8
         ), m
         assert rel_err(q, q_ref) < TOL[dtype] and rel_err(kvs, kv_ref) < TOL[dtype], m
+
+
+def _partials(
+    m: int, h: int, splits: int, d: int, device: str, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random decode partials ``[m, h, splits, d]`` and log2 log-sum-exps ``[m, h, splits]`` as a split
+    decode launch leaves them: a row's last splits empty (-inf, past a short context) and, with more
+    than one row, a padding row whose every split is empty."""
+    gen = torch.Generator().manual_seed(seed)
+    part = torch.randn(m, h, splits, d, generator=gen)
+    lse = torch.randn(m, h, splits, generator=gen) * 4
+    if splits > 1:
+        lse[0, :, splits // 2 + 1 :] = float("-inf")
+    if m > 1:
+        lse[-1] = float("-inf")
+    return part.to(device), lse.to(device)
+
+
+def _merged_case(
+    m: int, h: int, splits: int, d: int, n: int, dtype: torch.dtype, device: str, *, res: bool, bias: bool,
+    config: object = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``dense_gemv_merged`` and the float32 reference (merge rounded to the dtype, then the linear and
+    the residual on the rounded operands)."""
+    from hotloop.kernels.dense_gemv import dense_gemv_merged
+
+    part, lse = _partials(m, h, splits, d, device, seed=h * 13 + splits + n)
+    gen = torch.Generator().manual_seed(n + d)
+    k = h * d
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(device)
+    b = (torch.randn(n, generator=gen) * 0.1).to(dtype).to(device) if bias else None
+    r = torch.randn(m, n, generator=gen).to(dtype).to(device) if res else None
+    out = dense_gemv_merged(part, lse, w, b, residual=r, config=config)  # type: ignore[arg-type]
+    x = reference.merge_decode_partials(part.cpu(), lse.cpu(), dtype).to(device)
+    ref = reference.fused_linear(
+        x.float(), w.float(), None if b is None else b.float(), residual=None if r is None else r.float()
+    )
+    assert out.shape == (m, n) and out.dtype == dtype
+    return out, ref
+
+
+def test_reference_merge_equals_attention_over_the_whole_context() -> None:
+    """The merge reference recombines splits into the attention over their union: softmax-weighted
+    values over every key, computed in one piece."""
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(2, 3, 40, generator=gen) * 3  # [B, H, keys], log2 units
+    values = torch.randn(2, 3, 40, 8, generator=gen)
+    parts, lses = [], []
+    for lo, hi in ((0, 16), (16, 24), (24, 40)):
+        s = scores[..., lo:hi]
+        lses.append(torch.logsumexp(s * torch.log(torch.tensor(2.0)), -1) / torch.log(torch.tensor(2.0)))
+        parts.append(
+            torch.einsum(
+                "bhk,bhkd->bhd", torch.softmax(s * torch.log(torch.tensor(2.0)), -1), values[..., lo:hi, :]
+            )
+        )
+    merged = reference.merge_decode_partials(torch.stack(parts, 2), torch.stack(lses, 2), torch.float32)
+    whole = torch.einsum("bhk,bhkd->bhd", torch.softmax(scores * torch.log(torch.tensor(2.0)), -1), values)
+    torch.testing.assert_close(merged, whole.flatten(1), rtol=1e-5, atol=1e-6)
+
+
+@interpret
+@pytest.mark.parametrize("h,splits,d,n", [(3, 4, 16, 24), (2, 3, 8, 10), (1, 1, 32, 8)])
+@pytest.mark.parametrize("res,bias", [(True, False), (False, True)])
+def test_dense_gemv_merged_interpreted(h: int, splits: int, d: int, n: int, res: bool, bias: bool) -> None:
+    from hotloop.kernels.dense_gemv import GemvConfig
+
+    cfg = GemvConfig(block_n=8, block_k=16, num_warps=1)
+    out, ref = _merged_case(3, h, splits, d, n, torch.float32, "cpu", res=res, bias=bias, config=cfg)
+    assert rel_err(out, ref) < 1e-5
+
+
+@interpret
+def test_dense_gemv_merged_equals_the_merge_launch_then_the_gemv_bf16() -> None:
+    """bf16, interpreted: the merge in the GEMV gives the bits of the decode path's two launches (the
+    merge kernel, then ``dense_gemv`` with the residual)."""
+    from hotloop.kernels.dense_gemv import GemvConfig, dense_gemv, dense_gemv_merged
+    from hotloop.kernels.paged_decode_attention import DecodeResult, merge_partials
+
+    part, lse = _partials(2, 3, 4, 16, "cpu", seed=5)
+    gen = torch.Generator().manual_seed(1)
+    w = (torch.randn(24, 48, generator=gen) / 7).bfloat16()
+    r = torch.randn(2, 24, generator=gen).bfloat16()
+    cfg = GemvConfig(block_n=8, block_k=16, num_warps=1)
+    x = merge_partials(DecodeResult(torch.empty(2, 3, 16, dtype=torch.bfloat16), part, lse)).reshape(2, 48)
+    two = dense_gemv(x, w, residual=r, config=cfg)
+    assert torch.equal(dense_gemv_merged(part, lse, w, residual=r, config=cfg), two)
+
+
+@interpret
+def test_dense_gemv_merged_checks() -> None:
+    from hotloop.kernels.dense_gemv import dense_gemv_merged
+
+    part, lse = _partials(1, 2, 4, 8, "cpu", seed=0)
+    with pytest.raises(ValueError, match="K = H \\* D = 16"):
+        dense_gemv_merged(part, lse, torch.randn(8, 12))
+    with pytest.raises(ValueError, match="lse"):
+        dense_gemv_merged(part, lse[:, :, :2], torch.randn(8, 16))
+    with pytest.raises(ValueError, match="float32"):
+        dense_gemv_merged(part.half(), lse, torch.randn(8, 16))
+    with pytest.raises(ValueError, match="residual must be"):
+        dense_gemv_merged(part, lse, torch.randn(8, 16), residual=torch.randn(1, 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "h,splits,d,n",
+    [(9, 16, 64, 576), (32, 4, 128, 4096), (14, 8, 64, 896), (3, 2, 80, 100), (8, 1, 128, 1024)],
+)
+def test_dense_gemv_merged_gpu(h: int, splits: int, d: int, n: int, dtype: torch.dtype) -> None:
+    for m, res, bias in ((1, True, False), (3, False, True)):
+        out, ref = _merged_case(m, h, splits, d, n, dtype, "cuda", res=res, bias=bias)
+        assert rel_err(out, ref) < TOL[dtype] / 2, (m, res, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "block_n,block_k,warps", [(2, 64, 4), (8, 64, 4), (16, 64, 4), (4, 128, 4), (8, 128, 8)]
+)
+def test_dense_gemv_merged_configs_gpu(block_n: int, block_k: int, warps: int) -> None:
+    from hotloop.kernels.dense_gemv import GemvConfig
+
+    cfg = GemvConfig(block_n, block_k, warps)
+    out, ref = _merged_case(1, 9, 16, 64, 576, torch.bfloat16, "cuda", res=True, bias=False, config=cfg)
+    assert rel_err(out, ref) < TOL[torch.bfloat16] / 2, cfg
