@@ -120,6 +120,9 @@
 #            trigger, the int8 CUDA kernel and quantized parity cut off in the twenty-second session), the 8B
 #            batch-256 host profile with 1 and 8 steps per launch (issue 4's host row, the byte-chunk decode
 #            not yet timed on a GPU host), then SmolLM2-135M batch 1 with 8 steps per launch, twice.
+#   s23b     one GPU, in turn: the GPU tests of the merge in the o projection and JSON mode, SmolLM2-135M batch 1
+#            (8 steps a launch) with HOTLOOP_ONE_ROW_MERGE=0 / 1 alternating and four launch configurations of
+#            the merged GEMV, then call s23a's test selection again, verbose (it timed out before its summary).
 #
 # One-off A/B modes of earlier sessions (fusions, pdl, qrope_ab, splits, ...) are in this file's
 # history: each results README under benchmarks/results/ names the commit its calls ran at.
@@ -693,6 +696,28 @@ if [ "$what" = kvvt ]; then  # one GPU: the CUDA int8 kernel's variants (tests, 
     for i in 1 2; do bash "$here/run_capacity.sh" bs1 "$out/bs1_$i" 150; done
     grep -ho '"decode_tokens_per_s": [0-9.]*' "$out"/bs1_*/bs1_q*.json
   fi
+  exit 0
+fi
+if [ "$what" = s23b ]; then
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu -n 8 -v -rfE -p no:cacheprovider tests/api/test_json_mode.py \
+    tests/kernels/test_dense_gemv.py tests/models/test_one_row.py -k "json or merge" >"$out/s23b_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s23b_tests.log" | cut -c1-300 | head -30
+  for i in 1 2; do
+    HOTLOOP_ONE_ROW_MERGE=0 bs1 "smol_off_$i" smollm2-135m --num-scheduler-steps 8
+    HOTLOOP_ONE_ROW_MERGE=1 bs1 "smol_on_$i" smollm2-135m --num-scheduler-steps 8
+  done
+  for c in 2,64,4 8,64,4 16,64,4 4,128,4; do
+    HOTLOOP_ONE_ROW_MERGE=1 HOTLOOP_ONE_ROW_MERGE_CONFIG=$c bs1 "smol_on_${c//,/_}" smollm2-135m --num-scheduler-steps 8
+  done
+  HOTLOOP_ONE_ROW_MERGE=1 bs1 smol_on_k1 smollm2-135m
+  HOTLOOP_ONE_ROW_MERGE=0 bs1 smol_off_k1 smollm2-135m
+  timeout 150 python3 -m pytest -m gpu -n 8 -v -rfE -p no:cacheprovider tests/kernels/test_dense_gemv.py \
+    tests/kernels/test_kv_int8_decode_cuda.py tests/api/test_gpu_parity.py \
+    -k "trigger or rope or int8 or quantized or early or cuda" >"$out/s23b_tests2.log" 2>&1
+  echo "GPU tests (2) rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s23b_tests2.log" | cut -c1-300 | head -30
   exit 0
 fi
 if [ "$what" = s23a ]; then
