@@ -123,6 +123,8 @@
 #   s23b     one GPU, in turn: the GPU tests of the merge in the o projection and JSON mode, SmolLM2-135M batch 1
 #            (8 steps a launch) with HOTLOOP_ONE_ROW_MERGE=0 / 1 alternating and four launch configurations of
 #            the merged GEMV, then call s23a's test selection again, verbose (it timed out before its summary).
+#   s23c     one GPU, in turn: the merged GEMV's and the rope trigger's GPU tests, then SmolLM2-135M batch 1 (8 steps
+#            a launch) with the merge launch and with the by-split merge in the o projection (four launches).
 #
 # One-off A/B modes of earlier sessions (fusions, pdl, qrope_ab, splits, ...) are in this file's
 # history: each results README under benchmarks/results/ names the commit its calls ran at.
@@ -696,6 +698,19 @@ if [ "$what" = kvvt ]; then  # one GPU: the CUDA int8 kernel's variants (tests, 
     for i in 1 2; do bash "$here/run_capacity.sh" bs1 "$out/bs1_$i" 150; done
     grep -ho '"decode_tokens_per_s": [0-9.]*' "$out"/bs1_*/bs1_q*.json
   fi
+  exit 0
+fi
+if [ "$what" = s23c ]; then
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu -n 8 -v -rfE -p no:cacheprovider tests/kernels/test_dense_gemv.py \
+    tests/models/test_one_row.py -k "merge or trigger" >"$out/s23c_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s23c_tests.log" | cut -c1-300 | head -30
+  HOTLOOP_ONE_ROW_MERGE=0 bs1 smol_off_1 smollm2-135m --num-scheduler-steps 8
+  for c in 8,1024,8 4,1024,4 16,1024,8 2,1024,8; do
+    HOTLOOP_ONE_ROW_MERGE=1 HOTLOOP_ONE_ROW_MERGE_CONFIG=$c bs1 "smol_on_${c//,/_}" smollm2-135m --num-scheduler-steps 8
+  done
+  HOTLOOP_ONE_ROW_MERGE=0 bs1 smol_off_2 smollm2-135m --num-scheduler-steps 8
   exit 0
 fi
 if [ "$what" = s23b ]; then

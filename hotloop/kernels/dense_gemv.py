@@ -91,6 +91,37 @@ def _merged_x(mp_ptr, ml_ptr, row, kk, K, H: tl.constexpr, HD: tl.constexpr, NUM
 
 
 @triton.jit
+def _merged_x_by_split(mp_ptr, ml_ptr, row, kk, K, H: tl.constexpr, HD: tl.constexpr,
+                       NUM_SPLITS: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+    """``_merged_x`` one split at a time (unrolled: every split's loads are independent, so they are
+    all in flight at once), for a launch whose one K step covers the row. The weighted sum runs in
+    split order, not the merge kernel's tree order: a float32 sum can differ in its last bits."""
+    head = kk // HD
+    dim = kk - head * HD
+    base = (row * H + head) * NUM_SPLITS
+    kmask = kk < K
+    m = tl.full(kk.shape, float("-inf"), tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        if EVEN:
+            m = tl.maximum(m, tl.load(ml_ptr + base + s))
+        else:
+            m = tl.maximum(m, tl.load(ml_ptr + base + s, mask=kmask, other=float("-inf")))
+    m = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros(kk.shape, tl.float32)
+    denom = tl.zeros(kk.shape, tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        if EVEN:
+            w = tl.exp2(tl.load(ml_ptr + base + s) - m)
+            part = tl.load(mp_ptr + (base + s) * HD + dim)
+        else:
+            w = tl.exp2(tl.load(ml_ptr + base + s, mask=kmask, other=float("-inf")) - m)
+            part = tl.load(mp_ptr + (base + s) * HD + dim, mask=kmask, other=0.0)
+        acc += part * w
+        denom += w
+    return acc / tl.where(denom > 0.0, denom, 1.0)
+
+
+@triton.jit
 def _dense_gemv_kernel(
     x_ptr,  # [M, K]
     w_ptr,  # [N, K] ([2N, K] with SILU: gate rows, then up rows)
@@ -146,6 +177,7 @@ def _dense_gemv_kernel(
     MERGE: tl.constexpr = False,  # x is the merge of decode partials (H heads of HD), not read
     NUM_SPLITS: tl.constexpr = 1,  # MERGE: the splits, and their power-of-two tile
     BLOCK_S: tl.constexpr = 2,
+    BY_SPLIT: tl.constexpr = False,  # MERGE: one split at a time (_merged_x_by_split), not a tile
 ):
     pid_n = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -215,7 +247,10 @@ def _dense_gemv_kernel(
         if TWO:
             wu_next = tl.load(up_rows + kn[None, :], mask=next_mask, other=0.0, eviction_policy=EVICT)
         if MERGE:
-            xk = _merged_x(mp_ptr, ml_ptr, row, kk, K, H, HD, NUM_SPLITS, BLOCK_S, EVEN).to(dt)
+            if BY_SPLIT:
+                xk = _merged_x_by_split(mp_ptr, ml_ptr, row, kk, K, H, HD, NUM_SPLITS, EVEN).to(dt)
+            else:
+                xk = _merged_x(mp_ptr, ml_ptr, row, kk, K, H, HD, NUM_SPLITS, BLOCK_S, EVEN).to(dt)
         elif EVEN:
             xk = tl.load(x_row + kk)
         else:
@@ -512,6 +547,7 @@ def _launch(
         MERGE=merge is not None,
         NUM_SPLITS=merge[0].shape[2] if merge is not None else 1,
         BLOCK_S=max(2, next_power_of_2(merge[0].shape[2])) if merge is not None else 2,
+        BY_SPLIT=merge is not None and cfg.block_k >= k,
         num_warps=cfg.num_warps,
         **launch_kwargs(x.device),
     )
@@ -555,9 +591,14 @@ def dense_gemv(
 
 
 def merge_config(n: int, k: int) -> GemvConfig:
-    """``dense_gemv_merged``'s launch: K in 64-wide steps (each step's merge holds a splits x 64
-    tile of partials, which a whole-K step would spill), 4 outputs per program over 4 warps. Not
-    yet timed per shape. ``HOTLOOP_ONE_ROW_MERGE_CONFIG=block_n,block_k,warps`` overrides it."""
+    """``dense_gemv_merged``'s launch. A K step that covers the row merges one split at a time
+    (``_merged_x_by_split``); a shorter one merges a splits x ``block_k`` tile per step
+    (``_merged_x``). ``HOTLOOP_ONE_ROW_MERGE_CONFIG=block_n,block_k,warps`` overrides the default.
+
+    H200, SmolLM2-135M batch 1 (o projection 576 x 576, 16 splits; benchmarks/results/
+    gpu_2026-12-01g/call2), ms per decode step against 0.430-0.433 with the merge launch: tiles of 64
+    with 2 / 4 / 8 / 16 outputs 0.720 / 0.688 / 0.666 / 0.750, tiles of 128 with 4 outputs 0.642.
+    Each K step waits for its partials' loads: that chain of steps costs more than the launch."""
     raw = os.environ.get("HOTLOOP_ONE_ROW_MERGE_CONFIG", "").strip()
     if raw:
         try:
@@ -567,7 +608,10 @@ def merge_config(n: int, k: int) -> GemvConfig:
             raise ValueError(
                 f"HOTLOOP_ONE_ROW_MERGE_CONFIG={raw!r} must be block_n,block_k,warps (powers of two): {e}"
             ) from e
-    return GemvConfig(4, min(64, max(16, next_power_of_2(k))), 4)
+    if k <= 2048:  # (not yet timed: the by-split merge over the whole row)
+        block_k = max(16, next_power_of_2(k))
+        return GemvConfig(8, block_k, 8 if block_k >= 1024 else 4)
+    return GemvConfig(4, 128, 4)
 
 
 def dense_gemv_merged(
