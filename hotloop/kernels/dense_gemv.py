@@ -598,7 +598,11 @@ def merge_config(n: int, k: int) -> GemvConfig:
     H200, SmolLM2-135M batch 1 (o projection 576 x 576, 16 splits; benchmarks/results/
     gpu_2026-12-01g/call2), ms per decode step against 0.430-0.433 with the merge launch: tiles of 64
     with 2 / 4 / 8 / 16 outputs 0.720 / 0.688 / 0.666 / 0.750, tiles of 128 with 4 outputs 0.642.
-    Each K step waits for its partials' loads: that chain of steps costs more than the launch."""
+    Each K step waits for its partials' loads: that chain of steps costs more than the launch. The
+    by-split merge over the whole row (``call3``, ``call4``): 8 / 16 / 32 / 64 outputs over 8 warps
+    0.427 / 0.420-0.421 / 0.511 / 2.34 ms (32 over 16 warps 0.494; 16 over 4 warps 0.447), against
+    0.431-0.433 with the merge launch in the same calls: 16 outputs, 2,376-2,380 against 2,310-2,318
+    tokens/s, is the default."""
     raw = os.environ.get("HOTLOOP_ONE_ROW_MERGE_CONFIG", "").strip()
     if raw:
         try:
@@ -608,9 +612,8 @@ def merge_config(n: int, k: int) -> GemvConfig:
             raise ValueError(
                 f"HOTLOOP_ONE_ROW_MERGE_CONFIG={raw!r} must be block_n,block_k,warps (powers of two): {e}"
             ) from e
-    if k <= 2048:  # (not yet timed: the by-split merge over the whole row)
-        block_k = max(16, next_power_of_2(k))
-        return GemvConfig(8, block_k, 8 if block_k >= 1024 else 4)
+    if k <= 1024:  # (ops.ONE_ROW_MERGE_MAX_BYTES admits K <= 1024 at 16 splits)
+        return GemvConfig(16, max(16, next_power_of_2(k)), 8)
     return GemvConfig(4, 128, 4)
 
 

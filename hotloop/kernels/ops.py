@@ -10,8 +10,8 @@ reference everywhere (parity debugging). The environment switches read here:
 - ``HOTLOOP_ONE_ROW_ROPE_QUANT=1`` lets that fusion write int8 / int4 caches too (off by default:
   ``one_row_rope_quant``);
 - ``HOTLOOP_ONE_ROW_LM_HEAD=0`` keeps its LM head on cuBLAS (``lm_head_logits``);
-- ``HOTLOOP_ONE_ROW_MERGE=1`` merges the decode splits inside its o projection instead of in a launch
-  of their own, where the partials are small (``one_row_merge``; off until timed);
+- ``HOTLOOP_ONE_ROW_MERGE=0`` keeps its decode splits' merge in a launch of its own instead of in the
+  o projection, where the partials are small (``one_row_merge``);
 - ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``).
 """
 
@@ -37,7 +37,8 @@ _state: dict[str, bool] = {
     # BENCHMARKS.md "HOTLOOP_ONE_ROW_ROPE_QUANT")
     "one_row_rope_quant": os.environ.get("HOTLOOP_ONE_ROW_ROPE_QUANT", "0") == "1",
     # the decode splits merged in the one-row o projection (dense_gemv_merged), not in a launch
-    "one_row_merge": os.environ.get("HOTLOOP_ONE_ROW_MERGE", "0") == "1",
+    # (H200, SmolLM2-135M batch 1: 2,376-2,380 against 2,310-2,318 tokens/s, BENCHMARKS.md)
+    "one_row_merge": os.environ.get("HOTLOOP_ONE_ROW_MERGE", "1") != "0",
     # the one-row LM head through dense_gemv instead of cuBLAS + a cast
     "one_row_lm_head": os.environ.get("HOTLOOP_ONE_ROW_LM_HEAD", "1") != "0",
     # the greedy argmax of a few rows in one Triton launch instead of torch.argmax
@@ -92,8 +93,8 @@ def one_row_rope_quant() -> bool:
 
 def set_one_row_merge(enabled: bool) -> None:
     """Merge batch-1 decode attention's splits in the o projection's GEMV (``dense_gemv_merged``)
-    instead of in a merge launch, where the partials are at most ``ONE_ROW_MERGE_MAX_BYTES``
-    (``HOTLOOP_ONE_ROW_MERGE=1`` starts it on)."""
+    instead of in a merge launch, where the partials are at most ``ONE_ROW_MERGE_MAX_BYTES`` (on by
+    default; ``HOTLOOP_ONE_ROW_MERGE=0`` starts it off)."""
     _state["one_row_merge"] = enabled
 
 
