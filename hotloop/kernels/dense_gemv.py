@@ -629,8 +629,11 @@ def dense_gemv_merged(
     """``dense_gemv(x, weight, bias, residual=residual)`` where x ``[M, H * D]`` is the attention
     output that ``paged_decode_attention``'s merge launch would have written from the decode splits'
     ``part [M, H, S, D]`` and ``lse [M, H, S]`` (float32; ``DecodeResult``): each program merges the
-    elements of x it reads, with the merge kernel's arithmetic and rounding, so the merge launch goes
-    (the o projection of batch-1 decode). Returns ``[M, N]`` in the weight's dtype."""
+    elements of x it reads, with the merge kernel's formula and its rounding to the dtype, so the
+    merge launch goes (the o projection of batch-1 decode). The float32 sums over the splits may run
+    in another order than the merge kernel's (split by split where one K step covers the row), so a
+    merged value can differ from the merge launch's in its last bit. Returns ``[M, N]`` in the
+    weight's dtype."""
     check(
         part.dim() == 4 and lse.shape == part.shape[:3], f"part {tuple(part.shape)}, lse {tuple(lse.shape)}"
     )

@@ -99,8 +99,11 @@ def set_one_row_merge(enabled: bool) -> None:
 
 
 # Every program of the o projection reads the whole partials row: SmolLM2-135M's 36 KiB (9 heads x
-# 16 splits x 64 dims) qualifies, Llama-3-8B's 256 KiB (32 x 16 x 128) does not.
+# 16 splits x 64 dims) qualifies, Llama-3-8B's 256 KiB (32 x 16 x 128) does not. The attention row
+# must also fit one K step of the merged GEMV (``dense_gemv.merge_config``: the by-split merge, the
+# one timed faster than the merge launch; the tiled merge over several K steps was slower).
 ONE_ROW_MERGE_MAX_BYTES = 64 * 1024
+ONE_ROW_MERGE_MAX_K = 1024
 
 
 def one_row_merge() -> bool:

@@ -163,10 +163,16 @@ class PagedAttention(nn.Module):
     ) -> DecodeResult | None:
         """``attend`` for a consumer that merges the decode splits as it reads them
         (``Linear.forward_merged``): on CUDA, a decode-only batch whose partials are at most
-        ``ops.ONE_ROW_MERGE_MAX_BYTES`` a row, the decode launch's result with the splits unmerged
+        ``ops.ONE_ROW_MERGE_MAX_BYTES`` a row and an attention row of at most
+        ``ops.ONE_ROW_MERGE_MAX_K`` elements, the decode launch's result with the splits unmerged
         (``part`` None: one split, the output is in ``out``; larger partials are merged here). None
-        where ``attend`` must run instead (not on CUDA with device metadata)."""
-        if not (ops.use_triton(q) and meta.seq_lens_t is not None and meta.decode_only):
+        where ``attend`` must run instead (not on CUDA with device metadata, or a wider row)."""
+        if not (
+            ops.use_triton(q)
+            and meta.seq_lens_t is not None
+            and meta.decode_only
+            and self.num_heads * self.head_dim <= ops.ONE_ROW_MERGE_MAX_K
+        ):
             return None
         from hotloop.kernels.paged_decode_attention import (
             DecodeResult,

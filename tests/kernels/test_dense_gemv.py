@@ -581,17 +581,20 @@ def test_dense_gemv_merged_interpreted(
 
 
 @interpret
-def test_dense_gemv_merged_equals_the_merge_launch_then_the_gemv_bf16() -> None:
+@pytest.mark.parametrize(
+    "splits,block_k", [(4, 16), (5, 32), (4, 64)]
+)  # tiled (K = 48 even, masked); by split
+def test_dense_gemv_merged_equals_the_merge_launch_then_the_gemv_bf16(splits: int, block_k: int) -> None:
     """bf16, interpreted: the merge in the GEMV gives the bits of the decode path's two launches (the
-    merge kernel, then ``dense_gemv`` with the residual)."""
+    merge kernel, then ``dense_gemv`` with the residual): the merged values rounded to bf16."""
     from hotloop.kernels.dense_gemv import GemvConfig, dense_gemv, dense_gemv_merged
     from hotloop.kernels.paged_decode_attention import DecodeResult, merge_partials
 
-    part, lse = _partials(2, 3, 4, 16, "cpu", seed=5)
+    part, lse = _partials(2, 3, splits, 16, "cpu", seed=5)
     gen = torch.Generator().manual_seed(1)
     w = (torch.randn(24, 48, generator=gen) / 7).bfloat16()
     r = torch.randn(2, 24, generator=gen).bfloat16()
-    cfg = GemvConfig(block_n=8, block_k=16, num_warps=1)
+    cfg = GemvConfig(block_n=8, block_k=block_k, num_warps=1)
     x = merge_partials(DecodeResult(torch.empty(2, 3, 16, dtype=torch.bfloat16), part, lse)).reshape(2, 48)
     two = dense_gemv(x, w, residual=r, config=cfg)
     assert torch.equal(dense_gemv_merged(part, lse, w, residual=r, config=cfg), two)
