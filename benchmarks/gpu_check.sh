@@ -125,6 +125,10 @@
 #            the merged GEMV, then call s23a's test selection again, verbose (it timed out before its summary).
 #   s23c     one GPU, in turn: the merged GEMV's and the rope trigger's GPU tests, then SmolLM2-135M batch 1 (8 steps
 #            a launch) with the merge launch and with the by-split merge in the o projection (four launches).
+#   merge2   one GPU, in turn (the next session's first call): the merged o projection's GPU tests as changed after
+#            the twenty-third session's review (prompts across several decode tiles, a sliding-window model), then
+#            SmolLM2-135M batch 1 (8 steps a launch) at 16 / 8 / 4 decode splits (HOTLOOP_DECODE_MAX_SPLITS) with the
+#            merge in the o projection, alternating, twice: fewer splits leave fewer partials to merge.
 #
 # One-off A/B modes of earlier sessions (fusions, pdl, qrope_ab, splits, ...) are in this file's
 # history: each results README under benchmarks/results/ names the commit its calls ran at.
@@ -698,6 +702,19 @@ if [ "$what" = kvvt ]; then  # one GPU: the CUDA int8 kernel's variants (tests, 
     for i in 1 2; do bash "$here/run_capacity.sh" bs1 "$out/bs1_$i" 150; done
     grep -ho '"decode_tokens_per_s": [0-9.]*' "$out"/bs1_*/bs1_q*.json
   fi
+  exit 0
+fi
+if [ "$what" = merge2 ]; then
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 python3 -m pytest -m gpu -n 8 -v -rfE -p no:cacheprovider tests/models/test_one_row.py \
+    tests/kernels/test_dense_gemv.py -k "merge" >"$out/merge2_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/merge2_tests.log" | cut -c1-300 | head -30
+  for i in 1 2; do
+    for sp in 16 8 4; do
+      HOTLOOP_DECODE_MAX_SPLITS=$sp bs1 "smol_s${sp}_$i" smollm2-135m --num-scheduler-steps 8
+    done
+  done
   exit 0
 fi
 if [ "$what" = s23c ]; then
