@@ -215,8 +215,9 @@ def compile_dense_gemv(
     """The one-row dense GEMV (``kernels/dense_gemv.py``) with its default launch for a Llama-3-8B
     shape: ``mode`` ``plain``, ``norm`` (qkv), ``res`` (o, down), ``silu`` (gate/up), ``rope``
     (qkv with the rotary embedding and the KV-cache write; ``quant`` 8 / 4: into a quantized
-    cache) or ``staged`` (qkv with the rotary embedding, k and v handed over, no cache write);
-    ``out`` the output dtype (float32: the LM head's logits)."""
+    cache), ``staged`` (qkv with the rotary embedding, k and v handed over, no cache write) or
+    ``merged`` (SmolLM2-135M's o projection + residual reading x as the merge of 16 decode splits'
+    partials, ``dense_gemv_merged``); ``out`` the output dtype (float32: the LM head's logits)."""
     from hotloop.kernels import dense_gemv as dg
 
     t = _TYPES[dtype]
@@ -227,19 +228,26 @@ def compile_dense_gemv(
     if rope:
         base = dg.rope_default_config(k)
         cfg = dg.GemvConfig(dg.rope_pairs(128, base.block_n), base.block_k, base.num_warps)
+    merged = mode == "merged"
+    if merged:
+        cfg = dg.merge_config(k, k)
     sig = {"x_ptr": f"*{t}", "w_ptr": f"*{t}", "b_ptr": f"*{t}", "nw_ptr": f"*{t}", "r_ptr": f"*{t}",
            "out_ptr": f"*{_TYPES[out or dtype]}", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64",
            "kc_ptr": "*u8" if quant else f"*{t}", "vc_ptr": "*u8" if quant else f"*{t}", "stage_ptr": f"*{t}",
-           "cnt_ptr": "*i32", "N": "i32", "K": "i32", "eps": "fp32"}  # fmt: skip
+           "cnt_ptr": "*i32", "mp_ptr": "*fp32", "ml_ptr": "*fp32", "N": "i32", "K": "i32",
+           "eps": "fp32"}  # fmt: skip
     strides = ["stride_xm", "stride_wn", "stride_rm", "stride_om", "stride_cs", "stride_kcs", "stride_kch",
                "stride_vcs", "stride_vch", "stride_kb", "stride_vb"]  # fmt: skip
     sig.update({s: "i32" for s in strides})
-    consts = {"NORM": norm, "SILU": silu, "ROPE": rope, "H": 32, "KV": 8, "HD": 128, "RES": mode == "res",
+    consts = {"NORM": norm, "SILU": silu, "ROPE": rope, "H": 9 if merged else 32, "KV": 8,
+              "HD": 64 if merged else 128, "RES": mode in ("res", "merged"),
               "HAS_BIAS": False, "EVEN": k % cfg.block_k == 0, "K_POW2": 1 << (k - 1).bit_length() if norm else 16,
               "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVICT": "evict_first", "PDL": True,
               "QUANT": quant, "BS": 64 if quant else 1, "NPACK": 128 if quant == 8 else 64 if quant else 1,
               "BLOCK_P": 128 if quant == 8 else 64 if quant else 2, "SCALE_BITS": 8 * (2 if dtype == "bfloat16" else 4),
-              "STAGE_KV": staged, "NO_FMA": staged or bool(quant), "LATE": True}  # fmt: skip
+              "STAGE_KV": staged, "NO_FMA": staged or bool(quant), "LATE": True, "MERGE": merged,
+              "NUM_SPLITS": 16 if merged else 1, "BLOCK_S": 16 if merged else 2,
+              "BY_SPLIT": merged and cfg.block_k >= k}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")] + ["N", "K", *strides]
     return compile_for_target(dg._dense_gemv_kernel, sig, consts, aligned, num_warps=cfg.num_warps)
 
@@ -297,6 +305,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     **{f"dense-gemv-{m}-bfloat16": ("dense", {"mode": m}) for m in ("plain", "norm", "res", "silu", "rope")},
     "dense-gemv-rope-float32": ("dense", {"mode": "rope", "dtype": "float32"}),
     "dense-gemv-silu-bfloat16-k576": ("dense", {"mode": "silu", "k": 576}),
+    "dense-gemv-merged-bfloat16-k576": ("dense", {"mode": "merged", "k": 576}),
     "dense-gemv-lm-head-bfloat16": ("dense", {"mode": "plain", "out": "float32"}),
     "greedy-argmax": ("argmax", {}),
     "dense-gemv-rope-q8-bfloat16": ("dense", {"mode": "rope", "quant": 8}),
