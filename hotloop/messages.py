@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,8 @@ class GenerationConfig:
     allowed, as with OpenAI's strict structured outputs). Such a request stops when the value is
     closed (finish reason stop) and outranks ``min_new_tokens`` and ``ignore_eos`` there; if it runs
     out of ``max_new_tokens`` first, its text is an unfinished value (finish reason length).
+    bad_token_ids / bad_words (LMDeploy's fields): tokens that are never generated; a bad word bans
+    the first token of each of its tokenizations (``Engine.add_request``).
     """
 
     n: int = 1
@@ -77,11 +80,23 @@ class GenerationConfig:
     logit_bias: dict[int, float] | None = None
     response_format: str | None = None
     json_schema: str | None = None
+    bad_words: tuple[str, ...] | list[str] | None = None
+    bad_token_ids: tuple[int, ...] | list[int] | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, limit: str) -> RequestError:
             return RequestError(f"{name}={getattr(self, name)!r} {limit}", param=name)
 
+        # numbers first: a string or None where a number belongs, a NaN or an infinity is refused
+        # by name (a NaN passes every one-sided comparison below)
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):  # fmt: skip
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise bad(name, "must be a finite number")
+        for name in ("do_sample", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "must be True or False")
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", "must be an integer >= 1")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -128,12 +143,28 @@ class GenerationConfig:
                 )
         elif self.json_schema is not None:
             raise bad("json_schema", "is only used with response_format='json_schema'")
-        if isinstance(self.stop_words, str):
-            object.__setattr__(self, "stop_words", (self.stop_words,))
-        if self.stop_words is not None:
-            object.__setattr__(self, "stop_words", tuple(s for s in self.stop_words if s))
-        if self.stop_token_ids is not None:
-            object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        for name in ("stop_words", "bad_words"):
+            words = getattr(self, name)
+            if isinstance(words, str):
+                words = (words,)
+            if words is not None:
+                if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) for w in words):
+                    raise bad(name, "must be a string or a list of strings")
+                object.__setattr__(self, name, tuple(w for w in words if w))
+        for name in ("stop_token_ids", "bad_token_ids"):
+            ids = getattr(self, name)
+            if ids is not None:
+                if not isinstance(ids, (list, tuple)) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
+                ):
+                    raise bad(name, "must be a list of token ids (integers >= 0)")
+                object.__setattr__(self, name, tuple(int(t) for t in ids))
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+                for v in self.logit_bias.values()
+            ):
+                raise bad("logit_bias", "must map token ids to numbers")
 
     @property
     def json_mode(self) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import AutoTokenizer
 
 from hotloop.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -45,6 +46,9 @@ def choose_backend(requested: str, architecture: str) -> str:
 
 def build_engine(model: str | None, config: EngineConfig | None = None) -> BuiltEngine:
     config = config or EngineConfig()
+    # EngineConfig.seed: torch's global RNG (CPU and every GPU), which unseeded sampled requests and
+    # dummy weights draw from, starts from it, as vLLM's seed does
+    torch.manual_seed(config.seed)
     path = resolve_model_path(model)
     device = resolve_device(config.device)
     probe = model_config_from_path(path, "auto")

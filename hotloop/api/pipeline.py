@@ -7,6 +7,7 @@ list of prompts is batched by the scheduler exactly as a server would batch them
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,10 +51,25 @@ class Pipeline:
         chat_template: str | None = None,
         log_level: str | None = None,
         image_fetch_policy: ImageFetchPolicy | None = None,
+        chat_template_config: Any = None,
         **kwargs: Any,
     ) -> None:
         if kwargs:
             raise TypeError(f"pipeline() got unexpected arguments: {sorted(kwargs)}")
+        # LMDeploy's ChatTemplateConfig: its ``chat_template`` (a Jinja template) if it has one; a
+        # string is taken as the template itself
+        if chat_template_config is not None and chat_template is None:
+            chat_template = (
+                chat_template_config
+                if isinstance(chat_template_config, str)
+                else getattr(chat_template_config, "chat_template", None)
+            )
+            if chat_template is None:
+                raise TypeError(
+                    "chat_template_config must be a Jinja chat template (a string) or carry one in "
+                    "its chat_template attribute; LMDeploy's named templates are not supported, the "
+                    "model's own template is used when none is given"
+                )
         if log_level:
             from hotloop.utils.logging import set_log_level
 
@@ -69,6 +85,10 @@ class Pipeline:
         self._ids = itertools.count()
         self._session_ids = itertools.count(1)
         self._running = False  # a call is generating (a stream_infer iterator may be paused)
+        # held by the call that steps the engine: another thread's call waits for it; the same
+        # thread's (an open stream_infer iterator) is refused, as waiting would never end
+        self._busy = threading.Lock()
+        self._owner: int | None = None
 
     # -- properties -----------------------------------------------------------------------------
     @property
@@ -94,6 +114,7 @@ class Pipeline:
             raise RequestError(
                 "a prompt must be a string or a list of {'role', 'content'} messages", "prompt"
             )
+        prompt = [_text_message(m, i) for i, m in enumerate(prompt)]
         if not self.has_chat_template:
             raise RequestError(
                 "this model has no chat template, so message lists cannot be formatted; "
@@ -153,39 +174,59 @@ class Pipeline:
 
     # -- generation -----------------------------------------------------------------------------
     def _submit(
-        self, prompts: Sequence[Prompt], gen_config: GenerationConfig, do_preprocess: bool
+        self,
+        prompts: Sequence[Prompt],
+        gen_config: GenerationConfig | Sequence[GenerationConfig],
+        do_preprocess: bool,
     ) -> list[tuple[int, int, str, list[int]]]:
-        """Encode and validate everything first, then submit: a bad prompt submits nothing."""
-        self._check_idle()
-        encoded = [self.encode_with_images(p, do_preprocess) for p in prompts]
-        for ids, _mm in encoded:
-            self.engine.validate(ids, gen_config)
-        subs = []
-        for i, (ids, mm) in enumerate(encoded):
-            for j in range(gen_config.n):
-                params = gen_config
-                if gen_config.random_seed is not None and j > 0:
-                    params = gen_config.replace(random_seed=(gen_config.random_seed + j) % MAX_SEED)
-                rid = f"pipe-{next(self._ids)}"
-                if mm:
-                    self.engine.add_request(rid, ids, params, mm_inputs=mm)
-                else:
-                    self.engine.add_request(rid, ids, params)
-                subs.append((i, j, rid, ids))
+        """Claim the engine, encode and validate everything, then submit: a bad prompt submits
+        nothing (and releases the claim). ``gen_config``: one config, or one per prompt. ``_run``
+        must follow (it releases the claim)."""
+        configs = _per_prompt(gen_config, len(prompts))
+        self._claim()
+        try:
+            encoded = [self.encode_with_images(p, do_preprocess) for p in prompts]
+            for (ids, _mm), cfg in zip(encoded, configs, strict=True):
+                self.engine.validate(ids, cfg)
+            subs = []
+            for i, ((ids, mm), cfg) in enumerate(zip(encoded, configs, strict=True)):
+                for j in range(cfg.n):
+                    params = cfg
+                    if cfg.random_seed is not None and j > 0:
+                        params = cfg.replace(random_seed=(cfg.random_seed + j) % MAX_SEED)
+                    rid = f"pipe-{next(self._ids)}"
+                    if mm:
+                        self.engine.add_request(rid, ids, params, mm_inputs=mm)
+                    else:
+                        self.engine.add_request(rid, ids, params)
+                    subs.append((i, j, rid, ids))
+        except BaseException:
+            self._release()
+            raise
         return subs
 
-    def _check_idle(self) -> None:
-        if self._running:
+    def _claim(self) -> None:
+        """Take the engine for one call: wait while another thread's call generates; refuse while
+        this thread's own stream_infer iterator is open."""
+        if self._owner == threading.get_ident():
             raise RuntimeError(
                 "this Pipeline is already generating: a stream_infer iterator is still open. One "
                 "call at a time steps the engine; finish or close() that iterator first, or pass "
                 "all prompts to one call"
             )
+        self._busy.acquire()
+        self._owner = threading.get_ident()
+        self._running = True
+
+    def _release(self) -> None:
+        self._running = False
+        self._owner = None
+        self._busy.release()
 
     def _run(self, rids: set[str]) -> Iterator[RequestOutput]:
-        """Step the engine until every request in ``rids`` finished, yielding their outputs."""
+        """Step the engine until every request in ``rids`` finished, yielding their outputs; then
+        release the claim ``_submit`` took."""
         pending = set(rids)
-        self._running = True
         try:
             while pending:
                 for o in self.engine.step():
@@ -201,21 +242,24 @@ class Pipeline:
                     while self.engine.has_unfinished() and any(r in self.engine.requests for r in pending):
                         self.engine.step()
             finally:
-                self._running = False
+                self._release()
 
     def __call__(
         self,
         prompts: Any,
-        gen_config: GenerationConfig | None = None,
+        gen_config: GenerationConfig | Sequence[GenerationConfig] | None = None,
         do_preprocess: bool = True,
         config: GenerationConfig | None = None,
     ) -> Any:
-        """Generate for one prompt (-> Response) or a list (-> list of Response).
+        """Generate for one prompt (-> Response) or a list (-> list of Response). ``gen_config``:
+        one config, or a list with one per prompt (as LMDeploy).
 
-        With ``gen_config.n > 1`` each prompt gives a list of ``n`` responses.
+        With ``n > 1`` a prompt gives a list of ``n`` responses. Calls from several threads run one
+        after another (each waits for the engine).
         """
         gen_config = gen_config or config or GenerationConfig()
         items, single = self._normalize(prompts, self.vl is not None)
+        configs = _per_prompt(gen_config, len(items))
         subs = self._submit(items, gen_config, do_preprocess)
         by_id = {rid: (i, j, ids) for i, j, rid, ids in subs}
         acc: dict[str, Response] = {
@@ -226,11 +270,14 @@ class Pipeline:
         results: list[Any] = []
         for i in range(len(items)):
             group = [acc[rid] for rid, (pi, _j, _ids) in by_id.items() if pi == i]
-            results.append(group if gen_config.n > 1 else group[0])
+            results.append(group if configs[i].n > 1 else group[0])
         return results[0] if single else results
 
     def stream_infer(
-        self, prompts: Any, gen_config: GenerationConfig | None = None, do_preprocess: bool = True
+        self,
+        prompts: Any,
+        gen_config: GenerationConfig | Sequence[GenerationConfig] | None = None,
+        do_preprocess: bool = True,
     ) -> Iterator[Response]:
         """Yield incremental responses (new text and token ids); ``index`` says which prompt and
         ``choice`` which of its ``n`` samples. One call at a time: another call while this iterator
@@ -258,13 +305,16 @@ class Pipeline:
         log-likelihood of tokens 1..n-1 given their prefixes."""
         import math
 
-        self._check_idle()  # score() steps the engine too
         batch = [input_ids] if input_ids and isinstance(input_ids[0], int) else input_ids
-        result = []
-        for ids in batch:
-            lps = self.engine.score(list(ids))  # type: ignore[arg-type]
-            result.append(math.exp(-sum(lps) / len(lps)))
-        return result
+        self._claim()  # score() steps the engine too
+        try:
+            result = []
+            for ids in batch:
+                lps = self.engine.score(list(ids))  # type: ignore[arg-type]
+                result.append(math.exp(-sum(lps) / len(lps)))
+            return result
+        finally:
+            self._release()
 
     def chat(
         self,
@@ -283,6 +333,8 @@ class Pipeline:
         if session is None:
             session = Session(next(self._session_ids))
         new = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if not new:
+            raise RequestError("chat() needs a message: got an empty list", "prompt")
         messages = session.history + new
         resp = self(messages, gen_config=gen_config)
         session.history = messages + [{"role": "assistant", "content": resp.text}]
@@ -312,3 +364,42 @@ def _accumulate(resp: Response, o: RequestOutput) -> None:
         resp.logprobs = (resp.logprobs or []) + list(o.logprobs)
     if o.finished:
         resp.finish_reason = o.finish_reason
+
+
+def _per_prompt(gen_config: GenerationConfig | Sequence[GenerationConfig], n: int) -> list[GenerationConfig]:
+    """One config per prompt: ``gen_config`` for every prompt, or a list of ``n`` (LMDeploy's)."""
+    if isinstance(gen_config, GenerationConfig):
+        return [gen_config] * n
+    if isinstance(gen_config, (list, tuple)) and all(isinstance(g, GenerationConfig) for g in gen_config):
+        if len(gen_config) != n:
+            raise RequestError(
+                f"gen_config is a list of {len(gen_config)} configs for {n} prompts: give one config, "
+                "or one per prompt",
+                "gen_config",
+            )
+        return list(gen_config)
+    raise RequestError(
+        f"gen_config must be a GenerationConfig or a list of them, got {type(gen_config).__name__}",
+        "gen_config",
+    )
+
+
+def _text_message(m: Message, i: int) -> Message:
+    """A message whose content the chat template can take: a list of OpenAI text parts joined by
+    newlines (as the server joins them), None as the empty string."""
+    content = m.get("content")
+    if content is None:
+        return {**m, "content": ""}
+    if not isinstance(content, list):
+        return m
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise RequestError(
+                f"messages[{i}].content[{j}] must be a {{'type': 'text', 'text': str}} part here (image "
+                "parts go to vision-language models)",
+                f"messages[{i}].content[{j}]",
+            )
+        texts.append(part["text"])
+    return {**m, "content": "\n".join(texts)}

@@ -41,6 +41,7 @@ from hotloop.engine.grammar import JsonGrammar, require_json_mode
 from hotloop.engine.outputs import RequestOutput, SampledToken
 from hotloop.engine.request import Request, RequestStatus
 from hotloop.engine.scheduler import Scheduler, SchedulerOutput, multi_step_ok
+from hotloop.engine.word_ids import WordIds
 from hotloop.messages import GenerationConfig, RequestError
 
 
@@ -111,6 +112,8 @@ class Engine:
         self.model_config = model_config
         # JSON mode's grammar, over the logits' width (the mask must cover every row of the LM head)
         self.json_grammar = JsonGrammar(tokenizer, model_config.vocab_size)
+        # stop words that are special tokens, and bad_words, as token ids
+        self.word_ids = WordIds(tokenizer, model_config.vocab_size)
         self.cache_config = cache_config
         self.scheduler_config = scheduler_config
         self.block_manager = BlockManager(
@@ -147,13 +150,16 @@ class Engine:
             )
         if params.json_mode:
             require_json_mode()  # (a schema that does not compile raises in add_request, which compiles it)
-        bias = params.logit_bias or {}
-        outside = [t for t in bias if not (isinstance(t, int) and 0 <= t < vocab)]
-        if outside:
-            raise RequestError(
-                f"logit_bias token id {outside[0]!r} is outside the vocabulary [0, {vocab})",
-                param="logit_bias",
-            )
+        for name, ids in (
+            ("logit_bias", params.logit_bias or {}),
+            ("bad_token_ids", params.bad_token_ids or ()),
+            ("stop_token_ids", params.stop_token_ids or ()),
+        ):
+            outside = [t for t in ids if not (isinstance(t, int) and 0 <= t < vocab)]
+            if outside:
+                raise RequestError(
+                    f"{name} token id {outside[0]!r} is outside the vocabulary [0, {vocab})", param=name
+                )
         limit = self.max_tokens_per_request
         m = params.max_new_tokens
         if p + m > limit:
@@ -162,10 +168,16 @@ class Engine:
                 if limit == self.session_len
                 else f"the KV cache's {limit} tokens (session_len={self.session_len})"
             )
+            if p >= limit:
+                raise RequestError(
+                    f"the prompt has {p} tokens: with at least one new token that exceeds {where}; "
+                    f"shorten the prompt to at most {limit - 1} tokens",
+                    param="prompt",
+                )
             raise RequestError(
                 f"the prompt has {p} tokens and max_new_tokens is {m}: {p + m} tokens exceed {where}; "
-                f"shorten the prompt or lower max_new_tokens to at most {max(limit - p, 0)}",
-                param="max_new_tokens" if p < limit else "prompt",
+                f"shorten the prompt or lower max_new_tokens to at most {limit - p}",
+                param="max_new_tokens",
             )
 
     def add_request(
@@ -182,8 +194,17 @@ class Engine:
         self.validate(prompt_token_ids, params)
         validate_image_spans(mm_inputs, len(prompt_token_ids))
         stop_ids = set(params.stop_token_ids or ())
+        stop_words, special_stops = self.word_ids.split_stop_words(tuple(params.stop_words or ()))
+        stop_ids.update(special_stops)  # a special token's text never reaches the stop-string search
         if not params.ignore_eos:
             stop_ids.update(self.model_config.eos_token_ids)
+        banned = set(params.bad_token_ids or ())
+        if params.bad_words:
+            banned.update(self.word_ids.banned_ids(tuple(params.bad_words)))
+        if banned:  # never sampled: a bias of -inf (what the sampler does with logit_bias)
+            params = params.replace(
+                logit_bias={**(params.logit_bias or {}), **{t: float("-inf") for t in banned}}
+            )
         req = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
@@ -198,7 +219,7 @@ class Engine:
             self.tokenizer,
             req.prompt_token_ids,
             skip_special_tokens=params.skip_special_tokens,
-            stop_words=tuple(params.stop_words or ()),
+            stop_words=stop_words,
             include_stop_str_in_output=params.include_stop_str_in_output,
             min_tokens=params.min_new_tokens or 0,
         )
@@ -501,10 +522,11 @@ class Engine:
         self, req: Request, status: RequestStatus, new_ids: list[int], text: str, lps: list | None = None
     ) -> RequestOutput:
         self.scheduler.finish(req, status)
-        text += req.detokenizer.flush()
+        # the bookkeeping first: a request whose text cannot be finished still leaves the engine
         self.requests.pop(req.request_id, None)
         with self._lock:
             self._ids.discard(req.request_id)
+        text += req.detokenizer.flush()
         reason = status.finish_reason
         return self._output(req, new_ids, text, str(reason) if reason else None, lps or [])
 

@@ -1,8 +1,10 @@
-"""Audit of the Python pipeline API (LMDeploy-shaped): each test demonstrates one defect.
+"""Edges of the Python pipeline API (LMDeploy-shaped) that an audit found broken (2026-12-01): calls
+from several threads, OpenAI text parts, special-token stop words, bad_words / bad_token_ids, one
+config per prompt, chat_template_config, GenerationConfig's checks, EngineConfig.seed, the
+over-long prompt's message, an empty chat turn.
 
-Every test here asserts the correct behaviour and fails on the code as audited, for the reason in its
-docstring. They run on the CPU with the embedded default model (SmolLM2-135M-Instruct), one
-module-scoped pipeline, and short generations; the seed test uses a tiny random checkpoint.
+On the CPU with the embedded default model (SmolLM2-135M-Instruct), one module-scoped pipeline and
+short generations; the seed test uses a tiny random checkpoint.
 """
 
 from __future__ import annotations
@@ -36,17 +38,24 @@ def _idle(p) -> None:  # type: ignore[no-untyped-def]
 
 
 # -- 1. concurrent calls from threads -----------------------------------------------------------
-def test_concurrent_calls_are_refused_or_served_never_corrupted(pipe, monkeypatch) -> None:
-    """``_check_idle`` (pipeline.py:177) tests ``_running`` but only ``_run`` (pipeline.py:188) sets
-    it, after the prompts were encoded and submitted: two threads both pass the check and step the
-    engine at once. Observed: internal errors such as "cannot reshape tensor of 0 elements" or
-    "upper bound and lower bound inconsistent with step sign", often in every thread. Each call
-    must either be served or get the documented "already generating" RuntimeError.
+def _pipeline_on(pipe, monkeypatch, **kwargs):  # type: ignore[no-untyped-def]
+    """Another Pipeline over the module's engine (no model load)."""
+    import hotloop.api.pipeline as mod
 
-    The barrier holds both threads just past the check, which makes the race deterministic (it
-    happened in 15 of 15 unpatched trials with three threads too)."""
+    monkeypatch.setattr(mod, "build_engine", lambda model, cfg: pipe.built)
+    return pipeline(backend_config=EngineConfig(device="cpu"), **kwargs)
+
+
+def test_concurrent_calls_are_refused_or_served_never_corrupted(pipe, monkeypatch) -> None:
+    """Two threads call the same pipeline at once: each call is served, one after the other, or
+    refused with the documented "already generating" RuntimeError; none fails inside the engine (a
+    shared engine stepped from two threads did: "cannot reshape tensor of 0 elements") and none
+    hangs. (The barrier in the prompt encoding held both threads there when the engine was claimed
+    only after it; now the second thread waits for the engine before it encodes, and the barrier
+    times out.)"""
+    p = _pipeline_on(pipe, monkeypatch)
     barrier = threading.Barrier(2, timeout=1.0)
-    real = pipe.encode_with_images
+    real = p.encode_with_images
 
     def synced(prompt, do_preprocess=True):  # type: ignore[no-untyped-def]
         try:
@@ -55,12 +64,12 @@ def test_concurrent_calls_are_refused_or_served_never_corrupted(pipe, monkeypatc
             pass
         return real(prompt, do_preprocess)
 
-    monkeypatch.setattr(pipe, "encode_with_images", synced)
+    p.encode_with_images = synced
     results: dict[int, object] = {}
 
     def worker(k: int) -> None:
         try:
-            results[k] = pipe(f"Say the number {k}", gen_config=GenerationConfig(max_new_tokens=4))
+            results[k] = p(f"Say the number {k}", gen_config=GenerationConfig(max_new_tokens=4))
         except BaseException as e:  # noqa: BLE001 - recorded and checked below
             results[k] = e
 
@@ -68,23 +77,28 @@ def test_concurrent_calls_are_refused_or_served_never_corrupted(pipe, monkeypatc
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=30)
-    assert not any(t.is_alive() for t in threads), "a concurrent call hung"
+        t.join(timeout=20)
+    hung = any(t.is_alive() for t in threads)
+    if hung:  # stop the stuck thread (its next engine access raises), then drain the engine
+        p._built = None
+        for t in threads:
+            t.join(timeout=10)
+        for rid in list(pipe.engine.requests):
+            pipe.engine.abort_request(rid)
+        while pipe.engine.has_unfinished():
+            pipe.engine.step()
+    assert not hung, "a concurrent call hung"
     for k, r in results.items():
         if isinstance(r, BaseException):
             assert isinstance(r, RuntimeError) and "already generating" in str(r), f"thread {k}: {r!r}"
     assert any(not isinstance(r, BaseException) for r in results.values()), results
-    monkeypatch.undo()
     _idle(pipe)
 
 
 # -- 2. OpenAI-style content parts -----------------------------------------------------------
 def test_text_content_parts_are_flattened_like_the_server(pipe) -> None:
-    """OpenAI messages whose ``content`` is a list of ``{"type": "text"}`` parts crash with
-    ``TypeError: can only concatenate str (not "list") to str`` from the Jinja template:
-    ``encode_with_images`` (pipeline.py:112) flattens content lists only when they hold an image, so
-    a text-only list reaches ``apply_chat_template`` (pipeline.py:103) as a list. The server
-    (serve/chat.py:47-66) joins text parts; the pipeline must do the same."""
+    """OpenAI messages whose ``content`` is a list of text parts encode as the joined text, as the
+    server joins them (the list used to reach the chat template and fail there)."""
     parts = [{"role": "user", "content": [{"type": "text", "text": "Hello"}]}]
     plain = [{"role": "user", "content": "Hello"}]
     ids, images = pipe.encode_with_images(parts)
@@ -93,13 +107,12 @@ def test_text_content_parts_are_flattened_like_the_server(pipe) -> None:
 
 # -- 3. stop words that are special tokens ---------------------------------------------------------
 def test_special_token_stop_word_stops(pipe) -> None:
-    """``stop_words=["<|im_end|>"]`` never matches with the default ``skip_special_tokens=True``:
-    stop strings are searched in the detokenized text (engine/detokenizer.py), from which special
-    tokens are dropped, so with ``ignore_eos`` (or any special end token that is not an EOS id, e.g.
-    Llama 3's <|eot_id|>) generation silently runs to ``max_new_tokens``. LMDeploy turns such stop
-    words into stop token ids. Here <|im_end|> is forced by logit_bias at every step."""
+    """A stop word that is a special token's text (``"<|im_end|>"``) stops as that token's id:
+    stop strings are searched in text from which special tokens are dropped, so it would never match
+    (with ``ignore_eos``, or an end token that is not an EOS id such as Llama 3's <|eot_id|>).
+    <|im_end|> is forced by logit_bias at every step."""
     g = GenerationConfig(
-        max_new_tokens=6, ignore_eos=True, stop_words=["<|im_end|>"], logit_bias={IM_END: 100.0}
+        max_new_tokens=3, ignore_eos=True, stop_words=["<|im_end|>"], logit_bias={IM_END: 100.0}
     )
     r = pipe("hi", gen_config=g)
     assert r.token_ids[0] == IM_END
@@ -109,24 +122,20 @@ def test_special_token_stop_word_stops(pipe) -> None:
 
 # -- 4. bad_words / bad_token_ids ----------------------------------------------------------------
 def test_bad_token_ids_supported(pipe) -> None:
-    """``GenerationConfig(bad_token_ids=...)`` (an LMDeploy field) raises ``TypeError: unexpected
-    keyword argument`` (messages.py:41, the field does not exist), though ``logit_bias`` already
-    does the masking (a -inf bias works)."""
+    """``bad_token_ids`` (LMDeploy's field) are never generated."""
     r = pipe("hi", gen_config=GenerationConfig(max_new_tokens=2, bad_token_ids=[HELLO]))  # type: ignore[call-arg]
     assert HELLO not in r.token_ids
 
 
 def test_bad_words_supported(pipe) -> None:
-    """``GenerationConfig(bad_words=...)`` (an LMDeploy field) raises ``TypeError`` (messages.py:41)."""
+    """``bad_words`` (LMDeploy's field): a token holding the word is never generated."""
     r = pipe("hi", gen_config=GenerationConfig(max_new_tokens=2, bad_words=["Hello"]))  # type: ignore[call-arg]
     assert not r.text.startswith("Hello")
 
 
 # -- 5. one GenerationConfig per prompt --------------------------------------------------------------
 def test_gen_config_list_per_prompt(pipe) -> None:
-    """LMDeploy takes ``gen_config`` as one config or a list (one per prompt). A list crashes with
-    ``AttributeError: 'list' object has no attribute 'json_mode'`` inside ``engine.validate``
-    (pipeline.py:217 passes it through unchecked)."""
+    """``gen_config`` may be a list, one config per prompt (as LMDeploy takes it)."""
     rs = pipe(
         ["hi", "yo"],
         gen_config=[
@@ -139,14 +148,18 @@ def test_gen_config_list_per_prompt(pipe) -> None:
 
 # -- 6. chat_template_config -----------------------------------------------------------------
 def test_chat_template_config_is_accepted(pipe, monkeypatch) -> None:
-    """``pipeline(model, backend_config=..., chat_template_config=...)`` (LMDeploy's signature)
-    raises ``TypeError: pipeline() got unexpected arguments: ['chat_template_config']``
-    (pipeline.py:56). (build_engine is stubbed with the module's engine to keep this fast.)"""
-    import hotloop.api.pipeline as mod
-
-    monkeypatch.setattr(mod, "build_engine", lambda model, cfg: pipe.built)
-    p = pipeline(backend_config=EngineConfig(device="cpu"), chat_template_config=None)
+    """``pipeline(model, backend_config=..., chat_template_config=...)`` (LMDeploy's signature) is
+    accepted. (build_engine is stubbed with the module's engine to keep this fast.)"""
+    p = _pipeline_on(pipe, monkeypatch, chat_template_config=None)
     assert p.encode("Hello") == pipe.encode("Hello")
+    import types
+
+    template = "{% for m in messages %}{{ m['content'] }}|{% endfor %}"
+    for cfg in (template, types.SimpleNamespace(chat_template=template)):
+        p = _pipeline_on(pipe, monkeypatch, chat_template_config=cfg)
+        assert p.encode("Hello") == pipe.tokenizer.encode("Hello|", add_special_tokens=False)
+    with pytest.raises(TypeError, match="chat_template_config"):
+        _pipeline_on(pipe, monkeypatch, chat_template_config=types.SimpleNamespace(model_name="llama3"))
 
 
 # -- 7. GenerationConfig validation holes -----------------------------------------------------------
@@ -162,28 +175,32 @@ def test_chat_template_config_is_accepted(pipe, monkeypatch) -> None:
     ],
 )
 def test_generation_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
-    """``GenerationConfig.__post_init__`` (messages.py:81-136) compares with one-sided ``<``/``<=``
-    (NaN passes, wrong types raise a bare TypeError) and never checks stop_words' element types. A
-    bad value must raise ``RequestError`` whose ``param`` and message name the field."""
+    """A NaN (which passes one-sided comparisons), a value of the wrong type, a stop word that is not
+    a string or a stop id that is not an integer raises ``RequestError`` naming the field."""
     with pytest.raises(RequestError) as e:
         GenerationConfig(**{field: value})  # type: ignore[arg-type]
     assert e.value.param == field and field in str(e.value)
 
 
 def test_non_string_stop_word_leaves_no_request_behind(pipe) -> None:
-    """A non-str stop word passes validation, then raises TypeError inside ``engine.step()``; the
-    abort path raises again in ``detokenizer.flush()`` (engine.py:504) before the request is popped,
-    so it stays in ``engine.requests`` / ``engine._ids`` for good. It must be refused up front."""
-    with pytest.raises(RequestError):
-        pipe("hi", gen_config=GenerationConfig(max_new_tokens=2, stop_words=[1]))  # type: ignore[list-item]
-    _idle(pipe)
+    """A non-str stop word is refused up front, and the engine holds no request afterwards (it used to
+    fail inside ``engine.step()`` and stay in ``engine.requests``)."""
+    try:
+        with pytest.raises(RequestError):
+            pipe("hi", gen_config=GenerationConfig(max_new_tokens=2, stop_words=[1]))  # type: ignore[list-item]
+        _idle(pipe)
+    finally:  # drop what the failure leaves behind, so that later tests start clean
+        e = pipe.engine
+        for rid, req in list(e.requests.items()):
+            if req.is_finished:
+                e.requests.pop(rid)
+                e._ids.discard(rid)
 
 
 # -- 8. EngineConfig.seed ----------------------------------------------------------------------
 def test_engine_seed_makes_unseeded_sampling_reproducible(make_tiny_model: Callable[[str], Path]) -> None:
-    """``EngineConfig.seed`` ("engine-wide random seed", cli/engine_args.py:38) is read nowhere:
-    unseeded draws use torch's global RNG (executor/sampler.py:271), so two engines built with the
-    same seed sample differently whenever anything else touched that RNG."""
+    """``EngineConfig.seed`` seeds the RNG that unseeded sampled requests draw from: two engines built
+    with the same seed sample the same tokens whatever touched torch's global RNG before."""
     path = str(make_tiny_model("qwen2_bias"))
     g = GenerationConfig(max_new_tokens=8, do_sample=True, temperature=1.0)
     outs = []
@@ -196,9 +213,8 @@ def test_engine_seed_makes_unseeded_sampling_reproducible(make_tiny_model: Calla
 
 # -- 9. error messages -------------------------------------------------------------------------
 def test_prompt_over_the_limit_error_gives_possible_advice(pipe) -> None:
-    """A prompt that alone fills the session/KV limit gets "lower max_new_tokens to at most 0"
-    (engine.py:167), an impossible value (max_new_tokens >= 1): the message must say the prompt
-    itself is too long (it does name param='prompt')."""
+    """A prompt that alone fills the session or the KV cache is refused with a message that says so
+    (it used to advise "lower max_new_tokens to at most 0", an impossible value)."""
     with pytest.raises(RequestError) as e:
         pipe("word " * 5000, gen_config=GenerationConfig(max_new_tokens=8))
     assert e.value.param == "prompt"
@@ -206,8 +222,6 @@ def test_prompt_over_the_limit_error_gives_possible_advice(pipe) -> None:
 
 
 def test_chat_with_empty_message_list_raises_request_error(pipe) -> None:
-    """``pipe.chat([])`` on a new session: ``self([])`` returns ``[]`` (an empty batch) and
-    ``chat`` crashes with ``AttributeError: 'list' object has no attribute 'text'``
-    (pipeline.py:288). It must raise RequestError naming the prompt."""
+    """``pipe.chat([])`` raises RequestError naming the prompt (it failed with an AttributeError)."""
     with pytest.raises(RequestError):
         pipe.chat([])
