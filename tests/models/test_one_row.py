@@ -33,30 +33,27 @@ ONE_ROW_CONFIGS = [
 ]
 
 
-def _count_one_row(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count ``forward_one_row`` calls (one per layer per one-row step)."""
+def _count_calls(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[int]:
+    """Count calls of the method ``cls.name`` (the counter is ``[n]``)."""
     calls = [0]
-    real = llama.LlamaDecoderLayer.forward_one_row
-
-    def spy(self: Any, *args: Any) -> torch.Tensor:
-        calls[0] += 1
-        return real(self, *args)
-
-    monkeypatch.setattr(llama.LlamaDecoderLayer, "forward_one_row", spy)
-    return calls
-
-
-def _count_rope(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count ``QKVLinear.forward_rope`` calls (the rope fusion taken)."""
-    calls = [0]
-    real = QKVLinear.forward_rope
+    real = getattr(cls, name)
 
     def spy(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         calls[0] += 1
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(QKVLinear, "forward_rope", spy)
+    monkeypatch.setattr(cls, name, spy)
     return calls
+
+
+def _count_one_row(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count ``forward_one_row`` calls (one per layer per one-row step)."""
+    return _count_calls(monkeypatch, llama.LlamaDecoderLayer, "forward_one_row")
+
+
+def _count_rope(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count ``QKVLinear.forward_rope`` calls (the rope fusion taken)."""
+    return _count_calls(monkeypatch, QKVLinear, "forward_rope")
 
 
 def _decode_one_by_one(model: Any, tokens: list[int], prefill: int) -> torch.Tensor:
@@ -260,14 +257,7 @@ def test_one_row_merge_in_the_o_projection_gpu(
     monkeypatch.setitem(ops._state, "one_row_rope", True)
     monkeypatch.setitem(ops._state, "one_row_merge", True)
     monkeypatch.setattr(dec, "FUSE_MERGE", False)
-    merged = [0]
-    real = Linear.forward_merged
-
-    def spy(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        merged[0] += 1
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Linear, "forward_merged", spy)
+    merged = _count_calls(monkeypatch, Linear, "forward_merged")
     sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
     from test_engine_parity import MAX_NEW, VARIANTS, run_engine
     from test_gpu_parity import check_parity, hf_greedy_with_margins
