@@ -49,6 +49,16 @@ def build_engine(model: str | None, config: EngineConfig | None = None) -> Built
     # EngineConfig.seed: torch's global RNG (CPU and every GPU), which unseeded sampled requests and
     # dummy weights draw from, starts from it, as vLLM's seed does
     torch.manual_seed(config.seed)
+    gguf_file = model is not None and str(model).lower().endswith(".gguf")
+    if config.model_format == "gguf" and model is not None and not gguf_file:
+        raise ValueError(
+            f"model_format='gguf', but {model} is not a .gguf file; leave --model-format out to detect it"
+        )
+    if config.model_format in ("hf", "awq") and gguf_file:
+        raise ValueError(
+            f"model_format={config.model_format!r}, but {model} is a .gguf file; use model_format='gguf' or "
+            "leave it out"
+        )
     path = resolve_model_path(model)
     device = resolve_device(config.device)
     probe = model_config_from_path(path, "auto")

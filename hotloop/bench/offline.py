@@ -119,7 +119,16 @@ def _emit(result: dict[str, Any], path: str | None) -> None:
             json.dump(result, f, indent=2)
 
 
+def _check_counts(args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Counts that must be >= 1, checked before the model loads."""
+    for name in names:
+        value = getattr(args, name)
+        if value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+
+
 def run_throughput(args: argparse.Namespace) -> int:
+    _check_counts(args, ("num_prompts",))
     built, load_s = _engine(args)
     engine = built.engine
     rng = random.Random(args.bench_seed)
@@ -164,6 +173,7 @@ def run_throughput(args: argparse.Namespace) -> int:
 
 
 def run_latency(args: argparse.Namespace) -> int:
+    _check_counts(args, ("batch_size", "num_iters"))
     built, load_s = _engine(args)
     engine = built.engine
     rng = random.Random(args.bench_seed)

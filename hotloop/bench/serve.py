@@ -359,6 +359,17 @@ def build_requests(args: Any, tokenizer: Any | None = None) -> list[BenchRequest
     )
 
 
+def _check_reachable(base_url: str) -> None:
+    """A one-line error before the run when nothing answers at ``base_url``."""
+    try:
+        httpx.get(base_url.rstrip("/") + "/v1/models", timeout=10.0)
+    except httpx.HTTPError as e:
+        raise RuntimeError(
+            f"no server answers at {base_url} ({type(e).__name__}: {e}); start one, or pass --host / --port / "
+            "--base-url"
+        ) from e
+
+
 def run(args: Any) -> int:
     """Entry point of ``hotloop bench serve`` (``args`` from ``hotloop.cli.bench``)."""
     slos = parse_goodput(args.goodput)
@@ -373,6 +384,7 @@ def run(args: Any) -> int:
     requests = build_requests(args, tokenizer)
     base_url = args.base_url or f"http://{args.host}:{args.port}"
     rate = math.inf if args.request_rate is None else args.request_rate
+    _check_reachable(base_url)
     results, duration, model = asyncio.run(
         run_load(
             base_url,

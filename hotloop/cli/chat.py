@@ -29,11 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hotloop.api.pipeline import Pipeline
+    from hotloop.serve.chat_template import load_chat_template
 
-    template = None
-    if args.chat_template:
-        with open(args.chat_template) as f:
-            template = f.read()
+    template = load_chat_template(args.chat_template)  # a Jinja file or the template text, as serve
     gen = GenerationConfig(
         max_new_tokens=args.max_new_tokens,
         do_sample=args.temperature > 0,

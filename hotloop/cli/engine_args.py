@@ -14,7 +14,7 @@ _HELP = {
     "tp": "tensor parallel degree",
     "session_len": "most tokens a sequence may hold, prompt plus output (default: the model's context length)",
     "max_batch_size": "most sequences running at once",
-    "cache_max_entry_count": "KV pool: a float in (0, 1] is the fraction of free memory; an int >= 1 a block count",
+    "cache_max_entry_count": "KV pool: a float in (0, 1] is the fraction of free memory (1: all of it, as in LMDeploy); an int >= 2 a block count",
     "cache_block_seq_len": "tokens per KV block",
     "max_prefill_token_num": "most prompt tokens prefilled in one step; longer prompts are chunked",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
@@ -42,15 +42,18 @@ _HELP = {
 
 
 def _cache_count(text: str) -> float | int:
+    """A fraction of the free GPU memory in (0, 1] (LMDeploy's meaning, so ``1`` is all of it), or an
+    integer block count from 2 up."""
     try:
-        return int(text)
+        value = int(text)
+        return 1.0 if value == 1 else value
     except ValueError:
         pass
     try:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--cache-max-entry-count {text!r}: expected a float in (0, 1] or an int >= 1"
+            f"--cache-max-entry-count {text!r}: expected a float in (0, 1] (1: all free memory) or an int >= 2 (blocks)"
         ) from None
 
 
@@ -59,7 +62,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + f.name.replace("_", "-")
         default = f.default
-        help_text = _HELP.get(f.name, f.name) + f" (default: {default})"
+        help_text = _HELP.get(f.name, f.name)
+        if "(default:" not in help_text:
+            help_text += f" (default: {default})"
         if f.name == "cache_max_entry_count":
             group.add_argument(flag, type=_cache_count, default=default, help=help_text)
         elif isinstance(default, bool):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 from hotloop.lite.auto_awq import METHODS, AWQOptions
 
@@ -40,8 +41,16 @@ def _add_options(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
             p.add_argument(flag, choices=METHODS, default=f.default, help=help_text)
         elif isinstance(f.default, int):
             p.add_argument(flag, type=int, default=f.default, help=help_text)
+        elif f.name == "device":
+            p.add_argument(flag, type=_device_arg, default=f.default, help=help_text)
         else:
             p.add_argument(flag, default=f.default, help=help_text)
+
+
+def _device_arg(text: str) -> str:
+    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: expected auto, cpu, cuda or cuda:N")
 
 
 _CALIB = ("calib_dataset", "calib_samples", "calib_seqlen", "batch_size", "device")
@@ -68,8 +77,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _options(args: argparse.Namespace) -> AWQOptions:
+    """The options, and a --work-dir that can be a folder (checked before any calibration runs)."""
     names = {f.name for f in dataclasses.fields(AWQOptions)}
-    return AWQOptions(**{k: v for k, v in vars(args).items() if k in names})
+    opts = AWQOptions(**{k: v for k, v in vars(args).items() if k in names})
+    work = Path(args.work_dir)
+    for parent in (work, *work.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"--work-dir {args.work_dir}: {parent} exists and is not a folder")
+            break
+    return opts
 
 
 def run_auto_awq(args: argparse.Namespace) -> int:

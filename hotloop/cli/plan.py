@@ -68,6 +68,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def inputs_from_args(args: argparse.Namespace) -> PlanInput:
+    if not 0.0 < args.cache_max_entry_count <= 1.0:
+        raise ValueError(f"--cache-max-entry-count {args.cache_max_entry_count}: must lie in (0, 1]")
     return PlanInput(
         gpu_mem_gib=args.gpu_mem,
         weight_format=args.weight_format,

@@ -119,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
     from hotloop.utils.logging import set_log_level
 
     _command, model = split_positionals(args.positionals)
+    if args.api_keys is not None and not all(k.strip() for k in args.api_keys):
+        # (`--api-keys "$KEY"` with KEY unset: an empty key would leave the server open)
+        raise ValueError("--api-keys: an empty key was given; pass non-empty keys, or leave the flag out")
     server_args = ServerArgs(
         server_name=args.server_name,
         server_port=args.server_port,

@@ -66,6 +66,10 @@ class AWQOptions:
             raise ValueError(f"w_group_size={self.w_group_size} must be a positive multiple of 16")
         if self.calib_samples < 1 or self.calib_seqlen < 2 or self.batch_size < 1:
             raise ValueError("calib_samples, batch_size must be >= 1 and calib_seqlen >= 2")
+        if self.clip_tokens < 1:
+            raise ValueError(f"--clip-tokens {self.clip_tokens}: clip_tokens must be >= 1")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"--device {self.device!r}: device must be auto, cpu, cuda or cuda:N")
 
 
 def _device(name: str) -> torch.device:

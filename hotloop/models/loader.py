@@ -358,6 +358,12 @@ def model_config_from_path(model_path: str | Path, dtype_str: str = "auto") -> M
     """Read a Hugging Face folder into ``ModelConfig`` (dtype names as in ``hotloop.config.DTYPES``)."""
     hf_config = load_hf_config(model_path)
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    if getattr(text, "num_attention_heads", None) is None:
+        from hotloop.models.registry import resolve_architecture
+
+        # a model without attention heads (a Mamba): an architecture we do not serve says so
+        resolve_architecture(architecture_of(hf_config))
+        raise ValueError(f"{model_path}: config.json has no num_attention_heads")
     num_heads = int(text.num_attention_heads)
     return ModelConfig(
         path=str(model_path),

@@ -24,7 +24,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_MODELS)
 
 
 class UnsupportedModelError(ValueError):
-    """The architecture is not in the turbo model zoo (the pytorch backend may still serve it)."""
+    """The architecture is not in the turbo model zoo (the only backend built so far)."""
 
 
 def is_supported(architecture: str) -> bool:
@@ -37,7 +37,8 @@ def get_model_class(architecture: str) -> type[nn.Module]:
     if entry is None:
         raise UnsupportedModelError(
             f"architecture {architecture!r} is not supported by the turbo backend; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)} (use backend='pytorch' for others)"
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)} (the pytorch backend, for any transformers "
+            "model, is not built yet)"
         )
     module, name = entry
     cls: type[nn.Module] = getattr(importlib.import_module(module), name)

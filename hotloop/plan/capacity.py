@@ -52,6 +52,14 @@ class PlanInput:
             raise ValueError(f"cache_max_entry_count={self.cache_max_entry_count!r} must lie in (0, 1]")
         if self.session_len < 1 or self.block_size < 1 or self.tp < 1 or self.gpus_per_node < 1:
             raise ValueError("session_len, block_size, tp and gpus_per_node must be >= 1")
+        if not self.gpu_mem_gib > 0:
+            raise ValueError(f"gpu_mem_gib={self.gpu_mem_gib!r} (--gpu-mem) must be > 0")
+        if not self.overhead_gib >= 0:
+            raise ValueError(f"overhead_gib={self.overhead_gib!r} (--overhead) must be >= 0")
+        if self.tp > self.gpus_per_node:
+            raise ValueError(
+                f"tp={self.tp} (--tp) exceeds gpus_per_node={self.gpus_per_node}: a replica spans one node"
+            )
 
     @property
     def quant_policy(self) -> int:
