@@ -125,6 +125,8 @@
 #            the merged GEMV, then call s23a's test selection again, verbose (it timed out before its summary).
 #   s23c     one GPU, in turn: the merged GEMV's and the rope trigger's GPU tests, then SmolLM2-135M batch 1 (8 steps
 #            a launch) with the merge launch and with the by-split merge in the o projection (four launches).
+#   s24a     one GPU, in turn: merge2's tests and SmolLM2 splits (16 / 8 / 4 / 16, one round), then
+#            profile_step.py's prefill / mixed cases at 1,008, 1,024 and 1,040 rows and decode at 16.
 #   merge2   one GPU, in turn (the next session's first call): the merged o projection's GPU tests as changed after
 #            the twenty-third session's review (prompts across several decode tiles, a sliding-window model), then
 #            SmolLM2-135M batch 1 (8 steps a launch) at 16 / 8 / 4 decode splits (HOTLOOP_DECODE_MAX_SPLITS) with the
@@ -715,6 +717,21 @@ if [ "$what" = merge2 ]; then
       HOTLOOP_DECODE_MAX_SPLITS=$sp bs1 "smol_s${sp}_$i" smollm2-135m --num-scheduler-steps 8
     done
   done
+  exit 0
+fi
+if [ "$what" = s24a ]; then
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 python3 -m pytest -m gpu -n 8 -v -rfE -p no:cacheprovider tests/models/test_one_row.py \
+    tests/kernels/test_dense_gemv.py -k "merge" >"$out/merge2_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/merge2_tests.log" | cut -c1-300 | head -30
+  for sp in 16 8 4 16; do
+    HOTLOOP_DECODE_MAX_SPLITS=$sp bs1 "smol_s${sp}" smollm2-135m --num-scheduler-steps 8
+  done
+  timeout 200 python3 "$here/profile_step.py" --out "$out/profile_tiles.json" \
+    --cases "prefill 1x10,mixed 16 decodes@1k + 1x10,decode 16@1k" >"$out/profile_tiles.log" 2>&1
+  echo "[profile_tiles] rc=$?"
+  grep -E "ms   floor" "$out/profile_tiles.log"
   exit 0
 fi
 if [ "$what" = s23c ]; then

@@ -169,12 +169,17 @@ def main() -> int:
     cases = {
         "prefill 1x1024": ([1024], 0, 0),
         "prefill 1x128": ([128], 0, 0),
+        # the GEMMs' row tiles: a 1,024-token prompt plus 16 decodes is 1,040 rows, one row past
+        # eight 128-row tiles; 1,008 + 16 is exactly 1,024
+        "prefill 1x1040": ([1040], 0, 0),
+        "prefill 1x1008": ([1008], 0, 0),
         "prefill 4x1024": ([1024] * 4, 0, 0),
         "prefill 8x1024": ([1024] * 8, 0, 0),
         "mixed 32 decodes@1k + 1x1024": ([1024], 32, 1024),
         "mixed 32 decodes@1k + 1x256": ([256], 32, 1024),
         # the issue-3 serving mix: ~16 running decodes, one arriving 1,024-token prompt, chunked or not
         "mixed 16 decodes@1k + 1x1024": ([1024], 16, 1024),
+        "mixed 16 decodes@1k + 1x1008": ([1008], 16, 1024),
         "mixed 16 decodes@1k + 1x512": ([512], 16, 1024),
         "mixed 16 decodes@1k + 1x256": ([256], 16, 1024),
         "decode 16@1k (graph)": ([], 16, 1024),
