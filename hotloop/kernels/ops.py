@@ -12,6 +12,8 @@ reference everywhere (parity debugging). The environment switches read here:
 - ``HOTLOOP_ONE_ROW_LM_HEAD=0`` keeps its LM head on cuBLAS (``lm_head_logits``);
 - ``HOTLOOP_ONE_ROW_MERGE=0`` keeps its decode splits' merge in a launch of its own instead of in the
   o projection, where the partials are small (``one_row_merge``);
+- ``HOTLOOP_ONE_ROW_MERGE_SPLITS`` caps that path's decode splits (a power of two, 8 by default:
+  ``ONE_ROW_MERGE_MAX_SPLITS``);
 - ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``).
 """
 
@@ -104,6 +106,22 @@ def set_one_row_merge(enabled: bool) -> None:
 # one timed faster than the merge launch; the tiled merge over several K steps was slower).
 ONE_ROW_MERGE_MAX_BYTES = 64 * 1024
 ONE_ROW_MERGE_MAX_K = 1024
+
+
+def _merge_splits_from_env() -> int:
+    raw = os.environ.get("HOTLOOP_ONE_ROW_MERGE_SPLITS", "8").strip() or "8"
+    choices = (1, 2, 4, 8, 16)
+    if not raw.isdigit() or int(raw) not in choices:
+        raise ValueError(f"HOTLOOP_ONE_ROW_MERGE_SPLITS={raw!r} must be one of {choices}")
+    return int(raw)
+
+
+# The decode splits of the merged path: each program of the o projection reads every split's
+# partials, so fewer splits make that GEMV cheaper while the decode launch's chains grow. H200,
+# SmolLM2-135M batch 1, 128 in / 512 out, 8 steps a launch (twenty-fourth session, one host): 8
+# splits 2,453.7 tokens/s, 16 (the split heuristic's choice for 3 KV heads) 2,369.2 / 2,370.9, 4
+# 2,309.3. HOTLOOP_DECODE_MAX_SPLITS still caps it.
+ONE_ROW_MERGE_MAX_SPLITS = _merge_splits_from_env()
 
 
 def one_row_merge() -> bool:
