@@ -600,6 +600,71 @@ def test_dense_gemv_merged_equals_the_merge_launch_then_the_gemv_bf16(splits: in
     assert torch.equal(dense_gemv_merged(part, lse, w, residual=r, config=cfg), two)
 
 
+def _live_case(device: str, dtype: torch.dtype, window: int | None, block_k: int) -> None:
+    """``dense_gemv_merged(live=...)`` on a real decode launch's partials: the splits that
+    ``DecodeSplits`` says hold no keys really are empty (lse -inf), and with them poisoned (NaN) the
+    launch that skips them gives the bits of the launch that reads every split of the clean
+    partials. Rows: one split's worth of keys, a few splits, every split, and a padding row."""
+    from hotloop.kernels.dense_gemv import GemvConfig, dense_gemv_merged
+    from hotloop.kernels.paged_decode_attention import decode_attention_partials
+
+    h, kv, d, bs, splits, bn = 6, 3, 16, 16, 8, 16
+    lens = [5, 40, 300, 0]
+    gen = torch.Generator().manual_seed(3)
+    need = [-(-n // bs) for n in lens]
+    nb = sum(need) + 2
+    kc = torch.randn(nb, bs, kv, d, generator=gen).to(dtype).to(device)
+    vc = torch.randn(nb, bs, kv, d, generator=gen).to(dtype).to(device)
+    tables = torch.zeros(len(lens), max(need), dtype=torch.int32)
+    perm, at = torch.randperm(nb, generator=gen).tolist(), 0
+    for i, n in enumerate(need):
+        tables[i, :n] = torch.tensor(perm[at : at + n], dtype=torch.int32)
+        at += n
+    q = torch.randn(len(lens), h, d, generator=gen).to(dtype).to(device)
+    seq = torch.tensor(lens, dtype=torch.int32, device=device)
+    res = decode_attention_partials(
+        q, kc, vc, tables.to(device), seq, d**-0.5, window, num_splits=splits, config=(bn, 1, 1)
+    )
+    assert res.part is not None and res.lse is not None and res.live is not None
+    assert (res.live.block_n, res.live.window) == (bn, window or 0)
+    part, lse = res.part.clone(), res.lse.clone()
+    live = []
+    for n in lens:  # the decode kernel's cut, computed here on its own
+        first = (max(n - window, 0) // bn) * bn if window else 0
+        ctx = n - first
+        chunk = -(-(-(-ctx // splits)) // bn) * bn
+        live.append(-(-ctx // chunk) if chunk else 0)
+    assert live[0] == 1 and 1 < live[1] < splits and live[3] == 0, live
+    poisoned_part, poisoned_lse = part.clone(), lse.clone()
+    for i, n_live in enumerate(live):
+        assert (lse[i, :, n_live:] == float("-inf")).all(), (i, lse[i])
+        poisoned_part[i, :, n_live:] = float("nan")
+        poisoned_lse[i, :, n_live:] = float("nan")
+    w = (torch.randn(24, h * d, generator=gen) / 10).to(dtype).to(device)
+    r = torch.randn(len(lens), 24, generator=gen).to(dtype).to(device)
+    cfg = GemvConfig(block_n=8, block_k=block_k, num_warps=1 if device == "cpu" else 4)
+    want = dense_gemv_merged(part, lse, w, residual=r, config=cfg)
+    got = dense_gemv_merged(poisoned_part, poisoned_lse, w, residual=r, config=cfg, live=res.live)
+    assert torch.equal(got, want)
+    # the poison is visible to a launch that reads every split: the skipped loads are what keep it out
+    assert torch.isnan(dense_gemv_merged(poisoned_part, poisoned_lse, w, residual=r, config=cfg)[0]).all()
+
+
+@interpret
+@pytest.mark.parametrize("window", [None, 100])
+@pytest.mark.parametrize("block_k", [32, 128])  # a tile of splits per K step; one split at a time
+def test_dense_gemv_merged_live_splits_interpreted(window: int | None, block_k: int) -> None:
+    _live_case("cpu", torch.float32, window, block_k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, 100])
+@pytest.mark.parametrize("block_k", [32, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dense_gemv_merged_live_splits_gpu(window: int | None, block_k: int, dtype: torch.dtype) -> None:
+    _live_case("cuda", dtype, window, block_k)
+
+
 @interpret
 def test_dense_gemv_merged_checks() -> None:
     from hotloop.kernels.dense_gemv import dense_gemv_merged
