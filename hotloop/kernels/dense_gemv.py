@@ -705,9 +705,7 @@ def dense_gemv_merged(
     if live is not None:
         check(
             live.seq_lens.dtype == torch.int32 and live.seq_lens.shape[0] >= m and live.block_n > 0,
-            # (no tensor in the message: it is formatted on every call, CUDA-graph captures included)
-            f"live: int32 seq_lens for {m} rows and a positive block_n, got {live.seq_lens.dtype} "
-            f"{tuple(live.seq_lens.shape)}, block_n {live.block_n}",
+            f"live: int32 seq_lens for {m} rows and a positive block_n, got {live}",
         )
         check_same_device(part=part, seq_lens=live.seq_lens)
     cfg = config or merge_config(n, k)
