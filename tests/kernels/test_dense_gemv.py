@@ -600,10 +600,6 @@ def test_dense_gemv_merged_equals_the_merge_launch_then_the_gemv_bf16(splits: in
     assert torch.equal(dense_gemv_merged(part, lse, w, residual=r, config=cfg), two)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(a // -b)
-
-
 def _live_case(device: str, dtype: torch.dtype, window: int | None, block_k: int) -> None:
     """``dense_gemv_merged(live=...)`` on a real decode launch's partials: the splits that
     ``DecodeSplits`` says hold no keys really are empty (lse -inf), and with them poisoned (NaN) the
@@ -636,8 +632,8 @@ def _live_case(device: str, dtype: torch.dtype, window: int | None, block_k: int
     for n in lens:  # the decode kernel's cut, computed here on its own
         first = (max(n - window, 0) // bn) * bn if window else 0
         ctx = n - first
-        chunk = _cdiv(_cdiv(ctx, splits), bn) * bn
-        live.append(_cdiv(ctx, chunk) if chunk else 0)
+        chunk = -(-(-(-ctx // splits)) // bn) * bn
+        live.append(-(-ctx // chunk) if chunk else 0)
     assert live[0] == 1 and 1 < live[1] < splits and live[3] == 0, live
     poisoned_part, poisoned_lse = part.clone(), lse.clone()
     for i, n_live in enumerate(live):
