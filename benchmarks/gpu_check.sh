@@ -127,8 +127,6 @@
 #            a launch) with the merge launch and with the by-split merge in the o projection (four launches).
 #   s24a     one GPU, in turn: merge2's tests and SmolLM2 splits (16 / 8 / 4 / 16, one round), then
 #            profile_step.py's prefill / mixed cases at 1,008, 1,024 and 1,040 rows and decode at 16.
-#   s24c     one GPU, in turn: the merged GEMV's GPU tests (the live splits), then SmolLM2 batch 1 with the
-#            merged path capped at 8 / 16 splits, reading live splits or every split, and 1,536-token prompts.
 #   s24b     one GPU, in turn: merge / split GPU tests, then SmolLM2 batch 1 with the merged path's 8
 #            splits (default) against 16, merge configs 32 / 8 outputs, one step a launch, 1,536-token
 #            prompts at 8 and 16 splits, and Llama-3-8B batch 1.
@@ -721,24 +719,6 @@ if [ "$what" = merge2 ]; then
     for sp in 16 8 4; do
       HOTLOOP_DECODE_MAX_SPLITS=$sp bs1 "smol_s${sp}_$i" smollm2-135m --num-scheduler-steps 8
     done
-  done
-  exit 0
-fi
-if [ "$what" = s24c ]; then
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 200 python3 -m pytest -m gpu -n 8 -v -rfE -p no:cacheprovider tests/models/test_one_row.py \
-    tests/kernels/test_dense_gemv.py -k "merge" >"$out/s24c_tests.log" 2>&1
-  echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s24c_tests.log" | cut -c1-300 | head -30
-  for i in 1 2; do
-    HOTLOOP_ONE_ROW_MERGE_SPLITS=8 bs1 "smol_c8_live_$i" smollm2-135m --num-scheduler-steps 8
-    HOTLOOP_ONE_ROW_MERGE_SPLITS=16 bs1 "smol_c16_live_$i" smollm2-135m --num-scheduler-steps 8
-  done
-  HOTLOOP_ONE_ROW_MERGE_LIVE=0 HOTLOOP_ONE_ROW_MERGE_SPLITS=8 bs1 smol_c8_all smollm2-135m --num-scheduler-steps 8
-  HOTLOOP_ONE_ROW_MERGE_LIVE=0 HOTLOOP_ONE_ROW_MERGE_SPLITS=16 bs1 smol_c16_all smollm2-135m --num-scheduler-steps 8
-  for c in 8 16; do
-    HOTLOOP_ONE_ROW_MERGE_SPLITS=$c bs1 "smol_long_c${c}_live" smollm2-135m --num-scheduler-steps 8 \
-      --input-len 1536 --session-len 4096
   done
   exit 0
 fi

@@ -43,7 +43,6 @@ from hotloop.kernels import counters, kv_quant
 from hotloop.kernels.checks import FLOAT_DTYPES, check, check_dtype, check_last_contiguous, check_same_device
 from hotloop.kernels.kv_quant_triton import block_packed, quant_rows
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
-from hotloop.kernels.paged_decode_attention import DecodeSplits
 from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
 from hotloop.kernels.rotary_kv_write import quant_write
 
@@ -69,17 +68,16 @@ class GemvConfig:
 
 @triton.jit
 def _merged_x(mp_ptr, ml_ptr, row, kk, K, H: tl.constexpr, HD: tl.constexpr, NUM_SPLITS: tl.constexpr,
-              BLOCK_S: tl.constexpr, EVEN: tl.constexpr, live):  # fmt: skip
+              BLOCK_S: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
     """Elements ``kk`` of the attention row ``row`` (head ``kk // HD``, dim ``kk % HD``) from the
     decode splits' partials, merged as ``paged_decode_attention._merge_kernel`` merges them (the
     splits' log-sum-exp maximum, their weights ``exp2(lse - max)``, the weighted sum over the weights'
-    sum), in float32; the caller rounds to the dtype as the merge kernel's store does. Splits from
-    ``live`` on are not read (``_live_splits``: they hold no keys, so their weight is 0)."""
+    sum), in float32; the caller rounds to the dtype as the merge kernel's store does."""
     head = kk // HD
     dim = kk - head * HD
     offs_s = tl.arange(0, BLOCK_S)
     base = (row * H + head) * NUM_SPLITS  # [BLOCK_K]: the row's split 0 of each element's head
-    mask = (offs_s < live)[:, None]
+    mask = (offs_s < NUM_SPLITS)[:, None]
     if not EVEN:
         mask = mask & (kk < K)[None, :]
     idx = base[None, :] + offs_s[:, None]  # [BLOCK_S, BLOCK_K]
@@ -94,57 +92,33 @@ def _merged_x(mp_ptr, ml_ptr, row, kk, K, H: tl.constexpr, HD: tl.constexpr, NUM
 
 @triton.jit
 def _merged_x_by_split(mp_ptr, ml_ptr, row, kk, K, H: tl.constexpr, HD: tl.constexpr,
-                       NUM_SPLITS: tl.constexpr, EVEN: tl.constexpr, live, LIVE: tl.constexpr):  # fmt: skip
+                       NUM_SPLITS: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
     """``_merged_x`` one split at a time (unrolled: every split's loads are independent, so they are
     all in flight at once), for a launch whose one K step covers the row. The weighted sum runs in
-    split order, not the merge kernel's tree order: a float32 sum can differ in its last bits. With
-    ``LIVE``, splits from ``live`` on are not read (masked loads move no bytes); a split without
-    keys weighs 0 in the sum, so the result is the same."""
+    split order, not the merge kernel's tree order: a float32 sum can differ in its last bits."""
     head = kk // HD
     dim = kk - head * HD
     base = (row * H + head) * NUM_SPLITS
     kmask = kk < K
-    if LIVE:
-        live = tl.zeros_like(kk) + live  # (a vector: the interpreter masks with no scalar bool)
     m = tl.full(kk.shape, float("-inf"), tl.float32)
     for s in tl.static_range(NUM_SPLITS):
-        if EVEN and not LIVE:
+        if EVEN:
             m = tl.maximum(m, tl.load(ml_ptr + base + s))
         else:
-            smask = kmask
-            if LIVE:
-                smask = smask & (live > s)
-            m = tl.maximum(m, tl.load(ml_ptr + base + s, mask=smask, other=float("-inf")))
+            m = tl.maximum(m, tl.load(ml_ptr + base + s, mask=kmask, other=float("-inf")))
     m = tl.where(m == float("-inf"), 0.0, m)
     acc = tl.zeros(kk.shape, tl.float32)
     denom = tl.zeros(kk.shape, tl.float32)
     for s in tl.static_range(NUM_SPLITS):
-        if EVEN and not LIVE:
+        if EVEN:
             w = tl.exp2(tl.load(ml_ptr + base + s) - m)
             part = tl.load(mp_ptr + (base + s) * HD + dim)
         else:
-            smask = kmask
-            if LIVE:
-                smask = smask & (live > s)
-            w = tl.exp2(tl.load(ml_ptr + base + s, mask=smask, other=float("-inf")) - m)
-            part = tl.load(mp_ptr + (base + s) * HD + dim, mask=smask, other=0.0)
+            w = tl.exp2(tl.load(ml_ptr + base + s, mask=kmask, other=float("-inf")) - m)
+            part = tl.load(mp_ptr + (base + s) * HD + dim, mask=kmask, other=0.0)
         acc += part * w
         denom += w
     return acc / tl.where(denom > 0.0, denom, 1.0)
-
-
-@triton.jit
-def _live_splits(seq_ptr, row, NUM_SPLITS: tl.constexpr, LIVE_BN: tl.constexpr, WINDOW: tl.constexpr):
-    """How many of a decode row's splits hold keys: ``paged_decode_attention._decode_kernel`` cuts
-    the context (from the window's first ``LIVE_BN``-token tile) into ``NUM_SPLITS`` chunks of whole
-    tiles, so short contexts leave the last splits empty (lse -inf, output 0)."""
-    seq_len = tl.load(seq_ptr + row)
-    first = seq_len * 0
-    if WINDOW > 0:
-        first = (tl.maximum(seq_len - WINDOW, 0) // LIVE_BN) * LIVE_BN
-    ctx = seq_len - first
-    chunk = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), LIVE_BN) * LIVE_BN
-    return tl.cdiv(ctx, tl.maximum(chunk, 1))
 
 
 @triton.jit
@@ -164,7 +138,6 @@ def _dense_gemv_kernel(
     cnt_ptr,  # ROPE + QUANT: [M * 2 KV] int32 arrival counters, zero between launches
     mp_ptr,  # MERGE: the decode splits' partials [M, H, NUM_SPLITS, HD] float32, x = their merge
     ml_ptr,  # MERGE: their log-sum-exp [M, H, NUM_SPLITS] float32 (log2 units)
-    seq_ptr,  # MERGE + LIVE_BN: the decode rows' sequence lengths [M] int32
     N,
     K,
     stride_xm,
@@ -205,8 +178,6 @@ def _dense_gemv_kernel(
     NUM_SPLITS: tl.constexpr = 1,  # MERGE: the splits, and their power-of-two tile
     BLOCK_S: tl.constexpr = 2,
     BY_SPLIT: tl.constexpr = False,  # MERGE: one split at a time (_merged_x_by_split), not a tile
-    LIVE_BN: tl.constexpr = 0,  # MERGE: the decode launch's BLOCK_N: read only splits with keys
-    WINDOW: tl.constexpr = 0,  # MERGE + LIVE_BN: the decode launch's sliding window
 ):
     pid_n = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -252,11 +223,6 @@ def _dense_gemv_kernel(
                 eviction_policy=EVICT,
             )
 
-    live = NUM_SPLITS
-    if MERGE and LIVE_BN > 0:
-        # before the wait: the sequence lengths are written before the step's q/k/v projection (as
-        # the decode kernel's EARLY tiles assume), so the masks are ready when the partials are
-        live = _live_splits(seq_ptr, row, NUM_SPLITS, LIVE_BN, WINDOW)
     if PDL:
         gdc_wait()  # the kernel before this one is done: x and the residual are written
         if not (ROPE and LATE):
@@ -282,11 +248,9 @@ def _dense_gemv_kernel(
             wu_next = tl.load(up_rows + kn[None, :], mask=next_mask, other=0.0, eviction_policy=EVICT)
         if MERGE:
             if BY_SPLIT:
-                xk = _merged_x_by_split(
-                    mp_ptr, ml_ptr, row, kk, K, H, HD, NUM_SPLITS, EVEN, live, LIVE_BN > 0
-                ).to(dt)
+                xk = _merged_x_by_split(mp_ptr, ml_ptr, row, kk, K, H, HD, NUM_SPLITS, EVEN).to(dt)
             else:
-                xk = _merged_x(mp_ptr, ml_ptr, row, kk, K, H, HD, NUM_SPLITS, BLOCK_S, EVEN, live).to(dt)
+                xk = _merged_x(mp_ptr, ml_ptr, row, kk, K, H, HD, NUM_SPLITS, BLOCK_S, EVEN).to(dt)
         elif EVEN:
             xk = tl.load(x_row + kk)
         else:
@@ -512,12 +476,10 @@ def _launch(
     quant: tuple[int, torch.Tensor, torch.Tensor] | None = None,
     stage_kv: torch.Tensor | None = None,
     merge: tuple[torch.Tensor, torch.Tensor] | None = None,
-    live: DecodeSplits | None = None,
 ) -> None:
     """``quant``: (policy, stage, counters) for a quantized cache (``dense_gemv_qkv_rope``);
     ``stage_kv`` ``[M, 2 KV, D]``: k and v go there instead of a cache (``rope``'s slots and caches
-    are then not read); ``merge``: (partials, lse) that x is merged from (x only gives the dtype);
-    ``live``: how the decode launch cut the rows' contexts (``merge`` reads only splits with keys)."""
+    are then not read); ``merge``: (partials, lse) that x is merged from (x only gives the dtype)."""
     k = x.shape[1]
     cos, sin, slots, k_cache, v_cache = rope if rope is not None else (out, out, out, out, out)
     policy, stage, cnt = quant if quant is not None else (0, out, out)
@@ -544,7 +506,6 @@ def _launch(
         cnt,
         merge[0] if merge is not None else out,
         merge[1] if merge is not None else out,
-        live.seq_lens if live is not None else out,
         n,
         k,
         x.stride(0),
@@ -587,8 +548,6 @@ def _launch(
         NUM_SPLITS=merge[0].shape[2] if merge is not None else 1,
         BLOCK_S=max(2, next_power_of_2(merge[0].shape[2])) if merge is not None else 2,
         BY_SPLIT=merge is not None and cfg.block_k >= k,
-        LIVE_BN=live.block_n if live is not None else 0,
-        WINDOW=live.window if live is not None else 0,
         num_warps=cfg.num_warps,
         **launch_kwargs(x.device),
     )
@@ -666,7 +625,6 @@ def dense_gemv_merged(
     *,
     residual: torch.Tensor | None = None,
     config: GemvConfig | None = None,
-    live: DecodeSplits | None = None,
 ) -> torch.Tensor:
     """``dense_gemv(x, weight, bias, residual=residual)`` where x ``[M, H * D]`` is the attention
     output that ``paged_decode_attention``'s merge launch would have written from the decode splits'
@@ -674,9 +632,8 @@ def dense_gemv_merged(
     elements of x it reads, with the merge kernel's formula and its rounding to the dtype, so the
     merge launch goes (the o projection of batch-1 decode). The float32 sums over the splits may run
     in another order than the merge kernel's (split by split where one K step covers the row), so a
-    merged value can differ from the merge launch's in its last bit. ``live`` (``DecodeSplits``: the
-    rows' sequence lengths and the decode launch's tile and window) lets each row read only its
-    splits that hold keys; the result is the same. Returns ``[M, N]`` in the weight's dtype."""
+    merged value can differ from the merge launch's in its last bit. Returns ``[M, N]`` in the
+    weight's dtype."""
     check(
         part.dim() == 4 and lse.shape == part.shape[:3], f"part {tuple(part.shape)}, lse {tuple(lse.shape)}"
     )
@@ -702,12 +659,6 @@ def dense_gemv_merged(
     if residual is not None:
         check(residual.shape == (m, n) and residual.dtype == weight.dtype, f"residual must be [{m}, {n}]")
         check_last_contiguous("residual", residual)
-    if live is not None:
-        check(
-            live.seq_lens.dtype == torch.int32 and live.seq_lens.shape[0] >= m and live.block_n > 0,
-            f"live: int32 seq_lens for {m} rows and a positive block_n, got {live}",
-        )
-        check_same_device(part=part, seq_lens=live.seq_lens)
     cfg = config or merge_config(n, k)
     out = torch.empty(m, n, dtype=weight.dtype, device=weight.device)
     if m == 0 or n == 0:
@@ -715,7 +666,7 @@ def dense_gemv_merged(
     x = weight.as_strided((m, k), (0, 1))  # not read (MERGE): the launch takes the dtype and K from it
     even = n % cfg.block_n == 0 and k % cfg.block_k == 0
     _launch((cdiv(n, cfg.block_n), m), cfg, x, weight, bias, None, 0.0, out, n, even, residual,
-            heads=(H, 1, D), merge=(part, lse), live=live)  # fmt: skip
+            heads=(H, 1, D), merge=(part, lse))  # fmt: skip
     return out
 
 

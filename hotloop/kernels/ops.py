@@ -12,8 +12,6 @@ reference everywhere (parity debugging). The environment switches read here:
 - ``HOTLOOP_ONE_ROW_LM_HEAD=0`` keeps its LM head on cuBLAS (``lm_head_logits``);
 - ``HOTLOOP_ONE_ROW_MERGE=0`` keeps its decode splits' merge in a launch of its own instead of in the
   o projection, where the partials are small (``one_row_merge``);
-- ``HOTLOOP_ONE_ROW_MERGE_LIVE=0`` makes that merge read every split, empty ones too
-  (``one_row_merge_live``);
 - ``HOTLOOP_ONE_ROW_MERGE_SPLITS`` caps that path's decode splits (a power of two, 8 by default:
   ``ONE_ROW_MERGE_MAX_SPLITS``);
 - ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``).
@@ -24,15 +22,11 @@ from __future__ import annotations
 import importlib.util
 import os
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from hotloop.kernels import reference
-
-if TYPE_CHECKING:
-    from hotloop.kernels.paged_decode_attention import DecodeSplits
 
 _state: dict[str, bool] = {
     "enabled": importlib.util.find_spec("triton") is not None,
@@ -47,9 +41,6 @@ _state: dict[str, bool] = {
     # the decode splits merged in the one-row o projection (dense_gemv_merged), not in a launch
     # (H200, SmolLM2-135M batch 1: 2,376-2,380 against 2,310-2,318 tokens/s, BENCHMARKS.md)
     "one_row_merge": os.environ.get("HOTLOOP_ONE_ROW_MERGE", "1") != "0",
-    # that merge reads only the splits that hold keys (DecodeSplits): a short context leaves the
-    # last of the 16 splits empty
-    "one_row_merge_live": os.environ.get("HOTLOOP_ONE_ROW_MERGE_LIVE", "1") != "0",
     # the one-row LM head through dense_gemv instead of cuBLAS + a cast
     "one_row_lm_head": os.environ.get("HOTLOOP_ONE_ROW_LM_HEAD", "1") != "0",
     # the greedy argmax of a few rows in one Triton launch instead of torch.argmax
@@ -137,12 +128,6 @@ def one_row_merge() -> bool:
     return _state["one_row_merge"]
 
 
-def one_row_merge_live() -> bool:
-    """Whether the merged o projection skips the decode splits without keys (on by default;
-    ``HOTLOOP_ONE_ROW_MERGE_LIVE=0`` reads every split)."""
-    return _state["one_row_merge_live"]
-
-
 def fused_linear_merged(
     part: torch.Tensor,
     lse: torch.Tensor,
@@ -150,14 +135,12 @@ def fused_linear_merged(
     bias: torch.Tensor | None = None,
     *,
     residual: torch.Tensor | None = None,
-    live: DecodeSplits | None = None,
 ) -> torch.Tensor:
     """A dense projection (and residual add) of the attention that decode partials ``part [M, H, S,
     D]`` / ``lse [M, H, S]`` merge into: one ``dense_gemv_merged`` launch on CUDA, the reference
-    merge and ``fused_linear`` elsewhere. ``live``: the decode launch's ``DecodeSplits`` (the launch
-    then reads only splits with keys; same result)."""
+    merge and ``fused_linear`` elsewhere."""
     if use_triton(part):
-        return _kernel("dense_gemv").dense_gemv_merged(part, lse, weight, bias, residual=residual, live=live)
+        return _kernel("dense_gemv").dense_gemv_merged(part, lse, weight, bias, residual=residual)
     x = reference.merge_decode_partials(part, lse, weight.dtype)
     return reference.fused_linear(x, weight, bias, residual=residual)
 

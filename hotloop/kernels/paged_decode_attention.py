@@ -584,30 +584,16 @@ def paged_decode_attention(
 
 
 @dataclass(frozen=True)
-class DecodeSplits:
-    """How ``_decode_kernel`` cut each row's context into its splits: from the first ``block_n``-token
-    tile of the sliding ``window`` (0: none), ``cdiv(cdiv(ctx, splits), block_n)`` tiles a split, so
-    a short context leaves the last splits empty (lse -inf, output 0). A consumer of the partials
-    that knows this reads only the splits with keys (``dense_gemv_merged``'s ``live``)."""
-
-    seq_lens: torch.Tensor  # [>= B] int32
-    block_n: int
-    window: int = 0
-
-
-@dataclass(frozen=True)
 class DecodeResult:
     """A decode launch's output. ``part`` ``[B, H, S, D]`` and ``lse`` ``[B, H, S]`` (float32, log2
     units) are the splits' unmerged partials, or None where ``out`` ``[B, H, D]`` already holds the
     attention (one split, or the merge fused into the decode kernel). Unmerged, ``out`` is only
     allocated: ``merge_partials`` fills it, or a consumer merges as it reads (``dense_gemv``'s
-    ``merge``). ``live``: the Triton launch's split layout (``DecodeSplits``; None from the CUDA
-    int8 kernel)."""
+    ``merge``)."""
 
     out: torch.Tensor
     part: torch.Tensor | None = None
     lse: torch.Tensor | None = None
-    live: DecodeSplits | None = None
 
     @property
     def splits(self) -> int:
@@ -772,6 +758,5 @@ def decode_attention_partials(
             **launch_kwargs(q.device),
         )
     if splits > 1 and not merge:
-        live = None if launched else DecodeSplits(seq_lens, block_n, sliding_window or 0)
-        return DecodeResult(out, part, lse, live)
+        return DecodeResult(out, part, lse)
     return DecodeResult(out)

@@ -10,7 +10,7 @@ loaded tensor in ``Linear.weight_loader`` / ``_FusedLinear._narrow`` and nowhere
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -18,9 +18,6 @@ from torch import nn
 
 from hotloop.kernels import ops, reference
 from hotloop.kernels.w4a16_layout import PACK_FACTOR
-
-if TYPE_CHECKING:
-    from hotloop.kernels.paged_decode_attention import DecodeSplits
 
 ShardId = str | int
 WeightLoader = Callable[..., None]
@@ -226,21 +223,15 @@ class Linear(nn.Module):
         )
 
     def forward_merged(
-        self,
-        part: torch.Tensor,
-        lse: torch.Tensor,
-        *,
-        residual: torch.Tensor | None = None,
-        live: DecodeSplits | None = None,
+        self, part: torch.Tensor, lse: torch.Tensor, *, residual: torch.Tensor | None = None
     ) -> torch.Tensor:
         """This projection (and a residual add after it) of the attention output that split decode
         partials merge into (``ops.fused_linear_merged``: the merge rides in the projection's
-        launch; ``live``, the decode launch's ``DecodeSplits``, skips its empty splits). Needs
-        ``is_dense``."""
+        launch). Needs ``is_dense``."""
         if not self.is_dense:
             raise ValueError("forward_merged needs a dense weight; this layer's is quantized")
         weight = cast(torch.Tensor, self.weight)
-        return ops.fused_linear_merged(part, lse, weight, self.bias, residual=residual, live=live)
+        return ops.fused_linear_merged(part, lse, weight, self.bias, residual=residual)
 
     def extra_repr(self) -> str:
         return (

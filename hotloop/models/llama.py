@@ -193,8 +193,7 @@ class LlamaDecoderLayer(nn.Module):
             res = attn.attn.attend_unmerged(q, kv_cache, meta) if ops.one_row_merge() else None
             if res is not None and res.part is not None and res.lse is not None:
                 # the splits merge in the o projection's launch (ops.one_row_merge)
-                live = res.live if ops.one_row_merge_live() else None
-                h = attn.o_proj.forward_merged(res.part, res.lse, residual=h, live=live)
+                h = attn.o_proj.forward_merged(res.part, res.lse, residual=h)
                 act = mlp.gate_up_proj.forward_fused(h, norm_weight=norm2.weight, eps=norm2.eps, silu=True)
                 return mlp.down_proj.forward_fused(act, residual=h)
             o = attn.attn.attend(q, kv_cache, meta) if res is None else res.out.reshape(q.shape)
