@@ -453,7 +453,7 @@ def test_decode_partials_max_splits_interpreted() -> None:
 def test_one_row_merge_splits_env(monkeypatch: pytest.MonkeyPatch) -> None:
     from hotloop.kernels import ops
 
-    for raw, value in (("", 8), ("8", 8), ("16", 16), ("1", 1)):
+    for raw, value in (("", 16), ("8", 8), ("16", 16), ("1", 1)):
         monkeypatch.setenv("HOTLOOP_ONE_ROW_MERGE_SPLITS", raw)
         assert ops._merge_splits_from_env() == value
     monkeypatch.setenv("HOTLOOP_ONE_ROW_MERGE_SPLITS", "6")
