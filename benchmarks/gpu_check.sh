@@ -125,15 +125,11 @@
 #            the merged GEMV, then call s23a's test selection again, verbose (it timed out before its summary).
 #   s23c     one GPU, in turn: the merged GEMV's and the rope trigger's GPU tests, then SmolLM2-135M batch 1 (8 steps
 #            a launch) with the merge launch and with the by-split merge in the o projection (four launches).
-#   s24a     one GPU, in turn: merge2's tests and SmolLM2 splits (16 / 8 / 4 / 16, one round), then
+#   s24a     one GPU, in turn: the merged o projection's GPU tests and SmolLM2 splits (16 / 8 / 4 / 16, one round), then
 #            profile_step.py's prefill / mixed cases at 1,008, 1,024 and 1,040 rows and decode at 16.
-#   s24b     one GPU, in turn: merge / split GPU tests, then SmolLM2 batch 1 with the merged path's 8
-#            splits (default) against 16, merge configs 32 / 8 outputs, one step a launch, 1,536-token
+#   s24b     one GPU, in turn: merge / split GPU tests, then SmolLM2 batch 1 with the merged path capped at 8
+#            splits against 16, merge configs 32 / 8 outputs, one step a launch, 1,536-token
 #            prompts at 8 and 16 splits, and Llama-3-8B batch 1.
-#   merge2   one GPU, in turn (the next session's first call): the merged o projection's GPU tests as changed after
-#            the twenty-third session's review (prompts across several decode tiles, a sliding-window model), then
-#            SmolLM2-135M batch 1 (8 steps a launch) at 16 / 8 / 4 decode splits (HOTLOOP_DECODE_MAX_SPLITS) with the
-#            merge in the o projection, alternating, twice: fewer splits leave fewer partials to merge.
 #
 # One-off A/B modes of earlier sessions (fusions, pdl, qrope_ab, splits, ...) are in this file's
 # history: each results README under benchmarks/results/ names the commit its calls ran at.
@@ -709,19 +705,6 @@ if [ "$what" = kvvt ]; then  # one GPU: the CUDA int8 kernel's variants (tests, 
   fi
   exit 0
 fi
-if [ "$what" = merge2 ]; then
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 240 python3 -m pytest -m gpu -n 8 -v -rfE -p no:cacheprovider tests/models/test_one_row.py \
-    tests/kernels/test_dense_gemv.py -k "merge" >"$out/merge2_tests.log" 2>&1
-  echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/merge2_tests.log" | cut -c1-300 | head -30
-  for i in 1 2; do
-    for sp in 16 8 4; do
-      HOTLOOP_DECODE_MAX_SPLITS=$sp bs1 "smol_s${sp}_$i" smollm2-135m --num-scheduler-steps 8
-    done
-  done
-  exit 0
-fi
 if [ "$what" = s24b ]; then
   export CUDA_VISIBLE_DEVICES=0
   timeout 200 python3 -m pytest -m gpu -n 8 -v -rfE -p no:cacheprovider tests/models/test_one_row.py \
@@ -729,13 +712,13 @@ if [ "$what" = s24b ]; then
     >"$out/s24b_tests.log" 2>&1
   echo "GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s24b_tests.log" | cut -c1-300 | head -30
-  bs1 smol_def1 smollm2-135m --num-scheduler-steps 8
+  HOTLOOP_ONE_ROW_MERGE_SPLITS=8 bs1 smol_def1 smollm2-135m --num-scheduler-steps 8
   HOTLOOP_ONE_ROW_MERGE_SPLITS=16 bs1 smol_m16 smollm2-135m --num-scheduler-steps 8
-  bs1 smol_def2 smollm2-135m --num-scheduler-steps 8
-  HOTLOOP_ONE_ROW_MERGE_CONFIG=32,1024,8 bs1 smol_c32 smollm2-135m --num-scheduler-steps 8
-  HOTLOOP_ONE_ROW_MERGE_CONFIG=8,1024,8 bs1 smol_c8 smollm2-135m --num-scheduler-steps 8
-  bs1 smol_def_k1 smollm2-135m
-  bs1 smol_long8 smollm2-135m --num-scheduler-steps 8 --input-len 1536 --session-len 4096
+  HOTLOOP_ONE_ROW_MERGE_SPLITS=8 bs1 smol_def2 smollm2-135m --num-scheduler-steps 8
+  HOTLOOP_ONE_ROW_MERGE_SPLITS=8 HOTLOOP_ONE_ROW_MERGE_CONFIG=32,1024,8 bs1 smol_c32 smollm2-135m --num-scheduler-steps 8
+  HOTLOOP_ONE_ROW_MERGE_SPLITS=8 HOTLOOP_ONE_ROW_MERGE_CONFIG=8,1024,8 bs1 smol_c8 smollm2-135m --num-scheduler-steps 8
+  HOTLOOP_ONE_ROW_MERGE_SPLITS=8 bs1 smol_def_k1 smollm2-135m
+  HOTLOOP_ONE_ROW_MERGE_SPLITS=8 bs1 smol_long8 smollm2-135m --num-scheduler-steps 8 --input-len 1536 --session-len 4096
   HOTLOOP_ONE_ROW_MERGE_SPLITS=16 bs1 smol_long16 smollm2-135m --num-scheduler-steps 8 --input-len 1536 --session-len 4096
   bs1 llama_def llama3-8b --num-scheduler-steps 8
   exit 0
