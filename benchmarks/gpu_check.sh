@@ -712,14 +712,14 @@ if [ "$what" = s24b ]; then
     >"$out/s24b_tests.log" 2>&1
   echo "GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s24b_tests.log" | cut -c1-300 | head -30
-  HOTLOOP_ONE_ROW_MERGE_SPLITS=8 bs1 smol_def1 smollm2-135m --num-scheduler-steps 8
-  HOTLOOP_ONE_ROW_MERGE_SPLITS=16 bs1 smol_m16 smollm2-135m --num-scheduler-steps 8
-  HOTLOOP_ONE_ROW_MERGE_SPLITS=8 bs1 smol_def2 smollm2-135m --num-scheduler-steps 8
-  HOTLOOP_ONE_ROW_MERGE_SPLITS=8 HOTLOOP_ONE_ROW_MERGE_CONFIG=32,1024,8 bs1 smol_c32 smollm2-135m --num-scheduler-steps 8
-  HOTLOOP_ONE_ROW_MERGE_SPLITS=8 HOTLOOP_ONE_ROW_MERGE_CONFIG=8,1024,8 bs1 smol_c8 smollm2-135m --num-scheduler-steps 8
-  HOTLOOP_ONE_ROW_MERGE_SPLITS=8 bs1 smol_def_k1 smollm2-135m
-  HOTLOOP_ONE_ROW_MERGE_SPLITS=8 bs1 smol_long8 smollm2-135m --num-scheduler-steps 8 --input-len 1536 --session-len 4096
-  HOTLOOP_ONE_ROW_MERGE_SPLITS=16 bs1 smol_long16 smollm2-135m --num-scheduler-steps 8 --input-len 1536 --session-len 4096
+  HOTLOOP_DECODE_MAX_SPLITS=8 bs1 smol_def1 smollm2-135m --num-scheduler-steps 8
+  HOTLOOP_DECODE_MAX_SPLITS=16 bs1 smol_m16 smollm2-135m --num-scheduler-steps 8
+  HOTLOOP_DECODE_MAX_SPLITS=8 bs1 smol_def2 smollm2-135m --num-scheduler-steps 8
+  HOTLOOP_DECODE_MAX_SPLITS=8 HOTLOOP_ONE_ROW_MERGE_CONFIG=32,1024,8 bs1 smol_c32 smollm2-135m --num-scheduler-steps 8
+  HOTLOOP_DECODE_MAX_SPLITS=8 HOTLOOP_ONE_ROW_MERGE_CONFIG=8,1024,8 bs1 smol_c8 smollm2-135m --num-scheduler-steps 8
+  HOTLOOP_DECODE_MAX_SPLITS=8 bs1 smol_def_k1 smollm2-135m
+  HOTLOOP_DECODE_MAX_SPLITS=8 bs1 smol_long8 smollm2-135m --num-scheduler-steps 8 --input-len 1536 --session-len 4096
+  HOTLOOP_DECODE_MAX_SPLITS=16 bs1 smol_long16 smollm2-135m --num-scheduler-steps 8 --input-len 1536 --session-len 4096
   bs1 llama_def llama3-8b --num-scheduler-steps 8
   exit 0
 fi

@@ -12,8 +12,6 @@ reference everywhere (parity debugging). The environment switches read here:
 - ``HOTLOOP_ONE_ROW_LM_HEAD=0`` keeps its LM head on cuBLAS (``lm_head_logits``);
 - ``HOTLOOP_ONE_ROW_MERGE=0`` keeps its decode splits' merge in a launch of its own instead of in the
   o projection, where the partials are small (``one_row_merge``);
-- ``HOTLOOP_ONE_ROW_MERGE_SPLITS`` caps that path's decode splits (a power of two; 16, no cap, by
-  default: ``ONE_ROW_MERGE_MAX_SPLITS``);
 - ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``).
 """
 
@@ -106,23 +104,6 @@ def set_one_row_merge(enabled: bool) -> None:
 # one timed faster than the merge launch; the tiled merge over several K steps was slower).
 ONE_ROW_MERGE_MAX_BYTES = 64 * 1024
 ONE_ROW_MERGE_MAX_K = 1024
-
-
-def _merge_splits_from_env() -> int:
-    raw = os.environ.get("HOTLOOP_ONE_ROW_MERGE_SPLITS", "16").strip() or "16"
-    choices = (1, 2, 4, 8, 16)
-    if not raw.isdigit() or int(raw) not in choices:
-        raise ValueError(f"HOTLOOP_ONE_ROW_MERGE_SPLITS={raw!r} must be one of {choices}")
-    return int(raw)
-
-
-# The decode splits of the merged path: the split heuristic's count (16 for a few KV heads at batch
-# 1) unless capped here. H200, SmolLM2-135M batch 1, 8 steps a launch (twenty-fourth session, three
-# hosts, benchmarks/results/gpu_2026-12-01h): at 128 in / 512 out, 8 splits 2,418-2,460 tokens/s
-# against 16's 2,348-2,385 (3% faster); with 1,536-token prompts 8 splits 1,787-1,801 against
-# 16's 2,020-2,057 (12% slower). A graph's split count is fixed at capture, whatever the context:
-# no cap by default; HOTLOOP_ONE_ROW_MERGE_SPLITS=8 for short-context serving of small models.
-ONE_ROW_MERGE_MAX_SPLITS = _merge_splits_from_env()
 
 
 def one_row_merge() -> bool:

@@ -639,12 +639,10 @@ def decode_attention_partials(
     fuse_merge: bool | None = None,
     graph_plan: bool = False,
     write_kv: kv_int8_decode_cuda.FusedWrite | None = None,
-    max_splits: int | None = None,
 ) -> DecodeResult:
     """``paged_decode_attention`` without the merge launch: the decode launch (Triton, or the CUDA
     int8 kernel), whose splits are left unmerged in the result's ``part`` / ``lse`` unless it merged
-    them itself (see ``DecodeResult``). Same arguments, and ``max_splits``: a cap on the planned
-    split count (a power of two; ``num_splits`` is taken as given)."""
+    them itself (see ``DecodeResult``). Same arguments."""
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [B, H, D] and the caches [NB, BS, KV, D]")
     B, H, D = q.shape
     _nb, bs, kv, _row = k_cache.shape
@@ -667,9 +665,6 @@ def decode_attention_partials(
         fuse_merge = planned_merge if fuse_merge is None else fuse_merge
     else:
         splits = num_splits or num_decode_splits(B, kv, quant)
-    if max_splits is not None and num_splits is None:
-        check(max_splits in SPLIT_CHOICES, f"max_splits={max_splits} must be one of {SPLIT_CHOICES}")
-        splits = min(splits, max_splits)
     block_g = max(16, next_power_of_2(G))
     block_d = max(16, next_power_of_2(D))
     if config is not None:

@@ -185,7 +185,6 @@ class PagedAttention(nn.Module):
         res = decode_attention_partials(
             qv, kv_cache[0], kv_cache[1], meta.block_tables, meta.seq_lens_t, self.scale,
             self.sliding_window, out=torch.empty_like(qv), graph_plan=meta.graph,
-            max_splits=ops.ONE_ROW_MERGE_MAX_SPLITS,
         )  # fmt: skip
         if res.part is not None and res.part[0].numel() * 4 > ops.ONE_ROW_MERGE_MAX_BYTES:
             return DecodeResult(merge_partials(res))

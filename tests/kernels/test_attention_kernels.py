@@ -427,35 +427,3 @@ def test_fused_merge_env(monkeypatch: pytest.MonkeyPatch, raw: str, value: objec
             mod._fuse_merge_from_env()
     else:
         assert mod._fuse_merge_from_env() is value
-
-
-@interpret
-def test_decode_partials_max_splits_interpreted() -> None:
-    """``decode_attention_partials(max_splits=...)`` caps the planned splits (the one-row merged
-    path's ``ops.ONE_ROW_MERGE_MAX_SPLITS``): the partials hold that many splits, and merged they give
-    the reference's output; a given ``num_splits`` is kept; a cap that is not a power of two is
-    refused."""
-    from hotloop.kernels.paged_decode_attention import decode_attention_partials, merge_partials
-
-    lens, h, kv, d, bs = [70], 6, 3, 16, 16  # one row, 3 KV heads: the heuristic plans 16 splits
-    k, v, tables = _pool(lens, kv, d, bs, torch.float32, "cpu", 5)
-    q = torch.randn(1, h, d, generator=torch.Generator().manual_seed(6))
-    seq = torch.tensor(lens, dtype=torch.int32)
-    want = reference.paged_attention(q, k, v, tables, [1], lens, d**-0.5, None)
-    for cap, given, expect in ((2, None, 2), (4, None, 4), (2, 8, 8)):
-        res = decode_attention_partials(q, k, v, tables, seq, d**-0.5, num_splits=given, max_splits=cap)
-        assert res.part is not None and res.part.shape == (1, h, expect, d)
-        assert rel_err(merge_partials(res), want) < TOL[torch.float32]
-    with pytest.raises(ValueError, match="max_splits=3"):
-        decode_attention_partials(q, k, v, tables, seq, d**-0.5, max_splits=3)
-
-
-def test_one_row_merge_splits_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hotloop.kernels import ops
-
-    for raw, value in (("", 16), ("8", 8), ("16", 16), ("1", 1)):
-        monkeypatch.setenv("HOTLOOP_ONE_ROW_MERGE_SPLITS", raw)
-        assert ops._merge_splits_from_env() == value
-    monkeypatch.setenv("HOTLOOP_ONE_ROW_MERGE_SPLITS", "6")
-    with pytest.raises(ValueError, match="must be one of"):
-        ops._merge_splits_from_env()
