@@ -46,6 +46,9 @@
 #            the seq grid, graphs, replay), the sweep of vt / vt3 / vtw / vt3w and the read probes at the
 #            KV-bound and other batches, then the KV-bound int8 run (the twentieth session ran it with
 #            vt3 then, in a call of its own, HOTLOOP_KV_CUDA_VARIANT=vt3w; vt3w is now the default).
+#   s25a     one GPU: the short-context decode graph (executor/cuda_graph.py): its GPU tests, the multi-step
+#            and one-row GPU tests, short_context_sweep.py (SmolLM2-135M, Llama-3-8B), then batch 1 with it and
+#            without (HOTLOOP_DECODE_SHORT_CONTEXT=0), SmolLM2 twice, Llama-3-8B once.
 #   smolattn one GPU: SmolLM2-135M's decode attention at batch 1 (9 heads, 3 KV heads, head dim 64; 128-640
 #            tokens of context), bf16: every split count with larger tiles and more warps, the merge
 #            launched and fused (issue 4's 2,500 tokens/s: could one launch per layer replace two?).
@@ -721,6 +724,24 @@ if [ "$what" = s24b ]; then
   HOTLOOP_DECODE_MAX_SPLITS=8 bs1 smol_long8 smollm2-135m --num-scheduler-steps 8 --input-len 1536 --session-len 4096
   HOTLOOP_DECODE_MAX_SPLITS=16 bs1 smol_long16 smollm2-135m --num-scheduler-steps 8 --input-len 1536 --session-len 4096
   bs1 llama_def llama3-8b --num-scheduler-steps 8
+  exit 0
+fi
+if [ "$what" = s25a ]; then
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 python3 -m pytest -m gpu -n 8 -v -rfE -p no:cacheprovider tests/engine/test_multi_step.py \
+    tests/executor tests/models/test_one_row.py >"$out/s25a_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s25a_tests.log" | cut -c1-300 | head -30
+  timeout 240 python3 "$here/short_context_sweep.py" --out "$out/short_context_sweep.json" \
+    --inputs 128,384,640,896,1152,1408,1920 --reps 3 >"$out/short_context_sweep.log" 2>&1
+  echo "[sweep] rc=$?"
+  grep -E "tokens/s|Error|error" "$out/short_context_sweep.log" | tail -20
+  for r in 1 2; do
+    bs1 "smol_short_$r" smollm2-135m --num-scheduler-steps 8
+    HOTLOOP_DECODE_SHORT_CONTEXT=0 bs1 "smol_full_$r" smollm2-135m --num-scheduler-steps 8
+  done
+  bs1 llama_short llama3-8b --num-scheduler-steps 8
+  HOTLOOP_DECODE_SHORT_CONTEXT=0 bs1 llama_full llama3-8b --num-scheduler-steps 8
   exit 0
 fi
 if [ "$what" = s24a ]; then

@@ -348,8 +348,9 @@ class InputBuffers:
         dev.copy_(h.lim_h[:n], non_blocking=True)
         return dev
 
-    def graph_meta(self, batch: int) -> AttentionMetadata:
-        """The metadata a decode graph of ``batch`` rows is captured with (views of the buffers)."""
+    def graph_meta(self, batch: int, max_splits: int | None = None) -> AttentionMetadata:
+        """The metadata a decode graph of ``batch`` rows is captured with (views of the buffers);
+        ``max_splits`` caps its decode attention's splits (a short-context graph)."""
         return AttentionMetadata(
             slot_mapping=self.slots[:batch],
             block_tables=self.block_tables[:batch],
@@ -360,6 +361,7 @@ class InputBuffers:
             max_query_len=1,
             decode_only=True,
             graph=True,
+            graph_max_splits=max_splits,
         )
 
     def reset_for_capture(self, batch: int) -> None:

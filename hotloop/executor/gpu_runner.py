@@ -155,10 +155,14 @@ class GpuModelRunner(ModelRunner):
         if g is not None and bucket is not None:
             self._staged = True
             self._patch(self.buffers.prepare(out, padded_seqs=bucket))
-            logits, greedy = g.run(bucket)
+            # the longest context, where a short-context graph may run it (batch 1: one row)
+            context = (
+                max(s.start + s.num_tokens for s in out.scheduled) if bucket in g.short_buckets else None
+            )
+            logits, greedy = g.run(bucket, context)
             self.num_graph_steps += 1
             if steps > 1 and multi_step_ok(out):
-                return self._graph_steps(g, bucket, logits, greedy, reqs, steps)
+                return self._graph_steps(g, bucket, logits, greedy, reqs, steps, context)
             return self._sample(logits[:b], greedy[:b], reqs)
         self.num_eager_steps += 1
         ids, pos, meta, rows = self.prepare(out)
@@ -188,11 +192,13 @@ class GpuModelRunner(ModelRunner):
         greedy: torch.Tensor,
         reqs: list[Request],
         steps: int,
+        context: int | None = None,
     ) -> StepHandle:
         """Decode steps 2 .. ``steps`` of a multi-step launch: between two replays of the decode graph
         one launch (``kernels/decode_advance.py``) turns the step's sampled ids into the next step's
         inputs in the graph's buffers. Sampling is the graph's argmax when every row is plain greedy,
-        else the sampler on the graph's logits. One copy of every step's ids to the host at the end."""
+        else the sampler on the graph's logits. One copy of every step's ids to the host at the end.
+        ``context``: the first step's longest context (each step adds one token), or None."""
         b = len(reqs)
         if self._history is None or self._history.shape[0] < steps:
             # rows of an even length: each row starts 16-byte aligned, as the kernels were compiled for
@@ -216,7 +222,7 @@ class GpuModelRunner(ModelRunner):
                 sampled, buf.input_ids, buf.positions, buf.slots, buf.seq_lens, buf.block_tables,
                 self.block_size, history[j], limits,
             )  # fmt: skip
-            logits, greedy = g.run(bucket)
+            logits, greedy = g.run(bucket, None if context is None else context + j + 1)
             self.num_graph_steps += 1
             if j + 2 == mark and history.is_cuda:  # step j + 2 is queued
                 ahead = torch.cuda.Event()

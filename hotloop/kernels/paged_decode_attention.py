@@ -498,13 +498,22 @@ FUSED_MERGE_ROWS = (64, 128)
 
 
 def decode_plan(
-    batch: int, num_kv_heads: int, quant: int = 0, head_dim: int = 128, itemsize: int = 2
+    batch: int,
+    num_kv_heads: int,
+    quant: int = 0,
+    head_dim: int = 128,
+    itemsize: int = 2,
+    max_splits: int | None = None,
 ) -> tuple[int, bool]:
     """``(splits, fuse_merge)`` for a decode CUDA graph's batch (the layers ask for it only there:
     ``AttentionMetadata.graph``): ``num_decode_splits``, and, for a 16-bit cache with head dim 128
     whose ``batch * num_kv_heads`` lies in ``FUSED_MERGE_ROWS``, twice the splits with the merge in
-    the same launch. A set HOTLOOP_DECODE_FUSED_MERGE (``FUSE_MERGE``) decides the merge instead."""
-    splits = num_decode_splits(batch, num_kv_heads, quant)
+    the same launch. A set HOTLOOP_DECODE_FUSED_MERGE (``FUSE_MERGE``) decides the merge instead.
+    ``max_splits`` (a power of two) caps the splits below ``MAX_SPLITS``: a decode graph captured
+    for short contexts (``AttentionMetadata.graph_max_splits``)."""
+    cap = MAX_SPLITS if max_splits is None else min(MAX_SPLITS, max_splits)
+    check(cap in SPLIT_CHOICES, f"max_splits={max_splits} must be one of {SPLIT_CHOICES}")
+    splits = min(cap, num_decode_splits(batch, num_kv_heads, quant))
     if FUSE_MERGE is not None:
         return splits, FUSE_MERGE
     lo, hi = FUSED_MERGE_ROWS
@@ -513,7 +522,7 @@ def decode_plan(
         and itemsize == 2
         and head_dim == 128
         and lo <= batch * num_kv_heads <= hi
-        and splits * 2 <= MAX_SPLITS
+        and splits * 2 <= cap
     ):
         return splits * 2, True
     return splits, False
@@ -561,6 +570,7 @@ def paged_decode_attention(
     fuse_merge: bool | None = None,
     graph_plan: bool = False,
     write_kv: kv_int8_decode_cuda.FusedWrite | None = None,
+    max_splits: int | None = None,
 ) -> torch.Tensor:
     """One new query per sequence attends over its paged context (``decode_attention_partials``,
     then the merge of the splits where the launch left them unmerged).
@@ -572,11 +582,12 @@ def paged_decode_attention(
     configuration ``(BLOCK_N, num_warps, num_stages[, maxnreg])`` (``benchmarks/kv_attention_sweep.py``).
     ``fuse_merge``: with splits, the last split of each (sequence, KV head) merges them in the same
     launch instead of a second kernel (default: HOTLOOP_DECODE_FUSED_MERGE=1). ``graph_plan`` (a
-    decode CUDA graph's launch): the split count and merge not given come from ``decode_plan``.
+    decode CUDA graph's launch): the split count and merge not given come from ``decode_plan``,
+    with the splits capped at ``max_splits`` where given.
     """
     res = decode_attention_partials(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, config,
-        fuse_merge, graph_plan, write_kv,
+        fuse_merge, graph_plan, write_kv, max_splits,
     )  # fmt: skip
     if res.part is not None:
         merge_partials(res)
@@ -639,6 +650,7 @@ def decode_attention_partials(
     fuse_merge: bool | None = None,
     graph_plan: bool = False,
     write_kv: kv_int8_decode_cuda.FusedWrite | None = None,
+    max_splits: int | None = None,
 ) -> DecodeResult:
     """``paged_decode_attention`` without the merge launch: the decode launch (Triton, or the CUDA
     int8 kernel), whose splits are left unmerged in the result's ``part`` / ``lse`` unless it merged
@@ -660,7 +672,7 @@ def decode_attention_partials(
     check(out.shape == q.shape and out.stride(-1) == 1, f"out {tuple(out.shape)} must match q")
     G = H // kv
     if graph_plan:
-        planned_splits, planned_merge = decode_plan(B, kv, quant, D, q.element_size())
+        planned_splits, planned_merge = decode_plan(B, kv, quant, D, q.element_size(), max_splits)
         splits = num_splits or planned_splits
         fuse_merge = planned_merge if fuse_merge is None else fuse_merge
     else:

@@ -61,6 +61,8 @@ class AttentionMetadata:
     # split count and merge; eager and piecewise steps keep ``num_decode_splits`` and a merge launch
     # (the variants the warm-up compiled, and the launches the piecewise graphs replay)
     graph: bool = False
+    # a decode graph captured for short contexts caps ``decode_plan``'s splits (``DecodeGraphs``)
+    graph_max_splits: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -185,6 +187,7 @@ class PagedAttention(nn.Module):
         res = decode_attention_partials(
             qv, kv_cache[0], kv_cache[1], meta.block_tables, meta.seq_lens_t, self.scale,
             self.sliding_window, out=torch.empty_like(qv), graph_plan=meta.graph,
+            max_splits=meta.graph_max_splits,
         )  # fmt: skip
         if res.part is not None and res.part[0].numel() * 4 > ops.ONE_ROW_MERGE_MAX_BYTES:
             return DecodeResult(merge_partials(res))
@@ -250,6 +253,7 @@ class PagedAttention(nn.Module):
             out=out,
             graph_plan=meta.graph,
             write_kv=write,
+            max_splits=meta.graph_max_splits,
         )
 
     def _forward_triton(

@@ -247,6 +247,43 @@ def test_multi_step_graph_rounds_equal_one_step_gpu(
     assert runner._history is not None
 
 
+@pytest.mark.gpu
+def test_short_context_graph_gpu(
+    monkeypatch: pytest.MonkeyPatch, make_tiny_model: Callable[[str], Path]
+) -> None:
+    """Batch 1 replays the short-context decode graph (at most ``SHORT_SPLITS`` splits) while the
+    context is at most HOTLOOP_DECODE_SHORT_CONTEXT tokens and the full one after, switching inside a
+    multi-step round; greedy tokens are those of an engine without the short graph."""
+    from hotloop.executor.cuda_graph import SHORT_SPLITS
+
+    path = make_tiny_model(ARCH)
+    prompt = [3 + (7 * i) % (TINY_VOCAB - 3) for i in range(10)]
+    kw = dict(device="cuda", dtype="bfloat16", cache_max_entry_count=0.05, max_batch_size=4)
+
+    def tokens(short_context: int) -> tuple[list[int], list[tuple[int, int | None]]]:
+        monkeypatch.setenv("HOTLOOP_DECODE_SHORT_CONTEXT", str(short_context))
+        engine = _engine(path, 4, **kw)
+        g = engine.executor.runner.graphs  # type: ignore[attr-defined]
+        assert (1 in g.short_buckets) == (short_context > 0)
+        keys: list[tuple[int, int | None]] = []
+        key_for = g.key_for
+
+        def record(bucket: int, context: int | None = None) -> tuple[int, int | None]:
+            keys.append(key_for(bucket, context))
+            return keys[-1]
+
+        g.key_for = record
+        got = _run(engine, [prompt], params=lambda i: GenerationConfig(max_new_tokens=40, ignore_eos=True))
+        return got["0"][0], keys
+
+    base, base_keys = tokens(0)
+    short, keys = tokens(len(prompt) + 17)  # crosses inside the fifth round of four steps
+    assert short == base and len(short) == 40
+    assert set(base_keys) == {(1, None)}
+    n_short = keys.count((1, SHORT_SPLITS))
+    assert n_short == 17 and keys[:n_short] == [(1, SHORT_SPLITS)] * n_short and (1, None) in keys, keys
+
+
 def test_prefix_cache_after_a_row_ends_mid_round(make_tiny_model: Callable[[str], Path]) -> None:
     """A request that reaches max_new_tokens inside a longer round (another row keeps it going) never
     writes its last token's K/V; its blocks must be cached only up to what was written. A follow-up
