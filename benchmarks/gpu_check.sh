@@ -46,9 +46,9 @@
 #            the seq grid, graphs, replay), the sweep of vt / vt3 / vtw / vt3w and the read probes at the
 #            KV-bound and other batches, then the KV-bound int8 run (the twentieth session ran it with
 #            vt3 then, in a call of its own, HOTLOOP_KV_CUDA_VARIANT=vt3w; vt3w is now the default).
-#   s25a     one GPU: the short-context decode graph (executor/cuda_graph.py): its GPU tests, the multi-step
-#            and one-row GPU tests, short_context_sweep.py (SmolLM2-135M, Llama-3-8B), then batch 1 with it and
-#            without (HOTLOOP_DECODE_SHORT_CONTEXT=0), SmolLM2 twice, Llama-3-8B once.
+#   s25a     one GPU: the short-context decode graphs (executor/cuda_graph.py): their GPU tests, the multi-step
+#            and one-row GPU tests, short_context_sweep.py (SmolLM2-135M, Llama-3-8B), then batch 1 with them and
+#            without (HOTLOOP_DECODE_SHORT_GRAPHS=0), SmolLM2 twice, Llama-3-8B once.
 #   smolattn one GPU: SmolLM2-135M's decode attention at batch 1 (9 heads, 3 KV heads, head dim 64; 128-640
 #            tokens of context), bf16: every split count with larger tiles and more warps, the merge
 #            launched and fused (issue 4's 2,500 tokens/s: could one launch per layer replace two?).
@@ -733,15 +733,15 @@ if [ "$what" = s25a ]; then
   echo "GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s25a_tests.log" | cut -c1-300 | head -30
   timeout 240 python3 "$here/short_context_sweep.py" --out "$out/short_context_sweep.json" \
-    --inputs 128,384,640,896,1152,1408,1920 --reps 3 >"$out/short_context_sweep.log" 2>&1
+    --windows 16:48,64:64,128:128,256:256,640:128 --reps 3 >"$out/short_context_sweep.log" 2>&1
   echo "[sweep] rc=$?"
-  grep -E "tokens/s|Error|error" "$out/short_context_sweep.log" | tail -20
+  grep -E "tokens|Error|error" "$out/short_context_sweep.log" | tail -20
   for r in 1 2; do
     bs1 "smol_short_$r" smollm2-135m --num-scheduler-steps 8
-    HOTLOOP_DECODE_SHORT_CONTEXT=0 bs1 "smol_full_$r" smollm2-135m --num-scheduler-steps 8
+    HOTLOOP_DECODE_SHORT_GRAPHS=0 bs1 "smol_full_$r" smollm2-135m --num-scheduler-steps 8
   done
   bs1 llama_short llama3-8b --num-scheduler-steps 8
-  HOTLOOP_DECODE_SHORT_CONTEXT=0 bs1 llama_full llama3-8b --num-scheduler-steps 8
+  HOTLOOP_DECODE_SHORT_GRAPHS=0 bs1 llama_full llama3-8b --num-scheduler-steps 8
   exit 0
 fi
 if [ "$what" = s24a ]; then

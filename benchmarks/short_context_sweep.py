@@ -1,14 +1,14 @@
-"""Batch-1 decode speed of the short-context decode graph (at most ``SHORT_SPLITS`` flash-decoding
-splits) against the graph for any context (the heuristic's split count), by context length, on one
-engine per model (``executor/cuda_graph.py``): where should ``HOTLOOP_DECODE_SHORT_CONTEXT`` lie?
+"""Batch-1 decode speed of each short-context decode graph (at most ``cap`` flash-decoding splits,
+``executor/cuda_graph.py``) against the graph for any context (the heuristic's split count), by
+context window, on one engine per model: does each cap win inside its range, and lose past it?
 
     python benchmarks/short_context_sweep.py --out OUT.json [--models smollm2-135m,llama3-8b]
-        [--inputs 128,512,896,1408] [--output-len 128] [--reps 2]
+        [--windows 16:48,64:64,128:128,256:256,640:128] [--reps 3]
 
-Each (input length, graph) pair runs ``--reps`` times, alternating; a run is one request of
-``input`` random tokens and ``--output-len`` new tokens (ignore_eos, 8 steps per launch), so its
-contexts span input+1 .. input+output. Reported: decode tokens/s (tokens after the first over the
-time after the first), per run, and the median per pair.
+A window ``I:O`` is one request of ``I`` random tokens and ``O`` new tokens (ignore_eos, 8 steps per
+launch), so its decode contexts span I+1 .. I+O. In a window every graph is forced in turn (the
+full one, then each cap of bucket 1), ``--reps`` times, alternating. Reported: decode tokens/s
+(tokens after the first over the time after the first) per run, and the median per graph.
 """
 
 from __future__ import annotations
@@ -39,10 +39,9 @@ def _run_one(engine: Any, vocab: int, input_len: int, output_len: int, rid: str,
     return (n - n0) / (t_end - t_first)
 
 
-def sweep(model: str, inputs: list[int], output_len: int, reps: int) -> dict[str, Any]:
+def sweep(model: str, windows: list[tuple[int, int]], reps: int) -> dict[str, Any]:
     from hotloop.api.build import build_engine
     from hotloop.config import EngineConfig
-    from hotloop.executor.cuda_graph import SHORT_SPLITS
     from hotloop.utils.gc_tuning import settle_after_startup
 
     cfg = EngineConfig(
@@ -52,50 +51,49 @@ def sweep(model: str, inputs: list[int], output_len: int, reps: int) -> dict[str
     settle_after_startup()
     engine = built.engine
     graphs = engine.executor.runner.graphs
-    if 1 not in graphs.short_buckets:
-        raise SystemExit(f"{model}: no short-context graph at batch 1 (HOTLOOP_DECODE_SHORT_CONTEXT=0?)")
+    limits = dict(graphs.short_limits.get(1, {}))
+    if not limits:
+        raise SystemExit(f"{model}: no short-context graphs at batch 1 (HOTLOOP_DECODE_SHORT_GRAPHS=0?)")
     vocab = built.model_config.vocab_size
     rng = random.Random(0)
     _run_one(engine, vocab, 64, 64, "warm", rng)
     rows = []
-    for input_len in inputs:
-        got: dict[str, list[float]] = {"short": [], "full": []}
+    modes: list[int | None] = [None, *sorted(limits, reverse=True)]
+    for input_len, output_len in windows:
+        got: dict[str, list[float]] = {str(m or "full"): [] for m in modes}
         for r in range(reps):
-            for name in ("short", "full"):
-                graphs.short_context = 10**9 if name == "short" else 0
-                got[name].append(
-                    _run_one(engine, vocab, input_len, output_len, f"{input_len}-{name}-{r}", rng)
-                )
+            for m in modes:
+                graphs.short_limits = {1: {m: 10**9}} if m else {}
+                rid = f"{input_len}-{m}-{r}"
+                got[str(m or "full")].append(_run_one(engine, vocab, input_len, output_len, rid, rng))
+        graphs.short_limits = {1: limits}
+        med = {k: statistics.median(v) for k, v in got.items()}
         row = {
             "input_len": input_len,
+            "output_len": output_len,
             "contexts": [input_len + 1, input_len + output_len],
-            "short_splits": SHORT_SPLITS,
-            "short_tokens_per_s": got["short"],
-            "full_tokens_per_s": got["full"],
-            "short_median": statistics.median(got["short"]),
-            "full_median": statistics.median(got["full"]),
+            "tokens_per_s": got,
+            "median": med,
+            "over_full": {k: v / med["full"] for k, v in med.items()},
         }
-        row["short_over_full"] = row["short_median"] / row["full_median"]
         print(
-            f"{model} input {input_len} (contexts {row['contexts'][0]}-{row['contexts'][1]}): "
-            f"short {row['short_median']:.1f} full {row['full_median']:.1f} tokens/s "
-            f"({row['short_over_full']:.3f}x)",
+            f"{model} contexts {input_len + 1}-{input_len + output_len}: "
+            + " ".join(f"{k} {v:.1f} ({row['over_full'][k]:.3f}x)" for k, v in med.items()),
             flush=True,
         )
         rows.append(row)
-    return {"model": model, "output_len": output_len, "reps": reps, "rows": rows}
+    return {"model": model, "reps": reps, "limits": limits, "rows": rows}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--models", default="smollm2-135m,llama3-8b")
-    ap.add_argument("--inputs", default="128,512,896,1408")
-    ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--windows", default="16:48,64:64,128:128,256:256,640:128")
+    ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    inputs = [int(x) for x in args.inputs.split(",")]
-    result = [sweep(m, inputs, args.output_len, args.reps) for m in args.models.split(",")]
+    windows = [(int(a), int(b)) for a, b in (w.split(":") for w in args.windows.split(","))]
+    result = [sweep(m, windows, args.reps) for m in args.models.split(",")]
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
 

@@ -6,9 +6,11 @@ bucket >= B with the extra rows padded (seq_len 0, slot -1). All graphs share on
 are captured largest first, so the smaller ones reuse its blocks.
 
 A decode graph's split count (flash-decoding's context splits) is fixed at capture, whatever the
-context. At batch 1 the heuristic's 16 splits lose to 8 at short contexts and win at long ones, so
-bucket 1 has a second graph with at most ``SHORT_SPLITS`` splits, replayed while every row's context
-is at most ``short_context`` tokens (``HOTLOOP_DECODE_SHORT_CONTEXT``; 0: no second graph).
+context, and a split covers whole tiles of ``BLOCK_N`` keys: at a context of ``n`` tiles, the splits
+past the ``n``-th hold no keys, yet their programs run and their empty partials are merged. So
+bucket 1 also has a graph per smaller power-of-two split cap ``c`` (``SHORT_CAPS``), replayed while
+the context is at most ``c`` tiles: as many splits hold keys as in the full graph, one tile each,
+and none is empty. ``HOTLOOP_DECODE_SHORT_GRAPHS=0`` captures none.
 """
 
 from __future__ import annotations
@@ -25,39 +27,46 @@ from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
-SHORT_SPLITS = 8  # the split cap of a short-context graph
-SHORT_BUCKETS = (1,)  # the buckets that get one (measured at batch 1 only)
-DEFAULT_SHORT_CONTEXT = 1024
+# The split caps of the short-context graphs, and the buckets that get them (batch 1, where the
+# plan takes the most splits; measured there only: benchmarks/short_context_sweep.py).
+SHORT_CAPS = (8, 4, 2, 1)
+SHORT_BUCKETS = (1,)
 
 
-def short_context_from_env() -> int:
-    """``HOTLOOP_DECODE_SHORT_CONTEXT``: the longest context (tokens, the new one included) that
-    replays the short-context graph; 0 captures none."""
-    raw = os.environ.get("HOTLOOP_DECODE_SHORT_CONTEXT", "").strip() or str(DEFAULT_SHORT_CONTEXT)
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
+def short_graphs_from_env() -> bool:
+    """``HOTLOOP_DECODE_SHORT_GRAPHS``: 1 (the default) captures the short-context graphs, 0 none."""
+    raw = os.environ.get("HOTLOOP_DECODE_SHORT_GRAPHS", "").strip() or "1"
+    if raw not in ("0", "1"):
         raise ValueError(
-            f"HOTLOOP_DECODE_SHORT_CONTEXT={raw!r} must be a token count >= 0 (0: one split count at every context)"
+            f"HOTLOOP_DECODE_SHORT_GRAPHS={raw!r} must be 1 (capture the short-context graphs) or 0"
         )
-    return value
+    return raw == "1"
 
 
-def wants_short_graph(model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], bucket: int) -> bool:
-    """Whether ``bucket``'s decode graph would take more than ``SHORT_SPLITS`` splits, over a 16-bit
-    cache (the split counts of the quantized caches' kernels were not timed at short contexts)."""
-    from hotloop.kernels.paged_decode_attention import decode_plan
+def short_limits(
+    model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], bucket: int
+) -> dict[int, int]:
+    """``{cap: longest context}`` of ``bucket``'s short-context graphs: every cap in ``SHORT_CAPS``
+    below the split count the bucket's graph plans, each for contexts up to ``cap`` decode tiles.
+    None (``{}``) outside ``SHORT_BUCKETS``, over a quantized cache (whose kernels' split counts were
+    not timed at short contexts) or for a model without paged attention."""
+    from hotloop.kernels.launch_math import next_power_of_2
+    from hotloop.kernels.paged_decode_attention import decode_config, decode_plan
     from hotloop.layers.attention import PagedAttention
 
     if bucket not in SHORT_BUCKETS or not kv_caches or kv_caches[0][0].dtype == torch.uint8:
-        return False
+        return {}
     layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
     if not layers:
-        return False
+        return {}
     itemsize = kv_caches[0][0].element_size()
-    return any(decode_plan(bucket, m.num_kv_heads, 0, m.head_dim, itemsize)[0] > SHORT_SPLITS for m in layers)
+    planned = max(decode_plan(bucket, m.num_kv_heads, 0, m.head_dim, itemsize)[0] for m in layers)
+    limits = {}
+    for cap in sorted(SHORT_CAPS):  # ascending: ``DecodeGraphs.key_for`` takes the first that fits
+        if cap < planned:
+            tile = min(decode_config(0, max(16, next_power_of_2(m.head_dim)), cap)[0] for m in layers)
+            limits[cap] = cap * tile
+    return limits
 
 
 def batch_buckets(max_batch_size: int) -> list[int]:
@@ -81,22 +90,24 @@ class DecodeGraphs:
         buffers: InputBuffers,
         max_batch_size: int,
         progress: bool = True,
-        short_context: int | None = None,
+        short_graphs: bool | None = None,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.buffers = buffers
         self.buckets = batch_buckets(min(max_batch_size, buffers.max_seqs))
-        self.short_context = short_context_from_env() if short_context is None else short_context
         # (bucket, split cap or None) -> graph and its static outputs
         self.graphs: dict[tuple[int, int | None], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[int, int | None], torch.Tensor] = {}  # [bucket, vocab] float32
         self.greedy: dict[tuple[int, int | None], torch.Tensor] = {}  # [bucket] int64
-        self.short_buckets = (
-            frozenset(b for b in self.buckets if wants_short_graph(model, kv_caches, b))
-            if self.short_context > 0
-            else frozenset()
-        )
+        if short_graphs is None:
+            short_graphs = short_graphs_from_env()
+        # bucket -> {split cap: longest context} of its short-context graphs
+        self.short_limits: dict[int, dict[int, int]] = {}
+        for b in self.buckets if short_graphs else ():
+            limits = short_limits(model, kv_caches, b)
+            if limits:
+                self.short_limits[b] = limits
         self.pool: Any = None
         self._capture(progress)
 
@@ -123,8 +134,7 @@ class DecodeGraphs:
         keys: list[tuple[int, int | None]] = []
         for b in sorted(self.buckets, reverse=True):
             keys.append((b, None))
-            if b in self.short_buckets:
-                keys.append((b, SHORT_SPLITS))
+            keys += [(b, cap) for cap in sorted(self.short_limits.get(b, ()), reverse=True)]
         bar = None
         if progress:
             from tqdm import tqdm
@@ -152,15 +162,13 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         if bar is not None:
             bar.close()
-        short = ""
-        if self.short_buckets:
-            batches = ",".join(map(str, sorted(self.short_buckets)))
-            short = (
-                f" (batch {batches} also with at most {SHORT_SPLITS} decode splits, "
-                f"for contexts up to {self.short_context} tokens)"
-            )
+        short = "".join(
+            f"; batch {b} also with "
+            + ", ".join(f"{c} splits up to {n} tokens" for c, n in sorted(lim.items()))
+            for b, lim in self.short_limits.items()
+        )
         logger.info(
-            "captured %d decode CUDA graphs (batch %s)%s in %.1f s",
+            "captured %d decode CUDA graphs (batch %s%s) in %.1f s",
             len(keys),
             ",".join(map(str, self.buckets)),
             short,
@@ -169,9 +177,13 @@ class DecodeGraphs:
 
     def key_for(self, bucket: int, context: int | None = None) -> tuple[int, int | None]:
         """The graph that runs ``bucket`` rows whose longest context (tokens in the cache, this
-        step's included) is ``context``: the short-context one where it exists and the context fits."""
-        if context is not None and context <= self.short_context and bucket in self.short_buckets:
-            return (bucket, SHORT_SPLITS)
+        step's included) is ``context``: the short-context graph of the fewest splits whose limit
+        the context fits, else the bucket's graph for any context."""
+        limits = self.short_limits.get(bucket)
+        if context is not None and limits:
+            for cap, longest in limits.items():  # fewest splits first
+                if context <= longest:
+                    return (bucket, cap)
         return (bucket, None)
 
     def run(self, bucket: int, context: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -156,9 +156,7 @@ class GpuModelRunner(ModelRunner):
             self._staged = True
             self._patch(self.buffers.prepare(out, padded_seqs=bucket))
             # the longest context, where a short-context graph may run it (batch 1: one row)
-            context = (
-                max(s.start + s.num_tokens for s in out.scheduled) if bucket in g.short_buckets else None
-            )
+            context = max(s.start + s.num_tokens for s in out.scheduled) if bucket in g.short_limits else None
             logits, greedy = g.run(bucket, context)
             self.num_graph_steps += 1
             if steps > 1 and multi_step_ok(out):

@@ -248,40 +248,44 @@ def test_multi_step_graph_rounds_equal_one_step_gpu(
 
 
 @pytest.mark.gpu
-def test_short_context_graph_gpu(
-    monkeypatch: pytest.MonkeyPatch, make_tiny_model: Callable[[str], Path]
-) -> None:
-    """Batch 1 replays the short-context decode graph (at most ``SHORT_SPLITS`` splits) while the
-    context is at most HOTLOOP_DECODE_SHORT_CONTEXT tokens and the full one after, switching inside a
-    multi-step round; greedy tokens are those of an engine without the short graph."""
-    from hotloop.executor.cuda_graph import SHORT_SPLITS
-
+def test_short_context_graphs_gpu(make_tiny_model: Callable[[str], Path]) -> None:
+    """Batch 1 replays the short-context decode graph of the fewest splits whose limit the context
+    fits (1 split up to 64 tokens, 2 up to 128, 4 up to 256 at this head dim), switching inside
+    multi-step rounds; greedy tokens are those of the same engine replaying only its graph for any
+    context."""
     path = make_tiny_model(ARCH)
     prompt = [3 + (7 * i) % (TINY_VOCAB - 3) for i in range(10)]
-    kw = dict(device="cuda", dtype="bfloat16", cache_max_entry_count=0.05, max_batch_size=4)
+    engine = _engine(path, 4, device="cuda", dtype="bfloat16", cache_max_entry_count=0.05, max_batch_size=4)
+    g = engine.executor.runner.graphs  # type: ignore[attr-defined]
+    assert g.short_limits == {1: {1: 64, 2: 128, 4: 256, 8: 512}}
+    keys: list[tuple[int, int | None]] = []
+    key_for = g.key_for
 
-    def tokens(short_context: int) -> tuple[list[int], list[tuple[int, int | None]]]:
-        monkeypatch.setenv("HOTLOOP_DECODE_SHORT_CONTEXT", str(short_context))
-        engine = _engine(path, 4, **kw)
-        g = engine.executor.runner.graphs  # type: ignore[attr-defined]
-        assert (1 in g.short_buckets) == (short_context > 0)
-        keys: list[tuple[int, int | None]] = []
-        key_for = g.key_for
+    def record(bucket: int, context: int | None = None) -> tuple[int, int | None]:
+        keys.append(key_for(bucket, context))
+        return keys[-1]
 
-        def record(bucket: int, context: int | None = None) -> tuple[int, int | None]:
-            keys.append(key_for(bucket, context))
-            return keys[-1]
+    def run() -> list[int]:
+        keys.clear()
+        got = _run(engine, [prompt], params=lambda i: GenerationConfig(max_new_tokens=150, ignore_eos=True))
+        return got["0"][0]
 
-        g.key_for = record
-        got = _run(engine, [prompt], params=lambda i: GenerationConfig(max_new_tokens=40, ignore_eos=True))
-        return got["0"][0], keys
-
-    base, base_keys = tokens(0)
-    short, keys = tokens(len(prompt) + 17)  # crosses inside the fifth round of four steps
-    assert short == base and len(short) == 40
-    assert set(base_keys) == {(1, None)}
-    n_short = keys.count((1, SHORT_SPLITS))
-    assert n_short == 17 and keys[:n_short] == [(1, SHORT_SPLITS)] * n_short and (1, None) in keys, keys
+    g.key_for = record
+    try:
+        short = run()
+        short_keys = list(keys)
+        limits, g.short_limits = g.short_limits, {}
+        full = run()
+        full_keys = list(keys)
+        g.short_limits = limits
+    finally:
+        del g.key_for
+    assert len(short) == 150 and short == full
+    assert set(full_keys) == {(1, None)}
+    # decode contexts 11 .. 159 (the first token comes from the prefill)
+    assert short_keys.count((1, 1)) == 64 - 10 and short_keys.count((1, 2)) == 64, short_keys
+    assert set(short_keys) == {(1, 1), (1, 2), (1, 4)}, short_keys
+    assert short_keys == sorted(short_keys, key=lambda k: k[1] or 0), short_keys
 
 
 def test_prefix_cache_after_a_row_ends_mid_round(make_tiny_model: Callable[[str], Path]) -> None:

@@ -1,6 +1,6 @@
-"""``executor/cuda_graph.py`` without a GPU: which batch buckets get a short-context decode graph
-(``wants_short_graph``), which graph a step replays (``DecodeGraphs.key_for``), and the
-``HOTLOOP_DECODE_SHORT_CONTEXT`` setting. The capture and replay run in the GPU tests
+"""``executor/cuda_graph.py`` without a GPU: which short-context decode graphs a batch bucket gets
+(``short_limits``), which graph a step replays (``DecodeGraphs.key_for``), and the
+``HOTLOOP_DECODE_SHORT_GRAPHS`` setting. The capture and replay run in the GPU tests
 (``tests/engine/test_multi_step.py``)."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from hotloop.executor import cuda_graph
-from hotloop.executor.cuda_graph import SHORT_SPLITS, DecodeGraphs, short_context_from_env, wants_short_graph
+from hotloop.executor.cuda_graph import DecodeGraphs, short_graphs_from_env, short_limits
 from hotloop.kernels import paged_decode_attention as pda
 from hotloop.layers.attention import PagedAttention
 
@@ -28,22 +27,25 @@ def _caches(dtype: torch.dtype, layers: int = 2) -> list[tuple[torch.Tensor, tor
     return [(c, c) for _ in range(layers)]
 
 
-def test_wants_short_graph(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Bucket 1 of a 16-bit cache whose plan takes more than ``SHORT_SPLITS`` splits; not other
-    buckets, not a quantized cache, not a model without paged attention, not where the splits are
-    capped at ``SHORT_SPLITS`` already."""
+def test_short_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bucket 1 of a 16-bit cache gets a graph per cap below its planned split count, each up to
+    ``cap`` decode tiles (64 keys at head dim 64 or 128, 32 at 256); not other buckets, not a
+    quantized cache, not a model without paged attention."""
     monkeypatch.setattr(pda, "MAX_SPLITS", 16)
     monkeypatch.setattr(pda, "FUSE_MERGE", None)
     bf16 = _caches(torch.bfloat16)
-    assert pda.decode_plan(1, 3, 0, 64)[0] == 16 > SHORT_SPLITS
-    assert wants_short_graph(_model(3), bf16, 1)
-    assert wants_short_graph(_model(8, 128), bf16, 1)
-    assert not wants_short_graph(_model(3), bf16, 2)  # measured at batch 1 only
-    assert not wants_short_graph(_model(3), _caches(torch.uint8), 1)
-    assert not wants_short_graph(nn.Linear(2, 2), bf16, 1)
-    assert not wants_short_graph(_model(3), [], 1)
-    monkeypatch.setattr(pda, "MAX_SPLITS", SHORT_SPLITS)  # HOTLOOP_DECODE_MAX_SPLITS=8: nothing to gain
-    assert not wants_short_graph(_model(3), bf16, 1)
+    assert pda.decode_plan(1, 3, 0, 64)[0] == 16
+    want = {1: 64, 2: 128, 4: 256, 8: 512}
+    assert short_limits(_model(3), bf16, 1) == want
+    assert list(short_limits(_model(3), bf16, 1)) == [1, 2, 4, 8]  # fewest splits first
+    assert short_limits(_model(8, 128), bf16, 1) == want
+    assert short_limits(_model(2, 256), bf16, 1) == {c: 32 * c for c in want}
+    assert short_limits(_model(3), bf16, 2) == {}  # measured at batch 1 only
+    assert short_limits(_model(3), _caches(torch.uint8), 1) == {}
+    assert short_limits(nn.Linear(2, 2), bf16, 1) == {}
+    assert short_limits(_model(3), [], 1) == {}
+    monkeypatch.setattr(pda, "MAX_SPLITS", 4)  # HOTLOOP_DECODE_MAX_SPLITS=4: the caps below it
+    assert short_limits(_model(3), bf16, 1) == {1: 64, 2: 128}
 
 
 def test_decode_plan_caps_the_splits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,6 +54,7 @@ def test_decode_plan_caps_the_splits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pda, "FUSE_MERGE", None)
     assert pda.decode_plan(1, 3, 0, 64) == (16, False)
     assert pda.decode_plan(1, 3, 0, 64, 2, max_splits=8) == (8, False)
+    assert pda.decode_plan(1, 3, 0, 64, 2, max_splits=1) == (1, False)
     assert pda.decode_plan(16, 8) == (4, True)  # twice num_decode_splits' 2, merged in the launch
     assert pda.decode_plan(16, 8, max_splits=4) == (4, True)
     assert pda.decode_plan(16, 8, max_splits=2) == (2, False)  # no room to double
@@ -62,33 +65,31 @@ def test_decode_plan_caps_the_splits(monkeypatch: pytest.MonkeyPatch) -> None:
         pda.decode_plan(1, 3, max_splits=3)
 
 
-def _graphs(short_context: int, short_buckets: tuple[int, ...]) -> DecodeGraphs:
+def _graphs(limits: dict[int, dict[int, int]]) -> DecodeGraphs:
     g = DecodeGraphs.__new__(DecodeGraphs)  # the selection alone: nothing is captured
-    g.short_context = short_context
-    g.short_buckets = frozenset(short_buckets)
+    g.short_limits = limits
     return g
 
 
 def test_key_for() -> None:
-    g = _graphs(1024, (1,))
-    assert g.key_for(1, 1) == (1, SHORT_SPLITS)
-    assert g.key_for(1, 1024) == (1, SHORT_SPLITS)
-    assert g.key_for(1, 1025) == (1, None)
+    g = _graphs({1: {1: 64, 2: 128, 4: 256, 8: 512}})
+    assert [g.key_for(1, n) for n in (1, 64, 65, 128, 129, 256, 257, 512)] == [
+        (1, 1), (1, 1), (1, 2), (1, 2), (1, 4), (1, 4), (1, 8), (1, 8)
+    ]  # fmt: skip
+    assert g.key_for(1, 513) == (1, None)
     assert g.key_for(1, None) == (1, None)  # context unknown: the graph for any context
-    assert g.key_for(2, 10) == (2, None)  # no short graph at this bucket
-    assert _graphs(0, ()).key_for(1, 1) == (1, None)
+    assert g.key_for(2, 10) == (2, None)  # no short graphs at this bucket
+    assert _graphs({1: {8: 512}}).key_for(1, 3) == (1, 8)
+    assert _graphs({}).key_for(1, 1) == (1, None)
 
 
-def test_short_context_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("HOTLOOP_DECODE_SHORT_CONTEXT", raising=False)
-    assert short_context_from_env() == cuda_graph.DEFAULT_SHORT_CONTEXT
-    monkeypatch.setenv("HOTLOOP_DECODE_SHORT_CONTEXT", "0")
-    assert short_context_from_env() == 0
-    monkeypatch.setenv("HOTLOOP_DECODE_SHORT_CONTEXT", " 512 ")
-    assert short_context_from_env() == 512
-    monkeypatch.setenv("HOTLOOP_DECODE_SHORT_CONTEXT", "")
-    assert short_context_from_env() == cuda_graph.DEFAULT_SHORT_CONTEXT
-    for bad in ("-1", "1k", "1.5"):
-        monkeypatch.setenv("HOTLOOP_DECODE_SHORT_CONTEXT", bad)
-        with pytest.raises(ValueError, match="HOTLOOP_DECODE_SHORT_CONTEXT"):
-            short_context_from_env()
+def test_short_graphs_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HOTLOOP_DECODE_SHORT_GRAPHS", raising=False)
+    assert short_graphs_from_env()
+    for raw, want in (("0", False), ("1", True), (" 0 ", False), ("", True)):
+        monkeypatch.setenv("HOTLOOP_DECODE_SHORT_GRAPHS", raw)
+        assert short_graphs_from_env() is want
+    for bad in ("2", "on", "no"):
+        monkeypatch.setenv("HOTLOOP_DECODE_SHORT_GRAPHS", bad)
+        with pytest.raises(ValueError, match="HOTLOOP_DECODE_SHORT_GRAPHS"):
+            short_graphs_from_env()
