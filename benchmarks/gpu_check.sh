@@ -49,6 +49,9 @@
 #   s25a     one GPU: the short-context decode graphs (executor/cuda_graph.py): their GPU tests, the multi-step
 #            and one-row GPU tests, short_context_sweep.py (SmolLM2-135M, Llama-3-8B), then batch 1 with them and
 #            without (HOTLOOP_DECODE_SHORT_GRAPHS=0), SmolLM2 twice, Llama-3-8B once.
+#   s25b     one GPU: short_context_sweep.py at batch 2 and 4 (short-context graphs for buckets 1, 2, 4), then
+#            the multi-step and executor GPU tests.
+#   s25c     one GPU: every GPU test (540 s at most).
 #   smolattn one GPU: SmolLM2-135M's decode attention at batch 1 (9 heads, 3 KV heads, head dim 64; 128-640
 #            tokens of context), bf16: every split count with larger tiles and more warps, the merge
 #            launched and fused (issue 4's 2,500 tokens/s: could one launch per layer replace two?).
@@ -742,6 +745,23 @@ if [ "$what" = s25a ]; then
   done
   bs1 llama_short llama3-8b --num-scheduler-steps 8
   HOTLOOP_DECODE_SHORT_GRAPHS=0 bs1 llama_full llama3-8b --num-scheduler-steps 8
+  exit 0
+fi
+if [ "$what" = s25b ]; then
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 400 python3 "$here/short_context_sweep.py" --out "$out/short_context_b24.json" --batches 2,4 \
+    --buckets 1,2,4 --windows 64:64,256:256,640:128 --reps 2 >"$out/short_context_b24.log" 2>&1
+  echo "[sweep b2/b4] rc=$?"
+  grep -E "contexts|Error|error" "$out/short_context_b24.log" | tail -20
+  timeout 150 python3 -m pytest -m gpu -n 8 -v -rfE -p no:cacheprovider tests/engine/test_multi_step.py \
+    tests/executor >"$out/s25b_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s25b_tests.log" | cut -c1-300 | head -30
+  exit 0
+fi
+if [ "$what" = s25c ]; then
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests gpu_tests 540
   exit 0
 fi
 if [ "$what" = s24a ]; then

@@ -3,11 +3,13 @@
 context window, on one engine per model: does each cap win inside its range, and lose past it?
 
     python benchmarks/short_context_sweep.py --out OUT.json [--models smollm2-135m,llama3-8b]
-        [--windows 16:48,64:64,128:128,256:256,640:128] [--reps 3]
+        [--windows 16:48,64:64,128:128,256:256,640:128] [--reps 3] [--batches 1]
 
-A window ``I:O`` is one request of ``I`` random tokens and ``O`` new tokens (ignore_eos, 8 steps per
-launch), so its decode contexts span I+1 .. I+O. In a window every graph is forced in turn (the
-full one, then each cap of bucket 1), ``--reps`` times, alternating. Reported: decode tokens/s
+A window ``I:O`` is ``--batches`` requests at once (each batch size in turn, one engine each) of
+``I`` random tokens and ``O`` new tokens (ignore_eos, 8 steps per launch), so its decode contexts
+span I+1 .. I+O. In a window every graph of the batch's bucket is forced in turn (the full one,
+then each cap), ``--reps`` times, alternating. ``--buckets`` sets the buckets that get short-context
+graphs (``cuda_graph.SHORT_BUCKETS``) for the measurement. Reported: decode tokens/s
 (tokens after the first over the time after the first) per run, and the median per graph.
 """
 
@@ -21,25 +23,32 @@ import time
 from typing import Any
 
 
-def _run_one(engine: Any, vocab: int, input_len: int, output_len: int, rid: str, rng: random.Random) -> float:
+def _run_one(
+    engine: Any, vocab: int, input_len: int, output_len: int, rid: str, rng: random.Random, batch: int = 1
+) -> float:
+    """``batch`` requests at once; decode tokens/s over all of them, from the step that gave every
+    request its first token to the end."""
     from hotloop.messages import GenerationConfig
 
-    prompt = [rng.randrange(vocab) for _ in range(input_len)]
-    engine.add_request(rid, prompt, GenerationConfig(max_new_tokens=output_len, ignore_eos=True))
+    for i in range(batch):
+        prompt = [rng.randrange(vocab) for _ in range(input_len)]
+        engine.add_request(f"{rid}-{i}", prompt, GenerationConfig(max_new_tokens=output_len, ignore_eos=True))
+    started: set[str] = set()
     t_first = None
-    n = 0
+    n = n0 = 0
     while engine.has_unfinished():
         for o in engine.step():
-            if o.new_token_ids and t_first is None:
-                t_first = time.perf_counter()
-                n0 = n + len(o.new_token_ids)
+            if o.new_token_ids:
+                started.add(o.request_id)
             n += len(o.new_token_ids)
+        if t_first is None and len(started) == batch:
+            t_first, n0 = time.perf_counter(), n
     t_end = time.perf_counter()
-    assert t_first is not None and n == output_len, (n, output_len)
+    assert t_first is not None and n == batch * output_len, (n, batch, output_len)
     return (n - n0) / (t_end - t_first)
 
 
-def sweep(model: str, windows: list[tuple[int, int]], reps: int) -> dict[str, Any]:
+def sweep(model: str, windows: list[tuple[int, int]], reps: int, batch: int = 1) -> dict[str, Any]:
     from hotloop.api.build import build_engine
     from hotloop.config import EngineConfig
     from hotloop.utils.gc_tuning import settle_after_startup
@@ -51,9 +60,12 @@ def sweep(model: str, windows: list[tuple[int, int]], reps: int) -> dict[str, An
     settle_after_startup()
     engine = built.engine
     graphs = engine.executor.runner.graphs
-    limits = dict(graphs.short_limits.get(1, {}))
+    bucket = graphs.bucket_for(batch)
+    limits = dict(graphs.short_limits.get(bucket, {}))
     if not limits:
-        raise SystemExit(f"{model}: no short-context graphs at batch 1 (HOTLOOP_DECODE_SHORT_GRAPHS=0?)")
+        raise SystemExit(
+            f"{model}: no short-context graphs at batch {batch} (HOTLOOP_DECODE_SHORT_GRAPHS=0?)"
+        )
     vocab = built.model_config.vocab_size
     rng = random.Random(0)
     _run_one(engine, vocab, 64, 64, "warm", rng)
@@ -63,10 +75,10 @@ def sweep(model: str, windows: list[tuple[int, int]], reps: int) -> dict[str, An
         got: dict[str, list[float]] = {str(m or "full"): [] for m in modes}
         for r in range(reps):
             for m in modes:
-                graphs.short_limits = {1: {m: 10**9}} if m else {}
+                graphs.short_limits = {bucket: {m: 10**9}} if m else {}
                 rid = f"{input_len}-{m}-{r}"
-                got[str(m or "full")].append(_run_one(engine, vocab, input_len, output_len, rid, rng))
-        graphs.short_limits = {1: limits}
+                got[str(m or "full")].append(_run_one(engine, vocab, input_len, output_len, rid, rng, batch))
+        graphs.short_limits = {bucket: limits}
         med = {k: statistics.median(v) for k, v in got.items()}
         row = {
             "input_len": input_len,
@@ -77,12 +89,13 @@ def sweep(model: str, windows: list[tuple[int, int]], reps: int) -> dict[str, An
             "over_full": {k: v / med["full"] for k, v in med.items()},
         }
         print(
-            f"{model} contexts {input_len + 1}-{input_len + output_len}: "
+            f"{model} batch {batch} contexts {input_len + 1}-{input_len + output_len}: "
             + " ".join(f"{k} {v:.1f} ({row['over_full'][k]:.3f}x)" for k, v in med.items()),
             flush=True,
         )
         rows.append(row)
-    return {"model": model, "reps": reps, "limits": limits, "rows": rows}
+    del engine, built
+    return {"model": model, "batch": batch, "reps": reps, "limits": limits, "rows": rows}
 
 
 def main() -> None:
@@ -91,9 +104,17 @@ def main() -> None:
     ap.add_argument("--models", default="smollm2-135m,llama3-8b")
     ap.add_argument("--windows", default="16:48,64:64,128:128,256:256,640:128")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--batches", default="1", help="batch sizes, comma-separated (all rows share a length)")
+    ap.add_argument("--buckets", default=None, help="SHORT_BUCKETS for this run, comma-separated")
     args = ap.parse_args()
+    if args.buckets:
+        from hotloop.executor import cuda_graph
+
+        cuda_graph.SHORT_BUCKETS = tuple(int(b) for b in args.buckets.split(","))
     windows = [(int(a), int(b)) for a, b in (w.split(":") for w in args.windows.split(","))]
-    result = [sweep(m, windows, args.reps) for m in args.models.split(",")]
+    result = [
+        sweep(m, windows, args.reps, int(b)) for m in args.models.split(",") for b in args.batches.split(",")
+    ]
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
 
