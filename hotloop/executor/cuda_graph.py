@@ -27,10 +27,14 @@ from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
-# The split caps of the short-context graphs, and the buckets that get them (batch 1, where the
-# plan takes the most splits; measured there only: benchmarks/short_context_sweep.py).
+# The split caps of the short-context graphs, and the buckets that get them: the small batches,
+# where the plan takes the most splits. H200, bf16, decode tokens/s of the rule's graph over the full
+# one (benchmarks/short_context_sweep.py, benchmarks/results/gpu_2026-12-01i): SmolLM2-135M batch 1
+# 1.082x at contexts 17-64 (1 split), 1.053x at 65-128 (2), 1.035x at 129-256 (4), 1.031x at 257-512
+# (8), and the full graph 5% ahead of 8 splits at 641-768; Llama-3-8B batch 1 1.011x / 1.004x /
+# 1.003x / 1.003x; batches 2 and 4 1.001-1.025x where the rule picks a short graph.
 SHORT_CAPS = (8, 4, 2, 1)
-SHORT_BUCKETS = (1,)
+SHORT_BUCKETS = (1, 2, 4)
 
 
 def short_graphs_from_env() -> bool:

@@ -257,7 +257,7 @@ def test_short_context_graphs_gpu(make_tiny_model: Callable[[str], Path]) -> Non
     prompt = [3 + (7 * i) % (TINY_VOCAB - 3) for i in range(10)]
     engine = _engine(path, 4, device="cuda", dtype="bfloat16", cache_max_entry_count=0.05, max_batch_size=4)
     g = engine.executor.runner.graphs  # type: ignore[attr-defined]
-    assert g.short_limits == {1: {1: 64, 2: 128, 4: 256, 8: 512}}
+    assert g.short_limits[1] == {1: 64, 2: 128, 4: 256, 8: 512}
     keys: list[tuple[int, int | None]] = []
     key_for = g.key_for
 
@@ -278,6 +278,24 @@ def test_short_context_graphs_gpu(make_tiny_model: Callable[[str], Path]) -> Non
         full = run()
         full_keys = list(keys)
         g.short_limits = limits
+        # batch 4 (rows of 9 and 10 tokens): bucket 4's short graphs against its full one
+        rows = [prompt, prompt[::-1], prompt[1:], prompt[2:] + prompt[:1]]
+        keys.clear()
+        four = _run(
+            engine,
+            rows,
+            params=lambda i: GenerationConfig(max_new_tokens=90, ignore_eos=True),
+            join_every=100,
+        )
+        four_keys = list(keys)
+        g.short_limits = {}
+        four_full = _run(
+            engine,
+            rows,
+            params=lambda i: GenerationConfig(max_new_tokens=90, ignore_eos=True),
+            join_every=100,
+        )
+        g.short_limits = limits
     finally:
         del g.key_for
     assert len(short) == 150 and short == full
@@ -286,6 +304,9 @@ def test_short_context_graphs_gpu(make_tiny_model: Callable[[str], Path]) -> Non
     assert short_keys.count((1, 1)) == 64 - 10 and short_keys.count((1, 2)) == 64, short_keys
     assert set(short_keys) == {(1, 1), (1, 2), (1, 4)}, short_keys
     assert short_keys == sorted(short_keys, key=lambda k: k[1] or 0), short_keys
+    assert four == four_full and all(len(v[0]) == 90 for v in four.values())
+    caps4 = g.short_limits.get(4, {})
+    assert caps4 and {k for k in four_keys if k[0] == 4} == {(4, c) for c in caps4 if c <= 2}, four_keys
 
 
 def test_prefix_cache_after_a_row_ends_mid_round(make_tiny_model: Callable[[str], Path]) -> None:

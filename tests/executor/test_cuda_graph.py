@@ -28,8 +28,8 @@ def _caches(dtype: torch.dtype, layers: int = 2) -> list[tuple[torch.Tensor, tor
 
 
 def test_short_limits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Bucket 1 of a 16-bit cache gets a graph per cap below its planned split count, each up to
-    ``cap`` decode tiles (64 keys at head dim 64 or 128, 32 at 256); not other buckets, not a
+    """Buckets 1, 2 and 4 of a 16-bit cache get a graph per cap below their planned split count, each
+    up to ``cap`` decode tiles (64 keys at head dim 64 or 128, 32 at 256); not larger buckets, not a
     quantized cache, not a model without paged attention."""
     monkeypatch.setattr(pda, "MAX_SPLITS", 16)
     monkeypatch.setattr(pda, "FUSE_MERGE", None)
@@ -40,7 +40,9 @@ def test_short_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     assert list(short_limits(_model(3), bf16, 1)) == [1, 2, 4, 8]  # fewest splits first
     assert short_limits(_model(8, 128), bf16, 1) == want
     assert short_limits(_model(2, 256), bf16, 1) == {c: 32 * c for c in want}
-    assert short_limits(_model(3), bf16, 2) == {}  # measured at batch 1 only
+    assert short_limits(_model(3), bf16, 4) == want  # 4 x 3 KV heads: 16 splits planned
+    assert short_limits(_model(8, 128), bf16, 4) == {1: 64, 2: 128, 4: 256}  # 8 planned
+    assert short_limits(_model(3), bf16, 8) == {}  # not a small batch
     assert short_limits(_model(3), _caches(torch.uint8), 1) == {}
     assert short_limits(nn.Linear(2, 2), bf16, 1) == {}
     assert short_limits(_model(3), [], 1) == {}
