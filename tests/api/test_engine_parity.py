@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import TINY_ARCHS, TINY_VOCAB
+from tiny_archs import TINY_ARCHS, TINY_VOCAB
 
 from hotloop.api.build import build_engine
 from hotloop.config import EngineConfig

@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
-from conftest import TINY_ARCHS
 from test_engine_parity import MAX_NEW, VARIANTS, make_prompts, run_engine, run_engine_built
+from tiny_archs import TINY_ARCHS
 
 from hotloop.api.build import build_engine
 from hotloop.config import EngineConfig

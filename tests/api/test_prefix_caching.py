@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY_VOCAB
+from tiny_archs import TINY_VOCAB
 
 from hotloop import EngineConfig, GenerationConfig, pipeline
 from hotloop.api.build import build_engine

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import TINY_VOCAB
+from tiny_archs import TINY_VOCAB
 
 from hotloop.engine import grammar
 from hotloop.engine.grammar import JsonGrammar, RequestGrammar, require_json_mode

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY_VOCAB
+from tiny_archs import TINY_VOCAB
 
 from hotloop.api.build import build_engine
 from hotloop.config import EngineConfig
