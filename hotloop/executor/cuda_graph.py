@@ -8,9 +8,10 @@ are captured largest first, so the smaller ones reuse its blocks.
 A decode graph's split count (flash-decoding's context splits) is fixed at capture, whatever the
 context, and a split covers whole tiles of ``BLOCK_N`` keys: at a context of ``n`` tiles, the splits
 past the ``n``-th hold no keys, yet their programs run and their empty partials are merged. So
-bucket 1 also has a graph per smaller power-of-two split cap ``c`` (``SHORT_CAPS``), replayed while
-the context is at most ``c`` tiles: as many splits hold keys as in the full graph, one tile each,
-and none is empty. ``HOTLOOP_DECODE_SHORT_GRAPHS=0`` captures none.
+the small buckets (``SHORT_BUCKETS``) also have a graph per smaller power-of-two split cap ``c``
+(``SHORT_CAPS``), replayed while the batch's longest context is at most ``c`` tiles: as many splits
+hold keys as in the full graph, one tile each, and none is empty. ``HOTLOOP_DECODE_SHORT_GRAPHS=0``
+captures none.
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ class GpuModelRunner(ModelRunner):
         if g is not None and bucket is not None:
             self._staged = True
             self._patch(self.buffers.prepare(out, padded_seqs=bucket))
-            # the longest context, where a short-context graph may run it (batch 1: one row)
+            # the longest context, where a short-context graph may run the step (small batches)
             context = max(s.start + s.num_tokens for s in out.scheduled) if bucket in g.short_limits else None
             logits, greedy = g.run(bucket, context)
             self.num_graph_steps += 1
