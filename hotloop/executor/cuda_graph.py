@@ -9,9 +9,9 @@ A decode graph's split count (flash-decoding's context splits) is fixed at captu
 context, and a split covers whole tiles of ``BLOCK_N`` keys: at a context of ``n`` tiles, the splits
 past the ``n``-th hold no keys, yet their programs run and their empty partials are merged. So
 the small buckets (``SHORT_BUCKETS``) also have a graph per smaller power-of-two split cap ``c``
-(``SHORT_CAPS``), replayed while the batch's longest context is at most ``c`` tiles: as many splits
-hold keys as in the full graph, one tile each, and none is empty. ``HOTLOOP_DECODE_SHORT_GRAPHS=0``
-captures none.
+(``SHORT_CAPS``), replayed while the batch's longest context is at most ``c`` tiles and more than
+``c / 2`` (the next smaller cap's): as many splits hold keys as in the full graph, one tile each,
+and fewer than half are empty. ``HOTLOOP_DECODE_SHORT_GRAPHS=0`` captures none.
 """
 
 from __future__ import annotations
@@ -53,13 +53,17 @@ def short_limits(
 ) -> dict[int, int]:
     """``{cap: longest context}`` of ``bucket``'s short-context graphs: every cap in ``SHORT_CAPS``
     below the split count the bucket's graph plans, each for contexts up to ``cap`` decode tiles.
-    None (``{}``) outside ``SHORT_BUCKETS``, over a quantized cache (whose kernels' split counts were
-    not timed at short contexts) or for a model without paged attention."""
+    None (``{}``) outside ``SHORT_BUCKETS``, over a quantized or float32 cache (whose kernels' split
+    counts were not timed at short contexts) or for a model without paged attention."""
     from hotloop.kernels.launch_math import next_power_of_2
     from hotloop.kernels.paged_decode_attention import decode_config, decode_plan
     from hotloop.layers.attention import PagedAttention
 
-    if bucket not in SHORT_BUCKETS or not kv_caches or kv_caches[0][0].dtype == torch.uint8:
+    if (
+        bucket not in SHORT_BUCKETS
+        or not kv_caches
+        or kv_caches[0][0].dtype not in (torch.float16, torch.bfloat16)
+    ):
         return {}
     layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
     if not layers:
@@ -186,7 +190,7 @@ class DecodeGraphs:
         the context fits, else the bucket's graph for any context."""
         limits = self.short_limits.get(bucket)
         if context is not None and limits:
-            for cap, longest in limits.items():  # fewest splits first
+            for cap, longest in sorted(limits.items()):  # fewest splits first
                 if context <= longest:
                     return (bucket, cap)
         return (bucket, None)

@@ -511,8 +511,11 @@ def decode_plan(
     the same launch. A set HOTLOOP_DECODE_FUSED_MERGE (``FUSE_MERGE``) decides the merge instead.
     ``max_splits`` (a power of two) caps the splits below ``MAX_SPLITS``: a decode graph captured
     for short contexts (``AttentionMetadata.graph_max_splits``)."""
+    check(
+        max_splits is None or max_splits in SPLIT_CHOICES,
+        f"max_splits={max_splits} must be one of {SPLIT_CHOICES}",
+    )
     cap = MAX_SPLITS if max_splits is None else min(MAX_SPLITS, max_splits)
-    check(cap in SPLIT_CHOICES, f"max_splits={max_splits} must be one of {SPLIT_CHOICES}")
     splits = min(cap, num_decode_splits(batch, num_kv_heads, quant))
     if FUSE_MERGE is not None:
         return splits, FUSE_MERGE

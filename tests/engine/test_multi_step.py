@@ -271,10 +271,11 @@ def test_short_context_graphs_gpu(make_tiny_model: Callable[[str], Path]) -> Non
         return got["0"][0]
 
     g.key_for = record
+    limits = g.short_limits
     try:
         short = run()
         short_keys = list(keys)
-        limits, g.short_limits = g.short_limits, {}
+        g.short_limits = {}
         full = run()
         full_keys = list(keys)
         g.short_limits = limits
@@ -298,6 +299,7 @@ def test_short_context_graphs_gpu(make_tiny_model: Callable[[str], Path]) -> Non
         g.short_limits = limits
     finally:
         del g.key_for
+        g.short_limits = limits
     assert len(short) == 150 and short == full
     assert set(full_keys) == {(1, None)}
     # decode contexts 11 .. 159 (the first token comes from the prefill)

@@ -30,7 +30,7 @@ def _caches(dtype: torch.dtype, layers: int = 2) -> list[tuple[torch.Tensor, tor
 def test_short_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     """Buckets 1, 2 and 4 of a 16-bit cache get a graph per cap below their planned split count, each
     up to ``cap`` decode tiles (64 keys at head dim 64 or 128, 32 at 256); not larger buckets, not a
-    quantized cache, not a model without paged attention."""
+    quantized or float32 cache, not a model without paged attention."""
     monkeypatch.setattr(pda, "MAX_SPLITS", 16)
     monkeypatch.setattr(pda, "FUSE_MERGE", None)
     bf16 = _caches(torch.bfloat16)
@@ -43,7 +43,9 @@ def test_short_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     assert short_limits(_model(3), bf16, 4) == want  # 4 x 3 KV heads: 16 splits planned
     assert short_limits(_model(8, 128), bf16, 4) == {1: 64, 2: 128, 4: 256}  # 8 planned
     assert short_limits(_model(3), bf16, 8) == {}  # not a small batch
+    assert short_limits(_model(3), _caches(torch.float16), 1) == want
     assert short_limits(_model(3), _caches(torch.uint8), 1) == {}
+    assert short_limits(_model(3), _caches(torch.float32), 1) == {}  # not timed
     assert short_limits(nn.Linear(2, 2), bf16, 1) == {}
     assert short_limits(_model(3), [], 1) == {}
     monkeypatch.setattr(pda, "MAX_SPLITS", 4)  # HOTLOOP_DECODE_MAX_SPLITS=4: the caps below it
@@ -63,8 +65,9 @@ def test_decode_plan_caps_the_splits(monkeypatch: pytest.MonkeyPatch) -> None:
     assert pda.decode_plan(256, 8, max_splits=8) == (1, False)
     monkeypatch.setattr(pda, "MAX_SPLITS", 4)  # HOTLOOP_DECODE_MAX_SPLITS is the lower cap
     assert pda.decode_plan(1, 3, 0, 64, 2, max_splits=8) == (4, False)
-    with pytest.raises(ValueError, match="max_splits=3"):
-        pda.decode_plan(1, 3, max_splits=3)
+    for bad in (3, 24, 32):
+        with pytest.raises(ValueError, match=f"max_splits={bad}"):
+            pda.decode_plan(1, 3, max_splits=bad)
 
 
 def _graphs(limits: dict[int, dict[int, int]]) -> DecodeGraphs:
@@ -82,6 +85,7 @@ def test_key_for() -> None:
     assert g.key_for(1, None) == (1, None)  # context unknown: the graph for any context
     assert g.key_for(2, 10) == (2, None)  # no short graphs at this bucket
     assert _graphs({1: {8: 512}}).key_for(1, 3) == (1, 8)
+    assert _graphs({1: {8: 512, 2: 128}}).key_for(1, 100) == (1, 2)  # fewest splits, whatever the order
     assert _graphs({}).key_for(1, 1) == (1, None)
 
 
