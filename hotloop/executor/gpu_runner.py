@@ -113,6 +113,10 @@ class GpuModelRunner(ModelRunner):
 
     def _step_kind(self, out: SchedulerOutput, bucket: int | None) -> tuple[str, int]:
         if bucket is not None:
+            g = self.graphs
+            if g is not None and bucket in g.short_limits:  # its short-context graphs time apart
+                cap = g.key_for(bucket, max(s.start + s.num_tokens for s in out.scheduled))[1]
+                return (f"graph/{cap}" if cap else "graph", bucket)
             return ("graph", bucket)
         tokens = sum(s.num_tokens for s in out.scheduled)
         return ("eager", 1 << max(0, tokens - 1).bit_length())

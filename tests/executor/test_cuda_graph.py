@@ -99,3 +99,26 @@ def test_short_graphs_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("HOTLOOP_DECODE_SHORT_GRAPHS", bad)
         with pytest.raises(ValueError, match="HOTLOOP_DECODE_SHORT_GRAPHS"):
             short_graphs_from_env()
+
+
+def test_step_kinds_time_each_graph_apart() -> None:
+    """``--jit-schedule``'s step-time estimates keep a bucket's short-context graphs apart (their
+    speeds differ), and a bucket without them keeps its one kind."""
+    from types import SimpleNamespace
+
+    from hotloop.executor.gpu_runner import GpuModelRunner
+
+    runner = GpuModelRunner.__new__(GpuModelRunner)  # the kind alone: nothing is built
+    runner.graphs = _graphs({1: {1: 64, 8: 512}})
+
+    def out(*contexts: int) -> SimpleNamespace:
+        return SimpleNamespace(scheduled=[SimpleNamespace(start=c - 1, num_tokens=1) for c in contexts])
+
+    assert runner._step_kind(out(64), 1) == ("graph/1", 1)
+    assert runner._step_kind(out(65), 1) == ("graph/8", 1)
+    assert runner._step_kind(out(600), 1) == ("graph", 1)
+    assert runner._step_kind(out(10, 20), 2) == ("graph", 2)
+    assert runner._step_kind(SimpleNamespace(scheduled=[SimpleNamespace(start=0, num_tokens=5)]), None) == (
+        "eager",
+        8,
+    )
