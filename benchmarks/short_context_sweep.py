@@ -1,4 +1,4 @@
-"""Batch-1 decode speed of each short-context decode graph (at most ``cap`` flash-decoding splits,
+"""Small-batch decode speed of each short-context decode graph (at most ``cap`` flash-decoding splits,
 ``executor/cuda_graph.py``) against the graph for any context (the heuristic's split count), by
 context window, on one engine per model: does each cap win inside its range, and lose past it?
 

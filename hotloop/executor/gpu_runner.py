@@ -111,11 +111,19 @@ class GpuModelRunner(ModelRunner):
             return None
         return g.bucket_for(b)
 
+    def _context(self, out: SchedulerOutput, bucket: int) -> int | None:
+        """The step's longest context (tokens in the cache, its own included) where ``bucket`` has
+        short-context graphs to choose from (``DecodeGraphs.key_for``), else None."""
+        g = self.graphs
+        if g is None or bucket not in g.short_limits:
+            return None
+        return max(s.start + s.num_tokens for s in out.scheduled)
+
     def _step_kind(self, out: SchedulerOutput, bucket: int | None) -> tuple[str, int]:
         if bucket is not None:
-            g = self.graphs
-            if g is not None and bucket in g.short_limits:  # its short-context graphs time apart
-                cap = g.key_for(bucket, max(s.start + s.num_tokens for s in out.scheduled))[1]
+            context = self._context(out, bucket)
+            if context is not None and self.graphs is not None:  # short-context graphs time apart
+                cap = self.graphs.key_for(bucket, context)[1]
                 return (f"graph/{cap}" if cap else "graph", bucket)
             return ("graph", bucket)
         tokens = sum(s.num_tokens for s in out.scheduled)
@@ -159,8 +167,7 @@ class GpuModelRunner(ModelRunner):
         if g is not None and bucket is not None:
             self._staged = True
             self._patch(self.buffers.prepare(out, padded_seqs=bucket))
-            # the longest context, where a short-context graph may run the step (small batches)
-            context = max(s.start + s.num_tokens for s in out.scheduled) if bucket in g.short_limits else None
+            context = self._context(out, bucket)
             logits, greedy = g.run(bucket, context)
             self.num_graph_steps += 1
             if steps > 1 and multi_step_ok(out):
