@@ -52,6 +52,8 @@
 #   s25b     one GPU: short_context_sweep.py at batch 2 and 4 (short-context graphs for buckets 1, 2, 4), then
 #            the multi-step and executor GPU tests.
 #   s25c     one GPU: every GPU test (540 s at most).
+#   s26a     one GPU: SmolLM2-135M batch 1, short-context graphs with wide tiles (HOTLOOP_DECODE_SHORT_TILE
+#            unset, then 128/256/512-key tiles): short_context_sweep.py at contexts 129-768, then the smolattn sweep.
 #   smolattn one GPU: SmolLM2-135M's decode attention at batch 1 (9 heads, 3 KV heads, head dim 64; 128-640
 #            tokens of context), bf16: every split count with larger tiles and more warps, the merge
 #            launched and fused (issue 4's 2,500 tokens/s: could one launch per layer replace two?).
@@ -953,6 +955,18 @@ if [ "$what" = kvwarp ]; then  # one GPU, in turn
   # the KV-bound int8 run, default variant (vt3w at these batches since the twentieth session)
   bash "$here/run_capacity.sh" kv_int8 "$out/cap" $((575 - SECONDS))
   exit 0
+fi
+if [ "$what" = s26a ]; then  # one GPU
+  export CUDA_VISIBLE_DEVICES=0
+  for t in none 128,4,2 256,4,2 256,8,2 512,8,2; do
+    if [ "$t" = none ]; then unset HOTLOOP_DECODE_SHORT_TILE; else export HOTLOOP_DECODE_SHORT_TILE=$t; fi
+    timeout 100 python3 "$here/short_context_sweep.py" --out "$out/sweep_tile_${t//,/_}.json" --models smollm2-135m \
+      --windows 128:128,256:256,512:128,640:128 --reps 3 >"$out/sweep_tile_${t//,/_}.log" 2>&1
+    echo "[tile $t] rc=$?"
+    grep -E "contexts|Error|error" "$out/sweep_tile_${t//,/_}.log" | tail -6
+  done
+  unset HOTLOOP_DECODE_SHORT_TILE
+  what=smolattn
 fi
 if [ "$what" = smolattn ]; then  # one GPU
   export CUDA_VISIBLE_DEVICES=0
