@@ -54,6 +54,8 @@
 #   s25c     one GPU: every GPU test (540 s at most).
 #   s26a     one GPU: SmolLM2-135M batch 1, short-context graphs with wide tiles (HOTLOOP_DECODE_SHORT_TILE
 #            unset, then 128/256/512-key tiles): short_context_sweep.py at contexts 129-768, then the smolattn sweep.
+#   s26b     one GPU: grid_sync_probe.py (a kernel boundary against a grid barrier), then the GPU tests of tests/kernels.
+#   s26c     one GPU: every GPU test outside tests/kernels (and tests/cli).
 #   smolattn one GPU: SmolLM2-135M's decode attention at batch 1 (9 heads, 3 KV heads, head dim 64; 128-640
 #            tokens of context), bf16: every split count with larger tiles and more warps, the merge
 #            launched and fused (issue 4's 2,500 tokens/s: could one launch per layer replace two?).
@@ -967,6 +969,20 @@ if [ "$what" = s26a ]; then  # one GPU
   done
   unset HOTLOOP_DECODE_SHORT_TILE
   what=smolattn
+fi
+if [ "$what" = s26b ]; then  # one GPU
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 120 python3 "$here/grid_sync_probe.py" --out "$out/grid_sync.json" --n 576,1536 --block-n 16,4 \
+    >"$out/grid_sync.log" 2>&1
+  echo "[grid_sync] rc=$?"
+  cat "$out/grid_sync.log" | tail -30
+  gpu_tests kernels 420 tests/kernels
+  exit 0
+fi
+if [ "$what" = s26c ]; then  # one GPU
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests rest 560 tests --ignore=tests/cli --ignore=tests/kernels
+  exit 0
 fi
 if [ "$what" = smolattn ]; then  # one GPU
   export CUDA_VISIBLE_DEVICES=0
