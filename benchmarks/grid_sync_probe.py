@@ -146,8 +146,11 @@ def run(n: int, phases: int, block_n: int, reps: int) -> list[dict[str, Any]]:
 
     ref = None
     for work in (True, False):
-        cases = [("launches, PDL", lambda: chain(work, use_pdl)), ("launches, no PDL", lambda: chain(work, False)),
-                 ("barrier", lambda: persistent(work))]  # fmt: skip
+        cases = [
+            ("launches, PDL", lambda work=work: chain(work, use_pdl)),
+            ("launches, no PDL", lambda work=work: chain(work, False)),
+            ("barrier", lambda work=work: persistent(work)),
+        ]
         for name, fn in cases:
             ms = _time_graph(fn, reps)
             fn()
