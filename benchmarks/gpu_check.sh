@@ -56,6 +56,7 @@
 #            unset, then 128/256/512-key tiles): short_context_sweep.py at contexts 129-768, then the smolattn sweep.
 #   s26b     one GPU: grid_sync_probe.py (a kernel boundary against a grid barrier), then the GPU tests of tests/kernels.
 #   s26c     one GPU: every GPU test outside tests/kernels (and tests/cli).
+#   s27a     one GPU: grid_sync_probe.py (s26b's, without the tests), then s26a's tile sweep.
 #   smolattn one GPU: SmolLM2-135M's decode attention at batch 1 (9 heads, 3 KV heads, head dim 64; 128-640
 #            tokens of context), bf16: every split count with larger tiles and more warps, the merge
 #            launched and fused (issue 4's 2,500 tokens/s: could one launch per layer replace two?).
@@ -958,6 +959,15 @@ if [ "$what" = kvwarp ]; then  # one GPU, in turn
   bash "$here/run_capacity.sh" kv_int8 "$out/cap" $((575 - SECONDS))
   exit 0
 fi
+if [ "$what" = s27a ]; then  # one GPU
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 120 python3 "$here/grid_sync_probe.py" --out "$out/grid_sync.json" --n 576,1536 --block-n 16,4 \
+    >"$out/grid_sync.log" 2>&1
+  echo "[grid_sync] rc=$?"
+  tail -30 "$out/grid_sync.log"
+  no_smolattn=1
+  what=s26a
+fi
 if [ "$what" = s26a ]; then  # one GPU
   export CUDA_VISIBLE_DEVICES=0
   for t in none 128,4,2 256,4,2 256,8,2 512,8,2; do
@@ -968,6 +978,7 @@ if [ "$what" = s26a ]; then  # one GPU
     grep -E "contexts|Error|error" "$out/sweep_tile_${t//,/_}.log" | tail -6
   done
   unset HOTLOOP_DECODE_SHORT_TILE
+  [ -n "${no_smolattn:-}" ] && exit 0
   what=smolattn
 fi
 if [ "$what" = s26b ]; then  # one GPU
