@@ -52,11 +52,11 @@
 #   s25b     one GPU: short_context_sweep.py at batch 2 and 4 (short-context graphs for buckets 1, 2, 4), then
 #            the multi-step and executor GPU tests.
 #   s25c     one GPU: every GPU test (540 s at most).
-#   s26a     one GPU: SmolLM2-135M batch 1, short-context graphs with wide tiles (HOTLOOP_DECODE_SHORT_TILE
-#            unset, then 128/256/512-key tiles): short_context_sweep.py at contexts 129-768, then the smolattn sweep.
 #   s26b     one GPU: grid_sync_probe.py (a kernel boundary against a grid barrier), then the GPU tests of tests/kernels.
 #   s26c     one GPU: every GPU test outside tests/kernels (and tests/cli).
-#   s27a     one GPU: grid_sync_probe.py (s26b's, without the tests), then s26a's tile sweep.
+#   s27b     one GPU: the multi-step and executor GPU tests (int8 short-context graphs), short_context_sweep.py
+#            over an int8 cache (Llama-3-8B), then 8B batch 1 fp16 / int8 KV twice, int8 with
+#            HOTLOOP_ONE_ROW_ROPE_QUANT=1 and without short graphs once.
 #   smolattn one GPU: SmolLM2-135M's decode attention at batch 1 (9 heads, 3 KV heads, head dim 64; 128-640
 #            tokens of context), bf16: every split count with larger tiles and more warps, the merge
 #            launched and fused (issue 4's 2,500 tokens/s: could one launch per layer replace two?).
@@ -959,27 +959,20 @@ if [ "$what" = kvwarp ]; then  # one GPU, in turn
   bash "$here/run_capacity.sh" kv_int8 "$out/cap" $((575 - SECONDS))
   exit 0
 fi
-if [ "$what" = s27a ]; then  # one GPU
+if [ "$what" = s27b ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
-  timeout 120 python3 "$here/grid_sync_probe.py" --out "$out/grid_sync.json" --n 576,1536 --block-n 16,4 \
-    >"$out/grid_sync.log" 2>&1
-  echo "[grid_sync] rc=$?"
-  tail -30 "$out/grid_sync.log"
-  no_smolattn=1
-  what=s26a
-fi
-if [ "$what" = s26a ]; then  # one GPU
-  export CUDA_VISIBLE_DEVICES=0
-  for t in none 128,4,2 256,4,2 256,8,2 512,8,2; do
-    if [ "$t" = none ]; then unset HOTLOOP_DECODE_SHORT_TILE; else export HOTLOOP_DECODE_SHORT_TILE=$t; fi
-    timeout 100 python3 "$here/short_context_sweep.py" --out "$out/sweep_tile_${t//,/_}.json" --models smollm2-135m \
-      --windows 128:128,256:256,512:128,640:128 --reps 3 >"$out/sweep_tile_${t//,/_}.log" 2>&1
-    echo "[tile $t] rc=$?"
-    grep -E "contexts|Error|error" "$out/sweep_tile_${t//,/_}.log" | tail -6
+  gpu_tests s27b_tests 200 tests/engine/test_multi_step.py tests/executor
+  timeout 200 python3 "$here/short_context_sweep.py" --out "$out/sweep_int8.json" --models llama3-8b \
+    --quant-policy 8 --windows 16:48,128:128,256:256,512:128 --reps 3 >"$out/sweep_int8.log" 2>&1
+  echo "[sweep int8] rc=$?"
+  grep -E "contexts|Error" "$out/sweep_int8.log" | tail -6
+  for r in 1 2; do
+    bs1 "8b_fp16_$r" llama3-8b
+    bs1 "8b_int8_$r" llama3-8b --quant-policy 8
+    [ "$r" = 1 ] && HOTLOOP_ONE_ROW_ROPE_QUANT=1 bs1 "8b_int8_ropequant_$r" llama3-8b --quant-policy 8
+    [ "$r" = 1 ] && HOTLOOP_DECODE_SHORT_GRAPHS=0 bs1 "8b_int8_noshort_$r" llama3-8b --quant-policy 8
   done
-  unset HOTLOOP_DECODE_SHORT_TILE
-  [ -n "${no_smolattn:-}" ] && exit 0
-  what=smolattn
+  exit 0
 fi
 if [ "$what" = s26b ]; then  # one GPU
   export CUDA_VISIBLE_DEVICES=0

@@ -3,13 +3,14 @@
 context window, on one engine per model: does each cap win inside its range, and lose past it?
 
     python benchmarks/short_context_sweep.py --out OUT.json [--models smollm2-135m,llama3-8b]
-        [--windows 16:48,64:64,128:128,256:256,640:128] [--reps 3] [--batches 1]
+        [--windows 16:48,64:64,128:128,256:256,640:128] [--reps 3] [--batches 1] [--quant-policy 0]
 
 A window ``I:O`` is ``--batches`` requests at once (each batch size in turn, one engine each) of
 ``I`` random tokens and ``O`` new tokens (ignore_eos, 8 steps per launch), so its decode contexts
 span I+1 .. I+O. In a window every graph of the batch's bucket is forced in turn (the full one,
 then each cap), ``--reps`` times, alternating. ``--buckets`` sets the buckets that get short-context
-graphs (``cuda_graph.SHORT_BUCKETS``) for the measurement. Reported: decode tokens/s
+graphs (``cuda_graph.SHORT_BUCKETS``) for the measurement; ``--quant-policy 8`` runs over an int8
+KV cache. Reported: decode tokens/s
 (tokens after the first over the time after the first) per run, and the median per graph.
 """
 
@@ -48,14 +49,17 @@ def _run_one(
     return (n - n0) / (t_end - t_first)
 
 
-def sweep(model: str, windows: list[tuple[int, int]], reps: int, batch: int = 1) -> dict[str, Any]:
+def sweep(
+    model: str, windows: list[tuple[int, int]], reps: int, batch: int = 1, quant_policy: int = 0
+) -> dict[str, Any]:
     from hotloop.api.build import build_engine
     from hotloop.config import EngineConfig
     from hotloop.utils.gc_tuning import settle_after_startup
 
     cfg = EngineConfig(
-        load_format="dummy", dtype="bfloat16", session_len=4096, max_batch_size=8, num_scheduler_steps=8
-    )
+        load_format="dummy", dtype="bfloat16", session_len=4096, max_batch_size=8, num_scheduler_steps=8,
+        quant_policy=quant_policy,
+    )  # fmt: skip
     built = build_engine(model, cfg)
     settle_after_startup()
     engine = built.engine
@@ -89,13 +93,20 @@ def sweep(model: str, windows: list[tuple[int, int]], reps: int, batch: int = 1)
             "over_full": {k: v / med["full"] for k, v in med.items()},
         }
         print(
-            f"{model} batch {batch} contexts {input_len + 1}-{input_len + output_len}: "
+            f"{model} kv{quant_policy or 16} batch {batch} contexts {input_len + 1}-{input_len + output_len}: "
             + " ".join(f"{k} {v:.1f} ({row['over_full'][k]:.3f}x)" for k, v in med.items()),
             flush=True,
         )
         rows.append(row)
     del engine, built
-    return {"model": model, "batch": batch, "reps": reps, "limits": limits, "rows": rows}
+    return {
+        "model": model,
+        "quant_policy": quant_policy,
+        "batch": batch,
+        "reps": reps,
+        "limits": limits,
+        "rows": rows,
+    }
 
 
 def main() -> None:
@@ -105,6 +116,7 @@ def main() -> None:
     ap.add_argument("--windows", default="16:48,64:64,128:128,256:256,640:128")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batches", default="1", help="batch sizes, comma-separated (all rows share a length)")
+    ap.add_argument("--quant-policy", type=int, default=0, choices=(0, 8), help="KV cache: 16-bit or int8")
     ap.add_argument("--buckets", default=None, help="SHORT_BUCKETS for this run, comma-separated")
     args = ap.parse_args()
     if args.buckets:
@@ -113,7 +125,9 @@ def main() -> None:
         cuda_graph.SHORT_BUCKETS = tuple(int(b) for b in args.buckets.split(","))
     windows = [(int(a), int(b)) for a, b in (w.split(":") for w in args.windows.split(","))]
     result = [
-        sweep(m, windows, args.reps, int(b)) for m in args.models.split(",") for b in args.batches.split(",")
+        sweep(m, windows, args.reps, int(b), args.quant_policy)
+        for m in args.models.split(",")
+        for b in args.batches.split(",")
     ]
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)

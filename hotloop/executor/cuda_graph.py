@@ -11,7 +11,8 @@ past the ``n``-th hold no keys, yet their programs run and their empty partials 
 the small buckets (``SHORT_BUCKETS``) also have a graph per smaller power-of-two split cap ``c``
 (``SHORT_CAPS``), replayed while the batch's longest context is at most ``c`` tiles and more than
 ``c / 2`` (the next smaller cap's): as many splits hold keys as in the full graph, one tile each,
-and fewer than half are empty. ``HOTLOOP_DECODE_SHORT_GRAPHS=0`` captures none.
+and fewer than half are empty. This holds over 16-bit and int8 caches (the CUDA int8 kernel cuts
+its splits the same way). ``HOTLOOP_DECODE_SHORT_GRAPHS=0`` captures none.
 """
 
 from __future__ import annotations
@@ -52,29 +53,42 @@ def short_limits(
     model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], bucket: int
 ) -> dict[int, int]:
     """``{cap: longest context}`` of ``bucket``'s short-context graphs: every cap in ``SHORT_CAPS``
-    below the split count the bucket's graph plans, each for contexts up to ``cap`` decode tiles.
-    None (``{}``) outside ``SHORT_BUCKETS``, over a quantized or float32 cache (whose kernels' split
-    counts were not timed at short contexts) or for a model without paged attention."""
-    from hotloop.kernels.launch_math import next_power_of_2
-    from hotloop.kernels.paged_decode_attention import decode_config, decode_plan
+    below the split count the bucket's graph plans, each for contexts up to ``cap`` decode tiles of
+    the kernel that runs there (the Triton kernel's ``BLOCK_N``, or the CUDA int8 kernel's 64 keys).
+    A cap whose limit is no longer than a smaller cap's is left out (it would never replay). None
+    (``{}``) outside ``SHORT_BUCKETS``, over an int4 or float32 cache (whose kernels' split counts
+    were not timed at short contexts) or for a model without paged attention."""
+    from hotloop.kernels import kv_quant
+    from hotloop.kernels.paged_decode_attention import decode_plan, decode_tile
     from hotloop.layers.attention import PagedAttention
 
-    if (
-        bucket not in SHORT_BUCKETS
-        or not kv_caches
-        or kv_caches[0][0].dtype not in (torch.float16, torch.bfloat16)
-    ):
+    if bucket not in SHORT_BUCKETS or not kv_caches:
+        return {}
+    k_cache, v_cache = kv_caches[0]
+    if k_cache.dtype not in (torch.float16, torch.bfloat16, torch.uint8):
         return {}
     layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
     if not layers:
         return {}
-    itemsize = kv_caches[0][0].element_size()
-    planned = max(decode_plan(bucket, m.num_kv_heads, 0, m.head_dim, itemsize)[0] for m in layers)
-    limits = {}
+    quant = 0
+    if k_cache.dtype == torch.uint8:
+        # a 16-bit model's int8 cache (scales in 16 bits); int4 and float32 models' caches: not timed
+        if any(k_cache.shape[-1] != kv_quant.row_bytes(m.head_dim, 8, 2) for m in layers):
+            return {}
+        quant = 8
+    itemsize = 2 if quant else k_cache.element_size()
+    planned = max(decode_plan(bucket, m.num_kv_heads, quant, m.head_dim, itemsize)[0] for m in layers)
+    limits: dict[int, int] = {}
     for cap in sorted(SHORT_CAPS):  # ascending: ``DecodeGraphs.key_for`` takes the first that fits
         if cap < planned:
-            tile = min(decode_config(0, max(16, next_power_of_2(m.head_dim)), cap)[0] for m in layers)
-            limits[cap] = cap * tile
+            tile = min(
+                decode_tile(
+                    quant, m.head_dim, m.num_heads // m.num_kv_heads, m.sliding_window, cap, k_cache, v_cache
+                )
+                for m in layers
+            )
+            if cap * tile > max(limits.values(), default=0):
+                limits[cap] = cap * tile
     return limits
 
 

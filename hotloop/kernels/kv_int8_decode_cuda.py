@@ -26,6 +26,7 @@ from hotloop.kernels.pdl import pdl
 
 SOURCE = "kv_int8_decode.cu"
 THREADS = 128
+TILE = 64  # tokens per tile (the .cu's TILE): a split covers whole tiles
 STAGE_BYTES = 2 * 64 * 128 + 2 * 64 * 4  # a ring slot: 64 tokens' K codes, V codes, their pairs
 HEAD_DIM = 128
 MAX_GROUP = 8

@@ -475,28 +475,6 @@ def _fuse_merge_from_env() -> bool | None:
 FUSE_MERGE: bool | None = _fuse_merge_from_env()
 
 
-# HOTLOOP_DECODE_SHORT_TILE="BLOCK_N,warps,stages" (experimental): the launch configuration of the
-# decode kernel in the short-context decode graphs (a ``max_splits`` cap, a 16-bit cache), where a
-# few splits of wide tiles may beat many splits of 64-key tiles (benchmarks/short_context_sweep.py).
-def _short_tile_from_env() -> tuple[int, int, int] | None:
-    raw = os.environ.get("HOTLOOP_DECODE_SHORT_TILE", "").strip()
-    if not raw:
-        return None
-    try:
-        block_n, warps, stages = (int(x) for x in raw.split(","))
-    except ValueError:
-        block_n = warps = stages = 0
-    if block_n not in (16, 32, 64, 128, 256, 512, 1024) or warps not in (1, 2, 4, 8, 16) or stages < 1:
-        raise ValueError(
-            f"HOTLOOP_DECODE_SHORT_TILE={raw!r} must be 'BLOCK_N,num_warps,num_stages' with BLOCK_N a "
-            "power of two from 16 to 1024, num_warps a power of two up to 16 and num_stages >= 1"
-        )
-    return block_n, warps, stages
-
-
-SHORT_TILE = _short_tile_from_env()
-
-
 # HOTLOOP_DECODE_EARLY=1: over a 16-bit cache (no sliding window), in launches with splits (small
 # batches), each program requests its first tile's K and V before it waits for the kernel before
 # (the q/k/v projection), all but the newest token's row (``_decode_kernel``'s EARLY). Off by
@@ -568,6 +546,26 @@ def decode_config(quant: int, block_d: int, splits: int = 1) -> tuple[int, int, 
     if quant == 4 and block_d <= 128:
         return 128, 4, 2
     return (32 if block_d > 128 else 64), 4, 3
+
+
+def decode_tile(
+    quant: int,
+    head_dim: int,
+    group: int,
+    window: int | None,
+    splits: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> int:
+    """The keys per tile of the decode launch with ``splits`` splits over these caches, for a layer
+    of ``head_dim`` and GQA ``group``: the CUDA int8 kernel's 64 where it takes the launch
+    (``kv_int8_decode_cuda.why_not``), else ``decode_config``'s ``BLOCK_N``. A split covers whole
+    tiles, so this is what the short-context decode graphs' limits count in."""
+    if quant == 8:
+        q = torch.empty((1, group, head_dim), dtype=torch.bfloat16, device=k_cache.device)
+        if kv_int8_decode_cuda.why_not(q, k_cache, v_cache, quant, group, window or 0, False) is None:
+            return kv_int8_decode_cuda.TILE
+    return decode_config(quant, max(16, next_power_of_2(head_dim)), splits)[0]
 
 
 def _write_first(
@@ -706,8 +704,6 @@ def decode_attention_partials(
     block_d = max(16, next_power_of_2(D))
     if config is not None:
         check_launch_config("paged_decode_attention", config, ("BLOCK_N",), allow_maxnreg=True)
-    if config is None and graph_plan and max_splits is not None and quant == 0 and SHORT_TILE:
-        config = SHORT_TILE
     block_n, num_warps, num_stages, *rest = config or decode_config(quant, block_d, splits)
     maxnreg = rest[0] if rest else None
     if splits > 1:

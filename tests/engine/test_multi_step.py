@@ -311,6 +311,58 @@ def test_short_context_graphs_gpu(make_tiny_model: Callable[[str], Path]) -> Non
     assert caps4 and {k for k in four_keys if k[0] == 4} == {(4, c) for c in caps4 if c <= 2}, four_keys
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("arch", "limits", "used"),
+    [
+        # the Triton int8 kernel: 32-key tiles with splits (cap 2 would cover no more than cap 1)
+        ("llama_gqa_llama3rope", {1: 64, 4: 128, 8: 256}, {1, 4, 8}),
+        # the CUDA int8 kernel (head dim 128): 64-key tiles; contexts up to 209 never need cap 8
+        ("llama_hd128", {1: 64, 2: 128, 4: 256, 8: 512}, {1, 2, 4}),
+    ],
+)
+def test_short_context_graphs_int8_gpu(
+    make_tiny_model: Callable[[str], Path], arch: str, limits: dict[int, int], used: set[int]
+) -> None:
+    """Over an int8 KV cache batch 1 replays its short-context graphs by context (their limits in
+    the tiles of the kernel that runs), switching inside multi-step rounds; greedy tokens are those
+    of the same engine replaying only its graph for any context."""
+    path = make_tiny_model(arch)
+    prompt = [3 + (5 * i) % (TINY_VOCAB - 3) for i in range(10)]
+    engine = _engine(
+        path, 4, device="cuda", dtype="bfloat16", cache_max_entry_count=0.05, max_batch_size=4, quant_policy=8
+    )
+    g = engine.executor.runner.graphs  # type: ignore[attr-defined]
+    assert g.short_limits[1] == limits
+    keys: list[tuple[int, int | None]] = []
+    key_for = g.key_for
+
+    def record(bucket: int, context: int | None = None) -> tuple[int, int | None]:
+        keys.append(key_for(bucket, context))
+        return keys[-1]
+
+    def run() -> list[int]:
+        keys.clear()
+        got = _run(engine, [prompt], params=lambda i: GenerationConfig(max_new_tokens=200, ignore_eos=True))
+        return got["0"][0]
+
+    g.key_for = record
+    try:
+        short = run()
+        short_keys = list(keys)
+        g.short_limits = {}
+        full = run()
+        full_keys = list(keys)
+    finally:
+        del g.key_for
+        g.short_limits = {1: limits}
+    assert len(short) == 200 and short == full
+    assert set(full_keys) == {(1, None)}
+    # decode contexts 11 .. 209
+    assert set(short_keys) == {(1, c) for c in used}, short_keys
+    assert short_keys.count((1, 1)) == 64 - 10, short_keys
+
+
 def test_prefix_cache_after_a_row_ends_mid_round(make_tiny_model: Callable[[str], Path]) -> None:
     """A request that reaches max_new_tokens inside a longer round (another row keeps it going) never
     writes its last token's K/V; its blocks must be cached only up to what was written. A follow-up

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from hotloop.executor.cuda_graph import DecodeGraphs, short_graphs_from_env, short_limits
+from hotloop.kernels import kv_quant
 from hotloop.kernels import paged_decode_attention as pda
 from hotloop.layers.attention import PagedAttention
 
@@ -22,9 +23,14 @@ def _model(num_kv_heads: int, head_dim: int = 64, layers: int = 2) -> nn.Module:
     return m
 
 
-def _caches(dtype: torch.dtype, layers: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    c = torch.zeros(2, 4, 1, 8, dtype=dtype)
+def _caches(dtype: torch.dtype, layers: int = 2, row: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    c = torch.zeros(2, 4, 1, row, dtype=dtype)
     return [(c, c) for _ in range(layers)]
+
+
+def _int_caches(head_dim: int, policy: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A 16-bit model's int8 / int4 cache rows (codes, then the scale and zero point)."""
+    return _caches(torch.uint8, row=kv_quant.row_bytes(head_dim, policy, 2))
 
 
 def test_short_limits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,12 +50,29 @@ def test_short_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     assert short_limits(_model(8, 128), bf16, 4) == {1: 64, 2: 128, 4: 256}  # 8 planned
     assert short_limits(_model(3), bf16, 8) == {}  # not a small batch
     assert short_limits(_model(3), _caches(torch.float16), 1) == want
-    assert short_limits(_model(3), _caches(torch.uint8), 1) == {}
+    assert short_limits(_model(3), _caches(torch.uint8), 1) == {}  # a row of neither format
+    assert short_limits(_model(3), _int_caches(64, 4), 1) == {}  # int4: not timed
     assert short_limits(_model(3), _caches(torch.float32), 1) == {}  # not timed
     assert short_limits(nn.Linear(2, 2), bf16, 1) == {}
     assert short_limits(_model(3), [], 1) == {}
     monkeypatch.setattr(pda, "MAX_SPLITS", 4)  # HOTLOOP_DECODE_MAX_SPLITS=4: the caps below it
     assert short_limits(_model(3), bf16, 1) == {1: 64, 2: 128}
+
+
+def test_short_limits_int8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An int8 cache's caps count in the tiles of the kernel that runs: off the GPU (and at head dim
+    64 anywhere) the Triton kernel's, 32 keys with splits and 64 with one, so cap 2's limit equals
+    cap 1's and is left out; the CUDA int8 kernel's 64 where it takes the launch."""
+    monkeypatch.setattr(pda, "MAX_SPLITS", 16)
+    monkeypatch.setattr(pda, "FUSE_MERGE", None)
+    assert pda.decode_plan(1, 3, 8, 64)[0] == 16
+    assert short_limits(_model(3), _int_caches(64, 8), 1) == {1: 64, 4: 128, 8: 256}
+    assert short_limits(_model(8, 128), _int_caches(128, 8), 1) == {1: 64, 4: 128, 8: 256}
+    assert short_limits(_model(3), _int_caches(64, 8), 8) == {}
+    from hotloop.kernels import kv_int8_decode_cuda
+
+    monkeypatch.setattr(kv_int8_decode_cuda, "why_not", lambda *a: None)  # as on an H200 with nvcc
+    assert short_limits(_model(8, 128), _int_caches(128, 8), 1) == {1: 64, 2: 128, 4: 256, 8: 512}
 
 
 def test_decode_plan_caps_the_splits(monkeypatch: pytest.MonkeyPatch) -> None:
