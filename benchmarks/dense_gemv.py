@@ -306,7 +306,13 @@ def time_lm_head(model: str, dev: torch.device, bw: float, copies: int = 2) -> d
     grid = (
         LM_HEAD_GRID
         if hidden > 2048
-        else [(bn, next_pow2(hidden), w) for bn in (2, 4, 8, 16) for w in (4, 8)]
+        else [
+            (bn, bk, w)
+            for bn in (2, 4, 8, 16, 32, 64)
+            for bk in (64, 128, 256, next_pow2(hidden))
+            for w in (2, 4, 8)
+            if bn * bk <= 16384 and bn * bk >= 32 * w * 4
+        ]
     )
     timed = []
     for bn, bk, warps in grid:

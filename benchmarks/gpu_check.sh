@@ -52,6 +52,9 @@
 #   s25b     one GPU: short_context_sweep.py at batch 2 and 4 (short-context graphs for buckets 1, 2, 4), then
 #            the multi-step and executor GPU tests.
 #   s25c     one GPU: every GPU test (540 s at most).
+#   s27c     one GPU: the short-context GPU tests, dense_gemv.py's LM head grid (short K: 64-1,024-wide steps,
+#            up to 64 rows a program), then SmolLM2-135M batch 1 with the default LM head launch and the
+#            grid's fastest (benchmarks/lm_head_ab.py), alternating, twice.
 #   s26b     one GPU: grid_sync_probe.py (a kernel boundary against a grid barrier), then the GPU tests of tests/kernels.
 #   s26c     one GPU: every GPU test outside tests/kernels (and tests/cli).
 #   s27b     one GPU: the multi-step and executor GPU tests (int8 short-context graphs), short_context_sweep.py
@@ -971,6 +974,21 @@ if [ "$what" = s27b ]; then  # one GPU, in turn
     bs1 "8b_int8_$r" llama3-8b --quant-policy 8
     [ "$r" = 1 ] && HOTLOOP_ONE_ROW_ROPE_QUANT=1 bs1 "8b_int8_ropequant_$r" llama3-8b --quant-policy 8
     [ "$r" = 1 ] && HOTLOOP_DECODE_SHORT_GRAPHS=0 bs1 "8b_int8_noshort_$r" llama3-8b --quant-policy 8
+  done
+  exit 0
+fi
+if [ "$what" = s27c ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests s27c_tests 120 tests/engine/test_multi_step.py -k short_context
+  timeout 240 python3 "$here/dense_gemv.py" "$out/dense_gemv_lm_head.json" --sections lm_head >"$out/dense_gemv_lm_head.log" 2>&1
+  echo "[dense_gemv lm_head] rc=$?"
+  grep -E "lm_head" "$out/dense_gemv_lm_head.log"
+  for r in 1 2; do
+    bs1 "smol_$r" smollm2-135m
+    timeout 150 python3 "$here/lm_head_ab.py" "$out/dense_gemv_lm_head.json" smollm2-135m -- --model smollm2-135m \
+      --load-format dummy --dtype bfloat16 --batch-size 1 --input-len 128 --output-len 512 --num-iters 3 \
+      --session-len 2048 --max-batch-size 8 --output-json "$out/bs1_smol_head_$r.json" >"$out/bs1_smol_head_$r.log" 2>&1
+    echo "[bs1 smol_head_$r] rc=$? $(head -1 "$out/bs1_smol_head_$r.log" | cut -c1-120) $(grep -o '"decode_tokens_per_s": [0-9.]*' "$out/bs1_smol_head_$r.json" 2>/dev/null)"
   done
   exit 0
 fi

@@ -37,6 +37,11 @@ logger = get_logger(__name__)
 # 1.003x / 1.003x; batches 2 and 4 1.001-1.025x where the rule picks a short graph.
 SHORT_CAPS = (8, 4, 2, 1)
 SHORT_BUCKETS = (1, 2, 4)
+# Over an int8 cache (Llama-3-8B batch 1, benchmarks/results/gpu_2026-12-02 call 2): caps 8 and 4
+# 1.007-1.011x the full graph up to 512 tokens, but 2 and 1 splits lose (1 split 0.987x at contexts
+# 17-64, where cap 4 gives 1.010x): an int8 tile takes longer, so one or two programs per KV head are
+# too few. Their contexts take cap 4.
+SHORT_CAPS_INT8 = (8, 4)
 
 
 def short_graphs_from_env() -> bool:
@@ -55,8 +60,8 @@ def short_limits(
     """``{cap: longest context}`` of ``bucket``'s short-context graphs: every cap in ``SHORT_CAPS``
     below the split count the bucket's graph plans, each for contexts up to ``cap`` decode tiles of
     the kernel that runs there (the Triton kernel's ``BLOCK_N``, or the CUDA int8 kernel's 64 keys).
-    A cap whose limit is no longer than a smaller cap's is left out (it would never replay). None
-    (``{}``) outside ``SHORT_BUCKETS``, over an int4 or float32 cache (whose kernels' split counts
+    A cap whose limit is no longer than a smaller cap's is left out (it would never replay); an int8
+    cache takes only ``SHORT_CAPS_INT8``. None (``{}``) outside ``SHORT_BUCKETS``, over an int4 or float32 cache (whose kernels' split counts
     were not timed at short contexts) or for a model without paged attention."""
     from hotloop.kernels import kv_quant
     from hotloop.kernels.paged_decode_attention import decode_plan, decode_tile
@@ -79,7 +84,9 @@ def short_limits(
     itemsize = 2 if quant else k_cache.element_size()
     planned = max(decode_plan(bucket, m.num_kv_heads, quant, m.head_dim, itemsize)[0] for m in layers)
     limits: dict[int, int] = {}
-    for cap in sorted(SHORT_CAPS):  # ascending: ``DecodeGraphs.key_for`` takes the first that fits
+    for cap in sorted(
+        SHORT_CAPS_INT8 if quant else SHORT_CAPS
+    ):  # ascending: ``DecodeGraphs.key_for`` takes the first that fits
         if cap < planned:
             tile = min(
                 decode_tile(

@@ -60,19 +60,32 @@ def test_short_limits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_short_limits_int8(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An int8 cache's caps count in the tiles of the kernel that runs: off the GPU (and at head dim
-    64 anywhere) the Triton kernel's, 32 keys with splits and 64 with one, so cap 2's limit equals
-    cap 1's and is left out; the CUDA int8 kernel's 64 where it takes the launch."""
+    """An int8 cache gets caps 8 and 4 only (``SHORT_CAPS_INT8``), counted in the tiles of the kernel
+    that runs: off the GPU (and at head dim 64 anywhere) the Triton kernel's 32 keys, the CUDA int8
+    kernel's 64 where it takes the launch."""
     monkeypatch.setattr(pda, "MAX_SPLITS", 16)
     monkeypatch.setattr(pda, "FUSE_MERGE", None)
     assert pda.decode_plan(1, 3, 8, 64)[0] == 16
-    assert short_limits(_model(3), _int_caches(64, 8), 1) == {1: 64, 4: 128, 8: 256}
-    assert short_limits(_model(8, 128), _int_caches(128, 8), 1) == {1: 64, 4: 128, 8: 256}
+    assert short_limits(_model(3), _int_caches(64, 8), 1) == {4: 128, 8: 256}
+    assert short_limits(_model(8, 128), _int_caches(128, 8), 1) == {4: 128, 8: 256}
     assert short_limits(_model(3), _int_caches(64, 8), 8) == {}
     from hotloop.kernels import kv_int8_decode_cuda
 
     monkeypatch.setattr(kv_int8_decode_cuda, "why_not", lambda *a: None)  # as on an H200 with nvcc
-    assert short_limits(_model(8, 128), _int_caches(128, 8), 1) == {1: 64, 2: 128, 4: 256, 8: 512}
+    assert short_limits(_model(8, 128), _int_caches(128, 8), 1) == {4: 256, 8: 512}
+    monkeypatch.setattr(pda, "MAX_SPLITS", 8)  # HOTLOOP_DECODE_MAX_SPLITS=8: cap 4 alone
+    assert short_limits(_model(8, 128), _int_caches(128, 8), 1) == {4: 256}
+
+
+def test_short_limits_leave_out_caps_that_never_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cap whose limit is no longer than a smaller cap's would never be chosen, so none is captured:
+    Triton's int8 kernel takes 64-key tiles at one split and 32 with more (1 x 64 = 2 x 32)."""
+    from hotloop.executor import cuda_graph
+
+    monkeypatch.setattr(pda, "MAX_SPLITS", 16)
+    monkeypatch.setattr(pda, "FUSE_MERGE", None)
+    monkeypatch.setattr(cuda_graph, "SHORT_CAPS_INT8", (8, 4, 2, 1))
+    assert short_limits(_model(3), _int_caches(64, 8), 1) == {1: 64, 4: 128, 8: 256}
 
 
 def test_decode_plan_caps_the_splits(monkeypatch: pytest.MonkeyPatch) -> None:
