@@ -55,6 +55,9 @@
 #   s27c     one GPU: the short-context GPU tests, dense_gemv.py's LM head grid (short K: 64-1,024-wide steps,
 #            up to 64 rows a program), then SmolLM2-135M batch 1 with the default LM head launch and the
 #            grid's fastest (benchmarks/lm_head_ab.py), alternating, twice.
+#   s27d     one GPU: the dense GEMV and one-row GPU tests, SmolLM2-135M batch 1 (8 steps a launch) with the LM head's
+#            new launch (64 rows, 64-wide steps) and the old one (lm_head_ab.py), alternating, twice, then
+#            Llama-3-8B batch 1 fp16 / int8 KV (8 steps a launch).
 #   s26b     one GPU: grid_sync_probe.py (a kernel boundary against a grid barrier), then the GPU tests of tests/kernels.
 #   s26c     one GPU: every GPU test outside tests/kernels (and tests/cli).
 #   s27b     one GPU: the multi-step and executor GPU tests (int8 short-context graphs), short_context_sweep.py
@@ -990,6 +993,23 @@ if [ "$what" = s27c ]; then  # one GPU, in turn
       --session-len 2048 --max-batch-size 8 --output-json "$out/bs1_smol_head_$r.json" >"$out/bs1_smol_head_$r.log" 2>&1
     echo "[bs1 smol_head_$r] rc=$? $(head -1 "$out/bs1_smol_head_$r.log" | cut -c1-120) $(grep -o '"decode_tokens_per_s": [0-9.]*' "$out/bs1_smol_head_$r.json" 2>/dev/null)"
   done
+  exit 0
+fi
+if [ "$what" = s27d ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests s27d_tests 150 tests/kernels/test_dense_gemv.py tests/models/test_one_row.py
+  echo '{"models": {"smollm2-135m": {"lm_head": {"best": {"block_n": 4, "block_k": 1024, "num_warps": 4, "us": 26.4}}}}}' \
+    >"$out/old_head.json"
+  for r in 1 2; do
+    bs1 "smol_k8_$r" smollm2-135m --num-scheduler-steps 8
+    timeout 150 python3 "$here/lm_head_ab.py" "$out/old_head.json" smollm2-135m -- --model smollm2-135m \
+      --load-format dummy --dtype bfloat16 --batch-size 1 --input-len 128 --output-len 512 --num-iters 3 \
+      --session-len 2048 --max-batch-size 8 --num-scheduler-steps 8 --output-json "$out/bs1_smol_oldhead_$r.json" \
+      >"$out/bs1_smol_oldhead_$r.log" 2>&1
+    echo "[bs1 smol_oldhead_$r] rc=$? $(grep -o '"decode_tokens_per_s": [0-9.]*' "$out/bs1_smol_oldhead_$r.json" 2>/dev/null)"
+  done
+  bs1 8b_fp16_k8 llama3-8b --num-scheduler-steps 8
+  bs1 8b_int8_k8 llama3-8b --num-scheduler-steps 8 --quant-policy 8
   exit 0
 fi
 if [ "$what" = s26b ]; then  # one GPU
