@@ -101,11 +101,26 @@ def graph_us(fn: Any, calls: int, reps: int = 10) -> float:
     return sorted(times)[reps // 2]
 
 
+# a short K (SmolLM2's 576 and 1536) also takes narrow steps over many rows a program, as the LM head
+# does best (64 rows, 64-wide steps: benchmarks/results/gpu_2026-12-02)
+SHORT_K_GRID = [(bn, bk, w) for bn in (8, 16, 32, 64) for bk in (64, 128) for w in (2, 4)]
+COLD_BYTES = 128 << 20  # the distinct weights of one graph together: more than the H200's 50 MB L2
+
+
 def time_projection(
-    name: str, n: int, k: int, f: dict[str, bool], dev: torch.device, bw: float, copies: int = 8
+    name: str,
+    n: int,
+    k: int,
+    f: dict[str, bool],
+    dev: torch.device,
+    bw: float,
+    copies: int = 8,
+    short_k_only: bool = False,
 ) -> dict[str, Any]:
     """Each launch over ``copies`` distinct weights back to back in one graph (as a decode step
-    runs the layers: cold weights, no flush in between), per call."""
+    runs the layers: cold weights, no flush in between), per call; small weights take more copies,
+    so that together they exceed the L2 (``COLD_BYTES``), as a step's 30 layers do.
+    ``short_k_only``: ``SHORT_K_GRID`` and the default launch alone."""
     from hotloop.kernels import reference
     from hotloop.kernels import rms_norm as rn
     from hotloop.kernels import silu_and_mul as sm
@@ -114,6 +129,7 @@ def time_projection(
     dt = torch.bfloat16
     silu, norm, res = f.get("silu", False), f.get("norm", False), f.get("res", False)
     rows = 2 * n if silu else n
+    copies = max(copies, min(128, -(-COLD_BYTES // (rows * k * 2))))
     x = torch.randn(1, k, device=dev).to(dt)
     ws = [(torch.randn(rows, k, device=dev) / k**0.5).to(dt) for _ in range(copies)]
     nw = (torch.rand(k, device=dev) + 0.5).to(dt) if norm else None
@@ -143,7 +159,13 @@ def time_projection(
                 sm.silu_and_mul(y)
 
     timed = []
-    for bn, bk, warps, evict in [(*c, True) for c in GRID] + [(*c, False) for c in NO_EVICT]:
+    d = default_config(n, k, silu, norm)
+    if short_k_only:
+        launches = [(*c, True) for c in SHORT_K_GRID] + [(d.block_n, d.block_k, d.num_warps, d.evict_first)]
+    else:
+        grid = GRID + (SHORT_K_GRID if k <= 2048 else [])
+        launches = [(*c, True) for c in grid] + [(*c, False) for c in NO_EVICT]
+    for bn, bk, warps, evict in launches:
         cfg = GemvConfig(bn, bk, warps, evict)
         out = dense_gemv(x, ws[0], config=cfg, **kw)
         err = float((out.double() - ref.double()).norm() / ref.double().norm())
@@ -157,7 +179,6 @@ def time_projection(
              "us": graph_us(fused, copies)}
         )  # fmt: skip
     best = min(timed, key=lambda t: t["us"])
-    d = default_config(n, k, silu, norm)
     want = (d.block_n, d.block_k, d.num_warps, d.evict_first)
     default = next(t for t in timed if (t["block_n"], t["block_k"], t["num_warps"], t["evict_first"]) == want)
     return {
@@ -355,6 +376,8 @@ def main() -> None:
     ap.add_argument(
         "--sections", default="proj,layer,rope,lm_head", help="comma-separated: proj,layer,rope,lm_head"
     )
+    ap.add_argument("--short-k-only", action="store_true", help="proj: SHORT_K_GRID and the default only")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
     dev = torch.device("cuda")
@@ -367,7 +390,7 @@ def main() -> None:
         "models": {},
     }
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
-    for model, (hidden, qkv, ffn) in MODELS.items():
+    for model, (hidden, qkv, ffn) in ((m, MODELS[m]) for m in args.models.split(",")):
         rows = []
         entry: dict[str, Any] = {}
         result["models"][model] = entry
@@ -394,7 +417,7 @@ def main() -> None:
         if "proj" not in sections and "layer" not in sections:
             continue
         for name, n, k, f in projections(hidden, qkv, ffn) if "proj" in sections else []:
-            row = time_projection(name, n, k, f, dev, bw)
+            row = time_projection(name, n, k, f, dev, bw, short_k_only=args.short_k_only)
             rows.append(row)
             b, d = row["best"], row["default"]
             print(

@@ -58,6 +58,8 @@
 #   s27d     one GPU: the dense GEMV and one-row GPU tests, SmolLM2-135M batch 1 (8 steps a launch) with the LM head's
 #            new launch (64 rows, 64-wide steps) and the old one (lm_head_ab.py), alternating, twice, then
 #            Llama-3-8B batch 1 fp16 / int8 KV (8 steps a launch).
+#   s27e     one GPU: dense_gemv.py's SmolLM2-135M projections, the short-K grid (64 / 128-wide steps, 8-64 rows)
+#            against the default launch, over weights that together exceed the L2.
 #   s26b     one GPU: grid_sync_probe.py (a kernel boundary against a grid barrier), then the GPU tests of tests/kernels.
 #   s26c     one GPU: every GPU test outside tests/kernels (and tests/cli).
 #   s27b     one GPU: the multi-step and executor GPU tests (int8 short-context graphs), short_context_sweep.py
@@ -1010,6 +1012,14 @@ if [ "$what" = s27d ]; then  # one GPU, in turn
   done
   bs1 8b_fp16_k8 llama3-8b --num-scheduler-steps 8
   bs1 8b_int8_k8 llama3-8b --num-scheduler-steps 8 --quant-policy 8
+  exit 0
+fi
+if [ "$what" = s27e ]; then  # one GPU
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 "$here/dense_gemv.py" "$out/dense_gemv_proj_smol.json" --sections proj --models smollm2-135m \
+    --short-k-only >"$out/dense_gemv_proj_smol.log" 2>&1
+  echo "[dense_gemv proj] rc=$?"
+  grep -E "smollm2" "$out/dense_gemv_proj_smol.log"
   exit 0
 fi
 if [ "$what" = s26b ]; then  # one GPU
