@@ -10,9 +10,12 @@ context, and a split covers whole tiles of ``BLOCK_N`` keys: at a context of ``n
 past the ``n``-th hold no keys, yet their programs run and their empty partials are merged. So
 the small buckets (``SHORT_BUCKETS``) also have a graph per smaller power-of-two split cap ``c``
 (``SHORT_CAPS``), replayed while the batch's longest context is at most ``c`` tiles and more than
-``c / 2`` (the next smaller cap's): as many splits hold keys as in the full graph, one tile each,
-and fewer than half are empty. This holds over 16-bit and int8 caches (the CUDA int8 kernel cuts
-its splits the same way). ``HOTLOOP_DECODE_SHORT_GRAPHS=0`` captures none.
+the next smaller cap's limit: as many splits hold keys as in the full graph, one tile each. Over a
+16-bit cache, where every cap down to 1 is captured, fewer than half of a replayed graph's splits are
+empty. An int8 cache (whose CUDA kernel cuts its splits the same way) takes caps 8 and 4 only
+(``SHORT_CAPS_INT8``): cap 4 then also serves contexts of one to two tiles. A cap only changes how
+the work is split, never the result beyond float rounding. ``HOTLOOP_DECODE_SHORT_GRAPHS=0``
+captures none.
 """
 
 from __future__ import annotations
@@ -61,8 +64,9 @@ def short_limits(
     below the split count the bucket's graph plans, each for contexts up to ``cap`` decode tiles of
     the kernel that runs there (the Triton kernel's ``BLOCK_N``, or the CUDA int8 kernel's 64 keys).
     A cap whose limit is no longer than a smaller cap's is left out (it would never replay); an int8
-    cache takes only ``SHORT_CAPS_INT8``. None (``{}``) outside ``SHORT_BUCKETS``, over an int4 or float32 cache (whose kernels' split counts
-    were not timed at short contexts) or for a model without paged attention."""
+    cache takes only ``SHORT_CAPS_INT8`` (timed at batch 1 only). None (``{}``) outside
+    ``SHORT_BUCKETS``, over an int4 or float32 cache (whose kernels' split counts were not timed at
+    short contexts) or for a model without paged attention."""
     from hotloop.kernels import kv_quant
     from hotloop.kernels.paged_decode_attention import decode_plan, decode_tile
     from hotloop.layers.attention import PagedAttention
@@ -90,8 +94,15 @@ def short_limits(
         if cap < planned:
             tile = min(
                 decode_tile(
-                    quant, m.head_dim, m.num_heads // m.num_kv_heads, m.sliding_window, cap, k_cache, v_cache
-                )
+                    quant,
+                    m.head_dim,
+                    m.num_heads // m.num_kv_heads,
+                    m.sliding_window,
+                    cap,
+                    k_cache,
+                    v_cache,
+                    decode_plan(bucket, m.num_kv_heads, quant, m.head_dim, itemsize, cap)[1],
+                )  # fmt: skip
                 for m in layers
             )
             if cap * tile > max(limits.values(), default=0):

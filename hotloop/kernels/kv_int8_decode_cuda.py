@@ -228,6 +228,23 @@ def why_not(
     return _machine_why_not(q.device.index if q.device.index is not None else torch.cuda.current_device())
 
 
+def takes(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    quant: int,
+    group: int,
+    window: int,
+    fuse_merge: bool,
+) -> bool:
+    """Whether a launch with these arguments runs this kernel: ``why_not`` finds nothing and the
+    kernels build and load here (``launch`` falls back to Triton where they do not; the build is
+    cached, so asking compiles at most once per process and device)."""
+    if why_not(q, k_cache, v_cache, quant, group, window, fuse_merge) is not None:
+        return False
+    return cuda_jit.load(SOURCE, q.device, _KERNEL_NAMES) is not None
+
+
 _machine: dict[int, str | None] = {}
 _sms: dict[int, int] = {}
 

@@ -556,14 +556,17 @@ def decode_tile(
     splits: int,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    fuse_merge: bool = False,
 ) -> int:
-    """The keys per tile of the decode launch with ``splits`` splits over these caches, for a layer
-    of ``head_dim`` and GQA ``group``: the CUDA int8 kernel's 64 where it takes the launch
-    (``kv_int8_decode_cuda.why_not``), else ``decode_config``'s ``BLOCK_N``. A split covers whole
-    tiles, so this is what the short-context decode graphs' limits count in."""
+    """The keys per tile of the decode launch with ``splits`` splits (and the merge fused in or
+    not) over these caches, for a layer of ``head_dim`` and GQA ``group``: the CUDA int8 kernel's 64
+    where it takes the launch (``kv_int8_decode_cuda.takes``), else ``decode_config``'s ``BLOCK_N``.
+    A split covers whole tiles, so this is what the short-context decode graphs' limits count in."""
     if quant == 8:
         q = torch.empty((1, group, head_dim), dtype=torch.bfloat16, device=k_cache.device)
-        if kv_int8_decode_cuda.why_not(q, k_cache, v_cache, quant, group, window or 0, False) is None:
+        if kv_int8_decode_cuda.takes(
+            q, k_cache, v_cache, quant, group, window or 0, fuse_merge and splits > 1
+        ):
             return kv_int8_decode_cuda.TILE
     return decode_config(quant, max(16, next_power_of_2(head_dim)), splits)[0]
 

@@ -71,8 +71,18 @@ def test_short_limits_int8(monkeypatch: pytest.MonkeyPatch) -> None:
     assert short_limits(_model(3), _int_caches(64, 8), 8) == {}
     from hotloop.kernels import kv_int8_decode_cuda
 
-    monkeypatch.setattr(kv_int8_decode_cuda, "why_not", lambda *a: None)  # as on an H200 with nvcc
+    asked: list[bool] = []
+
+    def takes(*a: object) -> bool:  # as on an H200 with nvcc, where a merge is not fused in
+        asked.append(bool(a[-1]))
+        return not a[-1]
+
+    monkeypatch.setattr(kv_int8_decode_cuda, "takes", takes)
     assert short_limits(_model(8, 128), _int_caches(128, 8), 1) == {4: 256, 8: 512}
+    assert asked and not any(asked)
+    monkeypatch.setattr(pda, "FUSE_MERGE", True)  # HOTLOOP_DECODE_FUSED_MERGE=1: Triton's tiles
+    assert short_limits(_model(8, 128), _int_caches(128, 8), 1) == {4: 128, 8: 256}
+    monkeypatch.setattr(pda, "FUSE_MERGE", None)
     monkeypatch.setattr(pda, "MAX_SPLITS", 8)  # HOTLOOP_DECODE_MAX_SPLITS=8: cap 4 alone
     assert short_limits(_model(8, 128), _int_caches(128, 8), 1) == {4: 256}
 
