@@ -56,7 +56,8 @@ class GenerationConfig:
     closed (finish reason stop) and outranks ``min_new_tokens`` and ``ignore_eos`` there; if it runs
     out of ``max_new_tokens`` first, its text is an unfinished value (finish reason length).
     bad_token_ids / bad_words (LMDeploy's fields): tokens that are never generated; a bad word bans
-    the first token of each of its tokenizations (``Engine.add_request``).
+    every token whose text contains it, or, for a word found in more than 256 tokens, the tokens
+    that spell it alone (``engine/word_ids.py``).
     """
 
     n: int = 1
