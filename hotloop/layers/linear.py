@@ -72,9 +72,11 @@ class AWQLinearMethod:
     and zero point per ``group_size`` input channels.
 
     Parameters ``qweight`` int32 ``[in, out // 8]``, ``qzeros`` int32 ``[in // g, out // 8]`` and
-    ``scales`` ``[in // g, out]`` (model dtype). A fused layer loads each shard into its own
-    columns. After loading, a CPU layer dequantizes once into a dense ``weight`` (plain matmuls
-    from then on); a CUDA layer keeps the packed tensors and runs the Triton W4A16 GEMM.
+    ``scales`` ``[in // g, out]`` (fp16 as the format stores them, so a bf16 model's dequantized
+    weights are rounded once, not at the scales and again at the product). A fused layer loads each
+    shard into its own columns. After loading, a CPU layer dequantizes once into a dense ``weight``
+    (plain matmuls from then on); a CUDA layer keeps the packed tensors, casts the scales to the
+    model dtype and runs the Triton W4A16 GEMM.
     """
 
     def __init__(self, group_size: int) -> None:
@@ -93,7 +95,7 @@ class AWQLinearMethod:
         shapes = {
             "qweight": ((k, n // PACK_FACTOR), torch.int32, PACK_FACTOR),
             "qzeros": ((k // g, n // PACK_FACTOR), torch.int32, PACK_FACTOR),
-            "scales": ((k // g, n), layer.dtype, 1),
+            "scales": ((k // g, n), SCALES_DTYPE, 1),
         }
         for name, (shape, dtype, pack) in shapes.items():
             param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
@@ -114,9 +116,13 @@ class AWQLinearMethod:
         return y if layer.bias is None else y + layer.bias
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        """On the CPU, replace the packed tensors by the dequantized dense weight ``[out, in]``."""
+        """On the CPU, replace the packed tensors by the dequantized dense weight ``[out, in]``; on
+        CUDA, cast the scales to the model dtype (the kernels' activation dtype)."""
         qweight = cast(torch.Tensor, layer.qweight)
         if qweight.is_cuda:
+            scales = cast(torch.Tensor, layer.scales)
+            if scales.dtype != layer.dtype:
+                layer.scales = nn.Parameter(scales.to(layer.dtype), requires_grad=False)
             return
         qzeros, scales = cast(torch.Tensor, layer.qzeros), cast(torch.Tensor, layer.scales)
         dense = reference.w4a16_dequantize(qweight, qzeros, scales.float(), self.group_size)
@@ -126,6 +132,7 @@ class AWQLinearMethod:
 
 
 AWQ_PARAM_NAMES = ("qweight", "qzeros", "scales")
+SCALES_DTYPE = torch.float16  # AutoAWQ's; kept until after loading
 
 
 def _column_shard_loader(layer: Linear, pack: int) -> WeightLoader:

@@ -101,7 +101,7 @@ def load_model(
         raise ValueError(f"load_format={load_format!r} must be one of {LOAD_FORMATS}")
     path = Path(model_path)
     hf_config = load_hf_config(path)
-    awq = awq_config_of(hf_config, model_format, dummy=load_format == "dummy")
+    awq = awq_config_of(hf_config, model_format, dummy=load_format == "dummy", model_path=path)
     cls = get_model_class(architecture_of(hf_config))
     device = torch.device(device)
     with torch.device(device):
@@ -122,6 +122,7 @@ def load_model(
             shown = "\n  ".join(missing[:20]) + ("\n  ..." if len(missing) > 20 else "")
             raise MissingWeightsError(
                 f"{path}: {len(missing)} parameter(s) not found in the checkpoint:\n  {shown}"
+                + _awq_hint(model, path, missing, awq)
             )
     for module in model.modules():
         finish = getattr(getattr(module, "quant_method", None), "process_weights_after_loading", None)
@@ -170,47 +171,97 @@ class AWQConfig:
     modules_to_not_convert: tuple[str, ...] = ()
 
 
-def awq_config_of(hf_config: Any, model_format: str | None, dummy: bool = False) -> AWQConfig | None:
-    """The checkpoint's AWQ settings, or None for an unquantized model.
+# AutoAWQ's own file, written beside config.json by versions before transformers read AWQ configs
+AUTOAWQ_CONFIG_FILE = "quant_config.json"
+AWQ_SUPPORTED = "only bits=4, version='gemm', zero_point=true is supported (AutoAWQ's GEMM layout)"
 
-    ``model_format='awq'`` insists on AWQ (random weights with ``dummy`` may omit the
-    quantization_config: group 128); any other format refuses a quantization_config it cannot read.
-    """
+
+def quantization_config_of(
+    hf_config: Any, model_path: str | Path | None = None
+) -> tuple[dict[str, Any], str]:
+    """The checkpoint's quantization settings and where they were read (empty when it has none):
+    config.json's ``quantization_config``, else AutoAWQ's ``quant_config.json`` (AWQ by definition)."""
     qc = getattr(hf_config, "quantization_config", None)
     if qc is not None and not isinstance(qc, dict):
         qc = qc.to_dict() if hasattr(qc, "to_dict") else dict(vars(qc))
-    method = str(qc.get("quant_method", "")).lower() if qc else ""
+    if qc:
+        return dict(qc), "config.json quantization_config"
+    file = Path(model_path) / AUTOAWQ_CONFIG_FILE if model_path is not None else None
+    if file is not None and file.is_file():
+        return {"quant_method": "awq", **_read_json(file)}, AUTOAWQ_CONFIG_FILE
+    return {}, "config.json"
+
+
+def awq_config_of(
+    hf_config: Any, model_format: str | None, dummy: bool = False, model_path: str | Path | None = None
+) -> AWQConfig | None:
+    """The checkpoint's AWQ settings, or None for an unquantized model.
+
+    Reads AutoAWQ's key names (``w_bit``, ``q_group_size``) as well as transformers' (``bits``,
+    ``group_size``); with ``model_path``, a folder whose config.json has no quantization_config may
+    carry AutoAWQ's ``quant_config.json``. ``model_format='awq'`` insists on AWQ (random weights with
+    ``dummy`` may omit the config: group 128); any other format refuses a quantization_config.
+    Anything but 4-bit zero-point GEMM raises ``ValueError`` naming the field.
+    """
+    qc, source = quantization_config_of(hf_config, model_path)
+    method = str(qc.get("quant_method") or "").lower()
     if model_format not in (None, "awq") and method:
-        raise ValueError(f"model_format={model_format!r}, but config.json declares quant_method={method!r}")
-    if method != "awq":
+        raise ValueError(f"model_format={model_format!r}, but {source} declares quant_method={method!r}")
+    if method and method != "awq":
+        raise ValueError(f"{source} quant_method={method!r} is not supported (only 'awq')")
+    if not method:
         if model_format != "awq":
-            if method:
-                raise ValueError(f"quantization_config quant_method={method!r} is not supported (only 'awq')")
             return None
         if not dummy:
-            raise ValueError("model_format='awq' needs config.json to carry an AWQ quantization_config")
+            raise ValueError(
+                "model_format='awq' needs config.json to carry an AWQ quantization_config "
+                f"(or AutoAWQ's {AUTOAWQ_CONFIG_FILE} beside it)"
+            )
         return AWQConfig(group_size=128)
-    assert qc is not None
-    bits = int(qc.get("bits", qc.get("w_bit", 4)))
-    version = str(qc.get("version", "gemm")).lower()
-    zero_point = bool(qc.get("zero_point", True))
-    if bits != 4 or version != "gemm" or not zero_point:
+    bits = qc.get("bits", qc.get("w_bit", 4))
+    version = str(qc.get("version") or "gemm").lower()
+    zero_point = qc.get("zero_point", True)
+    found = {"bits": bits, "version": version, "zero_point": zero_point}
+    for key, wanted in (("bits", 4), ("version", "gemm"), ("zero_point", True)):
+        if found[key] != wanted:
+            raise ValueError(f"{source} {key}={found[key]!r} is not supported: {AWQ_SUPPORTED}")
+    group = qc.get("group_size", qc.get("q_group_size", 128))
+    if isinstance(group, bool) or not isinstance(group, int) or group <= 0 or group % 16:
         raise ValueError(
-            f"AWQ checkpoint with bits={bits}, version={version!r}, zero_point={zero_point}: "
-            "only bits=4, version='gemm', zero_point=true is supported"
+            f"{source} group_size={group!r} is not supported: it must be a positive multiple of 16 "
+            "(AutoAWQ's 64 or 128; per-channel -1 is not supported)"
         )
-    group = int(qc.get("group_size", qc.get("q_group_size", 128)))
-    skip = tuple(qc.get("modules_to_not_convert") or ())
-    return AWQConfig(group_size=group, modules_to_not_convert=skip)
+    skip = qc.get("modules_to_not_convert") or ()
+    return AWQConfig(
+        group_size=group, modules_to_not_convert=(skip,) if isinstance(skip, str) else tuple(skip)
+    )
 
 
 def use_awq_linears(model: nn.Module, awq: AWQConfig) -> None:
-    """Swap every linear layer (except ``modules_to_not_convert``) to the W4A16 AWQ method."""
+    """Swap every linear layer (except ``modules_to_not_convert``) to the W4A16 AWQ method.
+
+    Keys match by substring of a layer's name, as in transformers and AutoAWQ, under hotloop's
+    names and a fused layer's checkpoint members (``q_proj`` of ``qkv_proj``). A fused layer is one
+    matmul, so the keys must keep all of its members unquantized or none.
+    """
+    keys = set(awq.modules_to_not_convert)
+    canonical = getattr(model, "canonical_name", None)  # a VLM: transformers' names -> ours
+    if canonical is not None:
+        keys |= {canonical(k) for k in keys}
+    mapping = _packed_modules_mapping(model)
     for name, module in model.named_modules():
         if not isinstance(module, Linear):
             continue
-        members = [name] + [_member_name(name, part, fused) for part, fused in _packed_members(model)]
-        if any(skip in m for skip in awq.modules_to_not_convert for m in members):
+        whole = any(k in name for k in keys)
+        members = [name[: -len(fused)] + part for part, fused in mapping if name.endswith("." + fused)]
+        kept = [m for m in members if whole or any(k in m for k in keys)]
+        if kept and len(kept) < len(members):
+            rest = [m for m in members if m not in kept]
+            raise ValueError(
+                f"quantization_config modules_to_not_convert keeps {kept} unquantized but not {rest}: "
+                f"hotloop runs them as one fused layer ({name}), so list all of them or none"
+            )
+        if whole or kept:
             continue
         try:
             set_quant_method(module, AWQLinearMethod(awq.group_size))
@@ -218,20 +269,55 @@ def use_awq_linears(model: nn.Module, awq: AWQConfig) -> None:
             raise ValueError(f"{name}: {e}") from None
 
 
-def _packed_members(model: nn.Module) -> list[tuple[str, str]]:
-    mapping = getattr(model, "packed_modules_mapping", {})
-    return [(part, fused) for part, (fused, _shard) in mapping.items()]
+def _packed_modules_mapping(model: nn.Module) -> list[tuple[str, str]]:
+    """(checkpoint part, fused layer) pairs of the model and the decoders inside it (a VLM's)."""
+    pairs: dict[tuple[str, str], None] = {}
+    for module in model.modules():
+        for part, (fused, _shard) in getattr(module, "packed_modules_mapping", {}).items():
+            pairs[(part, fused)] = None
+    return list(pairs)
 
 
-def _member_name(name: str, part: str, fused: str) -> str:
-    return name[: -len(fused)] + part if name.endswith(fused) else name
+def _awq_hint(model: nn.Module, path: Path, missing: list[str], awq: AWQConfig | None) -> str:
+    """Why the checkpoint and the layers built for it disagree on AWQ, when that explains ``missing``."""
+    linears = {name for name, m in model.named_modules() if isinstance(m, Linear)}
+    leaves = {
+        leaf for module, _, leaf in (m.split("[")[0].rpartition(".") for m in missing) if module in linears
+    }
+    if awq is None and "weight" in leaves and _holds_awq_tensors(path):
+        return (
+            "\nthe checkpoint holds AWQ tensors (*.qweight) but no quantization_config: add AutoAWQ's "
+            "(quant_method 'awq', bits 4, group_size, zero_point true, version 'gemm') to config.json"
+        )
+    if awq is not None and "qweight" in leaves:
+        return (
+            "\nif the checkpoint stores these layers unquantized (*.weight), list them in "
+            "quantization_config modules_to_not_convert"
+        )
+    if awq is not None and "weight" in leaves:
+        return (
+            "\nif the checkpoint quantizes these layers (*.qweight), take them out of "
+            "quantization_config modules_to_not_convert"
+        )
+    return ""
+
+
+def _holds_awq_tensors(path: Path) -> bool:
+    from safetensors import safe_open
+
+    for file in safetensors_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            if any(name.endswith(".qweight") for name in f.keys()):
+                return True
+    return False
 
 
 def _remaps_rows(model: nn.Module) -> bool:
     """Whether the model rewrites checkpoint tensors (InternLM2's packed wqkv), not just renames."""
     from hotloop.models.llama import LlamaForCausalLM
 
-    return getattr(type(model), "remap_weights", None) is not LlamaForCausalLM.remap_weights
+    remap = getattr(type(model), "remap_weights", None)  # a VLM has none: its decoders only rename
+    return remap is not None and remap is not LlamaForCausalLM.remap_weights
 
 
 def _awq_rows_round_trip(
