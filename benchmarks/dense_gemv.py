@@ -379,6 +379,9 @@ def main() -> None:
     ap.add_argument("--short-k-only", action="store_true", help="proj: SHORT_K_GRID and the default only")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     args = ap.parse_args()
+    unknown = [m for m in args.models.split(",") if m not in MODELS]
+    if unknown:
+        ap.error(f"--models: {unknown} not among {list(MODELS)}")
     sections = set(args.sections.split(","))
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev)

@@ -27,7 +27,10 @@ def main() -> int:
     from hotloop.bench.offline import main as latency_main
     from hotloop.kernels import dense_gemv as dg
 
-    best = json.load(open(path))["models"][model]["lm_head"]["best"]
+    models = json.load(open(path)).get("models", {})
+    if model not in MODELS or "lm_head" not in models.get(model, {}):
+        raise SystemExit(f"{path} has no lm_head section for {model!r} (one of {sorted(models)} with one)")
+    best = models[model]["lm_head"]["best"]
     hidden = MODELS[model][0]
     cfg = dg.GemvConfig(best["block_n"], best["block_k"], best["num_warps"])
     default = dg.lm_head_config

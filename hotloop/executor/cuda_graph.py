@@ -88,25 +88,25 @@ def short_limits(
     itemsize = 2 if quant else k_cache.element_size()
     planned = max(decode_plan(bucket, m.num_kv_heads, quant, m.head_dim, itemsize)[0] for m in layers)
     limits: dict[int, int] = {}
-    for cap in sorted(
-        SHORT_CAPS_INT8 if quant else SHORT_CAPS
-    ):  # ascending: ``DecodeGraphs.key_for`` takes the first that fits
-        if cap < planned:
-            tile = min(
-                decode_tile(
-                    quant,
-                    m.head_dim,
-                    m.num_heads // m.num_kv_heads,
-                    m.sliding_window,
-                    cap,
-                    k_cache,
-                    v_cache,
-                    decode_plan(bucket, m.num_kv_heads, quant, m.head_dim, itemsize, cap)[1],
-                )  # fmt: skip
-                for m in layers
+    caps = SHORT_CAPS_INT8 if quant else SHORT_CAPS
+    for cap in sorted(caps):  # ascending: ``DecodeGraphs.key_for`` takes the first that fits
+        if cap >= planned:
+            continue
+        tile = min(
+            decode_tile(
+                quant,
+                m.head_dim,
+                m.num_heads // m.num_kv_heads,
+                m.sliding_window,
+                cap,
+                k_cache,
+                v_cache,
+                fuse_merge=decode_plan(bucket, m.num_kv_heads, quant, m.head_dim, itemsize, cap)[1],
             )
-            if cap * tile > max(limits.values(), default=0):
-                limits[cap] = cap * tile
+            for m in layers
+        )
+        if cap * tile > max(limits.values(), default=0):
+            limits[cap] = cap * tile
     return limits
 
 

@@ -247,6 +247,33 @@ def test_multi_step_graph_rounds_equal_one_step_gpu(
     assert runner._history is not None
 
 
+GraphKey = tuple[int, "int | None"]
+
+
+def _short_then_full(g: Any, run: Callable[[], Any]) -> tuple[Any, list[GraphKey], Any, list[GraphKey]]:
+    """``run()`` with the decode graphs' short-context graphs, then with each bucket's graph for any
+    context alone -> ``(short output, its replayed graph keys, full output, its keys)``; the graphs'
+    ``key_for`` and limits are restored."""
+    keys: list[GraphKey] = []
+    key_for, limits = g.key_for, g.short_limits
+
+    def record(bucket: int, context: int | None = None) -> GraphKey:
+        keys.append(key_for(bucket, context))
+        return keys[-1]
+
+    g.key_for = record
+    try:
+        short = run()
+        short_keys = list(keys)
+        keys.clear()
+        g.short_limits = {}
+        full = run()
+    finally:
+        del g.key_for
+        g.short_limits = limits
+    return short, short_keys, full, list(keys)
+
+
 @pytest.mark.gpu
 def test_short_context_graphs_gpu(make_tiny_model: Callable[[str], Path]) -> None:
     """Batch 1 replays the short-context decode graph of the fewest splits whose limit the context
@@ -258,48 +285,16 @@ def test_short_context_graphs_gpu(make_tiny_model: Callable[[str], Path]) -> Non
     engine = _engine(path, 4, device="cuda", dtype="bfloat16", cache_max_entry_count=0.05, max_batch_size=4)
     g = engine.executor.runner.graphs  # type: ignore[attr-defined]
     assert g.short_limits[1] == {1: 64, 2: 128, 4: 256, 8: 512}
-    keys: list[tuple[int, int | None]] = []
-    key_for = g.key_for
-
-    def record(bucket: int, context: int | None = None) -> tuple[int, int | None]:
-        keys.append(key_for(bucket, context))
-        return keys[-1]
-
-    def run() -> list[int]:
-        keys.clear()
-        got = _run(engine, [prompt], params=lambda i: GenerationConfig(max_new_tokens=150, ignore_eos=True))
-        return got["0"][0]
-
-    g.key_for = record
-    limits = g.short_limits
-    try:
-        short = run()
-        short_keys = list(keys)
-        g.short_limits = {}
-        full = run()
-        full_keys = list(keys)
-        g.short_limits = limits
-        # batch 4 (rows of 9 and 10 tokens): bucket 4's short graphs against its full one
-        rows = [prompt, prompt[::-1], prompt[1:], prompt[2:] + prompt[:1]]
-        keys.clear()
-        four = _run(
-            engine,
-            rows,
-            params=lambda i: GenerationConfig(max_new_tokens=90, ignore_eos=True),
-            join_every=100,
-        )
-        four_keys = list(keys)
-        g.short_limits = {}
-        four_full = _run(
-            engine,
-            rows,
-            params=lambda i: GenerationConfig(max_new_tokens=90, ignore_eos=True),
-            join_every=100,
-        )
-        g.short_limits = limits
-    finally:
-        del g.key_for
-        g.short_limits = limits
+    one = GenerationConfig(max_new_tokens=150, ignore_eos=True)
+    short, short_keys, full, full_keys = _short_then_full(
+        g, lambda: _run(engine, [prompt], params=lambda i: one)["0"][0]
+    )
+    # batch 4 (rows of 9 and 10 tokens): bucket 4's short graphs against its full one
+    rows = [prompt, prompt[::-1], prompt[1:], prompt[2:] + prompt[:1]]
+    four_cfg = GenerationConfig(max_new_tokens=90, ignore_eos=True)
+    four, four_keys, four_full, _ = _short_then_full(
+        g, lambda: _run(engine, rows, params=lambda i: four_cfg, join_every=100)
+    )
     assert len(short) == 150 and short == full
     assert set(full_keys) == {(1, None)}
     # decode contexts 11 .. 159 (the first token comes from the prefill)
@@ -332,12 +327,8 @@ def test_short_context_graphs_int8_gpu(
 
         from hotloop.kernels import cuda_jit, kv_int8_decode_cuda
 
-        if (
-            cuda_jit.load(
-                kv_int8_decode_cuda.SOURCE, torch.device("cuda"), kv_int8_decode_cuda.kernel_names()
-            )
-            is None
-        ):
+        names = kv_int8_decode_cuda.kernel_names()
+        if cuda_jit.load(kv_int8_decode_cuda.SOURCE, torch.device("cuda"), names) is None:
             pytest.skip(
                 "the CUDA int8 decode kernel does not build here (no nvcc, or a GPU older than Hopper)"
             )
@@ -348,29 +339,10 @@ def test_short_context_graphs_int8_gpu(
     )
     g = engine.executor.runner.graphs  # type: ignore[attr-defined]
     assert g.short_limits[1] == limits
-    keys: list[tuple[int, int | None]] = []
-    key_for = g.key_for
-
-    def record(bucket: int, context: int | None = None) -> tuple[int, int | None]:
-        keys.append(key_for(bucket, context))
-        return keys[-1]
-
-    def run() -> list[int]:
-        keys.clear()
-        got = _run(engine, [prompt], params=lambda i: GenerationConfig(max_new_tokens=200, ignore_eos=True))
-        return got["0"][0]
-
-    g.key_for = record
-    saved = g.short_limits
-    try:
-        short = run()
-        short_keys = list(keys)
-        g.short_limits = {}
-        full = run()
-        full_keys = list(keys)
-    finally:
-        del g.key_for
-        g.short_limits = saved
+    cfg = GenerationConfig(max_new_tokens=200, ignore_eos=True)
+    short, short_keys, full, full_keys = _short_then_full(
+        g, lambda: _run(engine, [prompt], params=lambda i: cfg)["0"][0]
+    )
     assert len(short) == 200 and short == full
     assert set(full_keys) == {(1, None)}
     # decode contexts 11 .. 209, one replay each (a last round may run past 209: at least that many
