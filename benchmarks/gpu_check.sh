@@ -58,6 +58,9 @@
 #   s27d     one GPU: the dense GEMV and one-row GPU tests, SmolLM2-135M batch 1 (8 steps a launch) with the LM head's
 #            new launch (64 rows, 64-wide steps) and the old one (lm_head_ab.py), alternating, twice, then
 #            Llama-3-8B batch 1 fp16 / int8 KV (8 steps a launch).
+#   s28a     one GPU: the CUDA W4A16 GEMV's GPU tests (128-thread blocks, early weight loads), the short-context
+#            and AWQ-serving GPU tests, the early kernel's SASS, w4a16_read_probe.py, then W4A16 batch 1 with
+#            HOTLOOP_W4A16_EARLY=0 / 1, alternating, twice.
 #   s27e     one GPU: dense_gemv.py's SmolLM2-135M projections, the short-K grid (64 / 128-wide steps, 8-64 rows)
 #            against the default launch, over weights that together exceed the L2.
 #   s26b     one GPU: grid_sync_probe.py (a kernel boundary against a grid barrier), then the GPU tests of tests/kernels.
@@ -980,6 +983,26 @@ if [ "$what" = s27b ]; then  # one GPU, in turn
     [ "$r" = 1 ] && HOTLOOP_ONE_ROW_ROPE_QUANT=1 bs1 "8b_int8_ropequant_$r" llama3-8b --quant-policy 8
     [ "$r" = 1 ] && HOTLOOP_DECODE_SHORT_GRAPHS=0 bs1 "8b_int8_noshort_$r" llama3-8b --quant-policy 8
   done
+  exit 0
+fi
+if [ "$what" = s28a ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests s28a_tests 200 tests/kernels/test_w4a16_cuda.py tests/engine/test_multi_step.py \
+    tests/lite/test_auto_awq.py -k "gpu or short_context"
+  cubin=$(ls -t "${HOTLOOP_CACHE:-$HOME/.cache/hotloop}"/cuda/*.cubin 2>/dev/null | head -1)
+  for f in w4a16_gemv_bf16_nl4_r32_e8 w4a16_gemv_bf16_nl4_r32; do
+    /usr/local/cuda/bin/cuobjdump -sass -fun "$f" "$cubin" 2>/dev/null | grep -n -E "LDG|ACQ|DEPBAR|CCTL|griddep|PREEXIT|BAR.SYNC|WAIT" \
+      | head -24 >"$out/sass_$f.txt"
+    echo "[sass $f] $(wc -l <"$out/sass_$f.txt") lines"
+  done
+  timeout 200 python3 "$here/w4a16_read_probe.py" "$out/read_probe.json" >"$out/read_probe.log" 2>&1
+  echo "[read_probe] rc=$?"
+  grep -E "gemv_nl|chain|best us" "$out/read_probe.log" | cut -c1-200
+  for i in 1 2; do
+    bs1 "awq_$i" llama3-8b --model-format awq
+    HOTLOOP_W4A16_EARLY=1 bs1 "awq_early_$i" llama3-8b --model-format awq
+  done
+  grep -h -o "w4a16.*cuda[^,]*" "$out"/bs1_awq_1.log | head -8
   exit 0
 fi
 if [ "$what" = s27c ]; then  # one GPU, in turn

@@ -6,12 +6,14 @@ For each Llama-3-8B projection at M = 1 (GPU time, cold L2: ``w4a16_gemm.graph_t
   a grid-stride loop of 16-byte loads; 2, 4 or 8 blocks per SM, 4 or 8 loads in flight per thread);
 - ``gemv_pattern``: the same bytes in exactly the GEMV's access pattern (AutoAWQ layout, 4 lanes of
   16-byte loads by 64 slots of R rows, K split across blocks), with no arithmetic;
-- every variant of the CUDA-core GEMV the engine uses (``kernels/w4a16_cuda.py``);
+- every variant of the CUDA-core GEMV the engine uses (``kernels/w4a16_cuda.py``), each also with
+  its early weight loads (``HOTLOOP_W4A16_EARLY=1``);
 - the tensor-core GEMV (``kernels/w4a16_mma.py``, not used by the engine) at every split.
 
 The differences say what a faster kernel could win: GEMV minus pattern is arithmetic and reduction
 not hidden behind the loads; pattern minus stream is the access pattern and the grid. Last, the
-four projections of 8 layers in one CUDA graph (``decode_chain``), with each GEMV's fastest launch.
+four projections of 8 layers in one CUDA graph (``decode_chain``), with each GEMV's fastest launch
+(the CUDA-core chain with and without the early loads).
 
     python benchmarks/w4a16_read_probe.py OUT.json
 """
@@ -19,6 +21,7 @@ four projections of 8 layers in one CUDA graph (``decode_chain``), with each GEM
 from __future__ import annotations
 
 import json
+import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -55,7 +58,11 @@ def decode_chain(dev: torch.device, dtype: torch.dtype, rows: list[dict]) -> lis
     for kind in ("gemv_nl", "mma"):
         choice = {}
         for name in SHAPES:
-            cands = [r for r in rows if r.get("shape") == name and r["probe"].startswith(kind)]
+            cands = [
+                r
+                for r in rows
+                if r.get("shape") == name and r["probe"].startswith(kind) and not r["probe"].endswith("_early")
+            ]
             choice[name] = min(cands, key=lambda r: r["us"])["probe"]
 
         def run(choice: dict = choice) -> None:
@@ -66,14 +73,24 @@ def decode_chain(dev: torch.device, dtype: torch.dtype, rows: list[dict]) -> lis
                         split = int(probe.removeprefix("mma_split"))
                         w4a16_mma.gemv(xs[name], qmma, qz, sc, GROUP, split, out=outs[name])
                     else:
-                        nl, r = (int(v) for v in probe.removeprefix("gemv_nl").split("_r"))
-                        w4a16_cuda.gemv(xs[name], qw, qz, sc, GROUP, nl, r, out=outs[name])
+                        nl, r, t = _variant(probe)
+                        w4a16_cuda.gemv(xs[name], qw, qz, sc, GROUP, nl, r, t, out=outs[name])
 
-        best = min(graph_replay_us(run)) / len(layers)
-        row = {"chain": kind, "us_per_layer": round(best, 2), "choice": choice}
-        print(json.dumps(row), flush=True)
-        result.append(row)
+        for early in ("0", "1") if kind == "gemv_nl" else ("0",):
+            os.environ[w4a16_cuda.EARLY_ENV] = early  # read at each launch, kept by the graph
+            best = min(graph_replay_us(run)) / len(layers)
+            row = {"chain": kind, "early": early == "1", "us_per_layer": round(best, 2), "choice": choice}
+            print(json.dumps(row), flush=True)
+            result.append(row)
+        os.environ.pop(w4a16_cuda.EARLY_ENV, None)
     return result
+
+
+def _variant(probe: str) -> tuple[int, int, int]:
+    """``gemv_nl4_r16_t256`` -> ``(4, 16, 256)``."""
+    nl, rest = probe.removeprefix("gemv_nl").split("_r")
+    r, t = rest.split("_t")
+    return int(nl), int(r), int(t)
 
 
 def main() -> None:
@@ -121,18 +138,21 @@ def main() -> None:
                     "tb_s": round(wbytes / us / 1e6, 3),
                 }
             )
-        for nl, r in w4a16_cuda.VARIANTS:
-            if w4a16_cuda.fits(1, n, k, GROUP, dtype, nl, r) is not None:
+        for nl, r, t in w4a16_cuda.VARIANTS:
+            if w4a16_cuda.fits(1, n, k, GROUP, dtype, nl, r, t) is not None:
                 continue
-            us = graph_time_us(partial(w4a16_cuda.gemv, x, qw, qz, sc, GROUP, nl, r), dev)
-            record(
-                {
-                    "shape": name,
-                    "probe": f"gemv_nl{nl}_r{r}",
-                    "us": round(us, 2),
-                    "tb_s": round(wbytes / us / 1e6, 3),
-                }
-            )
+            for early in ("0", "1"):
+                os.environ[w4a16_cuda.EARLY_ENV] = early
+                us = graph_time_us(partial(w4a16_cuda.gemv, x, qw, qz, sc, GROUP, nl, r, t), dev)
+                record(
+                    {
+                        "shape": name,
+                        "probe": f"gemv_nl{nl}_r{r}_t{t}" + ("_early" if early == "1" else ""),
+                        "us": round(us, 2),
+                        "tb_s": round(wbytes / us / 1e6, 3),
+                    }
+                )
+            os.environ.pop(w4a16_cuda.EARLY_ENV, None)
         qmma = w4a16_mma.mma_layout(qw)
         want = w4a16_cuda.gemv(x, qw, qz, sc, GROUP, 4, 16).float()
         for split in w4a16_mma.SPLITS:

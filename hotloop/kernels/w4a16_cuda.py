@@ -3,14 +3,21 @@
 One row of 16-bit ``x`` times an AutoAWQ int4 weight, for decode at batch 1. Each thread streams
 its packed words straight into registers with 16-byte loads (the Triton GEMV goes through shared
 memory) and does the Triton ``half2`` kernel's packed 16-bit arithmetic; the source's header says
-how. A variant is ``(NL, R)``: ``NL`` lanes of 32 columns along N per 256-thread block and ``R``
-rows of K per thread, so a block covers ``32 NL`` columns and ``(256 / NL) R`` rows, and K is split
-into ``K / ((256 / NL) R)`` slices (the last block of a column tile to finish adds the slices, in a
-fixed order). ``w4a16_gemm``'s tuner times the variants that fit a shape beside the Triton launches
-(kind ``"cuda"``) and keeps the fastest; they exist only where ``cuda_jit`` can compile them.
+how. A variant is ``(NL, R, T)``: ``NL`` lanes of 32 columns along N per block of ``T`` threads and
+``R`` rows of K per thread, so a block covers ``32 NL`` columns and ``(T / NL) R`` rows, and K is
+split into ``K / ((T / NL) R)`` slices (the last block of a column tile to finish adds the slices, in
+a fixed order). ``w4a16_gemm``'s tuner times the variants that fit a shape beside the Triton
+launches (kind ``"cuda"``, ``num_warps`` = T / 32) and keeps the fastest; they exist only where
+``cuda_jit`` can compile them.
+
+``HOTLOOP_W4A16_EARLY=1`` launches the kernels that request their first 8 rows of weights, the
+zero points and the scales before waiting for the kernel before them (``pdl.py``); off by default
+until it is timed in the engine.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -19,29 +26,51 @@ from hotloop.kernels.pdl import pdl
 from hotloop.kernels.w4a16_layout import check_awq_shapes
 
 SOURCE = "w4a16_gemv.cu"
-THREADS = 256
-# (NL, R) as compiled in w4a16_gemv.cu. H200, Llama-3-8B shapes, bf16, cold L2 (benchmarks/awq_gemm.py,
-# fifteenth session call2): (2, 16) or (4, 16) fastest for q/k/v and o, (4, 32) for gate/up and
-# down. Tried and dropped: 8 lanes (128 bytes of a row per block) and variants that issue all of a
-# thread's loads before its arithmetic (more registers, fewer blocks per SM) were slower everywhere.
-VARIANTS: tuple[tuple[int, int], ...] = ((2, 16), (4, 8), (4, 16), (4, 32))
+THREADS = 256  # the default block
+EARLY_ROWS = 8  # rows of weights the early kernels request before their wait
+EARLY_ENV = "HOTLOOP_W4A16_EARLY"
+# (NL, R, threads) as compiled in w4a16_gemv.cu. H200, Llama-3-8B shapes, bf16, cold L2
+# (benchmarks/awq_gemm.py, fifteenth session call2): (2, 16) or (4, 16) fastest for q/k/v and o,
+# (4, 32) for gate/up and down (256 threads). Tried and dropped: 8 lanes (128 bytes of a row per
+# block) and variants that issue all of a thread's loads before its arithmetic (more registers,
+# fewer blocks per SM) were slower everywhere. The 128-thread blocks (twice the blocks per SM for
+# the same warps, so one block's loads can overlap another's arithmetic) are new, not yet timed.
+VARIANTS: tuple[tuple[int, int, int], ...] = (
+    (2, 16, 256),
+    (4, 8, 256),
+    (4, 16, 256),
+    (4, 32, 256),
+    (2, 16, 128),
+    (4, 16, 128),
+    (4, 32, 128),
+)
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
-def kernel_name(dtype: torch.dtype, nl: int, r: int) -> str:
-    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}"
+def early() -> bool:
+    """Whether launches take the early-load kernels (``HOTLOOP_W4A16_EARLY``, read at each launch:
+    a CUDA graph keeps the kernel it captured)."""
+    return os.environ.get(EARLY_ENV, "0") == "1"
 
 
-def tile(nl: int, r: int) -> tuple[int, int]:
-    """``(columns, rows)`` one block of variant ``(nl, r)`` covers."""
-    return 32 * nl, (THREADS // nl) * r
+def kernel_name(dtype: torch.dtype, nl: int, r: int, threads: int = THREADS, early_rows: int = 0) -> str:
+    t = "" if threads == THREADS else f"_t{threads}"
+    e = f"_e{early_rows}" if early_rows else ""
+    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}{t}{e}"
 
 
-def fits(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, nl: int, r: int) -> str | None:
-    """Why variant ``(nl, r)`` cannot run this product, or ``None`` when it can."""
-    bn, kb = tile(nl, r)
-    if (nl, r) not in VARIANTS:
-        return f"no variant ({nl}, {r}); there are {VARIANTS}"
+def tile(nl: int, r: int, threads: int = THREADS) -> tuple[int, int]:
+    """``(columns, rows)`` one block of variant ``(nl, r, threads)`` covers."""
+    return 32 * nl, (threads // nl) * r
+
+
+def fits(
+    m: int, n: int, k: int, group_size: int, dtype: torch.dtype, nl: int, r: int, threads: int = THREADS
+) -> str | None:
+    """Why variant ``(nl, r, threads)`` cannot run this product, or ``None`` when it can."""
+    bn, kb = tile(nl, r, threads)
+    if (nl, r, threads) not in VARIANTS:
+        return f"no variant ({nl}, {r}, {threads}); there are {VARIANTS}"
     if m != 1:
         return f"takes one row; got {m}"
     if dtype not in _DTYPES:
@@ -67,7 +96,7 @@ def available(device: torch.device) -> bool:
 
 
 def _names() -> list[str]:
-    return [kernel_name(dt, *v) for dt in _DTYPES for v in VARIANTS]
+    return [kernel_name(dt, *v, early_rows=e) for dt in _DTYPES for v in VARIANTS for e in (0, EARLY_ROWS)]
 
 
 def gemv(
@@ -78,9 +107,10 @@ def gemv(
     group_size: int,
     nl: int,
     r: int,
+    threads: int = THREADS,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(nl, r)``. Every tensor contiguous
+    """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(nl, r, threads)``. Every tensor contiguous
     and 16-byte aligned (``w4a16_gemm._aligned``); scales in x's dtype. Raises ``ValueError`` where
     the variant does not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
     check_awq_shapes(qweight, qzeros, scales, group_size)
@@ -92,9 +122,9 @@ def gemv(
         raise ValueError("x, qweight, qzeros and scales must be on one device")
     m, k = x2.shape
     n = qweight.shape[1] * 8
-    why = fits(m, n, k, group_size, x2.dtype, nl, r)
+    why = fits(m, n, k, group_size, x2.dtype, nl, r, threads)
     if why is not None:
-        raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}) {why}")
+        raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}, {threads}) {why}")
     if scales.dtype != x2.dtype:
         raise ValueError(f"scales dtype {scales.dtype} must equal x dtype {x2.dtype}")
     for name, t in (("x", x2), ("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
@@ -103,7 +133,7 @@ def gemv(
     kernels = cuda_jit.load(SOURCE, x2.device, _names())
     if kernels is None:
         raise cuda_jit.CudaError("the CUDA W4A16 kernels are not available on this machine")
-    bn, kb = tile(nl, r)
+    bn, kb = tile(nl, r, threads)
     split = k // kb
     tiles = n // bn
     if out is None:
@@ -117,9 +147,10 @@ def gemv(
         cnt = counters.counters(x2.device, "w4a16_cuda", tiles)
         if cnt is None:
             raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
-    kernels[kernel_name(x2.dtype, nl, r)](
+    early_rows = EARLY_ROWS if early() else 0
+    kernels[kernel_name(x2.dtype, nl, r, threads, early_rows)](
         (tiles, split),
-        THREADS,
+        threads,
         (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),
         pdl=pdl(x2.device),
     )

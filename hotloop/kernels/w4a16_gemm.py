@@ -380,7 +380,7 @@ def fit_config(
     if template.kind == "cuda":  # the variant fixes the split: K over the rows one block covers
         from hotloop.kernels import w4a16_cuda
 
-        cols, rows = w4a16_cuda.tile(template.block_n // 32, template.block_k)
+        cols, rows = w4a16_cuda.tile(template.block_n // 32, template.block_k, template.num_warps * 32)
         if n % cols or k % rows or group_size % template.block_k:
             raise ValueError(f"{template} does not tile N={n}, K={k} with group_size={group_size}")
         return replace(template, block_m=m, split_k=k // rows)
@@ -429,14 +429,14 @@ GEMV_HALF2_TEMPLATES: tuple[Template, ...] = (
 
 
 # the CUDA C one-row GEMV (``kernels/w4a16_cuda.py``), one template per variant: ``block_n`` is its
-# columns per block (32 lanes' worth per lane along N), ``block_k`` its rows per thread; timed only
-# where nvcc can build it (``w4a16_cuda.available``)
+# columns per block (32 lanes' worth per lane along N), ``block_k`` its rows per thread,
+# ``num_warps`` its block's warps; timed only where nvcc can build it (``w4a16_cuda.available``)
 def _cuda_templates() -> tuple[Template, ...]:
     from hotloop.kernels import w4a16_cuda
 
     return tuple(
-        (GemmConfig("cuda", 1, 32 * nl, r, num_warps=w4a16_cuda.THREADS // 32, num_stages=1), 0.0)
-        for nl, r in w4a16_cuda.VARIANTS
+        (GemmConfig("cuda", 1, 32 * nl, r, num_warps=threads // 32, num_stages=1), 0.0)
+        for nl, r, threads in w4a16_cuda.VARIANTS
     )
 
 
@@ -606,7 +606,9 @@ def _launch(
         from hotloop.kernels import cuda_jit, w4a16_cuda
 
         try:
-            return w4a16_cuda.gemv(x2, qweight, qzeros, scales, group_size, cfg.block_n // 32, cfg.block_k)
+            return w4a16_cuda.gemv(
+                x2, qweight, qzeros, scales, group_size, cfg.block_n // 32, cfg.block_k, cfg.num_warps * 32
+            )
         except (cuda_jit.CudaError, ValueError) as e:
             # a choice tuned (and stored) where the CUDA kernel ran, used where it cannot (no nvcc
             # now, a first launch inside a CUDA-graph capture): the Triton GEMV instead

@@ -26,6 +26,9 @@ LLAMA3_8B = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)]  # (K, N)
 def test_tile_and_fits() -> None:
     assert w4a16_cuda.tile(4, 16) == (128, 1024)
     assert w4a16_cuda.tile(8, 8) == (256, 256)
+    assert w4a16_cuda.tile(4, 16, 128) == (128, 512)
+    assert w4a16_cuda.kernel_name(torch.bfloat16, 4, 16) == "w4a16_gemv_bf16_nl4_r16"
+    assert w4a16_cuda.kernel_name(torch.float16, 4, 32, 128, 8) == "w4a16_gemv_f16_nl4_r32_t128_e8"
 
     def why(m: int, n: int, k: int, group: int, dtype: torch.dtype, nl: int = 4, r: int = 16) -> str:
         return w4a16_cuda.fits(m, n, k, group, dtype, nl, r) or ""
@@ -37,6 +40,9 @@ def test_tile_and_fits() -> None:
     assert "K=1536" in why(1, 4096, 1536, 128, torch.bfloat16)
     assert "group_size=8" in why(1, 4096, 4096, 8, torch.bfloat16)
     assert "no variant" in why(1, 4096, 4096, 128, torch.bfloat16, nl=3)
+    assert w4a16_cuda.fits(1, 4096, 512, 128, torch.bfloat16, 4, 16, 128) is None
+    assert "K=512" in (w4a16_cuda.fits(1, 4096, 512, 128, torch.bfloat16, 4, 16) or "")
+    assert "no variant" in (w4a16_cuda.fits(1, 4096, 4096, 128, torch.bfloat16, 4, 8, 128) or "")
 
 
 def test_gemv_refuses_what_does_not_fit() -> None:
@@ -51,10 +57,10 @@ def test_tuner_templates_fit_or_refuse() -> None:
 
     dev = torch.device("cpu")
     for template, waves in g._cuda_templates():
-        cols, rows = w4a16_cuda.tile(template.block_n // 32, template.block_k)
+        cols, rows = w4a16_cuda.tile(template.block_n // 32, template.block_k, template.num_warps * 32)
         cfg = g.fit_config(template, 1, 28672, 4096, 128, dev, waves)
         assert cfg.kind == "cuda" and cfg.split_k == 4096 // rows and cfg.block_n == cols
-        assert (cfg.block_n // 32, cfg.block_k) in w4a16_cuda.VARIANTS
+        assert (cfg.block_n // 32, cfg.block_k, cfg.num_warps * 32) in w4a16_cuda.VARIANTS
         with pytest.raises(ValueError, match="does not tile"):
             g.fit_config(template, 1, 28672, 4096 + rows // 2, 128, dev, waves)
 
@@ -117,7 +123,8 @@ def test_source_compiles_for_hopper_and_is_cached(monkeypatch: pytest.MonkeyPatc
     assert cubin[:4] == b"\x7fELF"
     for dtype in (torch.bfloat16, torch.float16):
         for v in w4a16_cuda.VARIANTS:
-            assert w4a16_cuda.kernel_name(dtype, *v).encode() in cubin
+            for early_rows in (0, w4a16_cuda.EARLY_ROWS):
+                assert w4a16_cuda.kernel_name(dtype, *v, early_rows=early_rows).encode() in cubin
     cached = list((tmp_path / "cuda").glob("*.cubin"))
     assert len(cached) == 1
     monkeypatch.setenv("HOTLOOP_NVCC", "/nonexistent/nvcc")
@@ -142,10 +149,11 @@ def _require_cuda_kernels() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape", LLAMA3_8B + [(1024, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_gpu_every_variant(shape: tuple[int, int], dtype: torch.dtype) -> None:
-    """Against float32 dequantize-then-matmul (the half2 GEMV's bounds: fp16 2e-3, bf16 1e-2 of max
-    |y|) and against the torch model of the 16-bit arithmetic (one output rounding apart); the split
-    counters are all zero again after each launch."""
+def test_gpu_every_variant(shape: tuple[int, int], dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every variant, with and without its early weight loads, against float32
+    dequantize-then-matmul (the half2 GEMV's bounds: fp16 2e-3, bf16 1e-2 of max |y|) and against
+    the torch model of the 16-bit arithmetic (one output rounding apart); the split counters are all
+    zero again after each launch."""
     _require_cuda_kernels()
     k, n = shape
     qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=k + n)
@@ -158,14 +166,16 @@ def test_gpu_every_variant(shape: tuple[int, int], dtype: torch.dtype) -> None:
     for v in w4a16_cuda.VARIANTS:
         if w4a16_cuda.fits(1, n, k, 128, dtype, *v) is not None:
             continue
-        got = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, *v)
-        torch.cuda.synchronize()
-        assert got.dtype == dtype and got.shape == (1, n)
-        assert _rel_max_err(got, want) < tol, (v, _rel_max_err(got, want))
-        _assert_rounds_like(got, emulated, ulp)
-        assert int(counters.buffer(x.device, "w4a16_cuda").abs().sum()) == 0
-        ran += 1
-    assert ran >= (3 if k >= 4096 else 2)
+        for early in ("0", "1"):
+            monkeypatch.setenv(w4a16_cuda.EARLY_ENV, early)
+            got = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, *v)
+            torch.cuda.synchronize()
+            assert got.dtype == dtype and got.shape == (1, n)
+            assert _rel_max_err(got, want) < tol, (v, early, _rel_max_err(got, want))
+            _assert_rounds_like(got, emulated, ulp)
+            assert int(counters.buffer(x.device, "w4a16_cuda").abs().sum()) == 0
+            ran += 1
+    assert ran >= 2 * (5 if k >= 4096 else 3)
 
 
 @pytest.mark.gpu

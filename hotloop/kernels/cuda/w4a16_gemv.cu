@@ -25,7 +25,6 @@
 
 typedef unsigned int u32;
 
-#define THREADS 256
 #define ROWS 8
 
 __device__ __forceinline__ void ldg_stream4(const u32* p, u32& a, u32& b, u32& c, u32& d) {
@@ -119,7 +118,7 @@ __device__ __forceinline__ u32 pair_neg_scale(int i) {
   return BF16 ? 0xBF80BF80u : ((i & 1) ? 0x9C009C00u : 0xAC00AC00u);
 }
 
-template <bool BF16, int NL, int R>
+template <bool BF16, int NL, int R, int THREADS, int EARLY>
 __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* __restrict__ qw,
                                           const u32* __restrict__ qz, const u32* __restrict__ sc,
                                           float* __restrict__ ws, unsigned short* __restrict__ out,
@@ -129,12 +128,9 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   constexpr int PER = THREADS / BN;  // threads per column in the block's reduction
   static_assert(R % ROWS == 0, "R must be a multiple of ROWS");
   static_assert(TK >= PER, "too few slots");
+  static_assert(EARLY >= 0 && EARLY <= R, "EARLY is a count of this thread's rows");
   __shared__ __align__(16) float red[TK][BN + 4];
   __shared__ int last;
-
-  // programmatic dependent launch: x is written by the kernel before (a no-op otherwise)
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;");
 
   const int tid = threadIdx.x;
   const int lane_n = tid % NL;
@@ -143,10 +139,31 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   const int kps = K / gridDim.y;
   const int k0 = blockIdx.y * kps + slot * R;
   const int w0 = blockIdx.x * (BN / 8) + lane_n * 4;  // this thread's first word column
-
+  const int g = k0 / G;
   u32 w[R][4];
+  u32 zv[4];
+  u32 sv[4][4];
+
+  // programmatic dependent launch: x is written by the kernel before (a no-op otherwise). With
+  // EARLY > 0 the first EARLY rows of weights, the zero points and the scales are requested before
+  // the wait: the kernel before does not write them, so their loads overlap its last blocks. The
+  // next launch may start only after this kernel's wait (kernels/pdl.py's rule).
+  if (EARLY > 0) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < EARLY; ++r) {
+      ldg_stream4(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
+    }
+    ldg4(qz + (size_t)g * n8 + w0, zv[0], zv[1], zv[2], zv[3]);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      ldg4(sc + ((size_t)g * N + (size_t)(w0 + c) * 8) / 2, sv[c][0], sv[c][1], sv[c][2], sv[c][3]);
+    }
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+
+#pragma unroll
+  for (int r = EARLY; r < R; ++r) {
     ldg_stream4(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
   }
   u32 xv[R / 2];
@@ -154,13 +171,12 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   for (int j = 0; j < R / 8; ++j) {
     ldg4(x + (k0 + 8 * j) / 2, xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3]);
   }
-  const int g = k0 / G;
-  u32 zv[4];
-  ldg4(qz + (size_t)g * n8 + w0, zv[0], zv[1], zv[2], zv[3]);
-  u32 sv[4][4];
+  if (EARLY == 0) {
+    ldg4(qz + (size_t)g * n8 + w0, zv[0], zv[1], zv[2], zv[3]);
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    ldg4(sc + ((size_t)g * N + (size_t)(w0 + c) * 8) / 2, sv[c][0], sv[c][1], sv[c][2], sv[c][3]);
+    for (int c = 0; c < 4; ++c) {
+      ldg4(sc + ((size_t)g * N + (size_t)(w0 + c) * 8) / 2, sv[c][0], sv[c][1], sv[c][2], sv[c][3]);
+    }
   }
 
   u32 Z[4][4];  // -(magic + z s_i) S_i per word and column pair (exact)
@@ -273,17 +289,30 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
       const u32 *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out,        \
       int *__restrict__ cnt, int N, int K, int G
 
-#define DEFINE_GEMV(DT, BF16, NL, R)                                                             \
-  extern "C" __global__ void __launch_bounds__(THREADS) w4a16_gemv_##DT##_nl##NL##_r##R(GEMV_ARGS) { \
-    gemv_body<BF16, NL, R>(x, qw, qz, sc, ws, out, cnt, N, K, G);                                  \
+// w4a16_cuda.kernel_name: w4a16_gemv_<dtype>_nl<NL>_r<R>, then _t<T> for T threads other than 256,
+// then _e<EARLY> where EARLY > 0
+#define DEFINE_GEMV(NAME, BF16, NL, R, T, E)                                  \
+  extern "C" __global__ void __launch_bounds__(T) NAME(GEMV_ARGS) {           \
+    gemv_body<BF16, NL, R, T, E>(x, qw, qz, sc, ws, out, cnt, N, K, G);       \
   }
 
-#define DEFINE_BOTH(NL, R)       \
-  DEFINE_GEMV(bf16, true, NL, R) \
-  DEFINE_GEMV(f16, false, NL, R)
+#define DEFINE_BOTH(NL, R)                                                           \
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R, true, NL, R, 256, 0)                    \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R, false, NL, R, 256, 0)                    \
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_e8, true, NL, R, 256, 8)               \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_e8, false, NL, R, 256, 8)
 
-// w4a16_cuda.VARIANTS: (NL, R)
+#define DEFINE_BOTH_T(NL, R, T)                                                      \
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T, true, NL, R, T, 0)               \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T, false, NL, R, T, 0)               \
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T##_e8, true, NL, R, T, 8)          \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T##_e8, false, NL, R, T, 8)
+
+// w4a16_cuda.VARIANTS: (NL, R, threads)
 DEFINE_BOTH(2, 16)
 DEFINE_BOTH(4, 8)
 DEFINE_BOTH(4, 16)
 DEFINE_BOTH(4, 32)
+DEFINE_BOTH_T(2, 16, 128)
+DEFINE_BOTH_T(4, 16, 128)
+DEFINE_BOTH_T(4, 32, 128)
