@@ -61,7 +61,9 @@ def decode_chain(dev: torch.device, dtype: torch.dtype, rows: list[dict]) -> lis
             cands = [
                 r
                 for r in rows
-                if r.get("shape") == name and r["probe"].startswith(kind) and not r["probe"].endswith("_early")
+                if r.get("shape") == name
+                and r["probe"].startswith(kind)
+                and not r["probe"].endswith("_early")
             ]
             choice[name] = min(cands, key=lambda r: r["us"])["probe"]
 

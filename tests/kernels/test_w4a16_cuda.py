@@ -149,7 +149,9 @@ def _require_cuda_kernels() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape", LLAMA3_8B + [(1024, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_gpu_every_variant(shape: tuple[int, int], dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_every_variant(
+    shape: tuple[int, int], dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every variant, with and without its early weight loads, against float32
     dequantize-then-matmul (the half2 GEMV's bounds: fp16 2e-3, bf16 1e-2 of max |y|) and against
     the torch model of the 16-bit arithmetic (one output rounding apart); the split counters are all
