@@ -58,6 +58,9 @@
 #   s27d     one GPU: the dense GEMV and one-row GPU tests, SmolLM2-135M batch 1 (8 steps a launch) with the LM head's
 #            new launch (64 rows, 64-wide steps) and the old one (lm_head_ab.py), alternating, twice, then
 #            Llama-3-8B batch 1 fp16 / int8 KV (8 steps a launch).
+#   s28b     one GPU: W4A16 batch 1 with the early loads as the default (tuned with them), profile_step.py's
+#            batch-256 and batch-16 decode steps with PDL on and off, the batch-256 row, then 8B batch 1 fp16 /
+#            int8 KV (8 steps a launch).
 #   s28a     one GPU: the CUDA W4A16 GEMV's GPU tests (128-thread blocks, early weight loads), the short-context
 #            and AWQ-serving GPU tests, the early kernel's SASS, w4a16_read_probe.py, then W4A16 batch 1 with
 #            HOTLOOP_W4A16_EARLY=0 / 1, alternating, twice.
@@ -983,6 +986,18 @@ if [ "$what" = s27b ]; then  # one GPU, in turn
     [ "$r" = 1 ] && HOTLOOP_ONE_ROW_ROPE_QUANT=1 bs1 "8b_int8_ropequant_$r" llama3-8b --quant-policy 8
     [ "$r" = 1 ] && HOTLOOP_DECODE_SHORT_GRAPHS=0 bs1 "8b_int8_noshort_$r" llama3-8b --quant-policy 8
   done
+  exit 0
+fi
+if [ "$what" = s28b ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  bs1 awq_early llama3-8b --model-format awq
+  grep -h -o "tuned.*cuda[^,]*" "$out/bs1_awq_early.log" | head -4
+  profile_ab HOTLOOP_PDL b256_pdl "decode 256,decode 16@" 1 0
+  timeout 200 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf --only llama3_b256_1k >"$out/table.txt" 2>&1
+  echo "run_gpu rc=$?"
+  tail -6 "$out/table.txt"
+  bs1 8b_fp16_k8 llama3-8b --num-scheduler-steps 8
+  bs1 8b_int8_k8 llama3-8b --num-scheduler-steps 8 --quant-policy 8
   exit 0
 fi
 if [ "$what" = s28a ]; then  # one GPU, in turn

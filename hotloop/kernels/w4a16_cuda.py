@@ -10,9 +10,11 @@ a fixed order). ``w4a16_gemm``'s tuner times the variants that fit a shape besid
 launches (kind ``"cuda"``, ``num_warps`` = T / 32) and keeps the fastest; they exist only where
 ``cuda_jit`` can compile them.
 
-``HOTLOOP_W4A16_EARLY=1`` launches the kernels that request their first 8 rows of weights, the
-zero points and the scales before waiting for the kernel before them (``pdl.py``); off by default
-until it is timed in the engine.
+By default the kernels request their first 8 rows of weights, the zero points and the scales before
+they wait for the kernel before them (``pdl.py``), so those loads overlap its last blocks: on an
+H200, Llama-3-8B W4A16 batch 1 went from 423.3 / 422.2 to 431.4 / 431.4 tokens/s with them, and a
+layer's four GEMVs from 58.7 to 55.3 us (``benchmarks/results/gpu_2026-12-02b``).
+``HOTLOOP_W4A16_EARLY=0`` launches the kernels that wait first.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ EARLY_ENV = "HOTLOOP_W4A16_EARLY"
 # (benchmarks/awq_gemm.py, fifteenth session call2): (2, 16) or (4, 16) fastest for q/k/v and o,
 # (4, 32) for gate/up and down (256 threads). Tried and dropped: 8 lanes (128 bytes of a row per
 # block) and variants that issue all of a thread's loads before its arithmetic (more registers,
-# fewer blocks per SM) were slower everywhere. The 128-thread blocks (twice the blocks per SM for
-# the same warps, so one block's loads can overlap another's arithmetic) are new, not yet timed.
+# fewer blocks per SM) were slower everywhere. 128-thread blocks (twice the blocks per SM for the
+# same warps): fastest without the early loads for q/k/v and gate/up (9.25 against 9.6 us, 29.3
+# against 29.7; twenty-seventh session call1); with them (4, 32, 256) and (4, 32, 128) lead.
 VARIANTS: tuple[tuple[int, int, int], ...] = (
     (2, 16, 256),
     (4, 8, 256),
@@ -48,9 +51,9 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 def early() -> bool:
-    """Whether launches take the early-load kernels (``HOTLOOP_W4A16_EARLY``, read at each launch:
-    a CUDA graph keeps the kernel it captured)."""
-    return os.environ.get(EARLY_ENV, "0") == "1"
+    """Whether launches take the early-load kernels (``HOTLOOP_W4A16_EARLY``, on unless ``0``; read
+    at each launch: a CUDA graph keeps the kernel it captured)."""
+    return os.environ.get(EARLY_ENV, "1") != "0"
 
 
 def kernel_name(dtype: torch.dtype, nl: int, r: int, threads: int = THREADS, early_rows: int = 0) -> str:
