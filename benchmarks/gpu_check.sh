@@ -58,6 +58,9 @@
 #   s27d     one GPU: the dense GEMV and one-row GPU tests, SmolLM2-135M batch 1 (8 steps a launch) with the LM head's
 #            new launch (64 rows, 64-wide steps) and the old one (lm_head_ab.py), alternating, twice, then
 #            Llama-3-8B batch 1 fp16 / int8 KV (8 steps a launch).
+#   s28c     one GPU: the PDL, GPU parity, executor and engine GPU tests (decode graphs above 8 rows captured without
+#            PDL), the batch-256 row with that and with every graph under PDL (HOTLOOP_PDL_MAX_DECODE_BATCH=100000),
+#            then profile_step.py's serving-mix step (16 decodes + a 1,024-token prompt) with PDL on and off.
 #   s28b     one GPU: W4A16 batch 1 with the early loads as the default (tuned with them), profile_step.py's
 #            batch-256 and batch-16 decode steps with PDL on and off, the batch-256 row, then 8B batch 1 fp16 /
 #            int8 KV (8 steps a launch).
@@ -986,6 +989,19 @@ if [ "$what" = s27b ]; then  # one GPU, in turn
     [ "$r" = 1 ] && HOTLOOP_ONE_ROW_ROPE_QUANT=1 bs1 "8b_int8_ropequant_$r" llama3-8b --quant-policy 8
     [ "$r" = 1 ] && HOTLOOP_DECODE_SHORT_GRAPHS=0 bs1 "8b_int8_noshort_$r" llama3-8b --quant-policy 8
   done
+  exit 0
+fi
+if [ "$what" = s28c ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests s28c_tests 240 tests/kernels/test_pdl.py tests/api/test_gpu_parity.py tests/executor tests/engine
+  timeout 150 python3 "$here/run_gpu.py" --out "$out/b256_new" --skip-hf --only llama3_b256_1k >"$out/b256_new.txt" 2>&1
+  echo "run_gpu (graphs above 8 rows without PDL) rc=$?"
+  grep -E "b256" "$out/b256_new.txt" | head -3
+  HOTLOOP_PDL_MAX_DECODE_BATCH=100000 timeout 150 python3 "$here/run_gpu.py" --out "$out/b256_old" --skip-hf \
+    --only llama3_b256_1k >"$out/b256_old.txt" 2>&1
+  echo "run_gpu (every graph with PDL) rc=$?"
+  grep -E "b256" "$out/b256_old.txt" | head -3
+  profile_ab HOTLOOP_PDL mixed_pdl "mixed 16 decodes@1k + 1x1024" 1 0
   exit 0
 fi
 if [ "$what" = s28b ]; then  # one GPU, in turn

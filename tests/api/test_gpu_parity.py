@@ -240,3 +240,41 @@ def test_embeddings_on_host_same_tokens(make_tiny_model: Callable[[str], Path]) 
         got, _stats = run_engine_built(built, prompts, MAX_NEW)
         runs.append(got)
     assert runs[0] == runs[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", [0, 8])
+def test_decode_graphs_without_pdl_equal_eager(
+    policy: int, make_tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decode graphs of more rows than ``pdl.max_decode_batch()`` are captured without programmatic
+    dependent launch (kernels/pdl.py): with 12 prompts in the 16-row bucket, and with the limit
+    at 0 (every graph plain), the tokens equal eager mode's (PDL on), and greedy parity with
+    transformers holds."""
+    from hotloop.kernels import pdl
+
+    path = make_tiny_model("llama_gqa_llama3rope")
+    prompts = make_prompts(seed=12, n=12)
+    runs = []
+    for eager, limit in ((True, None), (False, None), (False, "0")):
+        if limit is None:
+            monkeypatch.delenv(pdl.MAX_DECODE_BATCH_ENV, raising=False)
+        else:
+            monkeypatch.setenv(pdl.MAX_DECODE_BATCH_ENV, limit)
+        cfg = EngineConfig(
+            device="cuda",
+            dtype="bfloat16",
+            max_batch_size=16,
+            eager_mode=eager,
+            quant_policy=policy,
+            **VARIANTS["plain"],
+        )
+        built = build_engine(str(path), cfg)
+        got, _stats = run_engine_built(built, prompts, MAX_NEW)
+        graphs = built.engine.executor.runner.graphs
+        if not eager:
+            assert built.engine.executor.runner.num_graph_steps > 0 and 16 in graphs.buckets
+        runs.append(got)
+    assert runs[0] == runs[1] == runs[2]
+    if policy == 0:
+        check_parity(runs[1], hf_greedy_with_margins(path, prompts, MAX_NEW))
