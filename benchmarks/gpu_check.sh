@@ -58,9 +58,12 @@
 #   s27d     one GPU: the dense GEMV and one-row GPU tests, SmolLM2-135M batch 1 (8 steps a launch) with the LM head's
 #            new launch (64 rows, 64-wide steps) and the old one (lm_head_ab.py), alternating, twice, then
 #            Llama-3-8B batch 1 fp16 / int8 KV (8 steps a launch).
-#   s28c     one GPU: the PDL, GPU parity, executor and engine GPU tests (decode graphs above 8 rows captured without
-#            PDL), the batch-256 row with that and with every graph under PDL (HOTLOOP_PDL_MAX_DECODE_BATCH=100000),
-#            then profile_step.py's serving-mix step (16 decodes + a 1,024-token prompt) with PDL on and off.
+#   s28d     one GPU: W4A16 batch 1 with the early weight loads (default) and without (HOTLOOP_W4A16_EARLY=0),
+#            alternating, twice, each run tuning its own launches; then every GPU test of tests/kernels.
+#   s28c     one GPU, at 20b524f (whose decode graphs above 8 rows were captured without PDL; reverted: no change
+#            in the batch-256 row): the PDL, GPU parity, executor and engine GPU tests, the batch-256 row with that
+#            and with every graph under PDL (HOTLOOP_PDL_MAX_DECODE_BATCH=100000), then profile_step.py's
+#            serving-mix step (16 decodes + a 1,024-token prompt) with PDL on and off.
 #   s28b     one GPU: W4A16 batch 1 with the early loads as the default (tuned with them), profile_step.py's
 #            batch-256 and batch-16 decode steps with PDL on and off, the batch-256 row, then 8B batch 1 fp16 /
 #            int8 KV (8 steps a launch).
@@ -989,6 +992,17 @@ if [ "$what" = s27b ]; then  # one GPU, in turn
     [ "$r" = 1 ] && HOTLOOP_ONE_ROW_ROPE_QUANT=1 bs1 "8b_int8_ropequant_$r" llama3-8b --quant-policy 8
     [ "$r" = 1 ] && HOTLOOP_DECODE_SHORT_GRAPHS=0 bs1 "8b_int8_noshort_$r" llama3-8b --quant-policy 8
   done
+  exit 0
+fi
+if [ "$what" = s28d ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  export HOTLOOP_TUNING_CACHE=0  # each run tunes its W4A16 launches with its own setting
+  for i in 1 2; do
+    bs1 "awq_early_$i" llama3-8b --model-format awq
+    HOTLOOP_W4A16_EARLY=0 bs1 "awq_wait_$i" llama3-8b --model-format awq
+  done
+  unset HOTLOOP_TUNING_CACHE
+  gpu_tests s28d_tests 300 tests/kernels
   exit 0
 fi
 if [ "$what" = s28c ]; then  # one GPU, in turn

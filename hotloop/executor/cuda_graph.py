@@ -16,14 +16,10 @@ empty. An int8 cache (whose CUDA kernel cuts its splits the same way) takes caps
 (``SHORT_CAPS_INT8``): cap 4 then also serves contexts of one to two tiles. A cap only changes how
 the work is split, never the result beyond float rounding. ``HOTLOOP_DECODE_SHORT_GRAPHS=0``
 captures none.
-
-Graphs of more than ``pdl.max_decode_batch()`` rows are captured without programmatic dependent
-launch (``kernels/pdl.py``, where the measurement is).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from typing import Any
@@ -31,7 +27,7 @@ from typing import Any
 import torch
 
 from hotloop.executor.gpu_inputs import InputBuffers
-from hotloop.kernels import ops, pdl
+from hotloop.kernels import ops
 from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -187,18 +183,15 @@ class DecodeGraphs:
             bar = tqdm(total=len(keys), desc="capturing CUDA graphs", unit="graph", leave=False)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        pdl_rows = pdl.max_decode_batch()
         with torch.cuda.stream(stream):
             for key in keys:
                 b, cap = key
-                scope = pdl.off() if b > pdl_rows else contextlib.nullcontext()
-                with scope:  # the warm-up compiles the variants the capture launches
-                    self.buffers.reset_for_capture(b)
-                    self._forward(b, cap)  # warm-up: compiles kernels, settles the allocator
-                    stream.synchronize()
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, pool=self.pool, stream=stream):
-                        logits, greedy = self._forward(b, cap)
+                self.buffers.reset_for_capture(b)
+                self._forward(b, cap)  # warm-up: compiles kernels, settles the allocator
+                stream.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self.pool, stream=stream):
+                    logits, greedy = self._forward(b, cap)
                 if self.pool is None:
                     self.pool = g.pool()
                 self.graphs[key] = g

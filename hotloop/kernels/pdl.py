@@ -10,21 +10,13 @@ with ``PDL=True`` is correct after any predecessor. CUDA graphs keep the program
 
 Launchers pass ``PDL=pdl(device)`` to their kernel and ``**launch_kwargs(device)`` to the launch.
 Off under the Triton interpreter, with a Triton that lacks it, before sm_90, or with
-``HOTLOOP_PDL=0``; off, too, for launches issued inside ``off()``.
-
-Where it pays: decode graphs of at most ``max_decode_batch()`` rows (``HOTLOOP_PDL_MAX_DECODE_BATCH``,
-default 8). Larger decode graphs are captured without it (``executor/cuda_graph.py``): there our
-kernels sit between cuBLAS GEMMs, and on an H200 the Llama-3-8B batch-256 step took 17.49 ms with
-PDL against 16.37 without (16 rows: 5.62 against 5.54; the kernels' own times equal, the gaps between
-them not; BENCHMARKS.md, twenty-seventh session). Eager and piecewise steps keep it.
+``HOTLOOP_PDL=0``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -46,19 +38,7 @@ except ImportError:  # an older Triton: never launched with PDL, so these are ne
         pass
 
 
-__all__ = [
-    "HAS_GDC",
-    "gdc_launch_dependents",
-    "gdc_wait",
-    "launch_kwargs",
-    "max_decode_batch",
-    "off",
-    "pdl",
-    "pdl_enabled",
-]
-
-MAX_DECODE_BATCH_ENV = "HOTLOOP_PDL_MAX_DECODE_BATCH"
-DEFAULT_MAX_DECODE_BATCH = 8
+__all__ = ["HAS_GDC", "gdc_launch_dependents", "gdc_wait", "launch_kwargs", "pdl", "pdl_enabled"]
 
 
 def _launch_takes_pdl() -> bool:
@@ -79,40 +59,10 @@ def pdl_enabled(device: torch.device) -> bool:
 
 
 _cache: dict[int, bool] = {}
-_off_depth = 0  # > 0 inside ``off()``
-
-
-def max_decode_batch() -> int:
-    """The most rows a decode graph captured with PDL has (``HOTLOOP_PDL_MAX_DECODE_BATCH``)."""
-    raw = os.environ.get(MAX_DECODE_BATCH_ENV, "")
-    if not raw:
-        return DEFAULT_MAX_DECODE_BATCH
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{MAX_DECODE_BATCH_ENV}={raw!r} must be an integer (rows)") from None
-    if value < 0:
-        raise ValueError(f"{MAX_DECODE_BATCH_ENV}={value} must be >= 0")
-    return value
-
-
-@contextmanager
-def off() -> Iterator[None]:
-    """Launches issued inside (and CUDA graphs captured inside) run without PDL: kernels compiled
-    with ``PDL=False`` and launched without the attribute, i.e. fully ordered after the kernel
-    before. Nests; the engine's loop is one thread."""
-    global _off_depth
-    _off_depth += 1
-    try:
-        yield
-    finally:
-        _off_depth -= 1
 
 
 def pdl(device: torch.device) -> bool:
-    """``pdl_enabled``, decided once per device; False inside ``off()``."""
-    if _off_depth:
-        return False
+    """``pdl_enabled``, decided once per device."""
     index = device.index if device.index is not None else -1
     if index not in _cache:
         _cache[index] = pdl_enabled(device)
