@@ -1002,7 +1002,7 @@ if [ "$what" = s28d ]; then  # one GPU, in turn
     HOTLOOP_W4A16_EARLY=0 bs1 "awq_wait_$i" llama3-8b --model-format awq
   done
   unset HOTLOOP_TUNING_CACHE
-  gpu_tests s28d_tests 300 tests/kernels
+  gpu_tests s28d_tests 240 tests/kernels
   exit 0
 fi
 if [ "$what" = s28c ]; then  # one GPU, in turn
