@@ -12,8 +12,8 @@ launches (kind ``"cuda"``, ``num_warps`` = T / 32) and keeps the fastest; they e
 
 By default the kernels request their first 8 rows of weights, the zero points and the scales before
 they wait for the kernel before them (``pdl.py``), so those loads overlap its last blocks: on an
-H200, Llama-3-8B W4A16 batch 1 went from 423.3 / 422.2 to 431.4 / 431.4 tokens/s with them, and a
-layer's four GEMVs from 58.7 to 55.3 us (``benchmarks/results/gpu_2026-12-02b``).
+H200, Llama-3-8B W4A16 batch 1 went from 421.4 / 423.8 to 452.2 / 454.1 tokens/s with them (each
+run tuned), and a layer's four GEMVs from 58.7 to 55.3 us (``benchmarks/results/gpu_2026-12-02b``).
 ``HOTLOOP_W4A16_EARLY=0`` launches the kernels that wait first.
 """
 
