@@ -41,7 +41,8 @@ class EngineConfig:
     """Everything about how the engine runs a model (LMDeploy-compatible names).
 
     cache_max_entry_count: a float in (0, 1] is the fraction of free device memory (on the CPU:
-    of available RAM) given to KV blocks; an int >= 1 is an exact number of blocks.
+    of available RAM) given to KV blocks (``1``, int or float, is all of it, as on the command line
+    and in LMDeploy); an int >= 2 is an exact number of blocks.
     session_len: the most tokens one sequence may hold (prompt plus output); None takes the model's
     ``max_position_embeddings``.
     schedule_conservativeness: how much KV room admission keeps back for the running requests'
@@ -96,7 +97,12 @@ class EngineConfig:
         if isinstance(c, float):
             _check(0.0 < c <= 1.0, f"cache_max_entry_count={c!r}: a float must lie in (0, 1]")
         else:
-            _check(c >= 1, f"cache_max_entry_count={c!r}: an int must be >= 1 (a number of blocks)")
+            _check(
+                c >= 1,
+                f"cache_max_entry_count={c!r}: an int must be >= 2 (a number of blocks) or 1 (all memory)",
+            )
+            if c == 1:  # all of the free memory, as the CLI reads "1" (cli/engine_args._cache_count)
+                object.__setattr__(self, "cache_max_entry_count", 1.0)
         b = self.cache_block_seq_len
         _check(
             isinstance(b, int) and 1 <= b <= 1024,

@@ -344,8 +344,11 @@ class Sampler:
         sub = [params[i] for i in rows]
         x = apply_temperature(x, _to_device([p.temperature for p in sub], torch.float32, device))
         top_k = top_p = min_p = None
-        if any(p.top_k > 0 for p in sub):
-            top_k = _to_device([p.top_k for p in sub], torch.int64, device)
+        vocab = x.shape[-1]
+        if any(0 < p.top_k < vocab for p in sub):
+            # a top_k at or past the vocabulary keeps every token: off (0), which also keeps an
+            # arbitrarily large Python int out of the int64 tensor
+            top_k = _to_device([p.top_k if p.top_k < vocab else 0 for p in sub], torch.int64, device)
         if any(p.top_p < 1.0 for p in sub):
             top_p = _to_device([p.top_p for p in sub], torch.float32, device)
         if any(p.min_p > 0.0 for p in sub):

@@ -435,3 +435,23 @@ def test_masked_ids_get_probability_zero_and_logprobs_renormalise() -> None:
 def test_bitmask_rows_must_match_the_params() -> None:
     with pytest.raises(ValueError, match="token_bitmasks has 1 rows, params has 2"):
         meta([GREEDY, GREEDY], bitmasks=[None])
+
+
+def test_top_k_past_the_vocabulary_is_off() -> None:
+    """A top_k at or past the vocabulary keeps every token, even one past int64 (a request's
+    unbounded integer once made the tensor conversion raise inside the engine loop); a top_k
+    below it still filters in the same batch."""
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]])).repeat(3, 1)
+    params = [
+        GenerationConfig(do_sample=True, temperature=1.0, top_k=10**20),
+        GenerationConfig(do_sample=True, temperature=1.0, top_k=4),
+        GenerationConfig(do_sample=True, temperature=1.0, top_k=1 + 0 * 2**63),
+    ]
+    gens: list[torch.Generator | None] = [seeded(s) for s in (1, 2, 3)]
+    drawn: list[set[int]] = [set(), set(), set()]
+    for _ in range(200):
+        out = Sampler()(logits, meta(params, generators=gens))
+        for i, t in enumerate(out.token_ids.tolist()):
+            drawn[i].add(t)
+    assert drawn[0] == {0, 1, 2, 3} and drawn[1] == {0, 1, 2, 3}
+    assert drawn[2] == {0}
