@@ -144,7 +144,9 @@ class BlockManager:
 
     def take_cached(self, request: Request, cached: list[int]) -> int:
         """Give ``request`` (holding no blocks) the hit blocks ``cached``; returns the cached token
-        count, which becomes its ``num_computed_tokens``. Updates the query and hit counters."""
+        count, which becomes its ``num_computed_tokens``. Updates the query and hit counters on a
+        request's first admission only: a preempted request's re-admission recomputes its own
+        output and hits its own freed blocks, which says nothing about the prompts' reuse."""
         pc = self.prefix_cache
         if pc is None:
             return 0
@@ -156,8 +158,9 @@ class BlockManager:
         request.block_ids.extend(cached)
         request.num_registered_blocks = len(cached)
         num_cached = len(cached) * self.block_size
-        self.prefix_queries += request.num_tokens
-        self.prefix_hits += num_cached
+        if request.num_preemptions == 0:
+            self.prefix_queries += request.num_tokens
+            self.prefix_hits += num_cached
         return num_cached
 
     def cache_full_blocks(self, request: Request) -> None:

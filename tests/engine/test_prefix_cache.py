@@ -189,6 +189,9 @@ def test_preempted_request_recomputes_from_its_cached_blocks() -> None:
     # b had 9 known tokens: its two cached blocks come back, only the 9th token is recomputed
     assert plan(out) == [("b", 8, 1)] and b.block_ids[:2] == [2, 3]
     assert b.num_cached_tokens == 0  # usage reports the first admission, which had no hit
+    # and so do the counters /metrics exports: two 7-token prompts queried, no hit; the re-admission
+    # (its own output recomputed from its own freed blocks) is not a prompt served from the cache
+    assert (bm.prefix_queries, bm.prefix_hits) == (14, 0)
     s.finish(b, RequestStatus.FINISHED_LENGTH)
     assert bm.num_free_blocks == 5
     bm.check_consistency()
