@@ -30,11 +30,20 @@ T = TypeVar("T")
 class GenerationJob:
     """The engine requests behind one HTTP request; use ``start`` to build one."""
 
-    def __init__(self, state: ServerState, streams: list[RequestStream], release: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        state: ServerState,
+        streams: list[RequestStream],
+        release: Callable[[], None],
+        choice_of: Sequence[bool] = (),
+    ) -> None:
         self.state = state
         self.streams = streams
         self._release = release
         self._closed = False
+        # per stream: True for the second and later choices of one prompt (n > 1), whose prompt
+        # tokens the metrics do not count again (usage reports them once too)
+        self._repeat = list(choice_of) or [False] * len(streams)
 
     @classmethod
     async def start(
@@ -72,7 +81,12 @@ class GenerationJob:
             if isinstance(e, RequestError):
                 raise from_request_error(e, native) from e
             raise
-        job = cls(state, streams, release)
+        seen: set[int] = set()
+        repeat = []
+        for ids, _ in submissions:  # the choices of one prompt share its id list
+            repeat.append(id(ids) in seen)
+            seen.add(id(ids))
+        job = cls(state, streams, release, repeat)
         state.jobs.add(job)
         return job
 
@@ -114,9 +128,9 @@ class GenerationJob:
         self._closed = True
         self.state.jobs.discard(self)
         try:
-            for s in self.streams:
+            for s, repeat in zip(self.streams, self._repeat, strict=True):
                 s.close()
-                self.state.metrics.observe_stream(s)
+                self.state.metrics.observe_stream(s, count_prompt=not repeat)
         finally:
             self._release()
 

@@ -123,11 +123,13 @@ class ServerMetrics:
         total = self.engine.num_total_blocks
         return 1.0 - self.engine.num_free_blocks / total if total else 0.0
 
-    def observe_stream(self, s: RequestStream) -> None:
-        """Record one request whose stream ended (finished, aborted, or failed)."""
+    def observe_stream(self, s: RequestStream, count_prompt: bool = True) -> None:
+        """Record one request whose stream ended (finished, aborted, or failed). ``count_prompt``
+        False: another choice (``n`` > 1) of the same prompt already counted its prompt tokens."""
         reason = s.finish_reason or "error"
         self.request_success.labels(finished_reason=reason).inc()
-        self.prompt_tokens.inc(s.num_prompt_tokens)
+        if count_prompt:
+            self.prompt_tokens.inc(s.num_prompt_tokens)
         self.generation_tokens.inc(s.num_generated_tokens)
         if s.first_token_time is not None:
             self.ttft.observe(max(0.0, s.first_token_time - s.arrival_time))

@@ -120,6 +120,24 @@ def test_n3_streaming_and_not(client, model_name) -> None:
     assert comp.usage.completion_tokens == 15
 
 
+def _counter(server, name: str) -> float:
+    text = httpx.get(f"{server.base_url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_prompt_token_counter_counts_a_prompt_once(server, client, model_name) -> None:
+    """``n`` choices of one prompt add its tokens to hotloop:prompt_tokens_total once, as usage
+    reports them; two prompts of a completions request add both."""
+    before = _counter(server, "hotloop:prompt_tokens_total")
+    r = _chat(client, model_name, n=3, max_tokens=2, extra_body={"ignore_eos": True}, **GREEDY)
+    assert _counter(server, "hotloop:prompt_tokens_total") - before == r.usage.prompt_tokens
+    before = _counter(server, "hotloop:prompt_tokens_total")
+    comp = client.completions.create(
+        model=model_name, prompt=["One two", "Three four five"], n=2, max_tokens=2, **GREEDY
+    )
+    assert _counter(server, "hotloop:prompt_tokens_total") - before == comp.usage.prompt_tokens
+
+
 def test_seeded_sampling_reproduces(client, model_name) -> None:
     kw = {"max_tokens": 8, "temperature": 1.0, "top_p": 0.95}
     a = _chat(client, model_name, seed=1234, **kw).choices[0].message.content
