@@ -7,6 +7,7 @@ validation errors (422 -> 400, naming the field), Starlette's 404/405 and ``Requ
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,9 +82,17 @@ _OPENAI_PARAM = {
 }
 
 
+_ENGINE_NAME = re.compile(r"\b(" + "|".join(k for k, v in _OPENAI_PARAM.items() if k != v) + r")\b")
+
+
 def from_request_error(e: RequestError, native: bool = False) -> APIError:
-    param = e.param if native or e.param is None else _OPENAI_PARAM.get(e.param, e.param)
-    return APIError(400, str(e), param, "invalid_value")
+    """A ``RequestError`` of the engine as a 400; on the OpenAI routes the engine's field names,
+    in ``param`` and in the message, become the request's (``min_new_tokens`` -> ``min_tokens``)."""
+    if native:
+        return APIError(400, str(e), e.param, "invalid_value")
+    param = None if e.param is None else _OPENAI_PARAM.get(e.param, e.param)
+    message = _ENGINE_NAME.sub(lambda m: _OPENAI_PARAM[m.group(1)], str(e))
+    return APIError(400, message, param, "invalid_value")
 
 
 _BASIC_TYPES = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "bytes"})

@@ -211,9 +211,12 @@ def test_stream_options_need_stream_and_min_tokens_fit_max_tokens() -> None:
                 r = await c.post(path, json={**body, "min_tokens": 50})
                 err = r.json()["error"]
                 assert r.status_code == 400 and err["param"] == "min_tokens", r.text
-                assert "max_new_tokens=3" in err["message"]
+                # the request's own names, not the engine's (min_new_tokens / max_new_tokens)
+                assert "min_tokens=50" in err["message"] and "max_tokens=3" in err["message"], err
+                assert "_new_tokens" not in err["message"], err
             r = await c.post("/generate", json={"prompt": "abc", "max_new_tokens": 3, "min_new_tokens": 4})
             assert r.status_code == 400 and r.json()["error"]["param"] == "min_new_tokens", r.text
+            assert "max_new_tokens=3" in r.json()["error"]["message"]  # the native route's names
 
     run(main())
 
