@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from hotloop.plan.capacity import GIB, KV_POLICIES, WEIGHT_FORMATS, Plan, PlanInput, plan, sweep
 from hotloop.plan.presets import PRESETS, ModelShape, load_shape
@@ -70,6 +71,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def inputs_from_args(args: argparse.Namespace) -> PlanInput:
     if not 0.0 < args.cache_max_entry_count <= 1.0:
         raise ValueError(f"--cache-max-entry-count {args.cache_max_entry_count}: must lie in (0, 1]")
+    if args.target is not None and args.target < 1:
+        raise ValueError(f"--target {args.target}: must be >= 1 (concurrent sequences per node)")
     return PlanInput(
         gpu_mem_gib=args.gpu_mem,
         weight_format=args.weight_format,
@@ -125,6 +128,15 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([p.as_dict() for p in plans], indent=2))
     else:
         print(format_table(plans, args.target))
+    for p in plans:
+        if p.weight_bytes > p.inputs.gpu_mem_gib * GIB * (
+            p.inputs.mem_util if p.inputs.cache_max_entry_count is None else 1.0
+        ):
+            print(
+                f"warning: {p.inputs.weight_format} weights take {p.weight_bytes / GIB:.2f} GiB per GPU, more than "
+                f"the {p.inputs.gpu_mem_gib:g} GiB GPU can give them: raise --tp or use --weight-format awq",
+                file=sys.stderr,
+            )
     if args.target is not None and not any(p.max_sequences_per_node >= args.target for p in plans):
         return 3
     return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hotloop.kernels.kv_quant import row_bytes
+from hotloop.kernels.kv_quant import check_head_dim, row_bytes
 from hotloop.plan.presets import ModelShape
 
 GIB = 2**30
@@ -45,13 +45,22 @@ class PlanInput:
         if self.kv_bits not in KV_POLICIES:
             raise ValueError(f"kv_bits={self.kv_bits!r} is not one of {KV_POLICIES}")
         if not 0.0 <= self.prefix_hit_rate < 1.0:
-            raise ValueError(f"prefix_hit_rate={self.prefix_hit_rate!r} must lie in [0, 1)")
+            raise ValueError(
+                f"prefix_hit_rate={self.prefix_hit_rate!r} (--prefix-hit-rate) must lie in [0, 1)"
+            )
         if not 0.0 < self.mem_util <= 1.0:
-            raise ValueError(f"mem_util={self.mem_util!r} must lie in (0, 1]")
+            raise ValueError(f"mem_util={self.mem_util!r} (--mem-util) must lie in (0, 1]")
         if self.cache_max_entry_count is not None and not 0.0 < self.cache_max_entry_count <= 1.0:
             raise ValueError(f"cache_max_entry_count={self.cache_max_entry_count!r} must lie in (0, 1]")
-        if self.session_len < 1 or self.block_size < 1 or self.tp < 1 or self.gpus_per_node < 1:
-            raise ValueError("session_len, block_size, tp and gpus_per_node must be >= 1")
+        for name, value in (
+            ("session_len", self.session_len),
+            ("block_size", self.block_size),
+            ("tp", self.tp),
+            ("gpus_per_node", self.gpus_per_node),
+        ):
+            if value < 1:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{name}={value!r} ({flag}) must be >= 1")
         if not self.gpu_mem_gib > 0:
             raise ValueError(f"gpu_mem_gib={self.gpu_mem_gib!r} (--gpu-mem) must be > 0")
         if not self.overhead_gib >= 0:
@@ -138,9 +147,23 @@ def weight_bytes(shape: ModelShape, weight_format: str, embeddings_on_host: bool
 
 def kv_bytes_per_token(shape: ModelShape, kv_bits: int, tp: int = 1, itemsize: int = 2) -> int:
     """K and V of one token in every layer on one GPU: layers x KV heads x 2 x row bytes, where a
-    quantized row holds the packed values plus its scale and zero (``itemsize`` bytes each)."""
-    heads = max(1, shape.num_kv_heads // tp)  # fewer KV heads than ranks: each rank keeps a copy
+    quantized row holds the packed values plus its scale and zero (``itemsize`` bytes each).
+
+    The KV heads split evenly over the ``tp`` ranks, or, with more ranks than heads, each rank
+    keeps a copy of one head: any other ``tp`` raises ``ValueError``, as does a head_dim the
+    quantized cache cannot hold (``kv_quant.check_head_dim``, the engine's rule)."""
+    kv = shape.num_kv_heads
+    if (tp <= kv and kv % tp) or (tp > kv and tp % kv):
+        raise ValueError(
+            f"tp={tp} (--tp) must divide the model's {kv} KV heads or be a multiple of them "
+            "(each rank holds whole heads)"
+        )
+    heads = max(1, kv // tp)  # fewer KV heads than ranks: each rank keeps a copy
     policy = 0 if kv_bits == 16 else kv_bits
+    try:
+        check_head_dim(shape.head_dim, policy)
+    except ValueError as e:
+        raise ValueError(f"--kv-bits {kv_bits}: {e}") from None
     return 2 * shape.num_layers * heads * row_bytes(shape.head_dim, policy, itemsize)
 
 

@@ -239,9 +239,21 @@ def test_bench_offline_counts_checked_before_loading(
         ["--gpu-mem", "0"],
         ["--overhead", "-10"],
         ["--tp", "16", "--gpus-per-node", "8"],
+        ["--tp", "2"],  # 3 KV heads
+        ["--block-size", "0"],
+        ["--session-len", "0"],
+        ["--target", "0"],
+        ["--prefix-hit-rate", "1.5"],
     ],
 )
 def test_plan_rejects_bad_values(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code, _out, err = _run(["plan", "smollm2-135m", *extra], capsys)
     assert code not in (0, 3), (code, err)
     assert extra[0] in err or extra[0].lstrip("-").replace("-", "_") in err, err
+
+
+def test_plan_warns_when_the_weights_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(["plan", "llama-3-8b", "--gpu-mem", "10"], capsys)
+    assert code == 0 and "warning: bf16 weights take" in err and "--weight-format awq" in err, err
+    code, out, err = _run(["plan", "llama-3-8b", "--gpu-mem", "80"], capsys)
+    assert code == 0 and "warning" not in err, err

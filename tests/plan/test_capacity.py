@@ -4,6 +4,7 @@ the engine's own block sizing."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -39,8 +40,17 @@ def test_kv_bytes_per_token_formula() -> None:
     assert kv_bytes_per_token(s, 8) == 2 * 32 * 8 * (128 + 4)
     assert kv_bytes_per_token(s, 4) == 2 * 32 * 8 * (64 + 4)
     assert kv_bytes_per_token(s, 16, tp=2) * 2 == kv_bytes_per_token(s, 16)
-    one_kv = PRESETS["smollm2-135m"]  # 3 KV heads: tp 4 keeps a copy on each rank
-    assert kv_bytes_per_token(one_kv, 16, tp=4) == 2 * 30 * 1 * 64 * 2
+    three = PRESETS["smollm2-135m"]  # 3 KV heads: one per rank at tp 3, a copy of one at tp 6
+    assert kv_bytes_per_token(three, 16, tp=3) == kv_bytes_per_token(three, 16, tp=6) == 2 * 30 * 1 * 64 * 2
+    for tp in (2, 4):  # a rank cannot hold a part of a head
+        with pytest.raises(ValueError, match=f"tp={tp} \\(--tp\\) must divide the model's 3 KV heads"):
+            kv_bytes_per_token(three, 16, tp=tp)
+    with pytest.raises(ValueError, match="tp=3 .* 8 KV heads"):  # the review's case: 8 heads, tp 3
+        kv_bytes_per_token(s, 16, tp=3)
+    odd = dataclasses.replace(s, head_dim=12)
+    assert kv_bytes_per_token(odd, 16) == 2 * 32 * 8 * 12 * 2
+    with pytest.raises(ValueError, match="--kv-bits 4: quant_policy=4 needs head_dim to be a multiple of 8"):
+        kv_bytes_per_token(odd, 4)
     assert weight_bytes(s, "awq") < weight_bytes(s, "bf16") / 2.5
 
 
@@ -54,6 +64,14 @@ def test_prefix_sharing_and_limits() -> None:
     assert tiny.max_sequences == 0  # the weights do not leave room for one sequence
     with pytest.raises(ValueError, match="kv_bits"):
         PlanInput(kv_bits=2)
+    for field, flag in (("session_len", "--session-len"), ("block_size", "--block-size"), ("tp", "--tp"),
+                        ("gpus_per_node", "--gpus-per-node")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"{field}=0 \\({flag}\\) must be >= 1"):
+            PlanInput(**{field: 0})
+    with pytest.raises(ValueError, match="--prefix-hit-rate"):
+        PlanInput(prefix_hit_rate=1.5)
+    with pytest.raises(ValueError, match="--mem-util"):
+        PlanInput(mem_util=0.0)
 
 
 def test_planner_blocks_use_the_engines_block_bytes(tmp_path: Path) -> None:
