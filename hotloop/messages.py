@@ -162,10 +162,11 @@ class GenerationConfig:
                 object.__setattr__(self, name, tuple(int(t) for t in ids))
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                 for v in self.logit_bias.values()
             ):
-                raise bad("logit_bias", "must map token ids to numbers")
+                # (an infinite bias makes the softmax NaN: the draw would be meaningless)
+                raise bad("logit_bias", "must map token ids to finite numbers")
 
     @property
     def json_mode(self) -> bool:

@@ -33,3 +33,13 @@ def test_json_schema_only_with_its_format() -> None:
     with pytest.raises(RequestError, match="only used with response_format='json_schema'") as e:
         GenerationConfig(response_format="json_object", json_schema='{"type": "object"}')
     assert e.value.param == "json_schema"
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), "1", True])
+def test_logit_bias_values_are_finite_numbers(value: object) -> None:
+    """An infinite bias makes the softmax NaN (a sampled request then drew token 0), so it is
+    refused like NaN; finite biases of any size pass."""
+    with pytest.raises(RequestError, match="logit_bias.*finite numbers") as e:
+        GenerationConfig(logit_bias={42: value})  # type: ignore[dict-item]
+    assert e.value.param == "logit_bias"
+    assert GenerationConfig(logit_bias={42: 1e30, 7: -100}).logit_bias == {42: 1e30, 7: -100}
