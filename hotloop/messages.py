@@ -162,11 +162,14 @@ class GenerationConfig:
                 object.__setattr__(self, name, tuple(int(t) for t in ids))
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and not math.isnan(v)
+                and v != math.inf
                 for v in self.logit_bias.values()
             ):
-                # (an infinite bias makes the softmax NaN: the draw would be meaningless)
-                raise bad("logit_bias", "must map token ids to finite numbers")
+                # -inf bans a token (bad_words use it); +inf would make the softmax NaN
+                raise bad("logit_bias", "must map token ids to numbers below +inf (-inf bans a token)")
 
     @property
     def json_mode(self) -> bool:
