@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import tempfile
 from pathlib import Path
 
 from hotloop.lite.auto_awq import METHODS, AWQOptions
@@ -89,10 +90,23 @@ def _options(args: argparse.Namespace) -> AWQOptions:
     return opts
 
 
+def _make_work_dir(work_dir: str) -> None:
+    """Create --work-dir now and write a probe into it, so that a folder that cannot be written
+    fails before the calibration runs rather than after it."""
+    try:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=work_dir):
+            pass
+    except OSError as e:
+        raise ValueError(f"--work-dir {work_dir}: cannot write there ({e.strerror or e})") from None
+
+
 def run_auto_awq(args: argparse.Namespace) -> int:
     from hotloop.lite.auto_awq import auto_awq
 
-    out = auto_awq(args.model_path, args.work_dir, _options(args))
+    opts = _options(args)
+    _make_work_dir(args.work_dir)
+    out = auto_awq(args.model_path, args.work_dir, opts)
     print(f"wrote {out}; serve it with: hotloop serve {out}")
     return 0
 
@@ -100,5 +114,7 @@ def run_auto_awq(args: argparse.Namespace) -> int:
 def run_calibrate(args: argparse.Namespace) -> int:
     from hotloop.lite.auto_awq import calibrate
 
-    print(f"wrote {calibrate(args.model_path, args.work_dir, _options(args))}")
+    opts = _options(args)
+    _make_work_dir(args.work_dir)
+    print(f"wrote {calibrate(args.model_path, args.work_dir, opts)}")
     return 0

@@ -64,8 +64,13 @@ class AWQOptions:
             raise ValueError(f"method={self.method!r} must be one of {METHODS}")
         if self.w_group_size <= 0 or self.w_group_size % 16:
             raise ValueError(f"w_group_size={self.w_group_size} must be a positive multiple of 16")
-        if self.calib_samples < 1 or self.calib_seqlen < 2 or self.batch_size < 1:
-            raise ValueError("calib_samples, batch_size must be >= 1 and calib_seqlen >= 2")
+        for flag, value, least in (
+            ("--calib-samples", self.calib_samples, 1),
+            ("--batch-size", self.batch_size, 1),
+            ("--calib-seqlen", self.calib_seqlen, 2),
+        ):
+            if value < least:
+                raise ValueError(f"{flag} {value}: must be >= {least}")
         if self.clip_tokens < 1:
             raise ValueError(f"--clip-tokens {self.clip_tokens}: clip_tokens must be >= 1")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -119,6 +124,12 @@ def _tokenizer(path: Path) -> Any:
 
 
 def _samples(path: Path, opts: AWQOptions) -> torch.Tensor:
+    positions = getattr(load_hf_config(path), "max_position_embeddings", None)
+    if isinstance(positions, int) and opts.calib_seqlen > positions:
+        raise ValueError(
+            f"--calib-seqlen {opts.calib_seqlen} exceeds the model's max_position_embeddings={positions}: "
+            f"use at most {positions} (512 is AWQ's usual length)"
+        )
     text = calib_data.load_text(opts.calib_dataset, "calib")
     samples = calib_data.token_windows(_tokenizer(path), text, opts.calib_samples, opts.calib_seqlen)
     logger.info("calibration: %d samples x %d tokens of %s", *samples.shape, opts.calib_dataset)

@@ -59,7 +59,14 @@ def _read_dataset(dataset: str) -> str:
             f"--calib-dataset {dataset!r} is neither one of {DATASETS} nor a path to a .txt/.jsonl file"
         )
     if path.suffix == ".jsonl":
-        return "\n\n".join(_jsonl_text(line) for line in path.read_text().splitlines() if line.strip())
+        texts = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    texts.append(_jsonl_text(line))
+                except ValueError as e:
+                    raise ValueError(f"--calib-dataset {dataset}, line {n}: {e}") from None
+        return "\n\n".join(texts)
     return path.read_text(encoding="utf-8", errors="replace")
 
 
@@ -81,16 +88,16 @@ def _gensim_file(dataset: str) -> Path:
 
 
 def _jsonl_text(line: str) -> str:
-    item: Any = json.loads(line)
+    """One JSONL line's text: a JSON string, or an object's string ``text`` field."""
+    try:
+        item: Any = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e.msg} at column {e.colno}): {line[:80]!r}") from None
     if isinstance(item, str):
         return item
-    if isinstance(item, dict):
-        if isinstance(item.get("text"), str):
-            return str(item["text"])
-        strings = [v for v in item.values() if isinstance(v, str)]
-        if strings:
-            return strings[0]
-    raise ValueError(f"a JSONL calibration line has no 'text' field: {line[:80]!r}")
+    if isinstance(item, dict) and isinstance(item.get("text"), str):
+        return str(item["text"])
+    raise ValueError(f"no string 'text' field (one JSON object with a 'text' per line): {line[:80]!r}")
 
 
 def _strip_wiki_markup(xml: str) -> str:

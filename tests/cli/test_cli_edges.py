@@ -195,6 +195,36 @@ def test_lite_calibrate_work_dir_under_a_file(
     assert code != 0 and "--work-dir" in err, err
 
 
+def test_lite_unwritable_work_dir_fails_before_calibrating(
+    make_tiny_model: Callable[[str], Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(A PermissionError traceback once came after the whole quantization.) /proc takes no new
+    folders, even for root."""
+    import importlib
+
+    module = importlib.import_module("hotloop.lite.auto_awq")  # (the package exports a function of that name)
+    monkeypatch.setattr(module, "_samples", lambda *a: pytest.fail("calibration ran"))
+    src = make_tiny_model("llama_gqa_llama3rope")
+    for cmd in ("auto_awq", "calibrate"):
+        argv = ["lite", cmd, str(src), "--work-dir", "/proc/self/hotloop_out"]
+        argv += ["--w-group-size", "32"] if cmd == "auto_awq" else []
+        code, _out, err = _run(argv, capsys)
+        assert code != 0 and "--work-dir /proc/self/hotloop_out: cannot write there" in err, err
+
+
+def test_lite_calib_seqlen_past_the_models_positions(
+    make_tiny_model: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = make_tiny_model("llama_gqa_llama3rope")
+    positions = json.loads((src / "config.json").read_text())["max_position_embeddings"]
+    argv = ["lite", "calibrate", str(src), "--work-dir", str(tmp_path / "w")]
+    argv += ["--calib-samples", "1", "--calib-seqlen", str(positions + 1)]
+    code, _out, err = _run(argv, capsys)
+    assert code != 0 and f"--calib-seqlen {positions + 1} exceeds" in err, err
+
+
 def test_lite_device_is_checked_against_its_choices() -> None:
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(["lite", "auto_awq", "--work-dir", "w", "--device", "foo"])

@@ -25,6 +25,14 @@ def test_text_and_jsonl_files(tmp_path: Path) -> None:
     assert calib_data.load_text(str(jl), "all") == "line 0\n\nline 1\n\nline 2"
     with pytest.raises(ValueError, match="neither one of"):
         calib_data.load_text(str(tmp_path / "missing.txt"))
+    # a line without a text field is refused (it once calibrated on the first string, e.g. an id),
+    # and a malformed line is named by file and line
+    jl.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"id": "abc123"}) + "\n")
+    with pytest.raises(ValueError, match=r"b.jsonl, line 2: no string 'text' field"):
+        calib_data.load_text(str(jl), "all")
+    jl.write_text(json.dumps({"text": "fine"}) + "\n\n{oops\n")
+    with pytest.raises(ValueError, match=r"b.jsonl, line 3: not JSON"):
+        calib_data.load_text(str(jl), "all")
 
 
 def test_gensim_corpus_names_its_fix_when_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
