@@ -16,6 +16,7 @@ import statistics
 import time
 from typing import Any
 
+from hotloop.bench.output import check_writable
 from hotloop.cli.engine_args import add_engine_args, engine_config_from_args
 from hotloop.utils.gc_tuning import settle_after_startup
 
@@ -120,11 +121,19 @@ def _emit(result: dict[str, Any], path: str | None) -> None:
 
 
 def _check_counts(args: argparse.Namespace, names: tuple[str, ...]) -> None:
-    """Counts that must be >= 1, checked before the model loads."""
-    for name in names:
+    """Counts that must be >= 1, the warm-up count (>= 0), the range ratio and the results file,
+    checked before the model loads."""
+    for name in (*names, "input_len", "output_len"):
         value = getattr(args, name)
         if value < 1:
             raise ValueError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+    warmup = getattr(args, "num_iters_warmup", 0)
+    if warmup < 0:
+        raise ValueError(f"--num-iters-warmup {warmup}: must be >= 0")
+    ratio = getattr(args, "range_ratio", 0.0)
+    if not 0.0 <= ratio < 1.0:
+        raise ValueError(f"--range-ratio {ratio}: must lie in [0, 1) (lengths uniform in [L(1-r), L(1+r)])")
+    check_writable(args.output_json, "--output-json")
 
 
 def run_throughput(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hotloop.bench.datasets import BenchRequest, arrival_gaps, random_dataset, synthetic_chat_dataset
+from hotloop.bench.output import check_writable
 
 try:
     import httpx2 as httpx
@@ -373,7 +374,15 @@ def _check_reachable(base_url: str) -> None:
 def run(args: Any) -> int:
     """Entry point of ``hotloop bench serve`` (``args`` from ``hotloop.cli.bench``)."""
     slos = parse_goodput(args.goodput)
-    percentiles = [float(p) for p in args.metric_percentiles.split(",") if p.strip()]
+    try:
+        percentiles = [float(p) for p in args.metric_percentiles.split(",") if p.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--metric-percentiles {args.metric_percentiles!r}: must be numbers separated by commas, e.g. 50,90,99"
+        ) from None
+    if not all(0.0 < p < 100.0 for p in percentiles):
+        raise ValueError(f"--metric-percentiles {args.metric_percentiles!r}: each must lie in (0, 100)")
+    check_writable(args.result_file, "--result-file")
     tokenizer = None
     if args.tokenizer:
         from transformers import AutoTokenizer

@@ -241,6 +241,12 @@ def test_bench_serve_without_a_server_is_a_one_line_error(capsys: pytest.Capture
     argv = ["bench", "serve", "--port", str(port), "--num-prompts", "1", "--disable-tqdm"]
     code, _out, err = _run(argv, capsys)  # was: httpx ConnectError traceback
     assert code != 0 and str(port) in err, err
+    # checked before any request: percentiles that are not numbers, a results file that cannot be
+    # written (was: a PermissionError traceback after the whole run)
+    code, _out, err = _run([*argv, "--metric-percentiles", "99,abc"], capsys)
+    assert code != 0 and "--metric-percentiles" in err, err
+    code, _out, err = _run([*argv, "--result-file", "/proc/self/r.json"], capsys)
+    assert code != 0 and "--result-file /proc/self/r.json: cannot write there" in err, err
 
 
 @pytest.mark.parametrize(
@@ -249,6 +255,15 @@ def test_bench_serve_without_a_server_is_a_one_line_error(capsys: pytest.Capture
         (["bench", "throughput", "--num-prompts", "0"], "--num-prompts"),  # was: IndexError traceback
         (["bench", "latency", "--batch-size", "0"], "--batch-size"),  # was: exit 0 with NaN results
         (["bench", "latency", "--num-iters", "0"], "--num-iters"),  # was: "no median for empty data"
+        # the rest were found by a review: accepted silently, or refused after the model loaded
+        # without naming the flag
+        (["bench", "throughput", "--range-ratio", "3"], "--range-ratio"),
+        (["bench", "throughput", "--range-ratio", "-1"], "--range-ratio"),
+        (["bench", "throughput", "--input-len", "0"], "--input-len"),
+        (["bench", "throughput", "--output-len", "-5"], "--output-len"),
+        (["bench", "latency", "--num-iters-warmup", "-2"], "--num-iters-warmup"),
+        (["bench", "latency", "--output-json", "/proc/self/r.json"], "--output-json"),
+        (["bench", "throughput", "--output-json", "/nonexistent-dir/r.json"], "--output-json"),
     ],
 )
 def test_bench_offline_counts_checked_before_loading(
