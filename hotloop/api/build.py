@@ -67,6 +67,15 @@ def build_engine(model: str | None, config: EngineConfig | None = None) -> Built
     model_config = model_config_from_path(path, dtype_name)
     backend = choose_backend(config.backend, model_config.architecture)
     session_len = config.session_len or model_config.max_position_embeddings
+    if session_len > model_config.max_position_embeddings:
+        # allowed, as in LMDeploy (a model with rope scaling may hold more), but said: vLLM refuses it
+        logger.warning(
+            "session_len=%d exceeds the model's max_position_embeddings=%d: positions past %d are beyond "
+            "what the model was trained on, and its outputs there may degrade",
+            session_len,
+            model_config.max_position_embeddings,
+            model_config.max_position_embeddings,
+        )
     executor = LocalExecutor(path, model_config, config, device, dtype, session_len)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     engine = Engine(
