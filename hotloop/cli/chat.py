@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     with Pipeline(args.model_path, engine_config_from_args(args), chat_template=template) as pipe:
         print(
             f"model: {pipe.built.model_path.name} ({pipe.built.backend}, {pipe.built.device}). "
-            "Type 'exit' to quit.",
+            "Type 'exit' to quit, 'end' to start a new conversation.",
             flush=True,
         )
         history: list[dict[str, str]] = []
@@ -56,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
             text = line.strip()
             if text == "exit":
                 break
+            if text in ("end", "reset"):  # LMDeploy's chat ends a session with "end"
+                history.clear()
+                print("(a new conversation)", flush=True)
+                continue
             if not text:
                 continue
             history.append({"role": "user", "content": text})
@@ -67,8 +71,14 @@ def run(args: argparse.Namespace) -> int:
                     sys.stdout.flush()
                     answer.append(r.text)
             except ValueError as e:
-                print(f"\n[error] {e}")
                 history.pop()
+                print(f"\n[error] {e}")
+                if history and "session_len" in str(e):
+                    turns = len(history) // 2
+                    print(
+                        f"[the conversation so far ({turns} turn{'' if turns == 1 else 's'}) is part of that prompt: type 'end' "
+                        "to start a new one, or restart with a larger --session-len]"
+                    )
                 continue
             print(flush=True)
             history.append({"role": "assistant", "content": "".join(answer)})

@@ -37,3 +37,33 @@ def test_help_on_every_command() -> None:
     for cmd in (["--help"], ["chat", "--help"], ["check_env", "--help"]):
         out = pexpect.run(f"{sys.executable} -m hotloop {' '.join(cmd)}", encoding="utf-8", timeout=60)
         assert "usage:" in out, out
+
+
+def test_chat_history_past_the_session_and_end() -> None:
+    """Once the history outgrows --session-len every turn fails; the error says so and 'end'
+    starts a new conversation (a review found a chat that could only be restarted)."""
+    import subprocess
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hotloop",
+            "chat",
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            "24",
+            "--session-len",
+            "80",
+        ],
+        input="tell me a story\nmore\nmore\nmore\nend\nhi\nexit\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout
+    assert "session_len=80" in text and "type 'end' to start a new one" in text, text
+    after = text.split("(a new conversation)", 1)[1]
+    assert "[error]" not in after and after.strip(), text
