@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             except ValueError as e:
                 history.pop()
                 print(f"\n[error] {e}")
-                if history and "session_len" in str(e):
+                if history and getattr(e, "param", None) in ("prompt", "max_new_tokens"):  # too long
                     turns = len(history) // 2
                     print(
                         f"[the conversation so far ({turns} turn{'' if turns == 1 else 's'}) is part of that prompt: type 'end' "

@@ -82,7 +82,11 @@ _OPENAI_PARAM = {
 }
 
 
-_ENGINE_NAME = re.compile(r"\b(" + "|".join(k for k, v in _OPENAI_PARAM.items() if k != v) + r")\b")
+# an engine field named in a message (min_new_tokens=10, max_new_tokens is 4), not a quoted value
+# (response_format='json_schema' stays as it is)
+_ENGINE_NAME = re.compile(
+    r"(?<!['\"])\b(" + "|".join(k for k, v in _OPENAI_PARAM.items() if k != v) + r")\b(?!['\"])"
+)
 
 
 def from_request_error(e: RequestError, native: bool = False) -> APIError:
