@@ -228,3 +228,48 @@ def test_gpu_graph_replay_and_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
     assert any(cfg.kind == "cuda" for cfg, _ in g.tuning_log[key])
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
     assert _rel_max_err(got, want) < 1e-2
+
+
+def test_prefetch_budget_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(w4a16_cuda.PREFETCH_ENV, raising=False)
+    assert w4a16_cuda.prefetch_budget() == int(w4a16_cuda.PREFETCH_DEFAULT_MB * (1 << 20))
+    monkeypatch.setenv(w4a16_cuda.PREFETCH_ENV, "1.5")
+    assert w4a16_cuda.prefetch_budget() == 3 << 19
+    monkeypatch.setenv(w4a16_cuda.PREFETCH_ENV, "0")
+    assert w4a16_cuda.prefetch_budget() == 0
+    for bad in ("-1", "lots"):
+        monkeypatch.setenv(w4a16_cuda.PREFETCH_ENV, bad)
+        with pytest.raises(ValueError, match=w4a16_cuda.PREFETCH_ENV):
+            w4a16_cuda.prefetch_budget()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("late", ["0", "1"])
+def test_gpu_prefetch_leaves_results_alone(late: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch that asks L2 for another weight (all of it, a prefix, a few bytes, more bytes than
+    blocks) gives the plain launch's output bit for bit, eagerly and replayed from a graph; a
+    misaligned or foreign prefetch tensor is refused."""
+    _require_cuda_kernels()
+    monkeypatch.setenv(w4a16_cuda.PREFETCH_LATE_ENV, late)
+    k, n = 4096, 6144
+    qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=5)
+    nxt, _, _ = random_awq(4096, 28672, 128, torch.bfloat16, "cuda", seed=6)
+    x = _spiky_x(k, torch.bfloat16, 5)
+    for v in [v for v in w4a16_cuda.VARIANTS if w4a16_cuda.fits(1, n, k, 128, torch.bfloat16, *v) is None]:
+        want = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, *v)
+        flat = nxt.view(-1)
+        for pf in (flat, flat[: (8 << 20) // 4], flat[:4], flat[:3], nxt):
+            got = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, *v, prefetch=pf)
+            assert torch.equal(got, want), (v, pf.numel())
+    out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, out=out, prefetch=nxt.view(-1)[: 1 << 20])
+    x.copy_(_spiky_x(k, torch.bfloat16, 7))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16))
+    with pytest.raises(ValueError, match="prefetch"):
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, prefetch=nxt.view(-1)[1:])
+    with pytest.raises(ValueError, match="prefetch"):
+        w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, prefetch=nxt.cpu())
