@@ -55,11 +55,6 @@
 #   s27c     one GPU: the short-context GPU tests, dense_gemv.py's LM head grid (short K: 64-1,024-wide steps,
 #            up to 64 rows a program), then SmolLM2-135M batch 1 with the default LM head launch and the
 #            grid's fastest (benchmarks/lm_head_ab.py), alternating, twice.
-#   pf1      one GPU, issue 5's L2 prefetch of the next linear's weights: the W4A16 / linear / loader GPU tests,
-#            w4a16_prefetch.py (a layer's four GEMVs by prefetch budget and place), then W4A16 batch 1 with
-#            HOTLOOP_W4A16_PREFETCH_MB 0, 16, 64, 0.
-#   pf2      one GPU: W4A16 batch 1 with each HOTLOOP_W4A16_PREFETCH_MB in PF2_MB (default "0 16 0 16"), the
-#            place from PF2_LATE (0 first, 1 after a block's arithmetic).
 #   s27d     one GPU: the dense GEMV and one-row GPU tests, SmolLM2-135M batch 1 (8 steps a launch) with the LM head's
 #            new launch (64 rows, 64-wide steps) and the old one (lm_head_ab.py), alternating, twice, then
 #            Llama-3-8B batch 1 fp16 / int8 KV (8 steps a launch).
@@ -996,26 +991,6 @@ if [ "$what" = s27b ]; then  # one GPU, in turn
     bs1 "8b_int8_$r" llama3-8b --quant-policy 8
     [ "$r" = 1 ] && HOTLOOP_ONE_ROW_ROPE_QUANT=1 bs1 "8b_int8_ropequant_$r" llama3-8b --quant-policy 8
     [ "$r" = 1 ] && HOTLOOP_DECODE_SHORT_GRAPHS=0 bs1 "8b_int8_noshort_$r" llama3-8b --quant-policy 8
-  done
-  exit 0
-fi
-if [ "$what" = pf1 ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  gpu_tests pf1_tests 150 tests/kernels/test_w4a16_cuda.py tests/kernels/test_w4a16_gemm.py tests/layers \
-    tests/models/test_loader.py
-  timeout 150 python3 "$here/w4a16_prefetch.py" "$out/prefetch.json" >"$out/prefetch.log" 2>&1
-  echo "w4a16_prefetch rc=$?"
-  grep -E "budget_mb|error|Error" "$out/prefetch.log" | cut -c1-200
-  for mb in 0 16 64 0; do
-    HOTLOOP_W4A16_PREFETCH_MB=$mb bs1 "awq_pf${mb}_$SECONDS" llama3-8b --model-format awq
-  done
-  exit 0
-fi
-if [ "$what" = pf2 ]; then  # one GPU, in turn: W4A16 batch 1 by prefetch budget (PF2_MB) and place (PF2_LATE)
-  export CUDA_VISIBLE_DEVICES=0
-  for mb in ${PF2_MB:-0 16 0 16}; do
-    HOTLOOP_W4A16_PREFETCH_LATE=${PF2_LATE:-0} HOTLOOP_W4A16_PREFETCH_MB=$mb bs1 "awq_pf${mb}_$SECONDS" llama3-8b \
-      --model-format awq
   done
   exit 0
 fi

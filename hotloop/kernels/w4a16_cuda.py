@@ -31,7 +31,6 @@ SOURCE = "w4a16_gemv.cu"
 THREADS = 256  # the default block
 EARLY_ROWS = 8  # rows of weights the early kernels request before their wait
 EARLY_ENV = "HOTLOOP_W4A16_EARLY"
-PREFETCH_DEFAULT_MB = 0.0
 # (NL, R, threads) as compiled in w4a16_gemv.cu. H200, Llama-3-8B shapes, bf16, cold L2
 # (benchmarks/awq_gemm.py, fifteenth session call2): (2, 16) or (4, 16) fastest for q/k/v and o,
 # (4, 32) for gate/up and down (256 threads). Tried and dropped: 8 lanes (128 bytes of a row per
@@ -48,9 +47,6 @@ VARIANTS: tuple[tuple[int, int, int], ...] = (
     (4, 16, 128),
     (4, 32, 128),
 )
-PREFETCH_ENV = "HOTLOOP_W4A16_PREFETCH_MB"  # L2 prefetch of the next linear's weights (w4a16_gemm)
-PREFETCH_LATE_ENV = "HOTLOOP_W4A16_PREFETCH_LATE"
-PREFETCH_MAX_BYTES = 1 << 31  # the kernel's byte count is 32-bit
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -58,27 +54,6 @@ def early() -> bool:
     """Whether launches take the early-load kernels (``HOTLOOP_W4A16_EARLY``, on unless ``0``; read
     at each launch: a CUDA graph keeps the kernel it captured)."""
     return os.environ.get(EARLY_ENV, "1") != "0"
-
-
-def prefetch_budget() -> int:
-    """Bytes of the next linear's weights each one-row launch asks L2 for
-    (``HOTLOOP_W4A16_PREFETCH_MB``, 0 = none; read when the layers are linked at load)."""
-    raw = os.environ.get(PREFETCH_ENV, str(PREFETCH_DEFAULT_MB))
-    try:
-        mb = float(raw)
-    except ValueError:
-        raise ValueError(
-            f"{PREFETCH_ENV}={raw!r} must be a number of MiB (0 turns the prefetch off)"
-        ) from None
-    if mb < 0:
-        raise ValueError(f"{PREFETCH_ENV}={raw!r} must be >= 0")
-    return int(mb * (1 << 20))
-
-
-def prefetch_late() -> bool:
-    """Whether a block issues its prefetch after its own arithmetic (``HOTLOOP_W4A16_PREFETCH_LATE=1``)
-    rather than first (read at each launch)."""
-    return os.environ.get(PREFETCH_LATE_ENV, "0") == "1"
 
 
 def kernel_name(dtype: torch.dtype, nl: int, r: int, threads: int = THREADS, early_rows: int = 0) -> str:
@@ -137,16 +112,10 @@ def gemv(
     r: int,
     threads: int = THREADS,
     out: torch.Tensor | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(nl, r, threads)``. Every tensor contiguous
     and 16-byte aligned (``w4a16_gemm._aligned``); scales in x's dtype. Raises ``ValueError`` where
-    the variant does not fit and ``cuda_jit.CudaError`` where the kernels cannot be built.
-
-    ``prefetch``: a contiguous tensor on x's device that the *next* launches read (the next linear's
-    weights); the blocks split its bytes (rounded down to 16) and ask L2 for them with one bulk
-    prefetch each, not waited for and not read here, so the result does not depend on it. It must
-    not be written by anything between this launch and its reader (weights are not)."""
+    the variant does not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
     check_awq_shapes(qweight, qzeros, scales, group_size)
     if x2.dim() != 2 or x2.shape[1] != qweight.shape[0]:
         raise ValueError(f"x must be [1, {qweight.shape[0]}]; got {tuple(x2.shape)}")
@@ -181,30 +150,11 @@ def gemv(
         cnt = counters.counters(x2.device, "w4a16_cuda", tiles)
         if cnt is None:
             raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
-    pf_bytes = 0
-    if prefetch is not None:
-        if prefetch.device != x2.device or not prefetch.is_contiguous() or prefetch.data_ptr() % 16:
-            raise ValueError("prefetch must be a contiguous, 16-byte aligned tensor on x's device")
-        pf_bytes = min(prefetch.numel() * prefetch.element_size(), PREFETCH_MAX_BYTES) // 16 * 16
     early_rows = EARLY_ROWS if early() else 0
     kernels[kernel_name(x2.dtype, nl, r, threads, early_rows)](
         (tiles, split),
         threads,
-        (
-            x2,
-            qweight,
-            qzeros,
-            scales,
-            ws,
-            out,
-            cnt,
-            n,
-            k,
-            group_size,
-            prefetch if pf_bytes else None,
-            pf_bytes,
-            int(prefetch_late()),
-        ),  # fmt: skip
+        (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),
         pdl=pdl(x2.device),
     )
     return out

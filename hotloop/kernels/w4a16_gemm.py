@@ -574,10 +574,8 @@ def _launch(
     qzeros: torch.Tensor,
     scales: torch.Tensor,
     group_size: int,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Run one launch shape on ``x2 [m, k]``; returns ``[m, n]``. ``prefetch`` goes to the CUDA C
-    one-row kernel (``w4a16_cuda.gemv``); the other launches ignore it."""
+    """Run one launch shape on ``x2 [m, k]``; returns ``[m, n]``."""
     m, k = x2.shape
     n = qweight.shape[1] * PACK_FACTOR
     if k % (cfg.split_k * cfg.block_k) or group_size % cfg.block_k:
@@ -609,9 +607,8 @@ def _launch(
 
         try:
             return w4a16_cuda.gemv(
-                x2, qweight, qzeros, scales, group_size, cfg.block_n // 32, cfg.block_k, cfg.num_warps * 32,
-                prefetch=prefetch,
-            )  # fmt: skip
+                x2, qweight, qzeros, scales, group_size, cfg.block_n // 32, cfg.block_k, cfg.num_warps * 32
+            )
         except (cuda_jit.CudaError, ValueError) as e:
             # a choice tuned (and stored) where the CUDA kernel ran, used where it cannot (no nvcc
             # now, a first launch inside a CUDA-graph capture): the Triton GEMV instead
@@ -904,15 +901,12 @@ def w4a16_gemm(
     group_size: int,
     path: str = "auto",
     config: GemmConfig | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x [..., in] @ W [in, out]`` -> ``[..., out]`` in x's dtype (scales must share x's dtype).
 
     ``qweight`` int32 ``[in, out // 8]``, ``qzeros`` int32 ``[in // group_size, out // 8]``,
     ``scales`` ``[in // group_size, out]`` (AutoAWQ GEMM layout). ``path`` forces a launch
     (auto, gemv, splitk, tiled, dequant); ``config`` overrides the whole launch shape.
-    ``prefetch``: bytes the next launches read (the next linear's weights), which the CUDA C
-    one-row launch asks L2 for (``w4a16_cuda.gemv``); a hint, the result does not depend on it.
     """
     check_awq_shapes(qweight, qzeros, scales, group_size)
     k, n = qweight.shape[0], qweight.shape[1] * PACK_FACTOR
@@ -936,4 +930,4 @@ def w4a16_gemm(
         cfg = replace(config, block_m=m) if config.kind == "gemv" else config
     else:
         cfg = _plan(x2, qweight, qzeros, scales, group_size, path)
-    return _launch(cfg, x2, qweight, qzeros, scales, group_size, prefetch).view(*lead, n)
+    return _launch(cfg, x2, qweight, qzeros, scales, group_size).view(*lead, n)

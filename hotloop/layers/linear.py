@@ -110,9 +110,7 @@ class AWQLinearMethod:
         if ops.use_triton(x):
             from hotloop.kernels.w4a16_gemm import w4a16_gemm
 
-            y = w4a16_gemm(
-                x, qweight, qzeros, scales, self.group_size, prefetch=layer.__dict__.get("l2_prefetch")
-            )
+            y = w4a16_gemm(x, qweight, qzeros, scales, self.group_size)
         else:
             y = reference.w4a16_matmul(x, qweight, qzeros, scales, self.group_size)
         return y if layer.bias is None else y + layer.bias
@@ -135,32 +133,6 @@ class AWQLinearMethod:
 
 AWQ_PARAM_NAMES = ("qweight", "qzeros", "scales")
 SCALES_DTYPE = torch.float16  # AutoAWQ's; kept until after loading
-
-
-def link_l2_prefetch(model: nn.Module, budget_bytes: int) -> int:
-    """Give every W4A16 linear that keeps packed weights (a CUDA layer) the first ``budget_bytes``
-    of the next one's ``qweight`` as ``l2_prefetch``, which its one-row launch asks L2 for
-    (``w4a16_cuda.gemv``); returns how many were linked. "Next" is module registration order, which
-    in hotloop's models is execution order (q/k/v, o, gate/up, down, the next layer's q/k/v); a
-    wrong guess costs bandwidth, never a result. ``budget_bytes`` 0 removes the links."""
-    layers = [
-        m
-        for m in model.modules()
-        if isinstance(m, Linear)
-        and isinstance(m.quant_method, AWQLinearMethod)
-        and "qweight" in m._parameters
-    ]
-    linked = 0
-    for layer, nxt in zip(layers, layers[1:] + [None], strict=True):
-        layer.__dict__.pop("l2_prefetch", None)
-        if budget_bytes <= 0 or nxt is None:
-            continue
-        words = cast(torch.Tensor, nxt.qweight).detach().reshape(-1)
-        layer.__dict__["l2_prefetch"] = words[
-            : max(1, min(words.numel(), budget_bytes // words.element_size()))
-        ]
-        linked += 1
-    return linked
 
 
 def _column_shard_loader(layer: Linear, pack: int) -> WeightLoader:

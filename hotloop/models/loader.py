@@ -15,10 +15,9 @@ import torch
 from torch import nn
 
 from hotloop.config import DTYPE_ALIASES, DTYPES, ModelConfig
-from hotloop.kernels.w4a16_cuda import PREFETCH_ENV, prefetch_budget
 from hotloop.kernels.w4a16_layout import pack_int4, unpack_int4
 from hotloop.layers.embedding import LMHead, VocabEmbedding
-from hotloop.layers.linear import Linear, link_l2_prefetch, shard_key
+from hotloop.layers.linear import Linear, shard_key
 from hotloop.layers.norm import RMSNorm
 from hotloop.models.awq_config import AWQConfig, awq_config_of, read_json_object, use_awq_linears
 from hotloop.models.registry import get_model_class
@@ -120,8 +119,6 @@ def load_model(
         finish = getattr(getattr(module, "quant_method", None), "process_weights_after_loading", None)
         if finish is not None:
             finish(module)
-    if awq is not None and device.type == "cuda":
-        _link_prefetch(model)
     kind = str(dtype).removeprefix("torch.")
     if awq is not None:
         kind = f"W4A16 AWQ g{awq.group_size}" + (", dequantized to " + kind if device.type == "cpu" else "")
@@ -132,16 +129,6 @@ def load_model(
     if host:
         logger.info("and %s in pinned host memory (--embeddings-on-host)", format_bytes(host))
     return model.eval()
-
-
-def _link_prefetch(model: nn.Module) -> None:
-    """Each W4A16 linear's one-row launch asks L2 for the start of the next one's weights
-    (``HOTLOOP_W4A16_PREFETCH_MB``; ``layers/linear.link_l2_prefetch``)."""
-    budget = prefetch_budget()
-    if budget:
-        linked = link_l2_prefetch(model, budget)
-        logger.info("W4A16: %d linears ask L2 for the next one's first %s (%s)", linked, format_bytes(budget),
-                    PREFETCH_ENV)  # fmt: skip
 
 
 def offload_embeddings(model: nn.Module, device: torch.device) -> None:

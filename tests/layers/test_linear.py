@@ -88,28 +88,3 @@ def test_quant_method_hook() -> None:
     layer = Linear(4, 3, quant_method=_ScaledMethod())
     assert not hasattr(layer, "weight") or layer.weight is None
     torch.testing.assert_close(layer(torch.ones(1, 4)), torch.full((1, 3), 8.0))
-
-
-def test_link_l2_prefetch_follows_registration_order() -> None:
-    """Each packed W4A16 linear gets a prefix of the next one's qweight (a view, no copy), the
-    last none; dense linears are skipped over; budget 0 removes the links."""
-    from torch import nn
-
-    from hotloop.layers.linear import AWQLinearMethod, link_l2_prefetch
-
-    awq = AWQLinearMethod(32)
-    model = nn.Sequential(
-        Linear(64, 128, dtype=torch.float16, quant_method=awq),  # qweight [64, 16]: 4 KiB
-        Linear(128, 64, dtype=torch.float16),  # dense: not linked, not a target
-        Linear(128, 256, dtype=torch.float16, quant_method=awq),  # qweight [128, 32]: 16 KiB
-        Linear(256, 64, dtype=torch.float16, quant_method=awq),  # qweight [256, 8]: 8 KiB
-    )
-    first, dense, mid, last = model
-    assert link_l2_prefetch(model, 10 << 10) == 2
-    pf = first.__dict__["l2_prefetch"]
-    assert pf.data_ptr() == mid.qweight.data_ptr() and pf.numel() * 4 == 10 << 10
-    pf = mid.__dict__["l2_prefetch"]
-    assert pf.data_ptr() == last.qweight.data_ptr() and pf.numel() == last.qweight.numel()
-    assert "l2_prefetch" not in last.__dict__ and "l2_prefetch" not in dense.__dict__
-    assert link_l2_prefetch(model, 0) == 0
-    assert all("l2_prefetch" not in m.__dict__ for m in model)

@@ -118,27 +118,11 @@ __device__ __forceinline__ u32 pair_neg_scale(int i) {
   return BF16 ? 0xBF80BF80u : ((i & 1) ? 0x9C009C00u : 0xAC00AC00u);
 }
 
-// This block's share of an L2 prefetch of pf_bytes at pf (the next linear's weights: nothing here
-// reads them, the next launch does): one bulk prefetch, issued by one thread, not waited for.
-// pf_bytes is a multiple of 16 and pf 16-byte aligned (w4a16_cuda.gemv).
-__device__ __forceinline__ void prefetch_share(const char* pf, unsigned pf_bytes) {
-  const unsigned nb = gridDim.x * gridDim.y;
-  const unsigned b = blockIdx.y * gridDim.x + blockIdx.x;
-  const unsigned chunk = ((pf_bytes + nb - 1) / nb + 255u) & ~255u;
-  const unsigned long long off = (unsigned long long)b * chunk;
-  if (off < pf_bytes) {
-    const unsigned left = pf_bytes - (unsigned)off;
-    const unsigned size = left < chunk ? left : chunk;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf + off), "r"(size) : "memory");
-  }
-}
-
 template <bool BF16, int NL, int R, int THREADS, int EARLY>
 __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* __restrict__ qw,
                                           const u32* __restrict__ qz, const u32* __restrict__ sc,
                                           float* __restrict__ ws, unsigned short* __restrict__ out,
-                                          int* __restrict__ cnt, int N, int K, int G,
-                                          const char* __restrict__ pf, unsigned pf_bytes, int pf_late) {
+                                          int* __restrict__ cnt, int N, int K, int G) {
   constexpr int TK = THREADS / NL;
   constexpr int BN = 32 * NL;
   constexpr int PER = THREADS / BN;  // threads per column in the block's reduction
@@ -164,9 +148,6 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   // EARLY > 0 the first EARLY rows of weights, the zero points and the scales are requested before
   // the wait: the kernel before does not write them, so their loads overlap its last blocks. The
   // next launch may start only after this kernel's wait (kernels/pdl.py's rule).
-  // pf_late == 0: the prefetch goes out first, beside this block's own loads; otherwise after its
-  // arithmetic, when its loads are done
-  if (pf_bytes && !pf_late && threadIdx.x == 0) prefetch_share(pf, pf_bytes);
   if (EARLY > 0) {
 #pragma unroll
     for (int r = 0; r < EARLY; ++r) {
@@ -248,7 +229,6 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
     }
   }
 
-  if (pf_bytes && pf_late && threadIdx.x == 0) prefetch_share(pf, pf_bytes);
   const float D = BF16 ? 1.0f : 16.0f;
   float* row = &red[slot][lane_n * 32];
 #pragma unroll
@@ -307,14 +287,13 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
 #define GEMV_ARGS                                                                                   \
   const u32 *__restrict__ x, const u32 *__restrict__ qw, const u32 *__restrict__ qz,               \
       const u32 *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out,        \
-      int *__restrict__ cnt, int N, int K, int G, const char *__restrict__ pf, unsigned pf_bytes, \
-      int pf_late
+      int *__restrict__ cnt, int N, int K, int G
 
 // w4a16_cuda.kernel_name: w4a16_gemv_<dtype>_nl<NL>_r<R>, then _t<T> for T threads other than 256,
 // then _e<EARLY> where EARLY > 0
 #define DEFINE_GEMV(NAME, BF16, NL, R, T, E)                                  \
   extern "C" __global__ void __launch_bounds__(T) NAME(GEMV_ARGS) {           \
-    gemv_body<BF16, NL, R, T, E>(x, qw, qz, sc, ws, out, cnt, N, K, G, pf, pf_bytes, pf_late);       \
+    gemv_body<BF16, NL, R, T, E>(x, qw, qz, sc, ws, out, cnt, N, K, G);       \
   }
 
 #define DEFINE_BOTH(NL, R)                                                           \
