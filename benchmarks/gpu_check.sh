@@ -55,6 +55,9 @@
 #   s27c     one GPU: the short-context GPU tests, dense_gemv.py's LM head grid (short K: 64-1,024-wide steps,
 #            up to 64 rows a program), then SmolLM2-135M batch 1 with the default LM head launch and the
 #            grid's fastest (benchmarks/lm_head_ab.py), alternating, twice.
+#   lg1      one GPU, the decode graphs' logits in bf16 above 16 rows (issue 4): the graph / parity / layer / engine
+#            GPU tests, the batch-256 step with this tree and with .ab/old (the tree before, carried), alternating,
+#            twice, then profile_step.py's batch-256 case.
 #   s27d     one GPU: the dense GEMV and one-row GPU tests, SmolLM2-135M batch 1 (8 steps a launch) with the LM head's
 #            new launch (64 rows, 64-wide steps) and the old one (lm_head_ab.py), alternating, twice, then
 #            Llama-3-8B batch 1 fp16 / int8 KV (8 steps a launch).
@@ -992,6 +995,26 @@ if [ "$what" = s27b ]; then  # one GPU, in turn
     [ "$r" = 1 ] && HOTLOOP_ONE_ROW_ROPE_QUANT=1 bs1 "8b_int8_ropequant_$r" llama3-8b --quant-policy 8
     [ "$r" = 1 ] && HOTLOOP_DECODE_SHORT_GRAPHS=0 bs1 "8b_int8_noshort_$r" llama3-8b --quant-policy 8
   done
+  exit 0
+fi
+if [ "$what" = lg1 ]; then  # one GPU, in turn; needs .ab/old (the tree before, carried)
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests lg1_tests 170 tests/api/test_gpu_parity.py tests/executor tests/layers tests/engine \
+    tests/kernels/test_greedy_argmax.py
+  b256() {  # name tree: the batch-256 decode step (run_gpu.py's llama3_b256_1k flags) with hotloop from tree
+    (cd "$2" && timeout 150 python3 -m hotloop.bench.offline latency --model llama3-8b --load-format dummy \
+      --dtype bfloat16 --batch-size 256 --input-len 1024 --output-len 96 --num-iters 1 --session-len 2048 \
+      --max-batch-size 256 --max-prefill-token-num 16384 --output-json "$out/b256_$1.json" >"$out/b256_$1.log" 2>&1)
+    echo "[b256 $1] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*\|"decode_ms_mean": [0-9.]*' "$out/b256_$1.json" 2>/dev/null | tr '\n' ' ')"
+  }
+  b256 new_1 "$PWD"
+  b256 old_1 "$PWD/.ab/old"
+  b256 new_2 "$PWD"
+  b256 old_2 "$PWD/.ab/old"
+  timeout 100 python3 "$here/profile_step.py" --out "$out/profile_b256.json" --cases "decode 256@1k" \
+    >"$out/profile_b256.log" 2>&1
+  echo "profile_step rc=$?"
+  grep -E "floor" "$out/profile_b256.log"
   exit 0
 fi
 if [ "$what" = s28d ]; then  # one GPU, in turn

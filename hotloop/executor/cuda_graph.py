@@ -139,7 +139,9 @@ class DecodeGraphs:
         self.buckets = batch_buckets(min(max_batch_size, buffers.max_seqs))
         # (bucket, split cap or None) -> graph and its static outputs
         self.graphs: dict[tuple[int, int | None], torch.cuda.CUDAGraph] = {}
-        self.logits: dict[tuple[int, int | None], torch.Tensor] = {}  # [bucket, vocab] float32
+        # [bucket, vocab]: float32 where the greedy argmax wants it (ops.greedy_logits_float32), else
+        # the model dtype (the sampler widens them; the greedy ids skip the cast)
+        self.logits: dict[tuple[int, int | None], torch.Tensor] = {}
         self.greedy: dict[tuple[int, int | None], torch.Tensor] = {}  # [bucket] int64
         if short_graphs is None:
             short_graphs = short_graphs_from_env()
@@ -166,7 +168,7 @@ class DecodeGraphs:
         buf = self.buffers
         meta = buf.graph_meta(batch, max_splits)
         hidden = self.model(buf.input_ids[:batch], buf.positions[:batch], self.kv_caches, meta)
-        logits = self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden, float32=ops.greedy_logits_float32(batch))
         return logits, ops.greedy_argmax(logits)
 
     @torch.inference_mode()

@@ -190,7 +190,9 @@ class GpuModelRunner(ModelRunner):
             hidden = self.model(ids, pos, self.kv_caches, meta, **self.multimodal_kwargs(out, ids))
         if not reqs:
             return self._launched([], None)
-        logits = self.model.compute_logits(hidden[self.index_tensor(rows, 1)])
+        # the model dtype is enough: greedy rows take torch.argmax here and the sampler widens to
+        # float32 itself (the same values), so a multi-row step saves the cast of its logits
+        logits = self.model.compute_logits(hidden[self.index_tensor(rows, 1)], float32=False)
         return self._sample(logits, None, reqs)
 
     def _graph_steps(

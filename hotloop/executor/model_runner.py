@@ -38,7 +38,10 @@ class CausalLM(Protocol):
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """Logits ``[N, vocab]``: float32, or with ``float32=False`` possibly the model dtype (the
+        same values before an exact widening)."""
+        ...
 
 
 @dataclass

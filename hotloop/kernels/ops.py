@@ -133,10 +133,14 @@ def set_one_row_lm_head(enabled: bool) -> None:
     _state["one_row_lm_head"] = enabled
 
 
-def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor, float32: bool = True) -> torch.Tensor:
     """``hidden [N, hidden]`` -> float32 logits ``[N, vocab]``, rounded to hidden's dtype first (as
     ``F.linear(hidden, weight).float()``). One row on CUDA with ``one_row_lm_head`` on: one
-    ``dense_gemv`` launch that stores float32, instead of cuBLAS and a cast kernel."""
+    ``dense_gemv`` launch that stores float32, instead of cuBLAS and a cast kernel.
+
+    ``float32=False``: the caller takes logits in hidden's dtype where that saves the cast (the
+    values are the same: the float32 logits are these, widened exactly); the one-row launch still
+    stores float32."""
     if (
         one_row_fusion(hidden)
         and _state["one_row_lm_head"]
@@ -147,7 +151,8 @@ def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return dg.dense_gemv(
             hidden, weight, out_dtype=torch.float32, config=dg.lm_head_config(hidden.shape[-1])
         )
-    return F.linear(hidden, weight).float()
+    logits = F.linear(hidden, weight)
+    return logits.float() if float32 else logits
 
 
 def set_greedy_argmax(enabled: bool) -> None:
@@ -156,9 +161,16 @@ def set_greedy_argmax(enabled: bool) -> None:
     _state["greedy_argmax"] = enabled
 
 
+def greedy_logits_float32(rows: int) -> bool:
+    """Whether :func:`greedy_argmax` of ``rows`` rows wants float32 logits (its one-launch kernel
+    takes them); otherwise it is ``torch.argmax``, which gives the same ids on the logits in the
+    model dtype and reads half the bytes (at batch 256 x 128,256 it also saves a 131 MB cast)."""
+    return bool(_state["greedy_argmax"]) and rows <= _kernel("greedy_argmax").MAX_ROWS
+
+
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """``logits [M, V]`` float32 -> int64 ``[M]``: ``torch.argmax(dim=-1)``, through
-    ``kernels/greedy_argmax.py`` on CUDA for up to its ``MAX_ROWS`` rows."""
+    """``logits [M, V]`` -> int64 ``[M]``: ``torch.argmax(dim=-1)``, through
+    ``kernels/greedy_argmax.py`` on CUDA for float32 logits of up to its ``MAX_ROWS`` rows."""
     if use_triton(logits) and _state["greedy_argmax"] and logits.dim() == 2 and logits.dtype == torch.float32:
         ids = _kernel("greedy_argmax").greedy_argmax(logits.contiguous())
         if ids is not None:

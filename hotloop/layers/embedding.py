@@ -44,7 +44,8 @@ class VocabEmbedding(nn.Module):
 
 
 class LMHead(nn.Module):
-    """``hidden [N, hidden]`` -> float32 logits ``[N, vocab]``.
+    """``hidden [N, hidden]`` -> float32 logits ``[N, vocab]`` (``float32=False``: the weight's dtype
+    allowed, see ``ops.lm_head_logits``).
 
     With ``tie_to`` the head shares (is) the embedding's weight Parameter, so it is loaded once,
     under the embedding's name, and ``named_parameters()`` lists it once.
@@ -70,5 +71,5 @@ class LMHead(nn.Module):
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
             set_weight_loader(self.weight, default_weight_loader)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return ops.lm_head_logits(hidden, self.weight)
+    def forward(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        return ops.lm_head_logits(hidden, self.weight, float32)

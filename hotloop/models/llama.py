@@ -323,9 +323,10 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions ``[T]`` -> final-normed hidden states ``[T, hidden]``."""
         return self.model(input_ids, positions, kv_caches, meta)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[N, hidden]`` -> float32 ``[N, vocab]``."""
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """``[N, hidden]`` -> float32 ``[N, vocab]`` (``float32=False``: the model dtype allowed,
+        the same values before their exact widening; ``ops.lm_head_logits``)."""
+        return self.lm_head(hidden, float32)
 
     def remap_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]]

@@ -77,8 +77,8 @@ class VisionLanguageModel(nn.Module, abc.ABC):
     ) -> torch.Tensor:
         return self.language_model.model(input_ids, positions, kv_caches, meta, inputs_embeds=inputs_embeds)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.language_model.compute_logits(hidden)
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        return self.language_model.compute_logits(hidden, float32)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.language_model.model.embed_tokens(input_ids)

@@ -115,6 +115,21 @@ def test_greedy_parity_bf16_gpu(
 
 
 @pytest.mark.gpu
+def test_wide_graphs_greedy_equals_eager(make_tiny_model: Callable[[str], Path]) -> None:
+    """Above 16 rows the decode graphs keep bf16 logits and take the argmax on them (no float32
+    cast): 28 greedy requests (up to about 28 at once: one joins every 2/3 step, each runs 30
+    steps) give eager mode's tokens exactly."""
+    path = make_tiny_model("llama_gqa_llama3rope")
+    prompts = make_prompts(seed=11, n=28)
+    runs = []
+    for eager in (True, False):
+        cfg = EngineConfig(device="cuda", dtype="bfloat16", max_batch_size=32, eager_mode=eager)
+        got, _stats = run_engine(path, cfg, prompts, 30)
+        runs.append(got)
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("policy", [8, 4])
 def test_quantized_kv_graphs_equal_eager(policy: int, make_tiny_model: Callable[[str], Path]) -> None:
     """With an int8 / int4 KV cache the decode CUDA graphs replay the same kernels as eager mode:
