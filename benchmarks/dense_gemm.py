@@ -12,6 +12,10 @@ Times are GPU times with a cold L2 (``w4a16_gemm.graph_time_us``). Floors: the w
 the copy bandwidth and the FLOPs over the bf16 matmul rate, both measured in the same run.
 
     PYTHONPATH=$PWD python3 benchmarks/dense_gemm.py OUT.json [--m 256,384,512]
+
+With ``PYTORCH_TUNABLEOP_ENABLED=1 PYTORCH_TUNABLEOP_TUNING=1`` torch's TunableOp times the
+implementations it has for each GEMM at its first call and keeps the fastest; the results are written
+to ``PYTORCH_TUNABLEOP_FILENAME`` and printed.
 """
 
 from __future__ import annotations
@@ -93,6 +97,10 @@ def main() -> None:
             print(f"{name:13s} M={m:4d}  " + "  ".join(f"{v} {t:7.1f}" for v, t in times.items())
                   + f"  floor {floor:6.1f}  best {best}", flush=True)  # fmt: skip
             rows.append(row)
+    if torch.cuda.tunable.is_enabled():  # PYTORCH_TUNABLEOP_ENABLED=1: keep what it chose per shape
+        torch.cuda.tunable.write_file()
+        for r in torch.cuda.tunable.get_results():
+            print("tunableop:", r, flush=True)
     meta = {"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__, "host": platform.node()}
     args.out.write_text(json.dumps({"meta": meta, "copy_GBps": bw / 1e9, "matmul_TFLOPs": fl / 1e12,
                                     "rows": rows}, indent=1))  # fmt: skip

@@ -58,6 +58,9 @@
 #   lg1      one GPU, the decode graphs' logits in bf16 above 16 rows (issue 4): the graph / parity / layer / engine
 #            GPU tests, the batch-256 step with this tree and with .ab/old (the tree before, carried), alternating,
 #            twice, then profile_step.py's batch-256 case.
+#   tk1      one GPU, issue 4's batch-256 GEMMs under torch's TunableOp: dense_gemm.py at M = 256 plain and tuning
+#            (PYTORCH_TUNABLEOP_*; the file goes under OUT_DIR), then the batch-256 step with the tuned file and
+#            without, alternating, twice.
 #   s27d     one GPU: the dense GEMV and one-row GPU tests, SmolLM2-135M batch 1 (8 steps a launch) with the LM head's
 #            new launch (64 rows, 64-wide steps) and the old one (lm_head_ab.py), alternating, twice, then
 #            Llama-3-8B batch 1 fp16 / int8 KV (8 steps a launch).
@@ -1015,6 +1018,27 @@ if [ "$what" = lg1 ]; then  # one GPU, in turn; needs .ab/old (the tree before, 
     >"$out/profile_b256.log" 2>&1
   echo "profile_step rc=$?"
   grep -E "floor" "$out/profile_b256.log"
+  exit 0
+fi
+if [ "$what" = tk1 ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  b256() {  # name: the batch-256 decode step (run_gpu.py's llama3_b256_1k flags)
+    timeout 150 python3 -m hotloop.bench.offline latency --model llama3-8b --load-format dummy \
+      --dtype bfloat16 --batch-size 256 --input-len 1024 --output-len 96 --num-iters 1 --session-len 2048 \
+      --max-batch-size 256 --max-prefill-token-num 16384 --output-json "$out/b256_$1.json" >"$out/b256_$1.log" 2>&1
+    echo "[b256 $1] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*\|"decode_ms_mean": [0-9.]*' "$out/b256_$1.json" 2>/dev/null | tr '\n' ' ')"
+  }
+  export PYTORCH_TUNABLEOP_FILENAME=$out/tunableop%d.csv
+  timeout 120 python3 "$here/dense_gemm.py" "$out/dg_plain.json" --m 256 >"$out/dg_plain.log" 2>&1
+  echo "dense_gemm plain rc=$?"; grep "M= 256" "$out/dg_plain.log"
+  PYTORCH_TUNABLEOP_ENABLED=1 PYTORCH_TUNABLEOP_TUNING=1 timeout 200 python3 "$here/dense_gemm.py" "$out/dg_tuned.json" \
+    --m 256 >"$out/dg_tuned.log" 2>&1
+  echo "dense_gemm TunableOp rc=$?"; grep -E "M= 256|tunableop" "$out/dg_tuned.log" | cut -c1-300
+  ls "$out" | grep -i tunable
+  for i in 1 2; do
+    PYTORCH_TUNABLEOP_ENABLED=1 PYTORCH_TUNABLEOP_TUNING=0 b256 "tuned_$i"
+    b256 "plain_$i"
+  done
   exit 0
 fi
 if [ "$what" = s28d ]; then  # one GPU, in turn
