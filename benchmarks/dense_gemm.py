@@ -15,7 +15,8 @@ the copy bandwidth and the FLOPs over the bf16 matmul rate, both measured in the
 
 With ``PYTORCH_TUNABLEOP_ENABLED=1 PYTORCH_TUNABLEOP_TUNING=1`` torch's TunableOp times the
 implementations it has for each GEMM at its first call and keeps the fastest; the results are written
-to ``PYTORCH_TUNABLEOP_FILENAME`` and printed.
+to ``PYTORCH_TUNABLEOP_FILENAME`` and printed. (On CUDA with torch 2.11 its only candidate was cuBLAS'
+default: benchmarks/results/gpu_2026-12-02c/call3.)
 """
 
 from __future__ import annotations
@@ -97,8 +98,7 @@ def main() -> None:
             print(f"{name:13s} M={m:4d}  " + "  ".join(f"{v} {t:7.1f}" for v, t in times.items())
                   + f"  floor {floor:6.1f}  best {best}", flush=True)  # fmt: skip
             rows.append(row)
-    if torch.cuda.tunable.is_enabled():  # PYTORCH_TUNABLEOP_ENABLED=1: keep what it chose per shape
-        torch.cuda.tunable.write_file()
+    if torch.cuda.tunable.is_enabled():  # PYTORCH_TUNABLEOP_ENABLED=1 (it writes its file at exit)
         for r in torch.cuda.tunable.get_results():
             print("tunableop:", r, flush=True)
     meta = {"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__, "host": platform.node()}
