@@ -1051,6 +1051,7 @@ if [ "$what" = sk1 ]; then  # one GPU, in turn
   echo "skinny_mma rc=$?"
   grep -E "M=|copy|Error" "$out/skinny_mma.log" | cut -c1-160
   profile_ab HOTLOOP_SKINNY_MMA sk "decode 16@1k" 1 0
+  grep -h "skinny_mma M=" "$out"/profile_sk1.log | sort -u | cut -c1-200
   exit 0
 fi
 if [ "$what" = s28d ]; then  # one GPU, in turn
