@@ -24,6 +24,9 @@ from hotloop.messages import RequestError
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_BYTES = 20 * 2**20
 MAX_PIXELS = 64 * 2**20  # refuse decompression bombs before decoding them
+# refuse slivers: a processor resizes the short side up to its input size, so a 100000 x 1 image
+# (a few hundred bytes) would become gigabytes of pixels; Qwen2-VL's own limit is 200
+MAX_ASPECT_RATIO = 200
 
 
 class ImageLoadError(RequestError):
@@ -70,10 +73,13 @@ def load_image(source: Any, policy: ImageFetchPolicy = DEFAULT_POLICY) -> Any:
             return source
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
-    if not isinstance(source, str) or not source:
+    if not isinstance(source, str) or not source.strip():
         raise ImageLoadError(f"an image must be a PIL.Image, a path or a URL, not {type(source).__name__}")
-    if source.startswith("data:"):
-        return _decode(_data_url_bytes(source), "the data: URL")
+    source = source.strip()
+    if source[:5].lower() == "data:":
+        data = _data_url_bytes(source, policy)
+        _check_size(len(data), policy, "the data: URL")
+        return _decode(data, "the data: URL")
     scheme = urllib.parse.urlsplit(source).scheme.lower()
     if scheme in ("http", "https"):
         return _decode(fetch_url(source, policy), _short(source))
@@ -103,12 +109,13 @@ def _check_size(n: int, policy: ImageFetchPolicy, what: str) -> None:
         raise ImageLoadError(f"image {_short(what)} is larger than the limit of {policy.max_bytes} bytes")
 
 
-def _data_url_bytes(url: str) -> bytes:
+def _data_url_bytes(url: str, policy: ImageFetchPolicy = DEFAULT_POLICY) -> bytes:
     header, sep, payload = url.partition(",")
     if not sep:
         raise ImageLoadError("malformed data: URL (expected 'data:image/...;base64,<data>')")
-    if not header.endswith(";base64"):
+    if not header.lower().endswith(";base64"):
         raise ImageLoadError("data: URLs must be base64 encoded (';base64,')")
+    _check_size(len(payload) // 4 * 3, policy, "the data: URL")  # before decoding it
     try:
         return base64.b64decode(payload, validate=False)
     except (binascii.Error, ValueError) as e:
@@ -122,8 +129,17 @@ def _decode(data: bytes, what: str) -> Any:
         img = Image.open(io.BytesIO(data))
         if img.width * img.height > MAX_PIXELS:
             raise ImageLoadError(f"image {what} has {img.width}x{img.height} pixels, over {MAX_PIXELS}")
+        if max(img.width, img.height) > MAX_ASPECT_RATIO * max(1, min(img.width, img.height)):
+            raise ImageLoadError(
+                f"image {what} is {img.width}x{img.height}: its aspect ratio is over the limit of "
+                f"{MAX_ASPECT_RATIO}:1"
+            )
         img.load()
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+    except UnidentifiedImageError:
+        raise ImageLoadError(
+            f"cannot decode image {what}: not a readable image (PNG, JPEG, GIF, WebP, BMP, ...)"
+        ) from None
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
         if isinstance(e, ImageLoadError):
             raise
         raise ImageLoadError(f"cannot decode image {what}: not a readable image ({e})") from None

@@ -121,3 +121,37 @@ def test_local_files_can_be_refused(tmp_path: Path, images: list[Any]) -> None:
     f.write_bytes(_png(images[1]))
     with pytest.raises(ImageLoadError, match="local image paths are not accepted"):
         load_image(str(f), ImageFetchPolicy(allow_local_files=False))
+
+
+def _blank_png(w: int, h: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (10, 20, 30)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_data_urls_case_space_and_size_limit() -> None:
+    """The scheme and ';base64' in any case, surrounding spaces allowed; --image-max-bytes holds for
+    data: URLs as for files and URLs (checked before decoding)."""
+    b64 = base64.b64encode(_blank_png(8, 8)).decode()
+    for url in (f"DATA:image/png;BASE64,{b64}", f"  data:image/png;base64,{b64}\n"):
+        assert load_image(url).size == (8, 8)
+    big = base64.b64encode(_blank_png(300, 300) + b"\0" * 20000).decode()
+    with pytest.raises(ImageLoadError, match="larger than the limit of 10000 bytes"):
+        load_image(f"data:image/png;base64,{big}", ImageFetchPolicy(max_bytes=10_000))
+
+
+def test_slivers_are_refused_before_preprocessing() -> None:
+    """A 10000 x 1 PNG is a few hundred bytes, but resized to a 336-pixel short side it would be
+    3.4 billion pixels: refused by its aspect ratio, naming the limit; 200:1 itself loads."""
+    b64 = base64.b64encode(_blank_png(10000, 1)).decode()
+    with pytest.raises(ImageLoadError, match="10000x1.*aspect ratio.*200:1"):
+        load_image(f"data:image/png;base64,{b64}")
+    assert load_image(f"data:image/png;base64,{base64.b64encode(_blank_png(400, 2)).decode()}").size == (400, 2)
+
+
+def test_undecodable_bytes_name_no_python_object() -> None:
+    with pytest.raises(ImageLoadError, match="not a readable image") as e:
+        load_image("data:image/png;base64," + base64.b64encode(b"not an image at all").decode())
+    assert "BytesIO" not in str(e.value)
