@@ -318,7 +318,7 @@ class Pipeline:
 
     def chat(
         self,
-        prompt: str | list[Message],
+        prompt: str | list[Message] | tuple[str, Any],
         session: Session | None = None,
         gen_config: GenerationConfig | None = None,
     ) -> Session:
@@ -332,9 +332,7 @@ class Pipeline:
             )
         if session is None:
             session = Session(next(self._session_ids))
-        new = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        if not new:
-            raise RequestError("chat() needs a message: got an empty list", "prompt")
+        new = _chat_turn(prompt)
         messages = session.history + new
         resp = self(messages, gen_config=gen_config)
         session.history = messages + [{"role": "assistant", "content": resp.text}]
@@ -352,6 +350,28 @@ class Pipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _chat_turn(prompt: Any) -> list[Message]:
+    """The messages one ``chat()`` turn adds: a string is a user message, ``(text, image or
+    images)`` (LMDeploy's VL chat form) a user message with the images in front of the text, a list
+    of message dicts is taken as it is."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, tuple) and len(prompt) == 2 and isinstance(prompt[0], str):
+        text, images = prompt
+        imgs = list(images) if isinstance(images, (list, tuple)) else [images]
+        parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": img} for img in imgs]
+        return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+    if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m for m in prompt):
+        raise RequestError(
+            "chat() takes a string, a (text, image or images) tuple or a list of message dicts with a "
+            f"'role'; got {type(prompt).__name__}",
+            "prompt",
+        )
+    if not prompt:
+        raise RequestError("chat() needs a message: got an empty list", "prompt")
+    return list(prompt)
 
 
 def _accumulate(resp: Response, o: RequestOutput) -> None:

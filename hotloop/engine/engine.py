@@ -554,6 +554,12 @@ class Engine:
             raise RequestError("scoring needs at least two tokens", param="input_ids")
         self._stash += self.sync()  # the runner's input buffers must be free; outputs wait for step()
         self.validate(token_ids[:-1], GenerationConfig(max_new_tokens=1))
+        last, vocab = token_ids[-1], self.model_config.vocab_size
+        if isinstance(last, bool) or not isinstance(last, int) or not 0 <= last < vocab:
+            raise RequestError(
+                f"input_ids[{len(token_ids) - 1}] = {last!r} is not a token id in [0, {vocab})",
+                param="input_ids",
+            )
         req = Request(f"score-{id(token_ids)}", list(token_ids), GenerationConfig(max_new_tokens=1))
         if self.block_manager.blocks_for(len(token_ids)) > self.block_manager.num_free_blocks:
             raise RequestError(

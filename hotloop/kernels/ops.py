@@ -151,9 +151,7 @@ def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor, float32: bool = T
         return dg.dense_gemv(
             hidden, weight, out_dtype=torch.float32, config=dg.lm_head_config(hidden.shape[-1])
         )
-    logits = _kernel("skinny_mma").linear(hidden, weight) if hidden.is_cuda else None  # 2-16 rows, where on
-    if logits is None:
-        logits = F.linear(hidden, weight)
+    logits = F.linear(hidden, weight)
     return logits.float() if float32 else logits
 
 

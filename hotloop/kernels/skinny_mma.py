@@ -2,6 +2,15 @@
 (``kernels/cuda/skinny_mma.cu``), its variants, limits, launch, and the per-shape choice against
 cuBLAS.
 
+Status: no engine path calls it. On an H200 (2026-12-02, ``benchmarks/skinny_mma.py``,
+``benchmarks/results/gpu_2026-12-02c/call4``) its best launch reached 45-70% of the weight-bytes floor
+on the Llama-3-8B projections at M = 2-16, where cuBLAS reached 53-89%, and 63-81% on the LM head
+against cuBLAS' 101-103%: slower at every shape (correct at every launch: bf16 rounding from float32).
+So the layers keep ``F.linear``; the hooks were taken out after that run (the tuner had kept cuBLAS
+everywhere anyway). Likely causes, not profiled: ptxas interleaves the loads with the MMAs (38-82
+registers a thread, so few loads in flight per warp), and each load instruction touches 16 weight
+rows 64 bytes at a time.
+
 A decode step at batch 2-16 reads every weight once; cuBLAS reaches about half of that bandwidth
 floor on an H200 at these M. This kernel streams the ``[N, K]`` weight (``nn.Linear``'s layout, no
 copy) straight into ``mma.sync`` operands; the source's header says how. A variant is
@@ -13,8 +22,7 @@ adding the float32 partials in split order (deterministic).
 :func:`linear` is the entry point: on the first call per (device, dtype, M class, N, K, bias) outside
 a CUDA-graph capture it times every variant and split that fits and ``F.linear`` (cold L2, GPU time)
 and keeps the fastest (``None`` = cuBLAS), memoised in the process and on disk
-(``kernels/tuning_cache.py``). Off unless ``HOTLOOP_SKINNY_MMA=1`` (measured, not yet the default:
-BENCHMARKS.md).
+(``kernels/tuning_cache.py``); it declines unless ``HOTLOOP_SKINNY_MMA=1``.
 """
 
 from __future__ import annotations

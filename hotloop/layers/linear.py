@@ -64,14 +64,7 @@ class UnquantizedLinearMethod:
         layer.register_parameter("weight", weight)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        weight = cast(torch.Tensor, layer.weight)
-        if x.is_cuda:  # 2-16 rows: the tensor-core kernel where it is on and beat cuBLAS at this shape
-            from hotloop.kernels import skinny_mma
-
-            y = skinny_mma.linear(x, weight, layer.bias)
-            if y is not None:
-                return y
-        return F.linear(x, weight, layer.bias)
+        return F.linear(x, cast(torch.Tensor, layer.weight), layer.bias)
 
 
 class AWQLinearMethod:

@@ -54,10 +54,14 @@ def message_dicts(
                     texts.append(placeholder)
                     continue
                 if part.type != "text":
+                    why = (
+                        f"this model takes text and image_url parts, not {part.type}"
+                        if placeholder is not None
+                        else "this model is text-only; send text parts only"
+                    )
                     raise APIError(
                         400,
-                        f"messages[{i}].content[{j}] is an {part.type} part, but this model is text-only; "
-                        "send text parts only",
+                        f"messages[{i}].content[{j}] is an {part.type} part, but {why}",
                         f"messages[{i}].content[{j}]",
                         "unsupported_content",
                     )

@@ -74,8 +74,9 @@ def _part_image(part: dict[str, Any]) -> Any:
 
 
 def flatten_messages(messages: Sequence[Message], placeholder: str) -> tuple[list[Message], list[Any]]:
-    """Messages whose list contents become strings (image parts -> ``placeholder + "\\n"``), and the
-    images in order of appearance."""
+    """Messages whose list contents become strings, and the images in order of appearance: each
+    image part becomes ``placeholder`` and the parts are joined by newlines, as the server's
+    ``chat.message_dicts`` does (a pipeline call and a request give the same prompt)."""
     out: list[Message] = []
     images: list[Any] = []
     for m in messages:
@@ -90,10 +91,10 @@ def flatten_messages(messages: Sequence[Message], placeholder: str) -> tuple[lis
                 text.append(str(part.get("text", "")))
             elif kind in IMAGE_PART_TYPES:
                 images.append(_part_image(part))
-                text.append(placeholder + "\n")
+                text.append(placeholder)
             else:
                 raise RequestError(f"unsupported message content part type {kind!r}", "messages")
-        out.append({**m, "content": "".join(text)})
+        out.append({**m, "content": "\n".join(text)})
     return out, images
 
 

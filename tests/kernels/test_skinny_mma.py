@@ -77,7 +77,8 @@ def test_gpu_every_launch(m: int, dtype: torch.dtype) -> None:
             torch.cuda.synchronize()
             assert _rel(got, want) < tol, (c, bias is None, _rel(got, want))
             assert torch.all(out[m] == 7.0)
-            assert int(counters.buffer(x.device, skinny_mma.COUNTER_FAMILY).abs().sum()) == 0
+            if c.split > 1:  # (the counters exist from the first split launch on)
+                assert int(counters.buffer(x.device, skinny_mma.COUNTER_FAMILY).abs().sum()) == 0
             ran += 1
     assert ran >= 2 * 8
 

@@ -148,7 +148,10 @@ def test_slivers_are_refused_before_preprocessing() -> None:
     b64 = base64.b64encode(_blank_png(10000, 1)).decode()
     with pytest.raises(ImageLoadError, match="10000x1.*aspect ratio.*200:1"):
         load_image(f"data:image/png;base64,{b64}")
-    assert load_image(f"data:image/png;base64,{base64.b64encode(_blank_png(400, 2)).decode()}").size == (400, 2)
+    assert load_image(f"data:image/png;base64,{base64.b64encode(_blank_png(400, 2)).decode()}").size == (
+        400,
+        2,
+    )
 
 
 def test_undecodable_bytes_name_no_python_object() -> None:
