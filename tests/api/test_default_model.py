@@ -114,6 +114,15 @@ def test_stream_chunks_name_their_choice(pipe) -> None:
     assert streamed == {0: whole[0].token_ids, 1: whole[1].token_ids}
 
 
+def test_ppl_checks_every_token_id(pipe) -> None:
+    vocab = pipe.engine.model_config.vocab_size
+    for bad in (vocab, -1, "5"):
+        with pytest.raises(RequestError, match=r"input_ids\[2\].*not a token id") as e:
+            pipe.get_ppl([1, 2, bad])
+        assert e.value.param == "input_ids"
+    assert pipe.get_ppl([1, 2, 3])[0] > 1.0
+
+
 def test_one_call_at_a_time(pipe) -> None:
     """A call while a stream is open would step the engine under it: it raises, and the open stream
     still gets all of its tokens."""

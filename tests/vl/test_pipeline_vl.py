@@ -38,7 +38,7 @@ def test_pipeline_with_images(
 
     tok = AutoTokenizer.from_pretrained(str(path))
     chat = tok.apply_chat_template(
-        [{"role": "user", "content": "<image>\nWhat is this?<image>\nand this"}],
+        [{"role": "user", "content": "<image>\nWhat is this?\n<image>\nand this"}],  # parts joined by newlines
         add_generation_prompt=True,
         tokenize=False,
     )
@@ -87,6 +87,15 @@ def test_pipeline_with_images(
         ):
             streamed.setdefault(r.index, []).extend(r.token_ids)
         assert streamed == {0: expected[0], 1: expected[1]}
+
+        # LMDeploy's VL chat form: the turn is a user message with the image in front of the text
+        turn = [{"role": "user", "content": [{"type": "image_url", "image_url": images[0]},
+                                             {"type": "text", "text": "Describe it"}]}]  # fmt: skip
+        sess = pipe.chat(("Describe it", images[0]), gen_config=GEN)
+        assert sess.response is not None and sess.response.token_ids == pipe(turn, GEN).token_ids
+        for bad in (["hello"], 42):
+            with pytest.raises(RequestError, match="chat\\(\\) takes a string"):
+                pipe.chat(bad)  # type: ignore[arg-type]
 
         with pytest.raises(RequestError, match="2 image placeholder.*1 image"):
             pipe(("<image> <image>", images[0]), GEN, do_preprocess=False)

@@ -130,6 +130,13 @@ def test_chat_completions_with_images(
         for url, message in bad:
             with pytest.raises(openai.BadRequestError, match=message):
                 ask(url)
+        with pytest.raises(openai.BadRequestError, match="takes text and image_url parts, not input_audio"):
+            client.chat.completions.create(
+                model=client.models.list().data[0].id,
+                messages=[{"role": "user", "content": [
+                    {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}],  # fmt: skip
+                max_tokens=2,
+            )
         assert ask(b64).choices[0].message.content == want  # still serving
         assert built.engine.num_free_blocks == built.engine.num_total_blocks
     finally:
