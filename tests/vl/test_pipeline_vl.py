@@ -38,7 +38,9 @@ def test_pipeline_with_images(
 
     tok = AutoTokenizer.from_pretrained(str(path))
     chat = tok.apply_chat_template(
-        [{"role": "user", "content": "<image>\nWhat is this?\n<image>\nand this"}],  # parts joined by newlines
+        [
+            {"role": "user", "content": "<image>\nWhat is this?\n<image>\nand this"}
+        ],  # parts joined by newlines
         add_generation_prompt=True,
         tokenize=False,
     )

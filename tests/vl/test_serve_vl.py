@@ -133,8 +133,14 @@ def test_chat_completions_with_images(
         with pytest.raises(openai.BadRequestError, match="takes text and image_url parts, not input_audio"):
             client.chat.completions.create(
                 model=client.models.list().data[0].id,
-                messages=[{"role": "user", "content": [
-                    {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}],  # fmt: skip
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+                        ],
+                    }
+                ],  # fmt: skip
                 max_tokens=2,
             )
         assert ask(b64).choices[0].message.content == want  # still serving
