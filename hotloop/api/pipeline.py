@@ -142,7 +142,8 @@ class Pipeline:
                 f"this model ({self.built.model_config.architecture}) does not take images", "images"
             )
         text, images = attach_images(prompt, self.vl.placeholder, self.vl.marker)
-        return self.vl.expand(self.encode(text, do_preprocess), images, self.image_fetch_policy)
+        limit = getattr(self.engine, "max_tokens_per_request", None)
+        return self.vl.expand(self.encode(text, do_preprocess), images, self.image_fetch_policy, limit)
 
     @property
     def has_chat_template(self) -> bool:

@@ -112,7 +112,9 @@ async def expand_images(state: ServerState, ids: list[int], images: list[Any]) -
     An image that cannot be read raises ``ImageLoadError``, a 400 naming the problem."""
     if state.vl is None:
         return ids, []
-    return await asyncio.to_thread(state.vl.expand, ids, images, state.image_fetch_policy)
+    return await asyncio.to_thread(
+        state.vl.expand, ids, images, state.image_fetch_policy, state.context_limit
+    )
 
 
 def _check_unsupported(body: ChatCompletionRequest) -> None:

@@ -63,8 +63,14 @@ class VLProcessor(abc.ABC):
         token_ids: Sequence[int],
         images: Sequence[Any],
         policy: ImageFetchPolicy = DEFAULT_POLICY,
+        max_tokens: int | None = None,
     ) -> tuple[list[int], list[ImageInput]]:
-        """Replace the i-th placeholder token with image i's tokens; load and preprocess the images."""
+        """Replace the i-th placeholder token with image i's tokens; load and preprocess the images.
+
+        ``max_tokens`` (the most a request may hold): once the images expanded so far and the rest of
+        the prompt pass it, the request is refused before the remaining images are fetched and
+        decoded (a request of 2,000 images would otherwise load all of them first). A failing image
+        is named by its index in the request."""
         slots = [i for i, t in enumerate(token_ids) if t == self.image_token_id]
         if len(slots) != len(images):
             raise RequestError(
@@ -77,7 +83,10 @@ class VLProcessor(abc.ABC):
         prev = 0
         for slot, image in zip(slots, images, strict=True):
             ids.extend(token_ids[prev:slot])
-            pixels, extra = self.preprocess(load_image(image, policy))
+            try:
+                pixels, extra = self.preprocess(load_image(image, policy))
+            except RequestError as e:
+                raise type(e)(f"image {len(inputs)} of {len(images)}: {e}", e.param) from None
             tokens, span_start = self.image_token_ids(pixels, extra)
             span_len = sum(1 for t in tokens[span_start:] if t == self.image_token_id)
             inputs.append(
@@ -87,6 +96,13 @@ class VLProcessor(abc.ABC):
             )
             ids.extend(tokens)
             prev = slot + 1
+            if max_tokens is not None and len(ids) + len(token_ids) - prev >= max_tokens:
+                raise RequestError(
+                    f"the prompt reaches {len(ids) + len(token_ids) - prev} tokens with the first "
+                    f"{len(inputs)} of its {len(images)} image(s), which leaves no room to generate within "
+                    f"{max_tokens} tokens; send fewer or smaller images or a shorter prompt",
+                    param="messages",
+                )
         ids.extend(token_ids[prev:])
         return ids, inputs
 

@@ -110,3 +110,22 @@ def test_text_model_refuses_images(make_tiny_model: Callable[[str], Path], image
             pipe(("hello", images[1]), GEN)
         # two strings in a tuple stay two text prompts for a text model
         assert len(pipe(("hello", "world"), GEN)) == 2
+
+
+def test_too_many_images_are_refused_before_the_rest_load(
+    make_tiny_llava: Callable[[str], Path], images: list[Any]
+) -> None:
+    """Once the expanded images fill the context the request is refused, naming how far it got,
+    before the later images are fetched: the undecodable last one is never read. A bad image is
+    named by its index."""
+    path = make_tiny_llava("default")
+    garbage = "data:image/png;base64," + base64.b64encode(b"not an image").decode()
+    cfg = EngineConfig(device="cpu", dtype="float32", cache_block_seq_len=4, session_len=256)
+    with pipeline(str(path), cfg) as pipe:
+        many = [images[0]] * 300 + [garbage]
+        with pytest.raises(RequestError, match=r"with the first \d+ of its 301 image\(s\).*within 256") as e:
+            pipe(("look", many), GEN, do_preprocess=False)
+        assert e.value.param == "messages"
+        with pytest.raises(RequestError, match="image 1 of 2: cannot decode"):
+            pipe(("look", [images[0], garbage]), GEN, do_preprocess=False)
+        assert pipe.engine.num_free_blocks == pipe.engine.num_total_blocks
