@@ -150,6 +150,14 @@ class Engine:
             )
         if params.json_mode:
             require_json_mode()  # (a schema that does not compile raises in add_request, which compiles it)
+            plain, _special = self.word_ids.split_stop_words(tuple(params.stop_words or ()))
+            if plain:  # a stop string would end the request inside the JSON value, as if it were done
+                raise RequestError(
+                    f"stop strings cannot be combined with JSON output (response_format json_object or "
+                    f"json_schema): {plain[0]!r} could cut the value short; leave stop out or use "
+                    "stop_token_ids",
+                    param="stop",
+                )
         for name, ids in (
             ("logit_bias", params.logit_bias or {}),
             ("bad_token_ids", params.bad_token_ids or ()),
@@ -399,9 +407,14 @@ class Engine:
             is_stop_token = token_id in req.stop_token_ids
             grammar_done = req.grammar is not None and req.grammar.advance(token_id)
             params = req.params
-            # A stop token's own text (e.g. "<|im_end|>") is not output unless asked for.
+            # A stop token's own text (e.g. "<|im_end|>") is not output unless asked for; nor is the
+            # EOS that ends a JSON value when ignore_eos left no stop ids (the grammar's end marker)
+            # (the matcher terminates only on one of its stop ids, after a complete value)
+            ends_grammar = grammar_done and req.grammar is not None and not req.grammar.rejected
             text = (
-                "" if is_stop_token and not params.include_stop_str_in_output else detok.add_token(token_id)
+                ""
+                if (is_stop_token or ends_grammar) and not params.include_stop_str_in_output
+                else detok.add_token(token_id)
             )
             status = None
             n_out = len(output_ids)

@@ -18,7 +18,7 @@ from hotloop.engine.async_engine import EngineDeadError
 from hotloop.engine.outputs import RequestOutput
 from hotloop.messages import GenerationConfig, RequestError
 from hotloop.serve.chat import encode_chat
-from hotloop.serve.chat_template import ChatTemplateError, encode_messages
+from hotloop.serve.chat_template import ChatTemplateError, encode_messages, unicode_error
 from hotloop.serve.errors import APIError, error_body, from_request_error
 from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
 from hotloop.serve.openai_protocol import (
@@ -62,6 +62,12 @@ def _prompt_ids(state: ServerState, body: GenerateRequest) -> list[int]:
         return list(body.input_ids)
     assert body.prompt is not None
     if body.do_preprocess:
+        # the plain prompt's checks first, on the user's own text (the template's would name another
+        # field and offset, and a huge prompt would tokenize for seconds before its 400)
+        state.check_text_length(len(body.prompt), "prompt")
+        problem = unicode_error(body.prompt, "prompt")
+        if problem is not None:
+            raise APIError(400, problem, "prompt", "invalid_value")
         try:
             return encode_messages(
                 state.tokenizer, [{"role": "user", "content": body.prompt}], state.chat_template

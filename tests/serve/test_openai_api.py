@@ -257,6 +257,30 @@ def test_json_object_output_is_one_json_object(client, model_name) -> None:
     assert isinstance(cat["name"], str) and isinstance(cat["age"], int)
 
 
+def test_json_output_refuses_stop_strings_and_hides_its_end_marker(client, model_name, server) -> None:
+    """A stop string could end a JSON request inside the value with finish_reason "stop": a 400
+    naming stop. With ignore_eos and skip_special_tokens=false the EOS that ends the value is not
+    part of the text (it parsed as "Extra data")."""
+    prompt = "Describe a cat as a short JSON object with the keys name and age."
+    with pytest.raises(openai.BadRequestError, match="stop strings cannot be combined with JSON output") as e:
+        _chat(client, model_name, messages=[{"role": "user", "content": prompt}], max_tokens=32,
+              response_format={"type": "json_object"}, stop=[","], **GREEDY)  # fmt: skip
+    assert e.value.body["param"] == "stop"
+    r = _chat(client, model_name, messages=[{"role": "user", "content": prompt}], max_tokens=96,
+              response_format={"type": "json_object"},
+              extra_body={"ignore_eos": True, "skip_special_tokens": False}, **GREEDY).choices[0]  # fmt: skip
+    if r.finish_reason == "stop":
+        assert isinstance(json.loads(r.message.content), dict), r
+
+
+def test_generate_checks_the_prompt_before_its_template(server) -> None:
+    """/generate with do_preprocess names prompt and the user's own offset for bad Unicode."""
+    body = b'{"prompt": "ab\\ud800", "do_preprocess": true}'  # a lone surrogate, escaped in the JSON
+    resp = _post(server, "/generate", content=body, headers={"Content-Type": "application/json"})
+    err = _assert_error(resp, 400, "prompt")
+    assert "character 2" in err["message"], err
+
+
 def test_json_object_accepted_and_penalties(client, model_name) -> None:
     r = _chat(
         client,
