@@ -95,7 +95,7 @@ def test_llava_next_pipeline(make_tiny_llava_next: Callable[[str], Path], images
     path = make_tiny_llava_next("default")
     tok = AutoTokenizer.from_pretrained(str(path))
     chat = tok.apply_chat_template(
-        [{"role": "user", "content": "<image>\nWhat is this?<image>\nand this"}],
+        [{"role": "user", "content": "<image>\nWhat is this?\n<image>\nand this"}],
         add_generation_prompt=True,
         tokenize=False,
     )

@@ -126,7 +126,7 @@ def test_qwen2_vl_pipeline(make_tiny_qwen2_vl: Callable[[str], Path], images: li
     path = make_tiny_qwen2_vl("qwen2_5_vl")
     tok = AutoTokenizer.from_pretrained(str(path))
     chat = tok.apply_chat_template(
-        [{"role": "user", "content": f"{QWEN2_VL_IMAGE}\nWhat is this?{QWEN2_VL_IMAGE}\nand this"}],
+        [{"role": "user", "content": f"{QWEN2_VL_IMAGE}\nWhat is this?\n{QWEN2_VL_IMAGE}\nand this"}],
         add_generation_prompt=True,
         tokenize=False,
     )
