@@ -61,9 +61,7 @@
 #   tk1      one GPU, issue 4's batch-256 GEMMs under torch's TunableOp: dense_gemm.py at M = 256 plain and tuning
 #            (PYTORCH_TUNABLEOP_*; the file goes under OUT_DIR), then the batch-256 step with the tuned file and
 #            without, alternating, twice.
-#   sk1      one GPU, the skinny tensor-core GEMM (kernels/skinny_mma.py): skinny_mma.py (every launch against
-#            cuBLAS at M = 2, 8, 16), profile_step.py's batch-16 decode step with HOTLOOP_SKINNY_MMA=1 and 0,
-#            then its GPU tests.
+#   sk1      (removed with the skinny MMA GEMM it timed: slower than cuBLAS, code at `c87d522`)
 #   s27d     one GPU: the dense GEMV and one-row GPU tests, SmolLM2-135M batch 1 (8 steps a launch) with the LM head's
 #            new launch (64 rows, 64-wide steps) and the old one (lm_head_ab.py), alternating, twice, then
 #            Llama-3-8B batch 1 fp16 / int8 KV (8 steps a launch).
@@ -1042,16 +1040,6 @@ if [ "$what" = tk1 ]; then  # one GPU, in turn
     PYTORCH_TUNABLEOP_ENABLED=1 PYTORCH_TUNABLEOP_TUNING=0 b256 "tuned_$i"
     b256 "plain_$i"
   done
-  exit 0
-fi
-if [ "$what" = sk1 ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 120 python3 "$here/skinny_mma.py" "$out/skinny_mma.json" --m 2,8,16 >"$out/skinny_mma.log" 2>&1
-  echo "skinny_mma rc=$?"
-  grep -E "M=|copy|Error" "$out/skinny_mma.log" | cut -c1-160
-  profile_ab HOTLOOP_SKINNY_MMA sk "decode 16@1k" 1 0
-  grep -h "skinny_mma M=" "$out"/profile_sk1.log | sort -u | cut -c1-200
-  gpu_tests sk1_tests 90 tests/kernels/test_skinny_mma.py tests/layers/test_linear.py
   exit 0
 fi
 if [ "$what" = s28d ]; then  # one GPU, in turn

@@ -142,8 +142,12 @@ class Pipeline:
                 f"this model ({self.built.model_config.architecture}) does not take images", "images"
             )
         text, images = attach_images(prompt, self.vl.placeholder, self.vl.marker)
-        limit = getattr(self.engine, "max_tokens_per_request", None)
-        return self.vl.expand(self.encode(text, do_preprocess), images, self.image_fetch_policy, limit)
+        return self.vl.expand(
+            self.encode(text, do_preprocess),
+            images,
+            self.image_fetch_policy,
+            self.engine.max_tokens_per_request,
+        )
 
     @property
     def has_chat_template(self) -> bool:

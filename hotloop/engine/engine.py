@@ -408,8 +408,8 @@ class Engine:
             grammar_done = req.grammar is not None and req.grammar.advance(token_id)
             params = req.params
             # A stop token's own text (e.g. "<|im_end|>") is not output unless asked for; nor is the
-            # EOS that ends a JSON value when ignore_eos left no stop ids (the grammar's end marker)
-            # (the matcher terminates only on one of its stop ids, after a complete value)
+            # token that ends a JSON value (the matcher terminates only on one of its stop ids, the
+            # tokenizer's EOS when ignore_eos left none)
             ends_grammar = grammar_done and req.grammar is not None and not req.grammar.rejected
             text = (
                 ""

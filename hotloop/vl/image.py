@@ -77,9 +77,7 @@ def load_image(source: Any, policy: ImageFetchPolicy = DEFAULT_POLICY) -> Any:
         raise ImageLoadError(f"an image must be a PIL.Image, a path or a URL, not {type(source).__name__}")
     source = source.strip()
     if source[:5].lower() == "data:":
-        data = _data_url_bytes(source, policy)
-        _check_size(len(data), policy, "the data: URL")
-        return _decode(data, "the data: URL")
+        return _decode(_data_url_bytes(source, policy), "the data: URL")
     scheme = urllib.parse.urlsplit(source).scheme.lower()
     if scheme in ("http", "https"):
         return _decode(fetch_url(source, policy), _short(source))
@@ -115,7 +113,8 @@ def _data_url_bytes(url: str, policy: ImageFetchPolicy = DEFAULT_POLICY) -> byte
         raise ImageLoadError("malformed data: URL (expected 'data:image/...;base64,<data>')")
     if not header.lower().endswith(";base64"):
         raise ImageLoadError("data: URLs must be base64 encoded (';base64,')")
-    _check_size(len(payload) // 4 * 3, policy, "the data: URL")  # before decoding it
+    # before decoding: base64 decodes to at most 3 bytes per 4 characters
+    _check_size(len(payload) // 4 * 3, policy, "the data: URL")
     try:
         return base64.b64decode(payload, validate=False)
     except (binascii.Error, ValueError) as e:

@@ -88,24 +88,3 @@ def test_quant_method_hook() -> None:
     layer = Linear(4, 3, quant_method=_ScaledMethod())
     assert not hasattr(layer, "weight") or layer.weight is None
     torch.testing.assert_close(layer(torch.ones(1, 4)), torch.full((1, 3), 8.0))
-
-
-@pytest.mark.gpu
-def test_gpu_skinny_linear_matches_a_dense_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """skinny_mma.linear on a dense layer's weight and bias at 2-16 rows (HOTLOOP_SKINNY_MMA=1) gives
-    its product within bf16 rounding, whichever launch the tuner keeps."""
-    from hotloop.kernels import skinny_mma
-
-    if not torch.cuda.is_available() or not skinny_mma.available(torch.device("cuda")):
-        pytest.skip("needs a Hopper GPU and nvcc")
-    monkeypatch.setenv(skinny_mma.ENV, "1")
-    monkeypatch.setenv("HOTLOOP_TUNING_CACHE", "0")
-    torch.manual_seed(0)
-    layer = Linear(4096, 1024, bias=True, dtype=torch.bfloat16).cuda()
-    layer.weight.data.normal_(0, 0.02)
-    layer.bias.data.normal_()
-    x = torch.randn(6, 4096, device="cuda").bfloat16()
-    want = x.float() @ layer.weight.float().t() + layer.bias.float()
-    y = skinny_mma.linear(x, layer.weight, layer.bias)
-    got = (y if y is not None else layer(x)).float()
-    assert float((got - want).abs().max() / want.abs().max()) < 1e-2
