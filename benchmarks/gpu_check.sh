@@ -55,6 +55,8 @@
 #   s27c     one GPU: the short-context GPU tests, dense_gemv.py's LM head grid (short K: 64-1,024-wide steps,
 #            up to 64 rows a program), then SmolLM2-135M batch 1 with the default LM head launch and the
 #            grid's fastest (benchmarks/lm_head_ab.py), alternating, twice.
+#   tg1      one GPU: the tiled GEMM (kernels/tiled_gemm.py) and rms_norm_partials GPU tests, then
+#            tiled_gemm_sweep.py (every launch against cuBLAS per projection at M=$TG_M, default 256).
 #   lg1      one GPU, the decode graphs' logits in bf16 above 16 rows (issue 4): the graph / parity / layer / engine
 #            GPU tests, the batch-256 step with this tree and with .ab/old (the tree before, carried), alternating,
 #            twice, then profile_step.py's batch-256 case.
@@ -999,6 +1001,15 @@ if [ "$what" = s27b ]; then  # one GPU, in turn
     [ "$r" = 1 ] && HOTLOOP_ONE_ROW_ROPE_QUANT=1 bs1 "8b_int8_ropequant_$r" llama3-8b --quant-policy 8
     [ "$r" = 1 ] && HOTLOOP_DECODE_SHORT_GRAPHS=0 bs1 "8b_int8_noshort_$r" llama3-8b --quant-policy 8
   done
+  exit 0
+fi
+if [ "$what" = tg1 ]; then  # one GPU: the tiled GEMM's tests, then its sweep against cuBLAS at batch 256
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests tg1_tests 120 tests/kernels/test_tiled_gemm.py tests/kernels/test_elementwise_kernels.py
+  (cd "$here" && timeout 420 python3 tiled_gemm_sweep.py "$out/tiled_sweep.json" --m "${TG_M:-256}" \
+    --budget-s "${TG_BUDGET:-380}" >"$out/tiled_sweep.log" 2>&1)
+  echo "tiled_gemm_sweep rc=$?"
+  grep -E "^M=|ceilings|Error" "$out/tiled_sweep.log" | head -40
   exit 0
 fi
 if [ "$what" = lg1 ]; then  # one GPU, in turn; needs .ab/old (the tree before, carried)
