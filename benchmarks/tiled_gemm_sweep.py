@@ -7,8 +7,7 @@ For each Llama-3-8B projection at each M, times (GPU time, cold L2, ``w4a16_gemm
   (``cublas_norm``), the launches the tiled kernel's epilogues replace;
 - every candidate ``TiledConfig`` in ``"store"`` mode, in ``"partials"`` mode with K split 2 and 4
   (o/down; the reduction left to the consumer), and gate/up in ``"silu"`` mode;
-- for o/down, the best partials launch followed by ``rms_norm_partials`` (``tiled_norm``), when that
-  function exists.
+- for o/down, the best partials launch followed by ``rms_norm_partials`` (``tiled_norm``).
 
 Each candidate's output is checked against a float32 reference; a launch that fails to compile or
 run is skipped. Floors: the weight bytes over the copy bandwidth and the FLOPs over the bf16 matmul
@@ -78,11 +77,8 @@ def main() -> None:
 
     bw, fl = _ceilings(dev)
     print(f"ceilings: copy {bw / 1e9:.0f} GB/s, bf16 matmul {fl / 1e12:.0f} TFLOP/s", flush=True)
-    norm_partials = None
-    try:
-        from hotloop.kernels.rms_norm import rms_norm_partials as norm_partials  # type: ignore[attr-defined]
-    except ImportError:
-        pass
+    from hotloop.kernels.rms_norm import rms_norm_partials as norm_partials
+
     rows: list[dict[str, Any]] = []
     meta = {"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__, "host": platform.node()}
 
@@ -104,13 +100,18 @@ def main() -> None:
             silu = name == "gate_up_proj"
             norm = name in ("o_proj", "down_proj")
             if silu:
-                row["cublas_silu"] = round(graph_time_us(lambda: silu_and_mul(F.linear(x, w)), dev), 2)
+                row["cublas_silu"] = round(
+                    graph_time_us(lambda x=x, w=w: silu_and_mul(F.linear(x, w)), dev), 2
+                )
                 half = n // 2
                 g, u = ref[:, :half].bfloat16().float(), ref[:, half:].bfloat16().float()
                 ref_silu = (g * torch.sigmoid(g)).bfloat16().float() * u
             if norm:
                 row["cublas_norm"] = round(
-                    graph_time_us(lambda: rms_norm(F.linear(x, w), nw, 1e-5, residual=res), dev), 2
+                    graph_time_us(
+                        lambda x=x, w=w, nw=nw, res=res: rms_norm(F.linear(x, w), nw, 1e-5, residual=res), dev
+                    ),
+                    2,
                 )
             timed: list[dict[str, Any]] = []
             modes = [("store", 1)] + ([("partials", 2), ("partials", 4)] if norm else [])
@@ -156,12 +157,12 @@ def main() -> None:
                 if b:
                     line += (f"  {mode} {b['us']:7.1f} ({b['block_m']}x{b['block_n']}x{b['block_k']}"
                              f" s{b['split_k']} w{b['num_warps']} st{b['num_stages']}, err {b['maxerr']:.2g})")  # fmt: skip
-            if norm and norm_partials is not None and row.get("best_partials"):
+            if norm and row.get("best_partials"):
                 b = row["best_partials"]
                 cfg = replace(candidates(False)[0], **{k2: b[k2] for k2 in
                               ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages")})  # fmt: skip
                 row["tiled_norm"] = round(graph_time_us(
-                    lambda: norm_partials(tiled_gemm(x, w, cfg, "partials"), nw, 1e-5, residual=res), dev), 2)  # fmt: skip
+                    lambda x=x, w=w, cfg=cfg, nw=nw, res=res: norm_partials(tiled_gemm(x, w, cfg, "partials"), nw, 1e-5, residual=res), dev), 2)  # fmt: skip
                 line += f"  tiled+norm {row['tiled_norm']:7.1f}"
             print(line, flush=True)
             for t in timed[:6]:

@@ -130,7 +130,10 @@ def tiled_gemm(
     of the gate/up product (``weight`` = [gate; up])."""
     check(mode in MODES, f"mode must be one of {MODES}; got {mode!r}")
     check_dtype("x", x, (torch.float16, torch.bfloat16, torch.float32))
-    check(x.dim() == 2 and weight.dim() == 2, f"x [M, K] and weight [N, K]; got {tuple(x.shape)}, {tuple(weight.shape)}")
+    check(
+        x.dim() == 2 and weight.dim() == 2,
+        f"x [M, K] and weight [N, K]; got {tuple(x.shape)}, {tuple(weight.shape)}",
+    )
     check(weight.dtype == x.dtype, f"weight dtype {weight.dtype} must equal x dtype {x.dtype}")
     check_last_contiguous("x", x)
     check_last_contiguous("weight", weight)
@@ -140,7 +143,10 @@ def tiled_gemm(
     check(kw == k, f"x has K={k} input features; the weight has {kw}")
     split = config.split_k if mode == "partials" else 1
     check(split == config.split_k or config.split_k == 1, f"split_k={config.split_k} needs mode 'partials'")
-    check(k % (split * config.block_k) == 0, f"K={k} is not a whole number of block_k={config.block_k} steps per split of {split}")
+    check(
+        k % (split * config.block_k) == 0,
+        f"K={k} is not a whole number of block_k={config.block_k} steps per split of {split}",
+    )
     if mode == "silu":
         check(n_rows % 2 == 0, f"the gate/up weight needs an even row count; got {n_rows}")
         n = n_rows // 2

@@ -123,7 +123,10 @@ def test_rms_norm_partials_checks_shapes() -> None:
 def test_tiled_gemm_gpu(m: int, n: int, k: int, dtype: torch.dtype) -> None:
     from hotloop.kernels.tiled_gemm import TiledConfig
 
-    for cfg in (TiledConfig(128, 64, 64, num_warps=4, num_stages=4), TiledConfig(64, 128, 64, num_warps=4, num_stages=3)):
+    for cfg in (
+        TiledConfig(128, 64, 64, num_warps=4, num_stages=4),
+        TiledConfig(64, 128, 64, num_warps=4, num_stages=3),
+    ):
         _check_modes(m, n, k, dtype, "cuda", cfg, TOL[dtype] / 4)
 
 
