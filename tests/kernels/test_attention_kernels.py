@@ -205,7 +205,93 @@ def test_decode_float32_and_padding_rows_gpu() -> None:
     _decode_case([0, 5, 0, 700], 8, 2, 128, 16, torch.float32, "cuda", None, None)
 
 
+def _fused_write_case(
+    lens: list[int], h: int, kv: int, d: int, half: int, dtype: torch.dtype, device: str,
+    splits: int, window: int | None = None, rotated: bool = False,
+) -> None:  # fmt: skip
+    """The decode kernel's fused rotary + KV write over a float cache (``write_kv``) against the two
+    launches it replaces (``rotary_kv_write``, then the decode kernel): the same cache bytes (v
+    exactly; k within one rounding on the GPU, where fma contraction may differ), the same output,
+    q left unrotated in memory, padding rows (slot -1) writing nothing."""
+    from hotloop.kernels.kv_int8_decode_cuda import FusedWrite
+    from hotloop.kernels.paged_decode_attention import paged_decode_attention
+    from hotloop.kernels.rotary_kv_write import rotary_kv_write, write_kv_cache
+
+    seed = random.randrange(1 << 30)
+    kc, vc, tables = _pool(lens, kv, d, 16, dtype, device, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    B = len(lens)
+    qkv = torch.randn(B, (h + 2 * kv) * d, generator=gen).to(dtype).to(device)
+    q, k, v = (t.view(B, -1, d) for t in qkv.split([h * d, kv * d, kv * d], dim=-1))  # strided views
+    ang = torch.rand(B, half, generator=gen) * 50
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    seq = torch.tensor(lens, dtype=torch.int32, device=device)
+    slots = torch.tensor(
+        [int(tables[i, (n - 1) // 16]) * 16 + (n - 1) % 16 if n > 0 else -1 for i, n in enumerate(lens)],
+        dtype=torch.int64,
+    ).to(device)
+    kc2, vc2, q2 = kc.clone(), vc.clone(), q.clone()
+    if rotated:
+        write_kv_cache(k, v, kc2, vc2, slots)
+    else:
+        rotary_kv_write(q2, k, v, cos, sin, kc2, vc2, slots)
+    want = paged_decode_attention(q2, kc2, vc2, tables, seq, d**-0.5, window, splits)
+    q_before = q.clone()
+    w = FusedWrite(k, v, cos, sin, slots, rotated=rotated)
+    got = paged_decode_attention(q, kc, vc, tables, seq, d**-0.5, window, splits, write_kv=w)
+    assert torch.equal(q, q_before), "the fused write rotates q in registers only"
+    assert torch.equal(vc, vc2)
+    if device == "cpu" or rotated:
+        assert torch.equal(kc, kc2)
+    else:
+        assert rel_err(kc, kc2) < TOL[dtype] / 16
+    live = seq > 0
+    assert rel_err(got[live], want[live]) < (1e-6 if device == "cpu" else TOL[dtype] / 4)
+    assert (got[~live] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "d,h,kv,half", [(128, 32, 8, 64), (64, 9, 3, 32), (128, 16, 16, 32), (256, 8, 2, 128)]
+)
+@pytest.mark.parametrize("splits", [1, 4, 16])
+def test_decode_fused_write_gpu(d: int, h: int, kv: int, half: int, splits: int) -> None:
+    lens = [0, 1, 17, 64, 65, 300, 64 * 20 + 5]
+    _fused_write_case(lens, h, kv, d, half, torch.bfloat16, "cuda", splits)
+    _fused_write_case(lens, h, kv, d, half, torch.float16, "cuda", splits, rotated=True)
+    _fused_write_case(lens, h, kv, d, half, torch.bfloat16, "cuda", splits, window=100)
+
+
 # -- CPU, through the interpreter ---------------------------------------------------------------
+@interpret
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_fused_write_interpreted(splits: int) -> None:
+    lens = [1, 0, 37, 70]
+    _fused_write_case(lens, 8, 2, 32, 16, torch.float32, "cpu", splits)
+    _fused_write_case(lens, 4, 4, 32, 8, torch.float32, "cpu", splits)  # partial rotary
+    _fused_write_case(lens, 8, 2, 32, 16, torch.float32, "cpu", splits, rotated=True)
+    _fused_write_case([1, 37, 70], 8, 2, 32, 16, torch.float32, "cpu", splits, window=20)
+
+
+@interpret
+def test_decode_fused_write_checks() -> None:
+    from hotloop.kernels.kv_int8_decode_cuda import FusedWrite
+    from hotloop.kernels.paged_decode_attention import float_write_why_not
+
+    q = torch.zeros(3, 8, 32)
+    kc = torch.zeros(4, 16, 2, 32)
+    k = torch.zeros(3, 2, 32)
+    cs = torch.zeros(3, 16)
+    slots = torch.zeros(3, dtype=torch.int64)
+    assert float_write_why_not(q, kc, FusedWrite(k, k, cs, cs, slots)) is None
+    assert "int64" in str(float_write_why_not(q, kc, FusedWrite(k, k, cs, cs, slots.int())))
+    assert "must be [3, 2, 32]" in str(float_write_why_not(q, kc, FusedWrite(k[:, :1], k, cs, cs, slots)))
+    assert "2 * half" in str(
+        float_write_why_not(q, kc, FusedWrite(k, k, torch.zeros(3, 17), torch.zeros(3, 17), slots))
+    )
+    assert float_write_why_not(q, kc, FusedWrite(k, k, cs[:, :0], cs[:, :0], slots, rotated=True)) is None
+
+
 @interpret
 @pytest.mark.parametrize("h,kv,d", [(2, 2, 16), (8, 2, 32)])
 @pytest.mark.parametrize("splits", [1, 3])
