@@ -103,7 +103,13 @@ def compile_decode(
            "seq_lens_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32", "fin_ptr": f"*{t}",
            "cnt_ptr": "*i32", "scale_log2": "fp32"}  # fmt: skip
     sig.update({s: "i32" for s in strides})
-    write = {"kn_ptr": None, "vn_ptr": None, "cos_ptr": None, "sin_ptr": None, "slot_ptr": None}
+    write: dict[str, int | None] = {
+        "kn_ptr": None,
+        "vn_ptr": None,
+        "cos_ptr": None,
+        "sin_ptr": None,
+        "slot_ptr": None,
+    }
     write_strides = ["stride_knb", "stride_knh", "stride_vnb", "stride_vnh", "stride_cs"]
     if write_half is not None:  # (the pointers and strides as the launcher passes them)
         sig.update({"kn_ptr": f"*{t}", "vn_ptr": f"*{t}", "slot_ptr": "*i64"})
