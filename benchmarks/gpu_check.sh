@@ -55,9 +55,9 @@
 #   s27c     one GPU: the short-context GPU tests, dense_gemv.py's LM head grid (short K: 64-1,024-wide steps,
 #            up to 64 rows a program), then SmolLM2-135M batch 1 with the default LM head launch and the
 #            grid's fastest (benchmarks/lm_head_ab.py), alternating, twice.
-#   fr1      one GPU, issue 4: the decode kernel's fused rotary + KV write over a float cache and the wide
-#            greedy argmax: their GPU tests and the engine parity tests, the batch-256 step with this tree and
-#            .ab/old alternating twice, batch 16 at 1k once each, then profile_step.py's batch-256 case.
+#   fr1      one GPU, issue 4: the decode kernel's fused rotary + KV write over a float cache:
+#            its GPU tests and the engine parity tests, the batch-256 step with this tree and .ab/old alternating
+#            twice (with FR_B16=1 also batch 16 at 1k once each), then profile_step.py's batch-256 case.
 #   tg1      one GPU: the tiled GEMM (kernels/tiled_gemm.py) and rms_norm_partials GPU tests, then
 #            tiled_gemm_sweep.py (every launch against cuBLAS per projection at M=$TG_M, default 256).
 #   lg1      one GPU, the decode graphs' logits in bf16 above 16 rows (issue 4): the graph / parity / layer / engine
@@ -1026,8 +1026,7 @@ if [ "$what" = fr1 ]; then  # one GPU, in turn; needs .ab/old (the tree before, 
   b256 old_1 "$PWD/.ab/old"
   b256 new_2 "$PWD"
   b256 old_2 "$PWD/.ab/old"
-  b16 new_1 "$PWD"
-  b16 old_1 "$PWD/.ab/old"
+  [ -n "${FR_B16:-}" ] && b16 new_1 "$PWD" && b16 old_1 "$PWD/.ab/old"
   timeout 90 python3 "$here/profile_step.py" --out "$out/profile_b256.json" --cases "decode 256@1k" \
     >"$out/profile_b256.log" 2>&1
   echo "profile_step rc=$?"

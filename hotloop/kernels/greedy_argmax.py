@@ -1,14 +1,12 @@
-"""Greedy argmax over the logits of a decode step's rows, Triton, in one launch: the decode graphs'
+"""Greedy argmax over the logits of a few rows, Triton, in one launch: the batch-1 decode graph's
 last kernel.
 
 ``torch.argmax`` over one row of a 128k vocabulary runs one block for the row (27 us on an H200 in
-a batch-1 decode step, ``benchmarks/profile_step.py``; 48 us for 256 bf16 rows, a 66 MB read whose
-bandwidth floor is 16 us). Here each row is cut into ``CHUNK``-wide pieces (``WIDE_CHUNK`` above
-``MAX_ROWS`` rows), one program each; a program stores its piece's maximum and the first index
-holding it, then counts itself in (``kernels/counters.py``); the last program of the row to arrive
-reduces the row's partials and stores the index. As ``torch.argmax``: ties go to the lowest index,
-and a row holding a NaN gives its first NaN's index. Logits may be float32 or 16-bit (compared in
-float32, which keeps their order and ties).
+a batch-1 decode step, ``benchmarks/profile_step.py``). Here each row is cut into ``CHUNK``-wide
+pieces, one program each; a program stores its piece's maximum and the first index holding it,
+then counts itself in (``kernels/counters.py``); the last program of the row to arrive reduces the
+row's partials and stores the index. As ``torch.argmax``: ties go to the lowest index, and a row
+holding a NaN gives its first NaN's index.
 """
 
 from __future__ import annotations
@@ -23,9 +21,7 @@ from hotloop.kernels.launch_math import cdiv, next_power_of_2
 from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
 
 CHUNK = 2048  # logits per program
-MAX_ROWS = 16  # rows that take float32 logits and CHUNK (the small-batch graphs')
-WIDE_CHUNK = 8192  # logits per program above MAX_ROWS rows (fewer, longer programs)
-MAX_WIDE_ROWS = 1024  # rows per launch at most (counters: one a row); more keep torch.argmax
+MAX_ROWS = 16  # rows per launch (the batch-1 path's; larger batches keep torch.argmax)
 _FAMILY = "greedy_argmax"
 
 
@@ -49,7 +45,7 @@ def _greedy_argmax_kernel(
     row = tl.program_id(0)
     pid = tl.program_id(1)
     offs = pid * CHUNK + tl.arange(0, CHUNK)
-    v = tl.load(x_ptr + row.to(tl.int64) * stride_x + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+    v = tl.load(x_ptr + row.to(tl.int64) * stride_x + offs, mask=offs < V, other=float("-inf"))
     isnan = v != v
     nan_idx = tl.min(tl.where(isnan, offs, V), 0)  # the first NaN, if any
     v = tl.where(isnan, float("-inf"), v)
@@ -74,23 +70,17 @@ def _greedy_argmax_kernel(
         tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed", scope="gpu")
 
 
-def greedy_argmax(logits: torch.Tensor, chunk: int | None = None) -> torch.Tensor | None:
-    """``logits [M, V]`` (float32, bfloat16 or float16) -> int64 ``[M]``, the first index of each
-    row's maximum; ``None`` where this kernel does not apply (more than ``MAX_WIDE_ROWS`` rows, or
-    no counters: the caller then uses ``torch.argmax``). ``chunk``: logits per program (a power of
-    two; default ``CHUNK`` up to ``MAX_ROWS`` rows, ``WIDE_CHUNK`` above)."""
+def greedy_argmax(logits: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor | None:
+    """``logits [M, V]`` float32 -> int64 ``[M]``, the first index of each row's maximum; ``None``
+    where this kernel does not apply (more than ``MAX_ROWS`` rows, or no counters: the caller then
+    uses ``torch.argmax``). ``chunk``: logits per program (a power of two)."""
     check(logits.dim() == 2, f"logits must be [M, V], got {tuple(logits.shape)}")
-    check(
-        logits.dtype in (torch.float32, torch.bfloat16, torch.float16),
-        f"logits must be float32, bfloat16 or float16, got {logits.dtype}",
-    )
+    check(logits.dtype == torch.float32, f"logits must be float32, got {logits.dtype}")
     check_last_contiguous("logits", logits)
     m, v = logits.shape
     check(v >= 1, "logits need at least one column")
-    if chunk is None:
-        chunk = CHUNK if m <= MAX_ROWS else WIDE_CHUNK
     check(chunk >= 16 and chunk & (chunk - 1) == 0, f"chunk={chunk} must be a power of two >= 16")
-    if m > MAX_WIDE_ROWS:
+    if m > MAX_ROWS:
         return None
     cnt = counters.counters(logits.device, _FAMILY, m)
     if cnt is None:
@@ -113,7 +103,7 @@ def greedy_argmax(logits: torch.Tensor, chunk: int | None = None) -> torch.Tenso
         CHUNK=chunk,
         P_POW2=next_power_of_2(p),
         PDL=pdl(logits.device),
-        num_warps=4 if chunk <= CHUNK else 8,
+        num_warps=4,
         **launch_kwargs(logits.device),
     )
     return out

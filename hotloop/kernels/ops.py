@@ -162,16 +162,16 @@ def set_greedy_argmax(enabled: bool) -> None:
 
 
 def greedy_logits_float32(rows: int) -> bool:
-    """Whether :func:`greedy_argmax` of ``rows`` rows wants float32 logits (the few-row launch, which
-    the LM head's GEMV writes in float32); above ``MAX_ROWS`` it takes the logits in the model dtype,
-    which give the same ids and half the bytes (at batch 256 x 128,256 it also saves a 131 MB cast)."""
+    """Whether :func:`greedy_argmax` of ``rows`` rows wants float32 logits (its one-launch kernel
+    takes them); otherwise it is ``torch.argmax``, which gives the same ids on the logits in the
+    model dtype and reads half the bytes (at batch 256 x 128,256 it also saves a 131 MB cast)."""
     return bool(_state["greedy_argmax"]) and rows <= _kernel("greedy_argmax").MAX_ROWS
 
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     """``logits [M, V]`` -> int64 ``[M]``: ``torch.argmax(dim=-1)``, through
-    ``kernels/greedy_argmax.py`` on CUDA (float32 or 16-bit logits, up to its ``MAX_WIDE_ROWS`` rows)."""
-    if use_triton(logits) and _state["greedy_argmax"] and logits.dim() == 2:
+    ``kernels/greedy_argmax.py`` on CUDA for float32 logits of up to its ``MAX_ROWS`` rows."""
+    if use_triton(logits) and _state["greedy_argmax"] and logits.dim() == 2 and logits.dtype == torch.float32:
         ids = _kernel("greedy_argmax").greedy_argmax(logits.contiguous())
         if ids is not None:
             return ids

@@ -161,7 +161,8 @@ def _decode_kernel(
         tl.static_assert(QUANT == 0 and not EARLY, "the fused write is for a float cache, without EARLY")
         # this launch does rotary_kv_write's work for its (sequence, KV head): q rotated in registers
         # (rounded to the model dtype, as that kernel stores it); the split holding the newest token
-        # rotates k and stores it and v at the token's slot before any tile is read
+        # rotates its k, attends it from registers after the loop (the loop stops before it), and
+        # stores k and v at the token's slot. No barrier: nothing in this launch reads that row.
         if HALF > 0:
             c_row = cos_ptr + b * stride_cs
             s_row = sin_ptr + b * stride_cs
@@ -171,19 +172,17 @@ def _decode_kernel(
         q_src = q_ptr + b * stride_qb + heads * stride_qh
         qf, _qm = _row_values(q_src, c_row, s_row, offs_d, mask_g, D, HALF)
         q = qf.to(q_ptr.dtype.element_ty)
-        slot = tl.load(slot_ptr + b)
-        if (slot >= 0) & (seq_len - 1 >= start) & (seq_len - 1 < end):
-            one = tl.arange(0, 1)
-            k_src = kn_ptr + b * stride_knb + kvh * stride_knh + one
-            kf, km = _row_values(k_src, c_row, s_row, offs_d, one < 1, D, HALF)
-            page = slot // BS
-            tok = slot % BS
-            k_dst = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * stride_kh
-            tl.store(k_dst + one[:, None] + offs_d[None, :], kf.to(k_cache_ptr.dtype.element_ty), mask=km)
-            vn = tl.load(vn_ptr + b * stride_vnb + kvh * stride_vnh + offs_d, mask=mask_d, other=0.0)
-            v_dst = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * stride_vh
-            tl.store(v_dst + offs_d, vn, mask=mask_d)
-        tl.debug_barrier()  # the stored row is visible to every thread of the program before the loop
+        one = tl.arange(0, 1)
+        k_new, k_new_mask = _row_values(
+            kn_ptr + b * stride_knb + kvh * stride_knh + one, c_row, s_row, offs_d, one < 1, D, HALF
+        )  # [1, BLOCK_D] float32, rounded to the model dtype
+        v_new = tl.load(
+            vn_ptr + b * stride_vnb + kvh * stride_vnh + one[:, None] + offs_d[None, :],
+            mask=k_new_mask,
+            other=0.0,
+        )  # [1, BLOCK_D]
+        holds_new = (seq_len >= 1) & (seq_len - 1 >= start) & (seq_len - 1 < end)
+        end = tl.where(holds_new, end - 1, end)  # the tiles stop before the newest token
     else:
         q = tl.load(q_rows, mask=mask_g[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
     # QUANT: the dots run in fp16 (float32 models: float32) on ``CODE_OFFSET + code`` values; q goes to
@@ -300,6 +299,26 @@ def _decode_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
+    if WRITE:
+        if holds_new:  # the newest token, from registers, as the loop would attend it last
+            s_new = tl.sum(q.to(tl.float32) * k_new, 1) * scale_log2
+            s_new = tl.where(mask_g, s_new, 0.0)
+            m_new = tl.maximum(m_i, s_new)
+            p_new = tl.exp2(s_new - m_new)
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + p_new
+            p_v = p_new.to(v_new.dtype).to(tl.float32)  # the loop's p is rounded to V's dtype for its dot
+            acc = acc * alpha[:, None] + p_v[:, None] * v_new.to(tl.float32)
+            m_i = m_new
+            slot = tl.load(slot_ptr + b)
+            if slot >= 0:
+                page = slot // BS
+                tok = slot % BS
+                k_dst = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * stride_kh
+                v_dst = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * stride_vh
+                dst_offs = one[:, None] + offs_d[None, :]
+                tl.store(k_dst + dst_offs, k_new.to(k_cache_ptr.dtype.element_ty), mask=k_new_mask)
+                tl.store(v_dst + dst_offs, v_new, mask=k_new_mask)
     safe_l = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / safe_l[:, None]
     omask = mask_g[:, None] & mask_d[None, :]
