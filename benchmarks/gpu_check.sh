@@ -55,11 +55,9 @@
 #   s27c     one GPU: the short-context GPU tests, dense_gemv.py's LM head grid (short K: 64-1,024-wide steps,
 #            up to 64 rows a program), then SmolLM2-135M batch 1 with the default LM head launch and the
 #            grid's fastest (benchmarks/lm_head_ab.py), alternating, twice.
-#   fr1      one GPU, issue 4: the decode kernel's fused rotary + KV write over a float cache:
-#            its GPU tests and the engine parity tests, the batch-256 step with this tree and .ab/old alternating
-#            twice (with FR_B16=1 also batch 16 at 1k once each), then profile_step.py's batch-256 case.
-#   tg1      one GPU: the tiled GEMM (kernels/tiled_gemm.py) and rms_norm_partials GPU tests, then
-#            tiled_gemm_sweep.py (every launch against cuBLAS per projection at M=$TG_M, default 256).
+#   fr1      (removed with the decode kernel's fused rotary + KV write over a float cache: slower at batch 256,
+#            benchmarks/results/gpu_2026-12-02d; code at `a021048`)
+#   tg1      (removed with the tiled Triton GEMM it swept: no faster than cuBLAS at batch 256; code at `10c0ac6`)
 #   lg1      one GPU, the decode graphs' logits in bf16 above 16 rows (issue 4): the graph / parity / layer / engine
 #            GPU tests, the batch-256 step with this tree and with .ab/old (the tree before, carried), alternating,
 #            twice, then profile_step.py's batch-256 case.
@@ -1004,42 +1002,6 @@ if [ "$what" = s27b ]; then  # one GPU, in turn
     [ "$r" = 1 ] && HOTLOOP_ONE_ROW_ROPE_QUANT=1 bs1 "8b_int8_ropequant_$r" llama3-8b --quant-policy 8
     [ "$r" = 1 ] && HOTLOOP_DECODE_SHORT_GRAPHS=0 bs1 "8b_int8_noshort_$r" llama3-8b --quant-policy 8
   done
-  exit 0
-fi
-if [ "$what" = fr1 ]; then  # one GPU, in turn; needs .ab/old (the tree before, carried)
-  export CUDA_VISIBLE_DEVICES=0
-  gpu_tests fr1_tests 150 tests/kernels/test_attention_kernels.py tests/kernels/test_greedy_argmax.py \
-    tests/api/test_gpu_parity.py tests/executor tests/layers tests/engine
-  b256() {  # name tree: the batch-256 decode step (run_gpu.py's llama3_b256_1k flags) with hotloop from tree
-    (cd "$2" && timeout 150 python3 -m hotloop.bench.offline latency --model llama3-8b --load-format dummy \
-      --dtype bfloat16 --batch-size 256 --input-len 1024 --output-len 96 --num-iters 1 --session-len 2048 \
-      --max-batch-size 256 --max-prefill-token-num 16384 --output-json "$out/b256_$1.json" >"$out/b256_$1.log" 2>&1)
-    echo "[b256 $1] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*\|"decode_ms_mean": [0-9.]*' "$out/b256_$1.json" 2>/dev/null | tr '\n' ' ')"
-  }
-  b16() {  # name tree: batch 16 at 1k context (the serving run's decode batch, issue 3)
-    (cd "$2" && timeout 120 python3 -m hotloop.bench.offline latency --model llama3-8b --load-format dummy \
-      --dtype bfloat16 --batch-size 16 --input-len 1024 --output-len 128 --num-iters 1 --session-len 2048 \
-      --max-batch-size 256 --output-json "$out/b16_$1.json" >"$out/b16_$1.log" 2>&1)
-    echo "[b16 $1] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*\|"decode_ms_mean": [0-9.]*' "$out/b16_$1.json" 2>/dev/null | tr '\n' ' ')"
-  }
-  b256 new_1 "$PWD"
-  b256 old_1 "$PWD/.ab/old"
-  b256 new_2 "$PWD"
-  b256 old_2 "$PWD/.ab/old"
-  [ -n "${FR_B16:-}" ] && b16 new_1 "$PWD" && b16 old_1 "$PWD/.ab/old"
-  timeout 90 python3 "$here/profile_step.py" --out "$out/profile_b256.json" --cases "decode 256@1k" \
-    >"$out/profile_b256.log" 2>&1
-  echo "profile_step rc=$?"
-  grep -E "floor" "$out/profile_b256.log"
-  exit 0
-fi
-if [ "$what" = tg1 ]; then  # one GPU: the tiled GEMM's tests, then its sweep against cuBLAS at batch 256
-  export CUDA_VISIBLE_DEVICES=0
-  gpu_tests tg1_tests 120 tests/kernels/test_tiled_gemm.py tests/kernels/test_elementwise_kernels.py
-  (cd "$here" && timeout 420 python3 tiled_gemm_sweep.py "$out/tiled_sweep.json" --m "${TG_M:-256}" \
-    --budget-s "${TG_BUDGET:-380}" >"$out/tiled_sweep.log" 2>&1)
-  echo "tiled_gemm_sweep rc=$?"
-  grep -E "^M=|ceilings|Error" "$out/tiled_sweep.log" | head -40
   exit 0
 fi
 if [ "$what" = lg1 ]; then  # one GPU, in turn; needs .ab/old (the tree before, carried)

@@ -85,11 +85,9 @@ def compile_decode(
     config: tuple[int, ...] | None = None,
     merge: bool | None = None,
     early: bool = False,
-    write_half: int | None = None,
 ) -> Any:
     """The decode kernel for cache policy ``quant``, model ``dtype`` and block size ``bs`` (``merge``:
-    the last split merges, default ``FUSE_MERGE``; ``early``: the first tile before the PDL wait;
-    ``write_half``: a float cache's fused rotary + KV write, rotating ``2 * write_half`` dims);
+    the last split merges, default ``FUSE_MERGE``; ``early``: the first tile before the PDL wait);
     ``block_n`` and ``asm`` (the code-reading bits, ``kv_quant_triton.code_mode_bits``) override
     the launcher's choices on a GPU; ``config`` overrides the whole launch configuration,
     ``(BLOCK_N, num_warps, num_stages[, maxnreg])``."""
@@ -103,30 +101,13 @@ def compile_decode(
            "seq_lens_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32", "fin_ptr": f"*{t}",
            "cnt_ptr": "*i32", "scale_log2": "fp32"}  # fmt: skip
     sig.update({s: "i32" for s in strides})
-    write: dict[str, int | None] = {
-        "kn_ptr": None,
-        "vn_ptr": None,
-        "cos_ptr": None,
-        "sin_ptr": None,
-        "slot_ptr": None,
-    }
-    write_strides = ["stride_knb", "stride_knh", "stride_vnb", "stride_vnh", "stride_cs"]
-    if write_half is not None:  # (the pointers and strides as the launcher passes them)
-        sig.update({"kn_ptr": f"*{t}", "vn_ptr": f"*{t}", "slot_ptr": "*i64"})
-        sig.update({s: "i32" for s in write_strides})
-        if write_half:
-            sig.update({"cos_ptr": "*fp32", "sin_ptr": "*fp32"})
-        write = {n: None for n in ("cos_ptr", "sin_ptr") if not write_half}
-    else:
-        write.update({s: 0 for s in write_strides})
     default_n, warps, stages, *rest = config or dec.decode_config(quant, D, splits)
     if asm is None:  # what the launcher passes on a GPU
         asm = code_mode_bits(True, dec.INT8_PAIRS) & split_eo_mask(_TORCH[dtype], D)
     consts = {"G": G, "D": D, "BS": bs, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
               "BLOCK_N": block_n or default_n, "PDL": True,
               "MERGE": bool(dec.FUSE_MERGE if merge is None else merge) and splits > 1, "EARLY": early,
-              **_cache_consts(quant, dtype, asm), **write, "WRITE": write_half is not None,
-              "HALF": write_half or 0}  # fmt: skip
+              **_cache_consts(quant, dtype, asm)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
     # a quantized cache's token and head strides (rows of 132 bytes) are not divisible by 16; its
     # kernels use only the block stride
@@ -320,9 +301,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "decode-q8-bfloat16-merge": ("decode", {"quant": 8, "dtype": "bfloat16", "splits": 16, "merge": True}),
     # the first tile before the PDL wait (HOTLOOP_DECODE_EARLY)
     "decode-q0-bfloat16-early": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 16, "early": True}),
-    "decode-q0-bfloat16-write": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 1, "write_half": 64}),
-    "decode-q0-bfloat16-write-split": ("decode", {"quant": 0, "dtype": "bfloat16", "write_half": 64}),
-    "decode-q0-bfloat16-write-rotated": ("decode", {"quant": 0, "dtype": "bfloat16", "write_half": 0}),
     "dense-gemv-staged-bfloat16": ("dense", {"mode": "staged"}),
     **{f"dense-gemv-{m}-bfloat16": ("dense", {"mode": m}) for m in ("plain", "norm", "res", "silu", "rope")},
     "dense-gemv-rope-float32": ("dense", {"mode": "rope", "dtype": "float32"}),

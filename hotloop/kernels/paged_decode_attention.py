@@ -65,7 +65,7 @@ from hotloop.kernels.kv_quant_triton import (
 from hotloop.kernels.launch_math import cdiv, next_power_of_2
 from hotloop.kernels.launch_replay import recordable
 from hotloop.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl
-from hotloop.kernels.rotary_kv_write import _row_values, rotary_kv_write, write_kv_cache
+from hotloop.kernels.rotary_kv_write import rotary_kv_write, write_kv_cache
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 16
@@ -115,18 +115,6 @@ def _decode_kernel(
     PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
     MERGE: tl.constexpr,  # with splits: the last split of a (sequence, KV head) to finish merges
     EARLY: tl.constexpr = False,  # (a float cache, no window) the first tile requested before the wait
-    kn_ptr=None,  # WRITE: this step's k [B, KV, D] (unrotated unless HALF == 0) and v
-    vn_ptr=None,
-    cos_ptr=None,  # WRITE with HALF > 0: [B, HALF] float32
-    sin_ptr=None,
-    slot_ptr=None,  # WRITE: [B] int64 flat cache slot of the new token (negative: not written)
-    stride_knb=0,
-    stride_knh=0,
-    stride_vnb=0,
-    stride_vnh=0,
-    stride_cs=0,
-    WRITE: tl.constexpr = False,  # a float cache: rotate q and k here and write this step's k / v
-    HALF: tl.constexpr = 0,  # rotated dims / 2 (0: q and k arrive rotated, the write only)
 ):
     # EARLY: the first tile's K and V rows are requested before the wait for the kernel before (which
     # may write this step's new token, and nothing else of the cache: the module doc), all but the
@@ -157,32 +145,6 @@ def _decode_kernel(
     q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     if PRE:  # q is the kernel before's output: loaded after the wait (below)
         q = tl.zeros([BLOCK_G, BLOCK_D], q_ptr.dtype.element_ty)
-    elif WRITE:
-        tl.static_assert(QUANT == 0 and not EARLY, "the fused write is for a float cache, without EARLY")
-        # this launch does rotary_kv_write's work for its (sequence, KV head): q rotated in registers
-        # (rounded to the model dtype, as that kernel stores it); the split holding the newest token
-        # rotates its k, attends it from registers after the loop (the loop stops before it), and
-        # stores k and v at the token's slot. No barrier: nothing in this launch reads that row.
-        if HALF > 0:
-            c_row = cos_ptr + b * stride_cs
-            s_row = sin_ptr + b * stride_cs
-        else:  # (not read)
-            c_row = q_ptr
-            s_row = q_ptr
-        q_src = q_ptr + b * stride_qb + heads * stride_qh
-        qf, _qm = _row_values(q_src, c_row, s_row, offs_d, mask_g, D, HALF)
-        q = qf.to(q_ptr.dtype.element_ty)
-        one = tl.arange(0, 1)
-        k_new, k_new_mask = _row_values(
-            kn_ptr + b * stride_knb + kvh * stride_knh + one, c_row, s_row, offs_d, one < 1, D, HALF
-        )  # [1, BLOCK_D] float32, rounded to the model dtype
-        v_new = tl.load(
-            vn_ptr + b * stride_vnb + kvh * stride_vnh + one[:, None] + offs_d[None, :],
-            mask=k_new_mask,
-            other=0.0,
-        )  # [1, BLOCK_D]
-        holds_new = (seq_len >= 1) & (seq_len - 1 >= start) & (seq_len - 1 < end)
-        end = tl.where(holds_new, end - 1, end)  # the tiles stop before the newest token
     else:
         q = tl.load(q_rows, mask=mask_g[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
     # QUANT: the dots run in fp16 (float32 models: float32) on ``CODE_OFFSET + code`` values; q goes to
@@ -299,26 +261,6 @@ def _decode_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    if WRITE:
-        if holds_new:  # the newest token, from registers, as the loop would attend it last
-            s_new = tl.sum(q.to(tl.float32) * k_new, 1) * scale_log2
-            s_new = tl.where(mask_g, s_new, 0.0)
-            m_new = tl.maximum(m_i, s_new)
-            p_new = tl.exp2(s_new - m_new)
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + p_new
-            p_v = p_new.to(v_new.dtype).to(tl.float32)  # the loop's p is rounded to V's dtype for its dot
-            acc = acc * alpha[:, None] + p_v[:, None] * v_new.to(tl.float32)
-            m_i = m_new
-            slot = tl.load(slot_ptr + b)
-            if slot >= 0:
-                page = slot // BS
-                tok = slot % BS
-                k_dst = k_cache_ptr + page * stride_kb + tok * stride_kt + kvh * stride_kh
-                v_dst = v_cache_ptr + page * stride_vb + tok * stride_vt + kvh * stride_vh
-                dst_offs = one[:, None] + offs_d[None, :]
-                tl.store(k_dst + dst_offs, k_new.to(k_cache_ptr.dtype.element_ty), mask=k_new_mask)
-                tl.store(v_dst + dst_offs, v_new, mask=k_new_mask)
     safe_l = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / safe_l[:, None]
     omask = mask_g[:, None] & mask_d[None, :]
@@ -640,41 +582,6 @@ def _write_first(
         rotary_kv_write(q, w.k, w.v, w.cos, w.sin, k_cache, v_cache, w.slots)
 
 
-def float_write_why_not(
-    q: torch.Tensor, k_cache: torch.Tensor, w: kv_int8_decode_cuda.FusedWrite
-) -> str | None:
-    """Why the Triton kernel cannot take ``w`` (this step's rotary embedding and KV write) over a float
-    ``k_cache`` ``[NB, BS, KV, D]`` with queries ``q [B, H, D]``, or ``None``: k / v ``[B, KV, D]``
-    in q's dtype with contiguous head rows, slots ``[B]`` int64, cos / sin ``[B, half]`` float32
-    with ``2 * half <= D`` (unless ``rotated``), all on q's device."""
-    B, _H, D = q.shape
-    kv = k_cache.shape[2]
-    tensors = [("k", w.k), ("v", w.v), ("slots", w.slots)] + (
-        [] if w.rotated else [("cos", w.cos), ("sin", w.sin)]
-    )
-    for label, t in tensors:
-        if t.device != q.device:
-            return f"{label} is on {t.device}, q on {q.device}"
-    for name, t in (("k", w.k), ("v", w.v)):
-        if t.dim() != 3 or t.shape[:2] != (B, kv) or t.shape[2] != D or t.dtype != q.dtype:
-            return f"{name} {tuple(t.shape)} {t.dtype}: must be [{B}, {kv}, {D}] in {q.dtype}"
-        if t.stride(2) != 1:
-            return f"{name}'s head rows must be contiguous"
-    if w.slots.dim() != 1 or w.slots.shape[0] < B or w.slots.dtype != torch.int64:
-        return f"slots {tuple(w.slots.shape)} {w.slots.dtype}: must be [{B}] int64"
-    if not w.rotated:
-        for name, t in (("cos", w.cos), ("sin", w.sin)):
-            if t.dim() != 2 or t.shape[0] < B or t.dtype != torch.float32 or t.stride(1) != 1:
-                return f"{name} {tuple(t.shape)} {t.dtype}: must be [{B}, half] float32, rows contiguous"
-        if (
-            w.cos.stride(0) != w.sin.stride(0)
-            or w.cos.shape != w.sin.shape
-            or not 0 < 2 * w.cos.shape[1] <= D
-        ):
-            return f"cos {tuple(w.cos.shape)} / sin {tuple(w.sin.shape)}: one row stride, 0 < 2 * half <= {D}"
-    return None
-
-
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -823,23 +730,17 @@ def decode_attention_partials(
         config is None
         and kv_int8_decode_cuda.why_not(q, k_cache, v_cache, quant, G, sliding_window or 0, fused) is None
     )
-    # a float cache's write rides in this kernel (WRITE); otherwise the CUDA int8 kernel takes it or
-    # it runs as its own launch first
-    triton_write = write_kv is not None and quant == 0 and float_write_why_not(q, k_cache, write_kv) is None
-    if (
-        write_kv is not None
-        and not triton_write
-        and not (cuda_ok and kv_int8_decode_cuda.fused_why_not(q, k_cache, write_kv) is None)
+    if write_kv is not None and not (
+        cuda_ok and kv_int8_decode_cuda.fused_why_not(q, k_cache, write_kv) is None
     ):
         _write_first(q, k_cache, v_cache, write_kv)
         write_kv = None
-    launched = not triton_write and cuda_ok and kv_int8_decode_cuda.launch(
+    launched = cuda_ok and kv_int8_decode_cuda.launch(
         q, k_cache, v_cache, block_tables, seq_lens, out, part if splits > 1 else None,
         lse if splits > 1 else None, scale * _LOG2E, splits, write_kv,
     )  # fmt: skip
-    if write_kv is not None and not launched and not triton_write:  # the CUDA kernels could not be built here
+    if write_kv is not None and not launched:  # the CUDA kernels could not be built here
         _write_first(q, k_cache, v_cache, write_kv)
-    wk = write_kv if triton_write else None
     arrivals = counters.counters(q.device, "decode_merge", B * kv) if fused and not launched else None
     merge = arrivals is not None
     if not launched:
@@ -883,19 +784,7 @@ def decode_attention_partials(
             MERGE=merge,
             # (with splits only: the early tile holds 213 registers a thread against 96, which only
             # a small batch's grid, one wave at 2 blocks an SM, can afford; ptxas, sm_90)
-            EARLY=EARLY and quant == 0 and not sliding_window and splits > 1 and wk is None,
-            kn_ptr=wk.k if wk is not None else None,
-            vn_ptr=wk.v if wk is not None else None,
-            cos_ptr=wk.cos if wk is not None and not wk.rotated else None,
-            sin_ptr=wk.sin if wk is not None and not wk.rotated else None,
-            slot_ptr=wk.slots if wk is not None else None,
-            stride_knb=wk.k.stride(0) if wk is not None else 0,
-            stride_knh=wk.k.stride(1) if wk is not None else 0,
-            stride_vnb=wk.v.stride(0) if wk is not None else 0,
-            stride_vnh=wk.v.stride(1) if wk is not None else 0,
-            stride_cs=wk.cos.stride(0) if wk is not None and not wk.rotated else 0,
-            WRITE=wk is not None,
-            HALF=wk.cos.shape[-1] if wk is not None and not wk.rotated else 0,
+            EARLY=EARLY and quant == 0 and not sliding_window and splits > 1,
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=maxnreg,

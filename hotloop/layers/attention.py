@@ -25,10 +25,6 @@ if TYPE_CHECKING:  # (the modules import Triton: the CPU path must not)
 # k_new / v_new). HOTLOOP_KV_FRESH_PREFILL=0 reads them back from the cache instead, as before, for
 # comparisons (GPU path only; the CPU reference always takes this step's own keys).
 FRESH_PREFILL = os.environ.get("HOTLOOP_KV_FRESH_PREFILL", "1") != "0"
-# A decode-only batch over a float cache hands the rotary embedding and the KV write to the decode
-# kernel (paged_decode_attention's write_kv): one launch a layer fewer. HOTLOOP_DECODE_FUSED_ROPE=0
-# keeps rotary_kv_write's launch, for comparisons.
-FUSED_ROPE_FLOAT = os.environ.get("HOTLOOP_DECODE_FUSED_ROPE", "1") != "0"
 
 
 @dataclass
@@ -280,7 +276,6 @@ class PagedAttention(nn.Module):
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
-        rotated = cos_sin is None
         if cos_sin is None:  # already rotated: a zero-angle rotation is a plain cache write
             half = self.head_dim // 2
             cos_sin = (q.new_ones(T, half, dtype=torch.float32), q.new_zeros(T, half, dtype=torch.float32))
@@ -299,10 +294,6 @@ class PagedAttention(nn.Module):
             and 2 * cos_sin[0].shape[-1] == self.head_dim
         ):
             write = kv_int8_decode_cuda.FusedWrite(k, v, cos_sin[0], cos_sin[1], meta.slot_mapping)
-        elif meta.decode_only and k_cache.dtype != torch.uint8 and FUSED_ROPE_FLOAT:
-            write = kv_int8_decode_cuda.FusedWrite(
-                k, v, cos_sin[0], cos_sin[1], meta.slot_mapping, rotated=rotated
-            )
         else:
             rotary_kv_write(
                 q, k, v, cos_sin[0], cos_sin[1], k_cache, v_cache, meta.slot_mapping, rotate_k=fresh
