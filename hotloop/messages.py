@@ -35,6 +35,7 @@ class FinishReason(str, enum.Enum):
 
 MIN_TEMPERATURE = 1e-5  # below this a sampled request decodes greedily (as vLLM)
 MAX_SEED = 2**63  # seeds lie in [0, MAX_SEED): torch generators take a signed 64-bit seed
+MIN_REPETITION_PENALTY = 1e-6  # smaller penalties overflow float32 logits (x / penalty) into NaN rows
 RESPONSE_FORMATS = (None, "text", "json_object", "json_schema")  # GenerationConfig.response_format
 
 
@@ -98,37 +99,38 @@ class GenerationConfig:
         for name in ("do_sample", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be True or False")
-        if not isinstance(self.n, int) or self.n < 1:
+
+        def integer(v: object) -> bool:  # (a bool is an int to Python: True would mean 1)
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not integer(self.n) or self.n < 1:
             raise bad("n", "must be an integer >= 1")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        if not integer(self.max_new_tokens) or self.max_new_tokens < 1:
             raise bad("max_new_tokens", "must be an integer >= 1")
         if self.temperature < 0:
             raise bad("temperature", "must be >= 0")
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "must lie in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not integer(self.top_k) or self.top_k < 0:
             raise bad("top_k", "must be an integer >= 0 (0 disables it)")
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "must lie in [0, 1]")
-        if self.repetition_penalty <= 0:
-            raise bad("repetition_penalty", "must be > 0")
+        if self.repetition_penalty < MIN_REPETITION_PENALTY:
+            # (0 and tiny values divide the float32 logits into infinities, a NaN row)
+            raise bad("repetition_penalty", f"must be >= {MIN_REPETITION_PENALTY:g} (1 disables it)")
         if not -2.0 <= self.presence_penalty <= 2.0:
             raise bad("presence_penalty", "must lie in [-2, 2]")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise bad("frequency_penalty", "must lie in [-2, 2]")
-        if self.min_new_tokens is not None and (
-            not isinstance(self.min_new_tokens, int) or self.min_new_tokens < 0
-        ):
+        if self.min_new_tokens is not None and (not integer(self.min_new_tokens) or self.min_new_tokens < 0):
             raise bad("min_new_tokens", "must be an integer >= 0")
         if self.min_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
             raise bad("min_new_tokens", f"must be <= max_new_tokens={self.max_new_tokens}")
         if self.random_seed is not None and (
-            not isinstance(self.random_seed, int)
-            or isinstance(self.random_seed, bool)
-            or not 0 <= self.random_seed < MAX_SEED
+            not integer(self.random_seed) or not 0 <= self.random_seed < MAX_SEED
         ):
             raise bad("random_seed", "must be an integer in [0, 2**63)")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+        if self.logprobs is not None and (not integer(self.logprobs) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "must be an integer in [0, 20]")
         if self.response_format not in RESPONSE_FORMATS:
             raise bad("response_format", "must be None, 'text', 'json_object' or 'json_schema'")

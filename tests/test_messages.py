@@ -44,3 +44,33 @@ def test_logit_bias_values_are_numbers_below_inf(value: object) -> None:
     assert e.value.param == "logit_bias"
     ok = {42: 1e30, 7: -100, 8: float("-inf")}
     assert GenerationConfig(logit_bias=ok).logit_bias == ok
+
+
+@pytest.mark.parametrize(
+    "field", ["n", "max_new_tokens", "top_k", "min_new_tokens", "logprobs", "random_seed"]
+)
+def test_integer_fields_refuse_bools(field: str) -> None:
+    """``True`` is an ``int`` to Python: ``n=True`` ran as one choice, ``top_k=False`` as no top-k."""
+    with pytest.raises(RequestError, match=f"{field}=True must be an integer") as e:
+        GenerationConfig(**{field: True})  # type: ignore[arg-type]
+    assert e.value.param == field
+    assert getattr(GenerationConfig(**{field: 1}), field) == 1  # the integer itself passes
+
+
+def test_repetition_penalty_has_a_floor_that_keeps_logits_finite() -> None:
+    """A penalty of 1e-308 is 0 in float32: the penalised logits divided into inf and the row went NaN."""
+    import torch
+
+    from hotloop.messages import MIN_REPETITION_PENALTY
+
+    for bad in (0.0, 1e-308, MIN_REPETITION_PENALTY / 2):
+        with pytest.raises(RequestError, match="repetition_penalty=.* must be >= 1e-06") as e:
+            GenerationConfig(repetition_penalty=bad)
+        assert e.value.param == "repetition_penalty"
+    assert torch.tensor(1e-308, dtype=torch.float32) == 0  # why: the value the sampler would divide by
+    logits = torch.tensor([40.0, -40.0]) / torch.tensor(MIN_REPETITION_PENALTY, dtype=torch.float32)
+    assert torch.isfinite(torch.softmax(logits, 0)).all()
+    assert (
+        GenerationConfig(repetition_penalty=MIN_REPETITION_PENALTY).repetition_penalty
+        == MIN_REPETITION_PENALTY
+    )

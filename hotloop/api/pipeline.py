@@ -262,7 +262,8 @@ class Pipeline:
         With ``n > 1`` a prompt gives a list of ``n`` responses. Calls from several threads run one
         after another (each waits for the engine).
         """
-        gen_config = gen_config or config or GenerationConfig()
+        if gen_config is None:  # (not `or`: an empty list is the caller's mistake, refused below)
+            gen_config = config if config is not None else GenerationConfig()
         items, single = self._normalize(prompts, self.vl is not None)
         configs = _per_prompt(gen_config, len(items))
         subs = self._submit(items, gen_config, do_preprocess)
@@ -287,7 +288,8 @@ class Pipeline:
         """Yield incremental responses (new text and token ids); ``index`` says which prompt and
         ``choice`` which of its ``n`` samples. One call at a time: another call while this iterator
         is open raises (it would step the engine under it)."""
-        gen_config = gen_config or GenerationConfig()
+        if gen_config is None:
+            gen_config = GenerationConfig()
         items, _single = self._normalize(prompts, self.vl is not None)
         subs = self._submit(items, gen_config, do_preprocess)
         by_id = {rid: (i, j) for i, j, rid, _ids in subs}

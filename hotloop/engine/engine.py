@@ -154,9 +154,9 @@ class Engine:
             if plain:  # a stop string would end the request inside the JSON value, as if it were done
                 raise RequestError(
                     f"stop strings cannot be combined with JSON output (response_format json_object or "
-                    f"json_schema): {plain[0]!r} could cut the value short; leave stop out or use "
-                    "stop_token_ids",
-                    param="stop",
+                    f"json_schema): {plain[0]!r} could cut the value short; leave the stop strings "
+                    "out or use stop_token_ids",
+                    param="stop_words",  # (the OpenAI routes name it stop)
                 )
         for name, ids in (
             ("logit_bias", params.logit_bias or {}),

@@ -29,7 +29,7 @@ from hotloop.serve.openai_protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from hotloop.serve.params import resolve_max_tokens
+from hotloop.serve.params import resolve_max_tokens, response_format_fields
 from hotloop.serve.state import ServerState
 
 router = APIRouter()
@@ -102,7 +102,10 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         state.check_token_ids(body.stop_token_ids, "stop_token_ids")
     try:
         fields = {k: getattr(body, k) for k in _GEN_FIELDS}
-        params = GenerationConfig(max_new_tokens=max_new, **fields)
+        response_format, json_schema = response_format_fields(body)
+        params = GenerationConfig(
+            max_new_tokens=max_new, response_format=response_format, json_schema=json_schema, **fields
+        )
         state.engine.validate(ids, params)
     except RequestError as e:
         raise from_request_error(e, native=True) from e

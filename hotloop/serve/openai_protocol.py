@@ -233,7 +233,8 @@ class GenerateRequest(_Body):
     """``POST /generate``: a prompt (text or token ids) and LMDeploy ``GenerationConfig`` fields.
 
     ``max_new_tokens`` absent means "up to session_len". Sampling is off unless ``do_sample``.
-    ``do_preprocess`` applies the chat template to a text prompt.
+    ``do_preprocess`` applies the chat template to a text prompt. ``response_format`` constrains
+    the output as on the OpenAI routes (``json_object``, ``json_schema``).
     """
 
     model: str | None = None
@@ -258,6 +259,7 @@ class GenerateRequest(_Body):
     skip_special_tokens: bool = True
     logprobs: int | None = Field(None, ge=0, le=20)
     include_stop_str_in_output: bool = False
+    response_format: ResponseFormat | None = None
 
 
 class GenerateLogprob(BaseModel):

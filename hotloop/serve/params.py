@@ -10,7 +10,7 @@ import json
 
 from hotloop.messages import MAX_SEED, GenerationConfig, RequestError
 from hotloop.serve.errors import APIError, from_request_error
-from hotloop.serve.openai_protocol import _SamplingFields
+from hotloop.serve.openai_protocol import GenerateRequest, _SamplingFields
 from hotloop.serve.state import ServerState
 
 _MAX_STOP = 64
@@ -87,7 +87,7 @@ def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> dict[int, 
     return out
 
 
-def _response_format(body: _SamplingFields) -> tuple[str | None, str | None]:
+def response_format_fields(body: _SamplingFields | GenerateRequest) -> tuple[str | None, str | None]:
     """``(response_format, json_schema)`` for ``GenerationConfig``: ``json_object`` (one JSON
     object), ``json_schema`` with the schema as JSON text (OpenAI's ``{"name", "schema", "strict"}``
     wrapper, or a bare schema), or ``(None, None)`` for free text."""
@@ -123,7 +123,7 @@ def sampling_config(
     """The ``GenerationConfig`` for one choice (``choice_seed`` gives choice j its seed)."""
     temperature = 1.0 if body.temperature is None else body.temperature
     top_k = body.top_k or 0
-    response_format, json_schema = _response_format(body)
+    response_format, json_schema = response_format_fields(body)
     if body.stop_token_ids:
         state.check_token_ids(body.stop_token_ids, "stop_token_ids")
     try:

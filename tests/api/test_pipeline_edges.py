@@ -146,6 +146,16 @@ def test_gen_config_list_per_prompt(pipe) -> None:
     assert [r.generate_token_len for r in rs] == [2, 3]
 
 
+def test_an_empty_gen_config_list_is_refused_not_replaced_by_the_default(pipe) -> None:
+    """``gen_config=[]`` for one prompt is a count mismatch (it ran with the default config: an empty
+    list is falsy)."""
+    with pytest.raises(RequestError, match="list of 0 configs for 1 prompts") as e:
+        pipe("hi", gen_config=[])
+    assert e.value.param == "gen_config"
+    with pytest.raises(RequestError, match="list of 0 configs for 1 prompts"):
+        list(pipe.stream_infer("hi", gen_config=[]))
+
+
 # -- 6. chat_template_config -----------------------------------------------------------------
 def test_chat_template_config_is_accepted(pipe, monkeypatch) -> None:
     """``pipeline(model, backend_config=..., chat_template_config=...)`` (LMDeploy's signature) is

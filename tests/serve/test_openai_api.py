@@ -281,6 +281,26 @@ def test_generate_checks_the_prompt_before_its_template(server) -> None:
     assert "character 2" in err["message"], err
 
 
+def test_generate_takes_response_format(server) -> None:
+    """/generate constrains its output with response_format as the OpenAI routes do (it was ignored:
+    extra fields are dropped); a json_schema whose schema is not an object is a 400 naming it; stop words are
+    refused with JSON output, naming stop_words."""
+    prompt = "Describe a cat as a short JSON object with the keys name and age.\n"
+    body = {"prompt": prompt, "max_new_tokens": 64, "response_format": {"type": "json_object"}}
+    r = _post(server, "/generate", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["finish_reason"] == "stop" and isinstance(json.loads(out["text"]), dict), out
+    schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
+    body["response_format"] = {"type": "json_schema", "json_schema": {"name": "cat", "schema": schema}}
+    out = _post(server, "/generate", json=body).json()
+    assert set(json.loads(out["text"])) == {"age"}, out
+    body["response_format"] = {"type": "json_schema", "json_schema": {"name": "cat", "schema": 7}}
+    _assert_error(_post(server, "/generate", json=body), 400, "response_format.json_schema")
+    body["response_format"] = {"type": "json_object"}
+    _assert_error(_post(server, "/generate", json={**body, "stop_words": [","]}), 400, "stop_words")
+
+
 def test_json_object_accepted_and_penalties(client, model_name) -> None:
     r = _chat(
         client,
