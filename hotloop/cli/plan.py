@@ -128,6 +128,14 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([p.as_dict() for p in plans], indent=2))
     else:
         print(format_table(plans, args.target))
+    if shape.max_positions is not None and base.session_len > shape.max_positions:
+        # (the engine takes such a session_len with the same warning: hotloop/api/build.py)
+        print(
+            f"warning: --session-len {base.session_len} exceeds {shape.name}'s max_position_embeddings="
+            f"{shape.max_positions}: positions past {shape.max_positions} are beyond what the model was "
+            "trained on; plan with a --session-len within it, or a model with a longer context",
+            file=sys.stderr,
+        )
     for p in plans:
         if p.weight_bytes > p.inputs.gpu_mem_gib * GIB * (
             p.inputs.mem_util if p.inputs.cache_max_entry_count is None else 1.0

@@ -26,6 +26,7 @@ class ModelShape:
     vocab_size: int
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
+    max_positions: int | None = None  # config.json's max_position_embeddings, where known
 
     @property
     def linear_params_per_layer(self) -> int:
@@ -56,14 +57,16 @@ PRESETS: dict[str, ModelShape] = {
     for s in (
         # The brief's worked example: "20B-class GQA, ~40 GB at BF16, ~64 KB of KV per token".
         ModelShape("brief-20b", 32, 6144, 48, 4, 128, 27648, 92544),
-        ModelShape("internlm2.5-20b", 48, 6144, 48, 8, 128, 16384, 92544),
-        ModelShape("internlm2.5-7b", 32, 4096, 32, 8, 128, 14336, 92544),
-        ModelShape("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256),
-        ModelShape("llama-3-70b", 80, 8192, 64, 8, 128, 28672, 128256),
-        ModelShape("qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064, qkv_bias=True),
-        ModelShape("qwen2.5-32b", 64, 5120, 40, 8, 128, 27648, 152064, qkv_bias=True),
-        ModelShape("qwen2.5-coder-1.5b", 28, 1536, 12, 2, 128, 8960, 151936, True, True),
-        ModelShape("smollm2-135m", 30, 576, 9, 3, 64, 1536, 49152, tie_word_embeddings=True),
+        ModelShape("internlm2.5-20b", 48, 6144, 48, 8, 128, 16384, 92544, max_positions=32768),
+        ModelShape("internlm2.5-7b", 32, 4096, 32, 8, 128, 14336, 92544, max_positions=32768),
+        ModelShape("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256, max_positions=8192),
+        ModelShape("llama-3-70b", 80, 8192, 64, 8, 128, 28672, 128256, max_positions=8192),
+        ModelShape("qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064, qkv_bias=True, max_positions=32768),
+        ModelShape("qwen2.5-32b", 64, 5120, 40, 8, 128, 27648, 152064, qkv_bias=True, max_positions=32768),
+        ModelShape("qwen2.5-coder-1.5b", 28, 1536, 12, 2, 128, 8960, 151936, True, True, max_positions=32768),
+        ModelShape(
+            "smollm2-135m", 30, 576, 9, 3, 64, 1536, 49152, tie_word_embeddings=True, max_positions=8192
+        ),
     )
 }
 
@@ -95,6 +98,7 @@ def shape_from_config(config: dict[str, Any], name: str = "model") -> ModelShape
         vocab_size=vocab,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=bool(cfg.get("attention_bias", arch.startswith("Qwen2"))),
+        max_positions=int(cfg["max_position_embeddings"]) if cfg.get("max_position_embeddings") else None,
     )
 
 

@@ -139,3 +139,26 @@ def test_embeddings_on_host_leave_the_untied_table_off_the_gpu() -> None:
     base = PlanInput(weight_format="awq", session_len=4096)
     more = plan(llama, PlanInput(weight_format="awq", session_len=4096, embeddings_on_host=True))
     assert more.num_blocks > plan(llama, base).num_blocks
+
+
+def test_session_len_past_the_models_positions_is_warned(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A --session-len beyond max_position_embeddings gets the engine's warning (presets and
+    config.json alike); one within it gets none."""
+    parser = argparse.ArgumentParser()
+    plan_cli.add_parser(parser.add_subparsers(dest="command"))
+
+    def run(*argv: str) -> str:
+        args = parser.parse_args(["plan", *argv])
+        assert args.func(args) == 0
+        return capsys.readouterr().err
+
+    err = run("llama3-8b", "--session-len", "16384")
+    assert "--session-len 16384 exceeds llama-3-8b's max_position_embeddings=8192" in err
+    assert "max_position_embeddings" not in run("llama3-8b", "--session-len", "8192")
+    cfg = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128,
+           "vocab_size": 100, "max_position_embeddings": 512}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert load_shape(str(tmp_path)).max_positions == 512
+    assert "max_position_embeddings=512" in run(str(tmp_path), "--session-len", "1024")
