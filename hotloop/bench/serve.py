@@ -14,6 +14,7 @@ import asyncio
 import json
 import math
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -146,7 +147,11 @@ async def send_request(
 
 async def fetch_model(client: Any, base_url: str, headers: dict[str, str]) -> str:
     resp = await client.get(f"{base_url}/v1/models", headers=headers)
-    resp.raise_for_status()
+    if resp.status_code == 401:
+        what = "refused the API key" if headers.get("Authorization") else "needs an API key"
+        raise RuntimeError(f"{base_url} {what} (401): pass the server's key with --api-key")
+    if resp.status_code != 200:
+        raise RuntimeError(f"{base_url}/v1/models answered {resp.status_code}: {resp.text[:300]}")
     data = resp.json().get("data") or []
     if not data:
         raise RuntimeError(f"{base_url}/v1/models lists no model; pass --model")
@@ -412,6 +417,12 @@ def run(args: Any) -> int:
     )
     summary = summarize(results, duration, slos, percentiles)
     print(format_table(summary, percentiles))
+    failed = [r.error for r in results if not r.success]
+    if failed:  # (the table has only their count: say why, once per distinct reason)
+        reasons = list(dict.fromkeys(str(e) for e in failed))
+        print(f"{len(failed)} requests failed; the first reasons:", file=sys.stderr)
+        for reason in reasons[:3]:
+            print(f"  {reason[:300]}", file=sys.stderr)
     if args.result_file:
         record = {
             "config": {

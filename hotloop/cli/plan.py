@@ -29,7 +29,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=16,
         help="KV cache bits: 16 (no quantization), 8 (--quant-policy 8), 4 (--quant-policy 4)",
     )
-    p.add_argument("--session-len", type=int, default=32768, help="tokens per sequence (default: 32768)")
+    p.add_argument(
+        "--session-len",
+        type=int,
+        default=None,
+        help="tokens per sequence (default: the model's max_position_embeddings, as the engine's "
+        f"--session-len; {DEFAULT_SESSION_LEN} where the model does not say)",
+    )
     p.add_argument(
         "--prefix-hit-rate",
         type=float,
@@ -68,7 +74,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def inputs_from_args(args: argparse.Namespace) -> PlanInput:
+DEFAULT_SESSION_LEN = 32768
+
+
+def inputs_from_args(args: argparse.Namespace, shape: ModelShape | None = None) -> PlanInput:
     if not 0.0 < args.cache_max_entry_count <= 1.0:
         raise ValueError(f"--cache-max-entry-count {args.cache_max_entry_count}: must lie in (0, 1]")
     if args.target is not None and args.target < 1:
@@ -77,7 +86,9 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInput:
         gpu_mem_gib=args.gpu_mem,
         weight_format=args.weight_format,
         kv_bits=args.kv_bits,
-        session_len=args.session_len,
+        session_len=args.session_len
+        if args.session_len is not None
+        else (shape.max_positions if shape is not None and shape.max_positions else DEFAULT_SESSION_LEN),
         prefix_hit_rate=args.prefix_hit_rate,
         mem_util=args.mem_util,
         overhead_gib=args.overhead,
@@ -120,7 +131,7 @@ def format_table(plans: list[Plan], target: int | None = None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     shape = load_shape(args.model)
-    base = inputs_from_args(args)
+    base = inputs_from_args(args, shape)
     plans = sweep(shape, base) if args.sweep else [plan(shape, base)]
     if args.measure:
         return run_measure(args, shape, [p.inputs for p in plans])

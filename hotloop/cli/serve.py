@@ -8,6 +8,7 @@ defaults; every ``EngineConfig`` field is a flag too.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from hotloop.cli.engine_args import add_engine_args, engine_config_from_args
 
@@ -111,6 +112,29 @@ def model_name_for(model: str | None) -> str:
     return default_model_name(model.rstrip("/"))
 
 
+def check_bindable(host: str, port: int) -> None:
+    """Raise ``ValueError`` naming the flag unless ``host:port`` can be listened on now: a port in use
+    or a name that does not resolve is found before the model loads, not after it (uvicorn's bind).
+    (A port taken between this check and the server's start still fails there.)"""
+    import socket
+
+    try:
+        family, kind, proto, _name, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise ValueError(
+            f"--server-name {host!r}: cannot resolve it ({e.strerror}); use an address such as 0.0.0.0"
+        ) from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            raise ValueError(
+                f"--server-port {port}: cannot listen on {host}:{port} ({e.strerror}); pick another port "
+                "or stop the process that holds it"
+            ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from hotloop.api.build import build_engine
     from hotloop.serve.api_server import ServerArgs, run_server
@@ -122,6 +146,15 @@ def run(args: argparse.Namespace) -> int:
     if args.api_keys is not None and not all(k.strip() for k in args.api_keys):
         # (`--api-keys "$KEY"` with KEY unset: an empty key would leave the server open)
         raise ValueError("--api-keys: an empty key was given; pass non-empty keys, or leave the flag out")
+    if args.api_keys and model is None:
+        # `--api-keys KEY MODEL`: the flag takes every word after it, so MODEL became a key (and the
+        # default model was served, open to anyone who sends the path as a key)
+        taken = [k for k in args.api_keys if k == "api_server" or Path(k).exists()]
+        if taken:
+            raise ValueError(
+                f"--api-keys took {taken[0]!r}, which names a model path (or the api_server command), as a "
+                "key: put MODEL before the flags (hotloop serve api_server MODEL --api-keys KEY ...)"
+            )
     server_args = ServerArgs(
         server_name=args.server_name,
         server_port=args.server_port,
@@ -141,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
     )
     set_log_level(args.log_level)
     load_chat_template(args.chat_template)  # fail on a bad path before loading the model
+    check_bindable(server_args.server_name, server_args.server_port)  # (and on a port in use)
     built = build_engine(model, engine_config_from_args(args))
     settle_after_startup()
     run_server(built, server_args)

@@ -16,15 +16,55 @@ class ChatTemplateError(ValueError):
 
 
 def load_chat_template(value: str | None) -> str | None:
-    """``--chat-template``: a path to a Jinja file, or the template text itself."""
+    """``--chat-template``: a path to a Jinja file, or the template text itself. The text must be a
+    Jinja template that compiles: LMDeploy's JSON chat-template configs and plain text (which would
+    render as the whole prompt, dropping the messages) are refused, as are syntax errors (which
+    would otherwise surface at the first chat request, as the client's 400)."""
     if not value:
         return None
     path = Path(value)
     if path.is_file():
-        return path.read_text()
-    if "{%" in value or "{{" in value:
-        return value
-    raise FileNotFoundError(f"--chat-template {value!r}: no such file (and it is not a Jinja template)")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"--chat-template {value!r}: not a UTF-8 text file ({e.reason} at byte {e.start})"
+            ) from None
+        where = f"--chat-template {value!r}"
+    elif "{%" in value or "{{" in value:
+        text, where = value, "--chat-template (template text)"
+    else:
+        raise FileNotFoundError(f"--chat-template {value!r}: no such file (and it is not a Jinja template)")
+    check_template_text(text, where)
+    return text
+
+
+def check_template_text(text: str, where: str) -> None:
+    """Raise ``ValueError`` naming ``where`` unless ``text`` is a Jinja template that compiles."""
+    import json
+
+    try:
+        as_json = json.loads(text)
+    except ValueError:
+        as_json = None
+    if isinstance(as_json, dict):
+        raise ValueError(
+            f"{where} is a JSON chat-template config (LMDeploy's format), which hotloop does not read: pass "
+            "a Jinja chat template (the chat_template of a tokenizer_config.json), or leave the flag out "
+            "to use the model's own"
+        )
+    if "{%" not in text and "{{" not in text:
+        raise ValueError(
+            f"{where} holds no Jinja tags ({{% %}} or {{{{ }}}}): as a template it would render the same "
+            "text for every conversation; pass a Jinja chat template"
+        )
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:  # (transformers renders with this environment and the loopcontrols extension)
+        ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"{where}: Jinja syntax error at line {e.lineno}: {e.message}") from None
 
 
 def has_chat_template(tokenizer: Any, chat_template: str | None = None) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +51,14 @@ class ServerArgs:
             raise ValueError(f"max_concurrent_requests={self.max_concurrent_requests} must be >= 1")
         if not 0 <= self.server_port <= 65535:
             raise ValueError(f"server_port={self.server_port} must lie in [0, 65535]")
+        if not (math.isfinite(self.shutdown_timeout) and self.shutdown_timeout >= 0):
+            raise ValueError(
+                f"--shutdown-timeout {self.shutdown_timeout}: must be a finite number of seconds >= 0"
+            )
+        if not (math.isfinite(self.image_fetch_timeout) and self.image_fetch_timeout > 0):
+            raise ValueError(
+                f"--image-fetch-timeout {self.image_fetch_timeout}: must be a finite number of seconds > 0"
+            )
 
 
 def default_model_name(model_path: Path | str) -> str:

@@ -302,3 +302,108 @@ def test_plan_warns_when_the_weights_do_not_fit(capsys: pytest.CaptureFixture[st
     assert code == 0 and "warning: bf16 weights take" in err and "--weight-format awq" in err, err
     code, out, err = _run(["plan", "llama-3-8b", "--gpu-mem", "80"], capsys)
     assert code == 0 and "warning" not in err, err
+
+
+# -- a second audit (2026-12-02) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name,text,words",
+    [
+        ("lmdeploy.json", json.dumps({"model_name": "internlm2", "system": "<|im_start|>system\n"}),
+         "JSON chat-template config"),
+        ("plain.txt", "You are a helpful assistant.", "no Jinja tags"),
+        ("broken.jinja", "{% for m in messages %}{{ m['content'] }}", "Jinja syntax error at line 1"),
+    ],
+)  # fmt: skip
+def test_serve_and_chat_refuse_templates_that_would_drop_the_messages(
+    name: str, text: str, words: str, tmp_path: Path, no_engine: None,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """An LMDeploy JSON config or plain text rendered as the whole prompt (the model answered
+    something unrelated; exit 0); a syntax error surfaced at the first request as the client's 400."""
+    path = tmp_path / name
+    path.write_text(text)
+    code, _out, err = _run(["serve", "--device", "cpu", "--chat-template", str(path)], capsys)
+    assert code == 1 and words in err and "build_engine reached" not in err, err
+    monkeypatch.setattr("hotloop.api.pipeline.Pipeline", _FakePipeline)
+    code, _out, err = _run(["chat", "--device", "cpu", "--chat-template", str(path)], capsys)
+    assert code == 1 and words in err, err
+
+
+def test_chat_template_that_is_not_text_is_a_one_line_error(
+    tmp_path: Path, no_engine: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "t.bin"
+    path.write_bytes(b"\xd0\xff\x00{{ x }}")
+    code, _out, err = _run(["serve", "--device", "cpu", "--chat-template", str(path)], capsys)
+    assert code == 1 and "not a UTF-8 text file" in err, err
+
+
+def test_serve_port_in_use_is_found_before_the_model_loads(
+    no_engine: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """uvicorn found it after ~10 s of loading and 2.5 GB of KV, in its own words (exit 3)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, _out, err = _run(
+            ["serve", "--device", "cpu", "--server-name", "127.0.0.1", "--server-port", str(port)], capsys
+        )
+    assert (
+        code == 1 and f"--server-port {port}: cannot listen" in err and "build_engine reached" not in err
+    ), err
+    code, _out, err = _run(["serve", "--device", "cpu", "--server-name", "nosuchhost.invalid"], capsys)
+    assert code == 1 and "--server-name 'nosuchhost.invalid': cannot resolve" in err, err
+
+
+def test_serve_api_keys_do_not_swallow_the_model(
+    tmp_path: Path, no_engine: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--api-keys k1 MODEL` took MODEL as a second key and served the default model."""
+    code, _out, err = _run(["serve", "--device", "cpu", "--api-keys", "k1", str(tmp_path)], capsys)
+    assert code == 1 and f"--api-keys took {str(tmp_path)!r}" in err and "build_engine reached" not in err, (
+        err
+    )
+    code, _out, err = _run(["serve", "--device", "cpu", "--api-keys", "k1", "k2"], capsys)
+    assert "build_engine reached" in err  # ordinary keys pass on to loading the model
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-5"])
+def test_serve_shutdown_timeout_is_checked_first(
+    value: str, no_engine: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _out, err = _run(["serve", "--device", "cpu", f"--shutdown-timeout={value}"], capsys)
+    assert code == 1 and "--shutdown-timeout" in err and "build_engine reached" not in err, err
+
+
+def test_bench_serve_names_a_refused_api_key() -> None:
+    """A 401 from /v1/models was an httpx traceback."""
+    import asyncio
+
+    from hotloop.bench.serve import fetch_model
+
+    class _Resp:
+        def __init__(self, status: int) -> None:
+            self.status_code, self.text = status, "nope"
+
+        def json(self) -> dict[str, Any]:
+            return {"data": [{"id": "m"}]}
+
+    class _Client:
+        def __init__(self, status: int) -> None:
+            self.status = status
+
+        async def get(self, url: str, headers: dict[str, str]) -> _Resp:
+            return _Resp(self.status)
+
+    with pytest.raises(
+        RuntimeError, match="needs an API key \\(401\\): pass the server's key with --api-key"
+    ):
+        asyncio.run(fetch_model(_Client(401), "http://h", {}))
+    with pytest.raises(RuntimeError, match="refused the API key"):
+        asyncio.run(fetch_model(_Client(401), "http://h", {"Authorization": "Bearer x"}))
+    with pytest.raises(RuntimeError, match="answered 404: nope"):
+        asyncio.run(fetch_model(_Client(404), "http://h", {}))
+    assert asyncio.run(fetch_model(_Client(200), "http://h", {})) == "m"
