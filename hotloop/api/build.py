@@ -76,8 +76,22 @@ def build_engine(model: str | None, config: EngineConfig | None = None) -> Built
             model_config.max_position_embeddings,
             model_config.max_position_embeddings,
         )
+    try:  # (before the weights load and the KV pool is allocated: a folder without it fails fast)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"{path}: its tokenizer cannot be loaded ({str(e).strip().splitlines()[0][:300]}); the folder needs "
+            "the model's tokenizer files (tokenizer.json, or tokenizer_config.json with its vocabulary)"
+        ) from None
     executor = LocalExecutor(path, model_config, config, device, dtype, session_len)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    pool_tokens = executor.num_blocks * config.cache_block_seq_len
+    if pool_tokens < session_len:
+        logger.warning(
+            "the KV pool holds %d tokens (%d blocks of %d), fewer than one session of %d: requests are "
+            "limited to %d tokens; raise --cache-max-entry-count (a fraction of free memory, or a block "
+            "count when > 1) or lower --session-len",
+            pool_tokens, executor.num_blocks, config.cache_block_seq_len, session_len, pool_tokens,
+        )  # fmt: skip
     engine = Engine(
         executor,
         tokenizer,

@@ -21,8 +21,17 @@ from hotloop.layers.linear import AWQLinearMethod, Linear, set_quant_method
 
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON file that must hold an object (a model folder's config files); ``ValueError`` else."""
-    with path.open() as f:
-        data = json.load(f)
+    try:
+        with path.open(encoding="utf-8") as f:
+            data = json.load(f)
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): replace the file"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}): fix or re-download it"
+        ) from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     return data
