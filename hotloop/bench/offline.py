@@ -13,6 +13,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -183,6 +184,17 @@ def run_throughput(args: argparse.Namespace) -> int:
 
 def run_latency(args: argparse.Namespace) -> int:
     _check_counts(args, ("batch_size", "num_iters"))
+    if args.output_len < 2:
+        raise ValueError(
+            f"--output-len {args.output_len}: the latency benchmark times decode steps, and the first "
+            "token comes from the prefill; use --output-len >= 2"
+        )
+    max_batch = getattr(args, "max_batch_size", None)
+    if max_batch is not None and args.batch_size > max_batch:
+        raise ValueError(
+            f"--batch-size {args.batch_size} exceeds --max-batch-size {max_batch}: the batch never decodes "
+            "as one, so no step would be timed; raise --max-batch-size"
+        )
     built, load_s = _engine(args)
     engine = built.engine
     rng = random.Random(args.bench_seed)
@@ -233,7 +245,9 @@ def run_latency(args: argparse.Namespace) -> int:
                 "output_tokens_per_s": args.batch_size * args.output_len / total,
             }
         )
-    med = statistics.median(decode_ms) if decode_ms else float("nan")
+    med = statistics.median(decode_ms) if decode_ms else None  # (None: JSON has no NaN)
+    if not decode_ms:
+        print("warning: no decode step ran with the whole batch, so none was timed", file=sys.stderr)
     result = {
         "benchmark": "latency",
         "model": str(args.model),
@@ -243,7 +257,7 @@ def run_latency(args: argparse.Namespace) -> int:
         "decode_ms_p50": med,
         "decode_ms_p99": _percentile(decode_ms, 99) if decode_ms else None,
         "decode_ms_mean": statistics.fmean(decode_ms) if decode_ms else None,
-        "decode_tokens_per_s": args.batch_size * 1e3 / med if decode_ms else None,
+        "decode_tokens_per_s": args.batch_size * 1e3 / med if med else None,
         "host_ms_per_step_p50": statistics.median(host_ms) if host_ms else None,
         # the mean shows what the median hides: the garbage collector's occasional long pauses
         "host_ms_per_step_mean": statistics.fmean(host_ms) if host_ms else None,

@@ -264,6 +264,10 @@ def test_bench_serve_without_a_server_is_a_one_line_error(capsys: pytest.Capture
         (["bench", "latency", "--num-iters-warmup", "-2"], "--num-iters-warmup"),
         (["bench", "latency", "--output-json", "/proc/self/r.json"], "--output-json"),
         (["bench", "throughput", "--output-json", "/nonexistent-dir/r.json"], "--output-json"),
+        # latency times decode steps of the whole batch: one output token has none, and a batch past
+        # --max-batch-size never decodes as one (both printed a NaN / null median after the run)
+        (["bench", "latency", "--output-len", "1"], "--output-len"),
+        (["bench", "latency", "--batch-size", "8", "--max-batch-size", "4"], "--max-batch-size"),
     ],
 )
 def test_bench_offline_counts_checked_before_loading(
