@@ -50,6 +50,10 @@ class GenerationConfig:
     stop_token_ids are masked and stop_words do not stop (as in vLLM).
     logprobs: how many top alternatives to return with each generated token's log-probability
     (0 returns only the chosen token's; None returns none).
+    prompt_logprobs (vLLM's field): the same for every prompt token after the first, log p(token |
+    the tokens before it), computed while the prompt is prefilled (the first output carries them;
+    ``Response.prompt_logprobs``, whose first entry is None). Such a request does not reuse prefix-
+    cached blocks: every prompt position must go through the model to have logits.
     response_format: None or "text" is free text; "json_object" constrains the output to one JSON
     object (OpenAI's JSON mode; ``hotloop.engine.grammar``), "json_schema" to one JSON value that
     follows ``json_schema`` (a JSON Schema as JSON text; properties it does not list are not
@@ -78,6 +82,7 @@ class GenerationConfig:
     min_new_tokens: int | None = None
     skip_special_tokens: bool = True
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
     response_format: str | None = None
@@ -132,6 +137,10 @@ class GenerationConfig:
             raise bad("random_seed", "must be an integer in [0, 2**63)")
         if self.logprobs is not None and (not integer(self.logprobs) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "must be an integer in [0, 20]")
+        if self.prompt_logprobs is not None and (
+            not integer(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= 20
+        ):
+            raise bad("prompt_logprobs", "must be an integer in [0, 20]")
         if self.response_format not in RESPONSE_FORMATS:
             raise bad("response_format", "must be None, 'text', 'json_object' or 'json_schema'")
         if self.response_format == "json_schema":
@@ -213,6 +222,8 @@ class Response:
     cached_tokens: int = 0
     session_id: int | None = None
     choice: int = 0  # which of the prompt's ``n`` samples (GenerationConfig.n)
+    # with GenerationConfig.prompt_logprobs: one per prompt token, None for the first (it has no prefix)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def prompt_tokens(self) -> int:

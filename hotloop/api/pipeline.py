@@ -173,6 +173,13 @@ class Pipeline:
                     continue
                 if not isinstance(p, (str, list)):
                     raise RequestError(f"unsupported prompt type {type(p).__name__}", "prompts")
+                if isinstance(p, list) and not all(isinstance(m, dict) for m in p):
+                    raise RequestError(
+                        f"prompts[{len(out)}] is a list of {type(next(m for m in p if not isinstance(m, dict))).__name__}: "
+                        "a prompt is a string or a list of chat messages (dicts); token ids go to the "
+                        "server's /v1/completions or /generate",
+                        "prompts",
+                    )
                 out.append(p if isinstance(p, str) else list(p))
             return out, False
         raise RequestError(f"unsupported prompts type {type(prompts).__name__}", "prompts")
@@ -302,6 +309,7 @@ class Pipeline:
                 finish_reason=o.finish_reason,
                 token_ids=list(o.new_token_ids),
                 logprobs=list(o.logprobs) or None,
+                prompt_logprobs=o.prompt_logprobs,
                 index=i,
                 cached_tokens=o.cached_tokens,
                 choice=j,
@@ -389,6 +397,8 @@ def _accumulate(resp: Response, o: RequestOutput) -> None:
     resp.cached_tokens = o.cached_tokens
     if o.logprobs:
         resp.logprobs = (resp.logprobs or []) + list(o.logprobs)
+    if o.prompt_logprobs is not None:
+        resp.prompt_logprobs = o.prompt_logprobs
     if o.finished:
         resp.finish_reason = o.finish_reason
 

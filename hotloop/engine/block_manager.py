@@ -128,9 +128,10 @@ class BlockManager:
     def lookup_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest cached prefix of ``request``'s known tokens (no side effects
         on the pool). At least the last token is left out, so the step that computes it yields
-        logits, and a block the request would write into is never a shared one."""
+        logits, and a block the request would write into is never a shared one. A request that
+        asks for prompt logprobs gets no hit: each of its prompt positions must be computed."""
         pc = self.prefix_cache
-        if pc is None or request.block_ids:
+        if pc is None or request.block_ids or request.prompt_logprobs is not None:
             return []
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = self._hashes(request, max_blocks)

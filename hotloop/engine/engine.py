@@ -425,21 +425,14 @@ class Engine:
                 status = RequestStatus.FINISHED_LENGTH
             lps = [logprob] if logprob is not None else []
             if status is not None:
-                outputs.append(self._finish(req, status, [token_id], text, lps))
+                o = self._finish(req, status, [token_id], text, lps)
             else:
-                outputs.append(
-                    RequestOutput(
-                        req.request_id,
-                        [token_id],
-                        text,
-                        False,
-                        None,
-                        n_prompt,
-                        n_out,
-                        req.num_cached_tokens,
-                        lps,
-                    )
+                o = RequestOutput(
+                    req.request_id, [token_id], text, False, None, n_prompt, n_out, req.num_cached_tokens, lps
                 )
+            if n_out == 1 and req.prompt_logprobs is not None:
+                o.prompt_logprobs = list(req.prompt_logprobs)
+            outputs.append(o)
         return outputs
 
     def _update_steps(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]:

@@ -25,6 +25,9 @@ class RequestOutput:
     num_generated_tokens: int
     cached_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # GenerationConfig.prompt_logprobs: on the output that carries the first generated token, one entry
+    # per prompt token (None for the first)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(slots=True)

@@ -107,9 +107,14 @@ class Request:
     # output tokens are known (``min_new_tokens`` masks EOS before that); None: never (set from
     # ``params``).
     greedy_from: int | None = field(init=False, default=None)
+    # GenerationConfig.prompt_logprobs: per prompt token, log p(token | the ones before), filled by the
+    # executor as the prompt is prefilled (entry 0 stays None); None when not asked for
+    prompt_logprobs: list[TokenLogprob | None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         p = self.params
+        if p.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] * len(self.prompt_token_ids)
         self.needs_output_history = (
             p.repetition_penalty != 1.0
             or p.presence_penalty != 0.0

@@ -20,7 +20,14 @@ from hotloop.engine.scheduler import SchedulerOutput, multi_step_ok
 from hotloop.executor import piecewise_graph
 from hotloop.executor.cuda_graph import DecodeGraphs
 from hotloop.executor.gpu_inputs import InputBuffers, StepInputs
-from hotloop.executor.model_runner import CausalLM, ModelRunner, StepHandle, last_inputs
+from hotloop.executor.model_runner import (
+    CausalLM,
+    ModelRunner,
+    StepHandle,
+    compute_prompt_logprobs,
+    last_inputs,
+    prompt_logprob_rows,
+)
 from hotloop.executor.piecewise_graph import PiecewiseGraphs
 from hotloop.executor.sampler import SamplerOutput
 from hotloop.kernels import ops
@@ -188,12 +195,18 @@ class GpuModelRunner(ModelRunner):
             self.num_piecewise_steps += 1
         else:
             hidden = self.model(ids, pos, self.kv_caches, meta, **self.multimodal_kwargs(out, ids))
+        prompt_rows = prompt_logprob_rows(out.scheduled)
+        # (queued before the next step's kernels, which may reuse ``hidden``'s static buffer)
+        prompt_lps = compute_prompt_logprobs(self.model, hidden, prompt_rows) if prompt_rows else None
         if not reqs:
-            return self._launched([], None)
-        # the model dtype is enough: greedy rows take torch.argmax here and the sampler widens to
-        # float32 itself (the same values), so a multi-row step saves the cast of its logits
-        logits = self.model.compute_logits(hidden[self.index_tensor(rows, 1)], float32=False)
-        return self._sample(logits, None, reqs)
+            handle = self._launched([], None)
+        else:
+            # the model dtype is enough: greedy rows take torch.argmax here and the sampler widens to
+            # float32 itself (the same values), so a multi-row step saves the cast of its logits
+            logits = self.model.compute_logits(hidden[self.index_tensor(rows, 1)], float32=False)
+            handle = self._sample(logits, None, reqs)
+        handle.prompt_lps = prompt_lps
+        return handle
 
     def _graph_steps(
         self,

@@ -64,6 +64,8 @@ class StepHandle:
     # recorded when a multi-step launch has RUN_AHEAD_STEPS steps left: the next launch waits for it
     # (``gpu_runner.py``), so the host never queues more than about two rounds of graphs
     ahead_event: Any = None
+    # prompt logprobs computed by this step (``prompt_logprobs``), on the device until ``collect``
+    prompt_lps: list[PromptLogprobs] | None = None
 
     def row_of(self) -> dict[int, int]:
         """``id(request) -> row of result.token_ids``, made on first use (steady decode steps,
@@ -71,6 +73,78 @@ class StepHandle:
         if self.rows is None:
             self.rows = {id(r): i for i, r in enumerate(self.reqs)}
         return self.rows
+
+
+@dataclass(slots=True)
+class PromptLogprobs:
+    """Log-probabilities of prompt tokens ``first .. first + len(chosen) - 1`` of ``request``, each
+    given the tokens before it: the chosen (actual) token's, and ``top`` (values, ids) of the
+    ``GenerationConfig.prompt_logprobs`` most likely, if any."""
+
+    request: Request
+    first: int
+    chosen: torch.Tensor
+    top: tuple[torch.Tensor, torch.Tensor] | None
+
+
+PROMPT_LOGPROB_ROWS = 256  # LM-head rows per chunk (a float32 [256, vocab] buffer: 128 MiB at 128k)
+
+
+def prompt_logprob_rows(scheduled: list[ScheduledRequest]) -> list[tuple[Request, int, int, int]]:
+    """(request, first row in the flat batch, first position, count) of the rows whose logits give
+    a prompt token's log-probability: positions up to the one before the prompt's last token, of the
+    requests that asked for prompt logprobs."""
+    rows = []
+    base = 0
+    for s in scheduled:
+        req = s.request
+        if req.prompt_logprobs is not None:
+            end = min(s.start + s.num_tokens, len(req.prompt_token_ids) - 1)
+            if end > s.start:
+                rows.append((req, base, s.start, end - s.start))
+        base += s.num_tokens
+    return rows
+
+
+def compute_prompt_logprobs(
+    model: CausalLM, hidden: torch.Tensor, rows: list[tuple[Request, int, int, int]]
+) -> list[PromptLogprobs]:
+    """The log-softmax of the LM head over ``rows`` of ``hidden`` (in chunks of
+    ``PROMPT_LOGPROB_ROWS``), at each row's next prompt token, and its top-k."""
+    out = []
+    for req, row, pos, count in rows:
+        k = req.params.prompt_logprobs or 0
+        ids = req.prompt_token_ids
+        for c in range(0, count, PROMPT_LOGPROB_ROWS):
+            n = min(PROMPT_LOGPROB_ROWS, count - c)
+            lp = torch.log_softmax(model.compute_logits(hidden[row + c : row + c + n]).float(), dim=-1)
+            targets = torch.tensor(ids[pos + c + 1 : pos + c + n + 1], dtype=torch.long, device=lp.device)
+            chosen = lp.gather(1, targets[:, None])[:, 0]
+            top = None
+            if k:
+                values, top_ids = lp.topk(k, dim=-1)
+                top = (values, top_ids)
+            out.append(PromptLogprobs(req, pos + c + 1, chosen, top))
+    return out
+
+
+def store_prompt_logprobs(results: list[PromptLogprobs]) -> None:
+    """Write ``results`` into their requests' ``prompt_logprobs`` (a recomputed prompt, after a
+    preemption, writes the same positions again)."""
+    for r in results:
+        dest = r.request.prompt_logprobs
+        if dest is None:
+            continue
+        ids = r.request.prompt_token_ids
+        chosen = r.chosen.tolist()
+        top_v = r.top[0].tolist() if r.top is not None else None
+        top_i = r.top[1].tolist() if r.top is not None else None
+        for j, v in enumerate(chosen):
+            p = r.first + j
+            top = (
+                dict(zip(top_i[j], top_v[j], strict=True)) if top_i is not None and top_v is not None else {}
+            )
+            dest[p] = TokenLogprob(ids[p], v, top)
 
 
 def pending_index(req: Request, start: int, num_tokens: int) -> int | None:
@@ -235,6 +309,8 @@ class ModelRunner:
         pos = mrope.step_positions(out.scheduled, pos)
         hidden = self.model(ids, pos, self.kv_caches, meta, **self.multimodal_kwargs(out, ids))
         reqs = [s.request for s in out.scheduled if s.samples]
+        prompt_rows = prompt_logprob_rows(out.scheduled)
+        prompt_lps = compute_prompt_logprobs(self.model, hidden, prompt_rows) if prompt_rows else None
         result = None
         if reqs:
             logits = self.model.compute_logits(hidden[self.index_tensor(rows, 1)])
@@ -242,7 +318,9 @@ class ModelRunner:
             result = self.sampler(logits, md)
             if steps > 1 and multi_step_ok(out):
                 return self._more_steps(reqs, result.token_ids, ids, pos, meta, md, steps)
-        return self._launched(reqs, result)
+        handle = self._launched(reqs, result)
+        handle.prompt_lps = prompt_lps
+        return handle
 
     def _more_steps(
         self,
@@ -287,7 +365,11 @@ class ModelRunner:
         return handle
 
     def collect(self, handle: StepHandle) -> list[SampledToken]:
-        """The step's sampled tokens, in the order of its sampling requests."""
+        """The step's sampled tokens, in the order of its sampling requests (and its prompt logprobs,
+        into their requests)."""
+        if handle.prompt_lps:
+            store_prompt_logprobs(handle.prompt_lps)
+            handle.prompt_lps = None
         if handle.result is None:
             return []
         return _to_tokens(handle.host or handle.result, handle.reqs)
