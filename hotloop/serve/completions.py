@@ -2,10 +2,15 @@
 
 No chat template is applied. Choice ``index`` is ``prompt_index * n + j``. Usage counts each
 prompt once, however many choices it has. ``max_tokens`` defaults to 16, as in OpenAI's API.
+
+``echo`` with ``logprobs`` returns the prompt's tokens and their log-probabilities (the first
+token's is null: it has no prefix) before the generated ones, as vLLM does; with ``max_tokens: 0``
+nothing is generated (the prompt is scored: lm-evaluation-harness' loglikelihood requests).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,7 +23,11 @@ from hotloop.engine.async_engine import EngineDeadError
 from hotloop.messages import GenerationConfig
 from hotloop.serve.errors import APIError, error_body
 from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
-from hotloop.serve.logprobs import CompletionLogprobAccumulator, merge_completion_logprobs
+from hotloop.serve.logprobs import (
+    CompletionLogprobAccumulator,
+    merge_completion_logprobs,
+    prompt_completion_logprobs,
+)
 from hotloop.serve.openai_protocol import CompletionRequest, CompletionResponse
 from hotloop.serve.params import (
     check_stream_options,
@@ -71,12 +80,12 @@ def _check_unsupported(body: CompletionRequest) -> None:
             "best_of",
             "unsupported_parameter",
         )
-    if body.echo and body.logprobs is not None:
+    if body.max_tokens == 0 and not body.echo:
         raise APIError(
             400,
-            "echo with logprobs needs prompt logprobs, which are not supported",
-            "echo",
-            "unsupported_parameter",
+            "max_tokens=0 generates nothing: it is only allowed with echo=true (to score the prompt)",
+            "max_tokens",
+            "invalid_value",
         )
 
 
@@ -90,8 +99,11 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     subs: list[tuple[list[int], GenerationConfig]] = []
     for k, (ids, _text) in enumerate(prompts):
         param = "prompt" if len(prompts) == 1 else f"prompt[{k}]"
-        max_new = resolve_max_tokens(state, len(ids), body.max_tokens, param)
+        # max_tokens 0 (echo only): one token is generated, as the engine needs, and dropped
+        max_new = resolve_max_tokens(state, len(ids), 1 if body.max_tokens == 0 else body.max_tokens, param)
         params = sampling_config(state, body, max_new, body.logprobs)
+        if body.echo and body.logprobs is not None:
+            params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
         validate_prompt(state, ids, params, param)
         subs.extend((ids, choice_seed(params, j)) for j in range(body.n))
     request_id = f"cmpl-{uuid.uuid4().hex}"
@@ -127,8 +139,15 @@ async def _complete(
     reasons: list[str | None] = [None] * n
     generated = [0] * n
     cached = [0] * len(prompts)
+    score_only = body.max_tokens == 0  # (echo): the one generated token is dropped
     try:
         async for i, o in job.outputs():
+            if o.prompt_logprobs is not None and body.echo:
+                ids = prompts[i // body.n][0]
+                lps[i] = prompt_completion_logprobs(state, ids, o.prompt_logprobs, body.logprobs or 0)
+            if score_only:
+                reasons[i] = "length" if o.finished else None
+                continue
             texts[i] += o.new_text
             if body.logprobs is not None:
                 lps[i] = merge_completion_logprobs(lps[i], accs[i].add(o.logprobs))
@@ -180,16 +199,28 @@ async def _stream(
             payload["usage"] = None
         return sse(payload)
 
+    score_only = body.max_tokens == 0  # (echo): the one generated token is dropped
     try:
         async for i, o in job.outputs():
-            generated[i] = o.num_generated_tokens
             cached[i // body.n] = max(cached[i // body.n], o.cached_tokens)
-            text = o.new_text
+            text = "" if score_only else o.new_text
+            if not score_only:
+                generated[i] = o.num_generated_tokens
+            head = None
             if not echoed[i]:
                 echoed[i] = True
-                text = prompts[i // body.n][1] + text
-                accs[i].offset = len(prompts[i // body.n][1])
-            lp = accs[i].add(o.logprobs) if body.logprobs is not None and o.logprobs else None
+                ids, prompt_text = prompts[i // body.n]
+                text = prompt_text + text
+                accs[i].offset = len(prompt_text)
+                if o.prompt_logprobs is not None:
+                    head = prompt_completion_logprobs(state, ids, o.prompt_logprobs, body.logprobs or 0)
+            lp = (
+                accs[i].add(o.logprobs)
+                if body.logprobs is not None and o.logprobs and not score_only
+                else None
+            )
+            if head is not None:
+                lp = head if lp is None else merge_completion_logprobs(head, lp)
             if text or o.finished or lp is not None:
                 yield chunk(i, text, lp, o.finish_reason)
         if include_usage:

@@ -77,6 +77,26 @@ class CompletionLogprobAccumulator:
         return inc
 
 
+def prompt_completion_logprobs(
+    state: ServerState, prompt_ids: list[int], lps: list[TokenLogprob | None], top_k: int
+) -> dict[str, Any]:
+    """``choices[i].logprobs`` of an echoed prompt (``echo`` with ``logprobs``): every prompt token,
+    its log p(token | the tokens before) (None for the first, which has no prefix) and its top
+    alternatives, offsets from 0 (the echoed text starts the choice's text)."""
+    utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    offset = 0
+    for tid, lp in zip(prompt_ids, lps, strict=True):
+        out["tokens"].append(state.token_text(tid))
+        out["token_logprobs"].append(None if lp is None else _finite(lp.logprob))
+        out["top_logprobs"].append(
+            None if lp is None or not top_k else {state.token_text(t): _finite(v) for t, v in _top(lp, top_k)}
+        )
+        out["text_offset"].append(offset)
+        offset += len(utf8.decode(state.token_bytes(tid)))
+    return out
+
+
 def merge_completion_logprobs(total: dict[str, Any] | None, inc: dict[str, Any]) -> dict[str, Any]:
     if total is None:
         return {k: list(v) for k, v in inc.items()}

@@ -184,7 +184,7 @@ class ChatCompletionResponse(BaseModel):
 class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[list[int]] | list[str]
     suffix: str | None = None
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0)  # 0: only with echo (score the prompt, as vLLM)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
     best_of: int | None = Field(None, ge=1)

@@ -508,3 +508,57 @@ def test_unknown_route_and_method(server) -> None:
     _assert_error(
         httpx.get(f"{server.base_url}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"}), 405
     )
+
+
+def test_completions_echo_logprobs_score_the_prompt(server, client, model_name, tokenizer) -> None:
+    """``echo`` with ``logprobs`` returns the prompt's tokens with log p(token | prefix) (null for
+    the first), as vLLM does, equal to transformers' own log-softmax; ``max_tokens=0`` scores the
+    prompt alone (lm-evaluation-harness' loglikelihood requests); streaming carries the same."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = "The capital of France is Paris"
+    ids = tokenizer.encode(prompt)
+    r = client.completions.create(
+        model=model_name, prompt=prompt, max_tokens=1, echo=True, logprobs=2, **GREEDY
+    )
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text.startswith(prompt)
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(ids) + 1
+    assert lp.tokens[: len(ids)] == [tokenizer.decode([t]) for t in ids]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset[0] == 0 and lp.text_offset[len(ids)] == len(prompt)
+    root = client.models.list().data[0].model_extra["root"]
+    model = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32)
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    for p in range(1, len(ids)):
+        assert lp.token_logprobs[p] == pytest.approx(ref[p - 1, ids[p]].item(), abs=2e-3), p
+        top = lp.top_logprobs[p]
+        best = ref[p - 1].topk(2)
+        assert max(top.values()) == pytest.approx(best.values[0].item(), abs=2e-3), p
+        assert tokenizer.decode([best.indices[0].item()]) in top
+    # max_tokens=0: the prompt alone, nothing generated
+    r0 = client.completions.create(model=model_name, prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+    lp0 = r0.choices[0].logprobs
+    assert r0.choices[0].text == prompt and r0.usage.completion_tokens == 0
+    assert r0.choices[0].finish_reason == "length"
+    assert lp0.tokens == lp.tokens[: len(ids)] and lp0.top_logprobs == [None] * len(ids)
+    assert lp0.token_logprobs[0] is None
+    assert lp0.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1 : len(ids)], abs=1e-5)
+    # streamed, the prompt's logprobs come with the echoed text in the first chunk
+    chunks = list(
+        client.completions.create(
+            model=model_name, prompt=prompt, max_tokens=1, echo=True, logprobs=2, stream=True, **GREEDY
+        )
+    )
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    values = [
+        v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs
+    ]
+    assert tokens == lp.tokens and values[0] is None
+    assert values[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+    # max_tokens=0 without echo generates nothing and shows nothing: refused, naming the field
+    bad = _post(server, "/v1/completions", json={"model": model_name, "prompt": prompt, "max_tokens": 0})
+    _assert_error(bad, 400, "max_tokens", "echo")
