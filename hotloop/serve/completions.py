@@ -145,6 +145,7 @@ async def _complete(
             if o.prompt_logprobs is not None and body.echo:
                 ids = prompts[i // body.n][0]
                 lps[i] = prompt_completion_logprobs(state, ids, o.prompt_logprobs, body.logprobs or 0)
+            cached[i // body.n] = max(cached[i // body.n], o.cached_tokens)
             if score_only:
                 reasons[i] = "length" if o.finished else None
                 continue
@@ -152,7 +153,6 @@ async def _complete(
             if body.logprobs is not None:
                 lps[i] = merge_completion_logprobs(lps[i], accs[i].add(o.logprobs))
             generated[i] = o.num_generated_tokens
-            cached[i // body.n] = max(cached[i // body.n], o.cached_tokens)
             if o.finished:
                 reasons[i] = o.finish_reason
     finally:
