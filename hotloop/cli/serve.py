@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from hotloop.cli.engine_args import add_engine_args, engine_config_from_args
+from hotloop.serve import tool_calls
 
 SUBCOMMANDS = ("api_server",)
 
@@ -66,6 +67,14 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--chat-template", default=None, help="a Jinja chat template file to use instead of the model's"
+    )
+    g.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=tool_calls.CHOICES,
+        help="how the model writes tool calls, for chat requests with tools and tool_choice auto: "
+        "hermes (alias qwen: <tool_call> blocks), llama3_json (alias llama3), internlm "
+        "(default: the format the chat template names, if any)",
     )
     g.add_argument(
         "--shutdown-timeout",
@@ -167,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         max_concurrent_requests=args.max_concurrent_requests,
         chat_template=args.chat_template,
+        tool_call_parser=args.tool_call_parser,
         shutdown_timeout=args.shutdown_timeout,
         allow_private_image_urls=args.allow_private_image_urls,
         image_fetch_timeout=args.image_fetch_timeout,

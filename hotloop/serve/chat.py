@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from hotloop.engine.async_engine import EngineDeadError
+from hotloop.serve import tool_calls
 from hotloop.serve.chat_template import ChatTemplateError, encode_messages, unicode_error
 from hotloop.serve.errors import APIError, error_body
 from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
@@ -74,11 +78,25 @@ def message_dicts(
         if m.name is not None:
             d["name"] = m.name
         if m.tool_calls is not None:
-            d["tool_calls"] = m.tool_calls
+            d["tool_calls"] = [_template_call(c) for c in m.tool_calls]
         if m.tool_call_id is not None:
             d["tool_call_id"] = m.tool_call_id
         out.append(d)
     return out
+
+
+def _template_call(call: Any) -> Any:
+    """An assistant turn's tool call as chat templates read it: OpenAI sends the arguments as JSON
+    text, and templates such as Llama 3.1's render them with ``tojson`` (a string would be quoted),
+    so arguments that are a JSON object are passed as one, as vLLM does."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        args = json.loads(fn["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**fn, "arguments": args}} if isinstance(args, dict) else call
 
 
 def _text_chars(content: str | list[Any] | None) -> int:
@@ -92,6 +110,7 @@ def encode_chat(
     messages: list[ChatMessage],
     add_generation_prompt: bool = True,
     images: list[Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids of the chat; image URLs found in ``messages`` go to ``images`` (VL models only)."""
     placeholder = state.vl.placeholder if state.vl is not None else None
@@ -102,6 +121,7 @@ def encode_chat(
             message_dicts(messages, placeholder, images),
             state.chat_template,
             add_generation_prompt,
+            tools,
         )
     except ChatTemplateError as e:
         raise APIError(400, str(e), "messages", "invalid_value") from e
@@ -117,18 +137,25 @@ async def expand_images(state: ServerState, ids: list[int], images: list[Any]) -
     )
 
 
-def _check_unsupported(body: ChatCompletionRequest) -> None:
-    if body.tool_choice not in (None, "none") and not body.tools:
+def _tool_mode(state: ServerState, body: ChatCompletionRequest) -> str:
+    """``tool_calls.check_request``'s mode, its ValueError as a 400."""
+    try:
+        mode = tool_calls.check_request(body.tools, body.tool_choice, state.tool_call_parser)
+    except ValueError as e:
+        message, param = e.args
+        raise APIError(400, message, param, "invalid_value") from None
+    if mode == "forced" and body.response_format is not None and body.response_format.type != "text":
         raise APIError(
             400,
-            f"tool_choice={body.tool_choice!r} needs tools; none were given",
-            "tool_choice",
+            "a forced tool call (tool_choice required or a named function) constrains the reply itself; "
+            "it cannot be combined with response_format",
+            "response_format",
             "invalid_value",
         )
-    if body.tools and body.tool_choice != "none":
-        raise APIError(
-            400, "tools (function calling) are not supported by this server", "tools", "unsupported_parameter"
-        )
+    return mode
+
+
+def _check_unsupported(body: ChatCompletionRequest) -> None:
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs", "invalid_value")
     check_stream_options(body)
@@ -139,21 +166,54 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state: ServerState = request.app.state.hotloop
     state.check_model(body.model)
     _check_unsupported(body)
+    mode = _tool_mode(state, body)
     images: list[Any] = []
     # tokenized off the event loop: a long chat would stall every stream in flight
-    ids = await state.tokenize_off_loop(encode_chat, state, body.messages, body.add_generation_prompt, images)
+    ids = await state.tokenize_off_loop(
+        encode_chat, state, body.messages, body.add_generation_prompt, images, body.tools
+    )
     ids, mm_inputs = await expand_images(state, ids, images)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     max_new = resolve_max_tokens(state, len(ids), requested, "messages")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_config(state, body, max_new, logprobs)
+    tools = _Tools(mode, state.tool_call_parser)
+    if mode == "forced":
+        assert body.tools is not None
+        schema, tools.name = tool_calls.forced_schema(body.tools, body.tool_choice)
+        params = dataclasses.replace(params, response_format="json_schema", json_schema=schema)
+    elif mode == "auto" and tool_calls.needs_special_tokens(state.tool_call_parser):
+        params = dataclasses.replace(params, skip_special_tokens=False)  # (the call markers)
     validate_prompt(state, ids, params, "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     subs = [(ids, choice_seed(params, j)) for j in range(body.n)]
     if body.stream:
         job = await GenerationJob.start(state, request_id, subs, mm_inputs=mm_inputs)
-        return EventStreamResponse(_stream(state, body, job, request_id, len(ids)), job.close)
-    return await run_until_disconnect(request, _complete(state, body, subs, request_id, mm_inputs))
+        return EventStreamResponse(_stream(state, body, job, request_id, len(ids), tools), job.close)
+    return await run_until_disconnect(request, _complete(state, body, subs, request_id, mm_inputs, tools))
+
+
+@dataclass
+class _Tools:
+    """How a reply's tool calls are read: ``mode`` none / auto (``parser``) / forced (``name``: the
+    named function, None for ``required``)."""
+
+    mode: str
+    parser: str | None
+    name: str | None = None
+
+    def split(
+        self, text: str, reason: str | None
+    ) -> tuple[str | None, list[tool_calls.ToolCall], str | None]:
+        """(content, calls, finish reason) of a whole reply."""
+        if self.mode == "forced":
+            calls = tool_calls.forced_calls(text, self.name)
+            return (None, calls, "tool_calls") if calls else (text, [], reason)
+        if self.mode == "auto" and self.parser is not None:
+            content, calls = tool_calls.parse(self.parser, text)
+            if calls:
+                return content or None, calls, "tool_calls"
+        return text, [], reason
 
 
 async def _complete(
@@ -162,6 +222,7 @@ async def _complete(
     subs: list[tuple[list[int], Any]],
     request_id: str,
     mm_inputs: list[Any] | None = None,
+    tools: _Tools | None = None,
 ) -> Response | dict[str, Any]:
     job = await GenerationJob.start(state, request_id, subs, mm_inputs=mm_inputs or ())
     n = len(subs)
@@ -181,15 +242,21 @@ async def _complete(
     finally:
         job.close()
     top = body.top_logprobs or 0
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": texts[i]},
-            "logprobs": {"content": chat_logprobs(state, lps[i], top)} if body.logprobs else None,
-            "finish_reason": reasons[i],
-        }
-        for i in range(n)
-    ]
+    tools = tools or _Tools("none", None)
+    choices = []
+    for i in range(n):
+        content, calls, reason = tools.split(texts[i], reasons[i])
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [c.to_openai() for c in calls]
+        choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": {"content": chat_logprobs(state, lps[i], top)} if body.logprobs else None,
+                "finish_reason": reason,
+            }
+        )
     prompt_len = len(subs[0][0])
     return {
         "id": request_id,
@@ -211,7 +278,12 @@ def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
 
 
 async def _stream(
-    state: ServerState, body: ChatCompletionRequest, job: GenerationJob, request_id: str, prompt_len: int
+    state: ServerState,
+    body: ChatCompletionRequest,
+    job: GenerationJob,
+    request_id: str,
+    prompt_len: int,
+    tools: _Tools | None = None,
 ) -> AsyncIterator[str]:
     created = int(time.time())
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -235,6 +307,11 @@ async def _stream(
     generated = [0] * n
     cached = 0
     top = body.top_logprobs or 0
+    tools = tools or _Tools("none", None)
+    # With tools, a reply's text is held from where a call may begin (auto) or whole (forced); its
+    # calls go out in the last chunk. ``full``: the reply so far; ``sent``: characters streamed.
+    full = [""] * n
+    sent = [0] * n
     try:
         for i in range(n):
             yield chunk(i, {"role": "assistant", "content": ""})
@@ -242,9 +319,31 @@ async def _stream(
             generated[i] = o.num_generated_tokens
             cached = max(cached, o.cached_tokens)
             lp = {"content": chat_logprobs(state, o.logprobs, top)} if body.logprobs and o.logprobs else None
-            if o.new_text or o.finished or lp is not None:
-                delta = {"content": o.new_text} if o.new_text or not o.finished else {}
-                yield chunk(i, delta, lp, o.finish_reason)
+            if tools.mode == "none":
+                if o.new_text or o.finished or lp is not None:
+                    plain = {"content": o.new_text} if o.new_text or not o.finished else {}
+                    yield chunk(i, plain, lp, o.finish_reason)
+                continue
+            full[i] += o.new_text
+            delta: dict[str, Any] = {}
+            reason = None
+            if not o.finished:
+                if tools.mode == "auto" and tools.parser is not None:
+                    upto = tool_calls.streamable(tools.parser, full[i])
+                    if upto > sent[i]:
+                        delta = {"content": full[i][sent[i] : upto]}
+                        sent[i] = upto
+            else:
+                content, calls, reason = tools.split(full[i], o.finish_reason)
+                if calls:
+                    rest = (content or "")[sent[i] :] if tools.mode == "auto" else ""
+                    delta = {"tool_calls": [c.to_openai(k) for k, c in enumerate(calls)]}
+                    if rest.strip():
+                        delta["content"] = rest
+                elif len(full[i]) > sent[i]:
+                    delta = {"content": full[i][sent[i] :]}
+            if delta or o.finished or lp is not None:
+                yield chunk(i, delta, lp, reason)
         if include_usage:
             yield sse({**base, "choices": [], "usage": _usage(prompt_len, sum(generated), cached)})
         yield SSE_DONE

@@ -89,16 +89,23 @@ def encode_messages(
     messages: list[dict[str, Any]],
     chat_template: str | None = None,
     add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """Render ``messages`` with the chat template and encode the text."""
+    """Render ``messages`` (and ``tools``, OpenAI's function definitions, for templates that take
+    them) with the chat template and encode the text."""
     if not has_chat_template(tokenizer, chat_template):
         raise ChatTemplateError(
             "this model has no chat template, so messages cannot be formatted; start the server with "
             "--chat-template, or use /v1/completions with a plain prompt"
         )
     try:
+        extra = {"tools": tools} if tools else {}
         text = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=False, chat_template=chat_template
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            chat_template=chat_template,
+            **extra,
         )
     except Exception as e:  # jinja raises TemplateError subclasses, and templates raise their own
         raise ChatTemplateError(f"the chat template could not render these messages: {e}") from e

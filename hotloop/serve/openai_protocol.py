@@ -148,9 +148,21 @@ class ChatChoiceLogprobs(BaseModel):
     content: list[ChatLogprobToken] | None = None
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)  # (empty without a call, as vLLM)
 
 
 class ChatChoice(BaseModel):

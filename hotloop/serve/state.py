@@ -13,6 +13,7 @@ from typing import Any
 
 from hotloop.engine.async_engine import AsyncEngine
 from hotloop.engine.detokenizer import byte_table
+from hotloop.serve import tool_calls
 from hotloop.serve.chat_template import load_chat_template, unicode_error
 from hotloop.serve.errors import APIError
 from hotloop.serve.metrics import ServerMetrics
@@ -40,6 +41,7 @@ class ServerArgs:
     log_level: str = "INFO"
     max_concurrent_requests: int | None = None
     chat_template: str | None = None
+    tool_call_parser: str | None = None  # (serve/tool_calls.py; None: the one the template names)
     shutdown_timeout: float = 10.0
     # image_url parts: fetch limits; private/loopback/link-local hosts are refused unless allowed
     allow_private_image_urls: bool = False
@@ -49,6 +51,7 @@ class ServerArgs:
     def __post_init__(self) -> None:
         if self.max_concurrent_requests is not None and self.max_concurrent_requests < 1:
             raise ValueError(f"max_concurrent_requests={self.max_concurrent_requests} must be >= 1")
+        tool_calls.canonical(self.tool_call_parser)  # an unknown name raises, naming the choices
         if not 0 <= self.server_port <= 65535:
             raise ValueError(f"server_port={self.server_port} must lie in [0, 65535]")
         if not (math.isfinite(self.shutdown_timeout) and self.shutdown_timeout >= 0):
@@ -83,6 +86,10 @@ class ServerState:
         self.async_engine = AsyncEngine(self.engine, start=False)
         self.model_name = args.model_name or default_model_name(built.model_path)
         self.chat_template = load_chat_template(args.chat_template)
+        # the tool-call format: the flag's, else the one the chat template names (or None)
+        self.tool_call_parser = tool_calls.canonical(args.tool_call_parser) or tool_calls.infer(
+            self.chat_template or getattr(self.tokenizer, "chat_template", None)
+        )
         self.metrics = ServerMetrics(self.engine)
         self.api_keys = tuple(k for k in (args.api_keys or ()) if k)
         self.draining = False

@@ -2,7 +2,8 @@
 
 The toy model is deterministic: the next token is a lowercase letter computed from the previous
 token and the position; a seeded sampled request mixes in its seed. A prompt containing ``EOS``
-makes the model emit the end-of-sequence token after three tokens. ``step_delay`` slows each step
+makes the model emit the end-of-sequence token after three tokens; one containing ``SAY:`` makes it
+say the rest of that line, byte by byte, then the end-of-sequence token. ``step_delay`` slows each step
 so tests can catch requests mid-flight.
 """
 
@@ -47,8 +48,14 @@ class ByteTokenizer:
         add_generation_prompt: bool = True,
         tokenize: bool = False,
         chat_template: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        import json
+
+        text = f"<tools>{json.dumps(tools)}\n" if tools else ""
+        for m in messages:
+            calls = f"<calls>{json.dumps(m['tool_calls'])}" if m.get("tool_calls") else ""
+            text += f"<{m['role']}>{m['content']}{calls}\n"
         return text + ("<assistant>" if add_generation_prompt else "")
 
 
@@ -76,6 +83,12 @@ class ToyExecutor:
             pos = len(req.output_token_ids)
             params = req.params
             seed = params.random_seed if not params.greedy else None
+            prompt = bytes(t for t in req.prompt_token_ids if t < 256)
+            say = prompt.find(b"SAY:")
+            if say >= 0:
+                script = prompt[say + 4 :].split(b"\n", 1)[0]
+                result.append(SampledToken(script[pos] if pos < len(script) else EOS))
+                continue
             if (
                 b"EOS" in bytes(t for t in req.prompt_token_ids if t < 256)
                 and pos == 3

@@ -562,3 +562,71 @@ def test_completions_echo_logprobs_score_the_prompt(server, client, model_name, 
     # max_tokens=0 without echo generates nothing and shows nothing: refused, naming the field
     bad = _post(server, "/v1/completions", json={"model": model_name, "prompt": prompt, "max_tokens": 0})
     _assert_error(bad, 400, "max_tokens", "echo")
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["Paris", "London"]}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+                "required": ["zone"],
+            },
+        },
+    },
+]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_forced_tool_calls_follow_the_schema(server, client, model_name) -> None:
+    """A named tool_choice or "required" constrains the reply (xgrammar) to the function's
+    arguments, or to a list of calls: the real model's reply parses as calls of the given tools,
+    streamed or not. tool_choice auto needs a call format the default model's template does not name."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = _chat(client, model_name, messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=40, **GREEDY)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "London")
+    r = _chat(client, model_name, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=60, **GREEDY)
+    calls = r.choices[0].message.tool_calls
+    assert calls and r.choices[0].finish_reason == "tool_calls"
+    for c in calls:
+        args = json.loads(c.function.arguments)
+        assert (c.function.name, sorted(args)) in [("get_weather", ["city"]), ("get_time", ["zone"])]
+    chunks = list(
+        _chat(
+            client,
+            model_name,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice=named,
+            max_tokens=40,
+            stream=True,
+            **GREEDY,
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    streamed = [tc for d in deltas if d.tool_calls for tc in d.tool_calls]
+    assert len(streamed) == 1 and streamed[0].function.name == "get_weather"
+    assert streamed[0].function.arguments == call.function.arguments
+    assert not "".join(d.content or "" for d in deltas)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        "tool_calls"
+    ]
+    resp = _post(server, "/v1/chat/completions", json={"model": model_name, "messages": ASK, "tools": TOOLS})
+    _assert_error(resp, 400, "tool_choice", "--tool-call-parser")

@@ -1,0 +1,223 @@
+"""Function calling: the three tool-call formats, the request checks, and the chat route over a toy
+engine that says scripted replies (``SAY:`` in fake_engine.py), streaming and not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from test_app_inprocess import app_client
+
+from hotloop.serve import tool_calls as tc
+from hotloop.serve.api_server import ServerArgs
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+# -- parsers --------------------------------------------------------------------------------------
+def test_hermes_blocks_content_and_bad_json() -> None:
+    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    content, calls = tc.parse("hermes", text)
+    assert content == "Let me check."
+    assert calls == [tc.ToolCall("get_weather", '{"city": "Paris"}')]
+    two = (
+        '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n'
+        '<tool_call>{"name": "b", "arguments": "{\\"x\\": 1}"}</tool_call>'
+    )
+    assert tc.parse("hermes", two) == ("", [tc.ToolCall("a", "{}"), tc.ToolCall("b", '{"x": 1}')])
+    # a call cut by max_tokens, a malformed object, a call without a name: all text
+    for bad in (
+        '<tool_call>{"name": "a", "argum',
+        "<tool_call>{name: a}</tool_call>",
+        '<tool_call>{"arguments": {}}</tool_call>',
+        '<tool_call>{"name": "a", "arguments": [1]}</tool_call>',
+    ):
+        assert tc.parse("hermes", bad) == (bad, [])
+    assert tc.parse("hermes", "no call here") == ("no call here", [])
+
+
+def test_llama3_json_and_internlm() -> None:
+    text = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}; {"name": "get_time", "parameters": {}}'
+    assert tc.parse("llama3_json", text) == (
+        "",
+        [tc.ToolCall("get_weather", '{"city": "Oslo"}'), tc.ToolCall("get_time", "{}")],
+    )
+    assert tc.parse("llama3_json", '  {"name": "f", "arguments": {"a": 1}}') == (
+        "",
+        [tc.ToolCall("f", '{"a": 1}')],
+    )
+    assert tc.parse("llama3_json", "The answer is {x}") == ("The answer is {x}", [])
+    assert tc.parse("llama3_json", '{"name": "f", "parameters": {}} trailing') == (
+        '{"name": "f", "parameters": {}} trailing',
+        [],
+    )
+    text = 'Sure<|action_start|><|plugin|>\n{"name": "get_weather", "parameters": {"city": "Rome"}}<|action_end|>'
+    assert tc.parse("internlm", text) == ("Sure", [tc.ToolCall("get_weather", '{"city": "Rome"}')])
+    assert tc.needs_special_tokens("internlm") and not tc.needs_special_tokens("hermes")
+
+
+def test_streamable_holds_what_may_open_a_call() -> None:
+    assert tc.streamable("hermes", "Hello") == 5
+    assert tc.streamable("hermes", "Hello <tool") == 6  # "<tool" may be "<tool_call>"
+    assert tc.streamable("hermes", "Hello <b>") == 9
+    assert tc.streamable("hermes", "Hi <tool_call>{") == 3
+    assert tc.streamable("llama3_json", "  ") == 0  # blank: may still open with a JSON call
+    assert tc.streamable("llama3_json", ' {"name"') == 1
+    assert tc.streamable("llama3_json", "Paris is") == 8
+    assert tc.streamable("internlm", "ok<|action") == 2
+
+
+def test_infer_and_canonical() -> None:
+    assert tc.infer("{% for t in tools %}<tool_call>{% endfor %}") == "hermes"
+    assert tc.infer("<|action_start|><|plugin|>") == "internlm"
+    assert tc.infer("{{- '<|python_tag|>' }}") == "llama3_json"
+    assert tc.infer("{% for m in messages %}{{ m.content }}{% endfor %}") is None and tc.infer(None) is None
+    assert tc.canonical("qwen") == "hermes" and tc.canonical("llama3") == "llama3_json"
+    with pytest.raises(ValueError, match="--tool-call-parser 'mistral' must be one of"):
+        tc.canonical("mistral")
+    with pytest.raises(ValueError, match="--tool-call-parser"):
+        ServerArgs(tool_call_parser="mistral")
+
+
+@pytest.mark.parametrize(
+    ("tools", "choice", "param", "words"),
+    [
+        (None, "auto", "tool_choice", "needs tools"),
+        ([], None, "tools", "non-empty"),
+        ([{"type": "function"}], None, "tools[0]", '"type": "function"'),
+        ([{"type": "function", "function": {"name": ""}}], None, "tools[0].function.name", "non-empty"),
+        ([WEATHER, WEATHER], None, "tools[1].function.name", "twice"),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": "x"}}],
+            None,
+            "tools[0].function.parameters",
+            "JSON Schema",
+        ),
+        ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "tool_choice", "not among the tools"),
+        ([WEATHER], "sometimes", "tool_choice", '"required"'),
+    ],
+)
+def test_check_request_names_the_field(tools: Any, choice: Any, param: str, words: str) -> None:
+    with pytest.raises(ValueError) as e:
+        tc.check_request(tools, choice, "hermes")
+    message, got = e.value.args
+    assert got == param and words in message
+
+
+def test_check_request_modes() -> None:
+    assert tc.check_request(None, None, None) == "none"
+    assert tc.check_request([WEATHER], "none", None) == "none"
+    assert tc.check_request([WEATHER], None, "hermes") == "auto"
+    assert tc.check_request([WEATHER], "required", None) == "forced"
+    assert (
+        tc.check_request([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None)
+        == "forced"
+    )
+    with pytest.raises(ValueError) as e:
+        tc.check_request([WEATHER], "auto", None)
+    assert "--tool-call-parser" in e.value.args[0]
+
+
+def test_forced_schema_and_calls() -> None:
+    schema, name = tc.forced_schema(
+        [WEATHER, TIME], {"type": "function", "function": {"name": "get_weather"}}
+    )
+    assert name == "get_weather" and json.loads(schema) == WEATHER["function"]["parameters"]
+    assert tc.forced_calls('{"city": "Paris"}', name) == [tc.ToolCall("get_weather", '{"city": "Paris"}')]
+    schema, name = tc.forced_schema([WEATHER, TIME], "required")
+    s = json.loads(schema)
+    assert name is None and s["type"] == "array" and s["minItems"] == 1 and len(s["items"]["anyOf"]) == 2
+    got = tc.forced_calls('[{"name": "get_time", "parameters": {}}]', None)
+    assert got == [tc.ToolCall("get_time", "{}")]
+    assert tc.forced_calls('{"city": "Par', "get_weather") is None  # cut by max_tokens
+    assert tc.forced_calls('[{"parameters": {}}]', None) is None
+
+
+# -- the route, over the toy engine ---------------------------------------------------------------
+def _chat(say: str, **kw: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": f"SAY:{say}"}], "tools": [WEATHER, TIME], **kw}
+
+
+BIG = {"session_len": 2048, "num_blocks": 256}  # the byte tokenizer spends a token per character
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+
+
+def test_auto_tool_call_reply_streamed_and_not() -> None:
+    async def main() -> None:
+        async with app_client(ServerArgs(tool_call_parser="qwen"), **BIG) as (c, state):
+            r = await c.post("/v1/chat/completions", json=_chat(f"Checking. {CALL}"))
+            assert r.status_code == 200, r.text
+            choice = r.json()["choices"][0]
+            assert choice["finish_reason"] == "tool_calls"
+            msg = choice["message"]
+            assert msg["content"] == "Checking."
+            (call,) = msg["tool_calls"]
+            assert call["type"] == "function" and call["id"].startswith("call_")
+            assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+            # plain text with tools: streamed as it comes, no calls
+            r = await c.post("/v1/chat/completions", json=_chat("It is sunny"))
+            assert r.json()["choices"][0]["message"] == {
+                "role": "assistant",
+                "content": "It is sunny",
+                "tool_calls": [],
+            }
+            assert r.json()["choices"][0]["finish_reason"] == "stop"
+            # streaming: the text before the call as content, the call in the last chunk
+            async with c.stream(
+                "POST", "/v1/chat/completions", json=_chat(f"Checking. {CALL}", stream=True)
+            ) as s:
+                lines = [
+                    json.loads(x[6:]) for x in [ln async for ln in s.aiter_lines()] if x.startswith("data: {")
+                ]
+            deltas = [ln["choices"][0]["delta"] for ln in lines]
+            content = "".join(d.get("content") or "" for d in deltas)
+            assert content.strip() == "Checking." and "<tool" not in content
+            calls = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+            assert len(calls) == 1 and calls[0][0]["index"] == 0
+            assert calls[0][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+            assert lines[-1]["choices"][0]["finish_reason"] == "tool_calls"
+            # the tools reached the template, and a history with a call and its result renders
+            history = [
+                {"role": "user", "content": "SAY:done"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            ]  # fmt: skip
+            r = await c.post("/v1/chat/completions", json={"messages": history, "tools": [WEATHER]})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "done"
+            assert state.engine.num_free_blocks == state.engine.num_total_blocks
+
+    asyncio.run(main())
+
+
+def test_tool_errors_over_http() -> None:
+    async def main() -> None:
+        async with app_client(**BIG) as (c, _state):  # the toy template names no call format
+            r = await c.post("/v1/chat/completions", json=_chat("x"))
+            assert r.status_code == 400
+            err = r.json()["error"]
+            assert err["param"] == "tool_choice" and "--tool-call-parser" in err["message"]
+            r = await c.post(
+                "/v1/chat/completions",
+                json=_chat("x", tool_choice="required", response_format={"type": "json_object"}),
+            )
+            assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+            r = await c.post("/v1/chat/completions", json=_chat("x", tools=[{"type": "function"}]))
+            assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0]"
+            # tool_choice none: the tools are shown to the template, the reply is plain text
+            r = await c.post("/v1/chat/completions", json=_chat(CALL, tool_choice="none"))
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == CALL
+
+    asyncio.run(main())
