@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from hotloop.engine.async_engine import EngineDeadError
+from hotloop.messages import RequestError
 from hotloop.serve import tool_calls
 from hotloop.serve.chat_template import ChatTemplateError, encode_messages, unicode_error
 from hotloop.serve.errors import APIError, error_body
@@ -178,13 +179,26 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_config(state, body, max_new, logprobs)
     tools = _Tools(mode, state.tool_call_parser)
+    if body.tools is not None:
+        tools.names = set(tool_calls.function_names(body.tools))
     if mode == "forced":
         assert body.tools is not None
         schema, tools.name = tool_calls.forced_schema(body.tools, body.tool_choice)
-        params = dataclasses.replace(params, response_format="json_schema", json_schema=schema)
-    elif mode == "auto" and tool_calls.needs_special_tokens(state.tool_call_parser):
-        params = dataclasses.replace(params, skip_special_tokens=False)  # (the call markers)
-    validate_prompt(state, ids, params, "messages")
+        where = tool_calls.schema_param(body.tools, tools.name)
+        try:  # (a schema the grammar compiler refuses is the tools' fault, not a response_format's)
+            params = dataclasses.replace(params, response_format="json_schema", json_schema=schema)
+            validate_prompt(state, ids, params, "messages")
+            state.engine.json_grammar.compiled(schema)  # (compiled once: the request's matcher reuses it)
+        except (RequestError, APIError) as e:
+            if getattr(e, "param", None) not in ("json_schema", "response_format.json_schema"):
+                raise
+            raise APIError(
+                400, f"{where}: not a JSON Schema a forced tool call can follow: {e}", where
+            ) from e
+    else:
+        if mode == "auto" and tool_calls.needs_special_tokens(state.tool_call_parser):
+            params = dataclasses.replace(params, skip_special_tokens=False)  # (the call markers)
+        validate_prompt(state, ids, params, "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     subs = [(ids, choice_seed(params, j)) for j in range(body.n)]
     if body.stream:
@@ -201,16 +215,17 @@ class _Tools:
     mode: str
     parser: str | None
     name: str | None = None
+    names: set[str] | None = None  # the tools' function names: a call of another is text
 
     def split(
         self, text: str, reason: str | None
     ) -> tuple[str | None, list[tool_calls.ToolCall], str | None]:
         """(content, calls, finish reason) of a whole reply."""
-        if self.mode == "forced":
+        if self.mode == "forced":  # (finish reason stop, as OpenAI and vLLM give a forced call)
             calls = tool_calls.forced_calls(text, self.name)
-            return (None, calls, "tool_calls") if calls else (text, [], reason)
+            return (None, calls, reason) if calls else (text, [], reason)
         if self.mode == "auto" and self.parser is not None:
-            content, calls = tool_calls.parse(self.parser, text)
+            content, calls = tool_calls.parse(self.parser, text, self.names)
             if calls:
                 return content or None, calls, "tool_calls"
         return text, [], reason
@@ -336,7 +351,9 @@ async def _stream(
             else:
                 content, calls, reason = tools.split(full[i], o.finish_reason)
                 if calls:
-                    rest = (content or "")[sent[i] :] if tools.mode == "auto" else ""
+                    rest = ""
+                    if tools.mode == "auto" and tools.parser is not None:
+                        rest = tool_calls.content_after(tools.parser, full[i], sent[i])
                     delta = {"tool_calls": [c.to_openai(k) for k, c in enumerate(calls)]}
                     if rest.strip():
                         delta["content"] = rest

@@ -87,6 +87,20 @@ def _check_unsupported(body: CompletionRequest) -> None:
             "max_tokens",
             "invalid_value",
         )
+    if body.max_tokens == 0 and body.min_tokens:
+        raise APIError(
+            400,
+            f"min_tokens={body.min_tokens} with max_tokens=0: nothing is generated",
+            "min_tokens",
+            "invalid_value",
+        )
+
+
+def _ids_prompt(prompt: Any) -> bool:
+    """Whether the prompt is token ids (echoed decoded, special tokens shown), not text."""
+    return not isinstance(prompt, str) and not (
+        isinstance(prompt, list) and prompt and isinstance(prompt[0], str)
+    )
 
 
 @router.post("/v1/completions", response_model=CompletionResponse)
@@ -143,8 +157,10 @@ async def _complete(
     try:
         async for i, o in job.outputs():
             if o.prompt_logprobs is not None and body.echo:
-                ids = prompts[i // body.n][0]
-                lps[i] = prompt_completion_logprobs(state, ids, o.prompt_logprobs, body.logprobs or 0)
+                ids, echoed = prompts[i // body.n]
+                lps[i] = prompt_completion_logprobs(
+                    state, ids, o.prompt_logprobs, body.logprobs or 0, echoed, _ids_prompt(body.prompt)
+                )
             cached[i // body.n] = max(cached[i // body.n], o.cached_tokens)
             if score_only:
                 reasons[i] = "length" if o.finished else None
@@ -213,7 +229,14 @@ async def _stream(
                 text = prompt_text + text
                 accs[i].offset = len(prompt_text)
                 if o.prompt_logprobs is not None:
-                    head = prompt_completion_logprobs(state, ids, o.prompt_logprobs, body.logprobs or 0)
+                    head = prompt_completion_logprobs(
+                        state,
+                        ids,
+                        o.prompt_logprobs,
+                        body.logprobs or 0,
+                        prompt_text,
+                        _ids_prompt(body.prompt),
+                    )
             lp = (
                 accs[i].add(o.logprobs)
                 if body.logprobs is not None and o.logprobs and not score_only
@@ -222,7 +245,8 @@ async def _stream(
             if head is not None:
                 lp = head if lp is None else merge_completion_logprobs(head, lp)
             if text or o.finished or lp is not None:
-                yield chunk(i, text, lp, o.finish_reason)
+                reason = ("length" if score_only else o.finish_reason) if o.finished else None
+                yield chunk(i, text, lp, reason)
         if include_usage:
             yield sse({**base, "choices": [], "usage": _usage(prompts, generated, cached)})
         yield SSE_DONE

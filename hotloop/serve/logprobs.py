@@ -78,12 +78,20 @@ class CompletionLogprobAccumulator:
 
 
 def prompt_completion_logprobs(
-    state: ServerState, prompt_ids: list[int], lps: list[TokenLogprob | None], top_k: int
+    state: ServerState,
+    prompt_ids: list[int],
+    lps: list[TokenLogprob | None],
+    top_k: int,
+    echoed: str,
+    specials_shown: bool,
 ) -> dict[str, Any]:
     """``choices[i].logprobs`` of an echoed prompt (``echo`` with ``logprobs``): every prompt token,
     its log p(token | the tokens before) (None for the first, which has no prefix) and its top
-    alternatives, offsets from 0 (the echoed text starts the choice's text)."""
+    alternatives, with offsets into ``echoed``, the echoed text. A special token (a BOS the
+    tokenizer added) takes no characters unless ``specials_shown`` (token-id prompts are echoed
+    decoded with them); offsets never pass the echoed text's end, where the output's begin."""
     utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+    special = set(getattr(state.tokenizer, "all_special_ids", None) or ())
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     offset = 0
     for tid, lp in zip(prompt_ids, lps, strict=True):
@@ -92,8 +100,9 @@ def prompt_completion_logprobs(
         out["top_logprobs"].append(
             None if lp is None or not top_k else {state.token_text(t): _finite(v) for t, v in _top(lp, top_k)}
         )
-        out["text_offset"].append(offset)
-        offset += len(utf8.decode(state.token_bytes(tid)))
+        out["text_offset"].append(min(offset, len(echoed)))
+        if specials_shown or tid not in special:
+            offset += len(utf8.decode(state.token_bytes(tid)))
     return out
 
 

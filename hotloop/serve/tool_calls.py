@@ -87,13 +87,14 @@ def start_markers(parser: str) -> tuple[str, ...]:
 
 
 def _call(obj: Any, args_keys: tuple[str, ...]) -> ToolCall | None:
+    """A call from a parsed object: a string ``name`` and the arguments under one of ``args_keys``
+    (an object, or JSON text of one). Anything else (``{"name": "Bob", "age": 3}``) is not a call."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args: Any = {}
-    for k in args_keys:
-        if k in obj:
-            args = obj[k]
-            break
+    key = next((k for k in args_keys if k in obj), None)
+    if key is None or set(obj) - {"name", key}:
+        return None
+    args: Any = obj[key]
     if isinstance(args, str):  # some models write the arguments as JSON text
         try:
             args = json.loads(args)
@@ -149,15 +150,28 @@ def _llama3(text: str) -> tuple[str, list[ToolCall]] | None:
     return ("", calls) if calls else None
 
 
-def parse(parser: str, text: str) -> tuple[str, list[ToolCall]]:
-    """(content, calls) of a reply; a reply without a call that parses is all content."""
+def parse(parser: str, text: str, names: set[str] | None = None) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a reply; a reply without a call that parses, or with a call of a function
+    not in ``names`` (when given), is all content."""
     if parser == "hermes":
         got = _blocks(text, _HERMES, ("arguments", "parameters"))
     elif parser == "internlm":
         got = _blocks(text, _INTERNLM, ("parameters", "arguments"))
     else:
         got = _llama3(text)
-    return got if got is not None else (text, [])
+    if got is None or (names is not None and any(c.name not in names for c in got[1])):
+        return text, []
+    return got
+
+
+def content_after(parser: str, text: str, start: int) -> str:
+    """The text of a reply with calls outside its calls from ``start`` (where a call begins) on:
+    what a stream that sent ``text[:start]`` still owes as content."""
+    if parser == "hermes":
+        return _HERMES.sub("", text[start:])
+    if parser == "internlm":
+        return _INTERNLM.sub("", text[start:])
+    return ""  # a Llama 3 reply with calls is calls only
 
 
 def function_names(tools: list[dict[str, Any]]) -> list[str]:
@@ -167,6 +181,15 @@ def function_names(tools: list[dict[str, Any]]) -> list[str]:
 def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
     params = tool["function"].get("parameters")
     return params if isinstance(params, dict) and params else {"type": "object"}
+
+
+def schema_param(tools: list[dict[str, Any]], name: str | None) -> str:
+    """The request field a forced call's schema comes from: the named function's parameters, or
+    ``tools`` for ``"required"``."""
+    if name is None:
+        return "tools"
+    i = next(i for i, t in enumerate(tools) if t["function"]["name"] == name)
+    return f"tools[{i}].function.parameters"
 
 
 def forced_schema(tools: list[dict[str, Any]], tool_choice: Any) -> tuple[str, str | None]:
@@ -261,9 +284,9 @@ def check_request(tools: Any, tool_choice: Any, parser: str | None) -> str:
             raise ValueError(f"tools[{i}].function.name {name!r} is given twice", f"tools[{i}].function.name")
         names.add(name)
         params = fn.get("parameters")
-        if params is not None and not isinstance(params, dict):
+        if params is not None and (not isinstance(params, dict) or params.get("type", "object") != "object"):
             raise ValueError(
-                f"tools[{i}].function.parameters must be a JSON Schema object",
+                f'tools[{i}].function.parameters must be a JSON Schema of an object (type "object")',
                 f"tools[{i}].function.parameters",
             )
     if tool_choice == "none":
@@ -282,7 +305,7 @@ def check_request(tools: Any, tool_choice: Any, parser: str | None) -> str:
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
         fn = tool_choice.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
-        if name not in names:
+        if not isinstance(name, str) or name not in names:
             raise ValueError(
                 f"tool_choice names function {name!r}, which is not among the tools ({', '.join(sorted(names))})",
                 "tool_choice",

@@ -47,6 +47,13 @@ def test_hermes_blocks_content_and_bad_json() -> None:
     ):
         assert tc.parse("hermes", bad) == (bad, [])
     assert tc.parse("hermes", "no call here") == ("no call here", [])
+    # an object that only has a name is not a call; nor is a call of a function not offered
+    bob = '<tool_call>{"name": "Bob", "age": 3}</tool_call>'
+    assert tc.parse("hermes", bob) == (bob, [])
+    assert tc.parse("llama3_json", '{"name": "Bob", "age": 3}') == ('{"name": "Bob", "age": 3}', [])
+    assert tc.parse("hermes", text, {"get_time"}) == (text, [])
+    assert tc.parse("hermes", text, {"get_weather"})[1] == [tc.ToolCall("get_weather", '{"city": "Paris"}')]
+    assert tc.content_after("hermes", "  Hi <tool_call>{}</tool_call> after text", 5) == " after text"
 
 
 def test_llama3_json_and_internlm() -> None:
@@ -108,6 +115,18 @@ def test_infer_and_canonical() -> None:
         ),
         ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "tool_choice", "not among the tools"),
         ([WEATHER], "sometimes", "tool_choice", '"required"'),
+        (
+            [WEATHER],
+            {"type": "function", "function": {"name": ["f"]}},
+            "tool_choice",
+            "not among",
+        ),  # was a 500
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+            None,
+            "tools[0].function.parameters",
+            "object",
+        ),
     ],
 )
 def test_check_request_names_the_field(tools: Any, choice: Any, param: str, words: str) -> None:
@@ -185,6 +204,25 @@ def test_auto_tool_call_reply_streamed_and_not() -> None:
             deltas = [ln["choices"][0]["delta"] for ln in lines]
             content = "".join(d.get("content") or "" for d in deltas)
             assert content.strip() == "Checking." and "<tool" not in content
+            # text after a call, with leading spaces: streamed whole (a review found " a" lost here)
+            req = _chat(f"  Hi {CALL} after text", stream=True)
+            async with c.stream("POST", "/v1/chat/completions", json=req) as s2:
+                got = [
+                    json.loads(x[6:])
+                    for x in [ln async for ln in s2.aiter_lines()]
+                    if x.startswith("data: {")
+                ]
+            assert "".join(ln["choices"][0]["delta"].get("content") or "" for ln in got) == "  Hi  after text"
+            r = await c.post("/v1/chat/completions", json=_chat(f"  Hi {CALL} after text"))
+            assert r.json()["choices"][0]["message"]["content"] == "Hi  after text"
+            # a reply naming a function that was not offered is text
+            other = '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
+            r = await c.post("/v1/chat/completions", json=_chat(other))
+            assert r.json()["choices"][0]["message"] == {
+                "role": "assistant",
+                "content": other,
+                "tool_calls": [],
+            }
             calls = [d["tool_calls"] for d in deltas if "tool_calls" in d]
             assert len(calls) == 1 and calls[0][0]["index"] == 0
             assert calls[0][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
@@ -219,5 +257,56 @@ def test_tool_errors_over_http() -> None:
             # tool_choice none: the tools are shown to the template, the reply is plain text
             r = await c.post("/v1/chat/completions", json=_chat(CALL, tool_choice="none"))
             assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == CALL
+
+    asyncio.run(main())
+
+
+def test_echoed_prompt_offsets_skip_an_added_bos() -> None:
+    """text_offset of an echoed text prompt: a BOS the tokenizer added takes no characters (the
+    echoed text does not hold it), so offsets point into the text and never go back; a token-id
+    prompt is echoed decoded with its special tokens, which then take their width."""
+    from hotloop.messages import TokenLogprob
+    from hotloop.serve.logprobs import prompt_completion_logprobs
+
+    class Tok:
+        all_special_ids = [0]
+
+    pieces = {0: b"<s>", 1: b"he", 2: b"llo"}
+
+    class State:
+        tokenizer = Tok()
+
+        def token_text(self, t: int) -> str:
+            return pieces[t].decode()
+
+        def token_bytes(self, t: int) -> bytes:
+            return pieces[t]
+
+    lps = [None, TokenLogprob(1, -1.0, {}), TokenLogprob(2, -2.0, {})]
+    text = prompt_completion_logprobs(State(), [0, 1, 2], lps, 0, "hello", specials_shown=False)  # type: ignore[arg-type]
+    assert text["text_offset"] == [0, 0, 2] and text["token_logprobs"] == [None, -1.0, -2.0]
+    ids = prompt_completion_logprobs(State(), [0, 1, 2], lps, 0, "<s>hello", specials_shown=True)  # type: ignore[arg-type]
+    assert ids["text_offset"] == [0, 3, 5]
+
+
+def test_score_only_edges() -> None:
+    async def main() -> None:
+        async with app_client(**BIG) as (c, state):
+            body = {"prompt": "hello", "echo": True, "max_tokens": 0, "logprobs": 0}
+            r = await c.post("/v1/completions", json=body)
+            assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+            assert r.json()["choices"][0]["text"] == "hello" and r.json()["usage"]["completion_tokens"] == 0
+            # (the toy says EOS after "SAY:" with nothing to say: the dropped token's reason is stop)
+            async with c.stream(
+                "POST", "/v1/completions", json={**body, "prompt": "SAY:", "stream": True}
+            ) as s:
+                lines = [
+                    json.loads(x[6:]) for x in [ln async for ln in s.aiter_lines()] if x.startswith("data: {")
+                ]
+            reasons = [ln["choices"][0]["finish_reason"] for ln in lines if ln["choices"][0]["finish_reason"]]
+            assert reasons == ["length"] and "".join(ln["choices"][0]["text"] for ln in lines) == "SAY:"
+            r = await c.post("/v1/completions", json={**body, "min_tokens": 2})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
+            assert state.engine.num_free_blocks == state.engine.num_total_blocks
 
     asyncio.run(main())
