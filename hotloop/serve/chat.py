@@ -178,12 +178,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     max_new = resolve_max_tokens(state, len(ids), requested, "messages")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_config(state, body, max_new, logprobs)
-    tools = _Tools(mode, state.tool_call_parser)
+    tools = _Tools(mode, state.tool_call_parser, parallel=body.parallel_tool_calls)
     if body.tools is not None:
         tools.names = set(tool_calls.function_names(body.tools))
     if mode == "forced":
         assert body.tools is not None
-        schema, tools.name = tool_calls.forced_schema(body.tools, body.tool_choice)
+        schema, tools.name = tool_calls.forced_schema(body.tools, body.tool_choice, body.parallel_tool_calls)
         where = tool_calls.schema_param(body.tools, tools.name)
         try:  # (a schema the grammar compiler refuses is the tools' fault, not a response_format's)
             params = dataclasses.replace(params, response_format="json_schema", json_schema=schema)
@@ -216,6 +216,7 @@ class _Tools:
     parser: str | None
     name: str | None = None
     names: set[str] | None = None  # the tools' function names: a call of another is text
+    parallel: bool = True  # False (parallel_tool_calls): the first call of a reply only
 
     def split(
         self, text: str, reason: str | None
@@ -227,7 +228,7 @@ class _Tools:
         if self.mode == "auto" and self.parser is not None:
             content, calls = tool_calls.parse(self.parser, text, self.names)
             if calls:
-                return content or None, calls, "tool_calls"
+                return content or None, calls if self.parallel else calls[:1], "tool_calls"
         return text, [], reason
 
 

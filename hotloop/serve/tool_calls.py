@@ -192,10 +192,12 @@ def schema_param(tools: list[dict[str, Any]], name: str | None) -> str:
     return f"tools[{i}].function.parameters"
 
 
-def forced_schema(tools: list[dict[str, Any]], tool_choice: Any) -> tuple[str, str | None]:
+def forced_schema(
+    tools: list[dict[str, Any]], tool_choice: Any, parallel: bool = True
+) -> tuple[str, str | None]:
     """(JSON schema text, the named function or None) that constrain a forced call: the named
     function's parameters, or for ``"required"`` a non-empty array of ``{"name", "parameters"}``
-    objects, one shape per tool."""
+    objects, one shape per tool (one item only without ``parallel`` calls)."""
     if isinstance(tool_choice, dict):
         name = tool_choice["function"]["name"]
         tool = next(t for t in tools if t["function"]["name"] == name)
@@ -211,7 +213,10 @@ def forced_schema(tools: list[dict[str, Any]], tool_choice: Any) -> tuple[str, s
         }
         for t in tools
     ]
-    return json.dumps({"type": "array", "minItems": 1, "items": {"anyOf": shapes}}), None
+    array: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": shapes}}
+    if not parallel:
+        array["maxItems"] = 1
+    return json.dumps(array), None
 
 
 def forced_calls(text: str, name: str | None) -> list[ToolCall] | None:

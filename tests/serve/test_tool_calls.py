@@ -163,6 +163,8 @@ def test_forced_schema_and_calls() -> None:
     assert got == [tc.ToolCall("get_time", "{}")]
     assert tc.forced_calls('{"city": "Par', "get_weather") is None  # cut by max_tokens
     assert tc.forced_calls('[{"parameters": {}}]', None) is None
+    one, _ = tc.forced_schema([WEATHER, TIME], "required", parallel=False)
+    assert json.loads(one)["maxItems"] == 1 and "maxItems" not in s
 
 
 # -- the route, over the toy engine ---------------------------------------------------------------
@@ -215,6 +217,17 @@ def test_auto_tool_call_reply_streamed_and_not() -> None:
             assert "".join(ln["choices"][0]["delta"].get("content") or "" for ln in got) == "  Hi  after text"
             r = await c.post("/v1/chat/completions", json=_chat(f"  Hi {CALL} after text"))
             assert r.json()["choices"][0]["message"]["content"] == "Hi  after text"
+            # parallel_tool_calls false: the first call only
+            two = CALL + '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+            r = await c.post("/v1/chat/completions", json=_chat(two))
+            assert [t["function"]["name"] for t in r.json()["choices"][0]["message"]["tool_calls"]] == [
+                "get_weather",
+                "get_time",
+            ]
+            r = await c.post("/v1/chat/completions", json=_chat(two, parallel_tool_calls=False))
+            assert [t["function"]["name"] for t in r.json()["choices"][0]["message"]["tool_calls"]] == [
+                "get_weather"
+            ]
             # a reply naming a function that was not offered is text
             other = '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
             r = await c.post("/v1/chat/completions", json=_chat(other))
