@@ -87,7 +87,7 @@ class PromptLogprobs:
     top: tuple[torch.Tensor, torch.Tensor] | None
 
 
-PROMPT_LOGPROB_ROWS = 256  # LM-head rows per chunk (a float32 [256, vocab] buffer: 128 MiB at 128k)
+PROMPT_LOGPROB_ROWS = 128  # LM-head rows per chunk (a float32 [128, vocab] buffer: 63 MiB at 128k vocab)
 
 
 def prompt_logprob_rows(scheduled: list[ScheduledRequest]) -> list[tuple[Request, int, int, int]]:
