@@ -67,7 +67,7 @@ def infer(chat_template: str | None) -> str | None:
         return "hermes"
     if "<|plugin|>" in t or "<|action_start|>" in t:
         return "internlm"
-    if "<|python_tag|>" in t or '"parameters"' in t or "ipython" in t:
+    if "<|python_tag|>" in t or "ipython" in t:  # (Llama 3.1's template names both)
         return "llama3_json"
     return None
 
