@@ -73,7 +73,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         default=None,
         choices=tool_calls.CHOICES,
         help="how the model writes tool calls, for chat requests with tools and tool_choice auto: "
-        "hermes (alias qwen: <tool_call> blocks), llama3_json (alias llama3), internlm "
+        "hermes (alias qwen: <tool_call> blocks), llama3_json (alias llama3), internlm, mistral "
         "(default: the format the chat template names, if any)",
     )
     g.add_argument(

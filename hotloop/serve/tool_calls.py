@@ -10,7 +10,9 @@ here read the three formats that cover most open models (the names of vLLM's and
 - ``llama3_json`` (alias ``llama3``): the reply is one JSON object ``{"name": ..., "parameters":
   {...}}`` or several separated by ``;``, optionally after ``<|python_tag|>`` (Llama 3.1 - 3.3);
 - ``internlm``: ``<|action_start|><|plugin|>{"name": ..., "parameters": {...}}<|action_end|>``
-  (InternLM2 / 2.5; its markers are special tokens, so such replies are decoded with them).
+  (InternLM2 / 2.5; its markers are special tokens, so such replies are decoded with them);
+- ``mistral``: ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`` (Mistral 7B v0.3, Mistral
+  Nemo / Small; ``[TOOL_CALLS]`` is a control token, decoded likewise).
 
 Without ``--tool-call-parser`` the server picks the format its chat template names (``infer``);
 a template that names none gets no parser, and ``tool_choice="auto"`` then answers 400 saying which
@@ -27,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-PARSERS = ("hermes", "llama3_json", "internlm")
+PARSERS = ("hermes", "llama3_json", "internlm", "mistral")
 ALIASES = {"qwen": "hermes", "qwen2_5": "hermes", "llama3": "llama3_json"}
 CHOICES = PARSERS + tuple(ALIASES)
 
@@ -67,6 +69,8 @@ def infer(chat_template: str | None) -> str | None:
         return "hermes"
     if "<|plugin|>" in t or "<|action_start|>" in t:
         return "internlm"
+    if "[TOOL_CALLS]" in t:
+        return "mistral"
     if "<|python_tag|>" in t or "ipython" in t:  # (Llama 3.1's template names both)
         return "llama3_json"
     return None
@@ -74,7 +78,7 @@ def infer(chat_template: str | None) -> str | None:
 
 def needs_special_tokens(parser: str | None) -> bool:
     """Whether the parser's markers are special tokens that plain decoding would drop."""
-    return parser == "internlm"
+    return parser in ("internlm", "mistral")
 
 
 def start_markers(parser: str) -> tuple[str, ...]:
@@ -83,6 +87,7 @@ def start_markers(parser: str) -> tuple[str, ...]:
         "hermes": ("<tool_call>",),
         "internlm": ("<|action_start|>",),
         "llama3_json": ("<|python_tag|>", "{"),
+        "mistral": ("[TOOL_CALLS]",),
     }[parser]
 
 
@@ -150,6 +155,21 @@ def _llama3(text: str) -> tuple[str, list[ToolCall]] | None:
     return ("", calls) if calls else None
 
 
+def _mistral(text: str) -> tuple[str, list[ToolCall]] | None:
+    at = text.find("[TOOL_CALLS]")
+    if at < 0:
+        return None
+    try:
+        value, end = json.JSONDecoder().raw_decode(text[at + len("[TOOL_CALLS]") :].lstrip())
+    except ValueError:
+        return None
+    items = value if isinstance(value, list) else [value]
+    calls = [_call(v, ("arguments", "parameters")) for v in items]
+    if not calls or any(c is None for c in calls):
+        return None
+    return text[:at].strip(), [c for c in calls if c is not None]
+
+
 def parse(parser: str, text: str, names: set[str] | None = None) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a reply; a reply without a call that parses, or with a call of a function
     not in ``names`` (when given), is all content."""
@@ -157,6 +177,8 @@ def parse(parser: str, text: str, names: set[str] | None = None) -> tuple[str, l
         got = _blocks(text, _HERMES, ("arguments", "parameters"))
     elif parser == "internlm":
         got = _blocks(text, _INTERNLM, ("parameters", "arguments"))
+    elif parser == "mistral":
+        got = _mistral(text)
     else:
         got = _llama3(text)
     if got is None or (names is not None and any(c.name not in names for c in got[1])):
@@ -171,7 +193,7 @@ def content_after(parser: str, text: str, start: int) -> str:
         return _HERMES.sub("", text[start:])
     if parser == "internlm":
         return _INTERNLM.sub("", text[start:])
-    return ""  # a Llama 3 reply with calls is calls only
+    return ""  # a Llama 3 or Mistral reply's calls run to its end
 
 
 def function_names(tools: list[dict[str, Any]]) -> list[str]:

@@ -74,6 +74,16 @@ def test_llama3_json_and_internlm() -> None:
     text = 'Sure<|action_start|><|plugin|>\n{"name": "get_weather", "parameters": {"city": "Rome"}}<|action_end|>'
     assert tc.parse("internlm", text) == ("Sure", [tc.ToolCall("get_weather", '{"city": "Rome"}')])
     assert tc.needs_special_tokens("internlm") and not tc.needs_special_tokens("hermes")
+    text = 'On it. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Lima"}}, {"name": "get_time", "arguments": {}}]'
+    assert tc.parse("mistral", text) == (
+        "On it.",
+        [tc.ToolCall("get_weather", '{"city": "Lima"}'), tc.ToolCall("get_time", "{}")],
+    )
+    assert tc.parse("mistral", '[TOOL_CALLS] [{"name": "f", "argu') == (
+        '[TOOL_CALLS] [{"name": "f", "argu',
+        [],
+    )
+    assert tc.needs_special_tokens("mistral") and tc.streamable("mistral", "Hi [TOOL") == 3
 
 
 def test_streamable_holds_what_may_open_a_call() -> None:
@@ -91,12 +101,13 @@ def test_infer_and_canonical() -> None:
     assert tc.infer("{% for t in tools %}<tool_call>{% endfor %}") == "hermes"
     assert tc.infer("<|action_start|><|plugin|>") == "internlm"
     assert tc.infer("{{- '<|python_tag|>' }}") == "llama3_json"
+    assert tc.infer("{{- '[AVAILABLE_TOOLS]' }}{{- '[TOOL_CALLS]' }}") == "mistral"
     assert tc.infer("{% for m in messages %}{{ m.content }}{% endfor %}") is None and tc.infer(None) is None
     assert tc.canonical("qwen") == "hermes" and tc.canonical("llama3") == "llama3_json"
-    with pytest.raises(ValueError, match="--tool-call-parser 'mistral' must be one of"):
-        tc.canonical("mistral")
+    with pytest.raises(ValueError, match="--tool-call-parser 'pythonic' must be one of"):
+        tc.canonical("pythonic")
     with pytest.raises(ValueError, match="--tool-call-parser"):
-        ServerArgs(tool_call_parser="mistral")
+        ServerArgs(tool_call_parser="pythonic")
 
 
 @pytest.mark.parametrize(
