@@ -185,20 +185,19 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         assert body.tools is not None
         schema, tools.name = tool_calls.forced_schema(body.tools, body.tool_choice, body.parallel_tool_calls)
         where = tool_calls.schema_param(body.tools, tools.name)
-        try:  # (a schema the grammar compiler refuses is the tools' fault, not a response_format's)
+        try:
             params = dataclasses.replace(params, response_format="json_schema", json_schema=schema)
-            validate_prompt(state, ids, params, "messages")
-            state.engine.json_grammar.compiled(schema)  # (compiled once: the request's matcher reuses it)
-        except (RequestError, APIError) as e:
-            if getattr(e, "param", None) not in ("json_schema", "response_format.json_schema"):
+            # compiled off the event loop here, as GenerationJob.start does (its compile is then a
+            # cache hit), so that a schema xgrammar refuses is named as the tools' field
+            await asyncio.to_thread(state.engine.json_grammar.compiled, schema)
+        except RequestError as e:
+            if e.param != "json_schema":
                 raise
-            raise APIError(
-                400, f"{where}: not a JSON Schema a forced tool call can follow: {e}", where
-            ) from e
-    else:
-        if mode == "auto" and tool_calls.needs_special_tokens(state.tool_call_parser):
-            params = dataclasses.replace(params, skip_special_tokens=False)  # (the call markers)
-        validate_prompt(state, ids, params, "messages")
+            message = f"{where}: not a JSON Schema a forced tool call can follow: {e}"
+            raise APIError(400, message, where, "invalid_value") from e
+    elif mode == "auto" and tool_calls.needs_special_tokens(state.tool_call_parser):
+        params = dataclasses.replace(params, skip_special_tokens=False)  # (the call markers)
+    validate_prompt(state, ids, params, "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     subs = [(ids, choice_seed(params, j)) for j in range(body.n)]
     if body.stream:

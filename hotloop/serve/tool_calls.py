@@ -2,7 +2,7 @@
 to find them in its output, and the JSON schemas that force a call.
 
 A model asked with ``tools`` writes a call in the format its chat template taught it. The parsers
-here read the three formats that cover most open models (the names of vLLM's and LMDeploy's
+here read the four formats that cover most open models (the names of vLLM's and LMDeploy's
 ``--tool-call-parser``, either family accepted):
 
 - ``hermes`` (alias ``qwen``): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, one
@@ -93,11 +93,12 @@ def start_markers(parser: str) -> tuple[str, ...]:
 
 def _call(obj: Any, args_keys: tuple[str, ...]) -> ToolCall | None:
     """A call from a parsed object: a string ``name`` and the arguments under one of ``args_keys``
-    (an object, or JSON text of one). Anything else (``{"name": "Bob", "age": 3}``) is not a call."""
+    (an object, or JSON text of one). An object without them (``{"name": "Bob", "age": 3}``) is not a
+    call; other keys beside them (Mistral's ``"id"``) are ignored."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     key = next((k for k in args_keys if k in obj), None)
-    if key is None or set(obj) - {"name", key}:
+    if key is None:
         return None
     args: Any = obj[key]
     if isinstance(args, str):  # some models write the arguments as JSON text

@@ -56,7 +56,7 @@ def test_hermes_blocks_content_and_bad_json() -> None:
     assert tc.content_after("hermes", "  Hi <tool_call>{}</tool_call> after text", 5) == " after text"
 
 
-def test_llama3_json_and_internlm() -> None:
+def test_llama3_json_internlm_and_mistral() -> None:
     text = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}; {"name": "get_time", "parameters": {}}'
     assert tc.parse("llama3_json", text) == (
         "",
@@ -84,6 +84,8 @@ def test_llama3_json_and_internlm() -> None:
         [],
     )
     assert tc.needs_special_tokens("mistral") and tc.streamable("mistral", "Hi [TOOL") == 3
+    with_id = '[TOOL_CALLS] [{"name": "get_time", "arguments": {}, "id": "a1B2c3D4e"}]'
+    assert tc.parse("mistral", with_id) == ("", [tc.ToolCall("get_time", "{}")])
 
 
 def test_streamable_holds_what_may_open_a_call() -> None:
