@@ -289,12 +289,19 @@ def launch(
     scale_log2: float,
     num_splits: int,
     fused: FusedWrite | None = None,
+    exclude_newest: bool = False,
 ) -> bool:
     """Launch the kernel on checked inputs (``paged_decode_attention`` checks them): with one split
     it writes ``out`` ``[B, H, D]``; with more, the float32 partials ``part`` ``[B, H, S, D]`` and
     their log2-sum-exp ``lse`` ``[B, H, S]`` for ``_merge_kernel``. With ``fused`` (checked by
     ``fused_why_not``) the kernel also writes this step's k / v (and, unless ``fused.rotated``,
-    rotates q and k first). False (nothing launched) where the kernels cannot be built here."""
+    rotates q and k first). ``exclude_newest``: every split stops before position ``seq_lens[b] - 1``
+    (this step's token, not yet in the cache: the split merge attends to it and writes it,
+    ``decode_merge_write.py``); needs splits and no ``fused``. False (nothing launched) where the
+    kernels cannot be built here."""
+    assert not (exclude_newest and (fused is not None or num_splits < 2)), (
+        "exclude_newest: splits, no fused write"
+    )
     kv = k_cache.shape[2]
     name = choose(q.shape[0], kv, num_splits, q.device)
     prefix, stages = VARIANTS[name]
@@ -339,7 +346,8 @@ def launch(
             else (None, None, 0, 0, None, None, 0, None)
         ),
         int(fused is not None and fused.rotated),
-        int(early_enabled(B * kv * num_splits, _sm_count(q.device.index or 0))),
+        # the .cu's `early` flags: bit 0 the early prologue, bit 1 the newest token excluded
+        int(early_enabled(B * kv * num_splits, _sm_count(q.device.index or 0))) | (2 if exclude_newest else 0),
     )  # fmt: skip
     kernel = kernels[f"{prefix}_{_DTYPES[q.dtype]}"]
     shared = stages * STAGE_BYTES + (FUSED_BYTES if fused is not None else 0)

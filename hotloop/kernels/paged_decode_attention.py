@@ -677,10 +677,13 @@ def decode_attention_partials(
     graph_plan: bool = False,
     write_kv: kv_int8_decode_cuda.FusedWrite | None = None,
     max_splits: int | None = None,
+    exclude_newest: bool = False,
 ) -> DecodeResult:
     """``paged_decode_attention`` without the merge launch: the decode launch (Triton, or the CUDA
     int8 kernel), whose splits are left unmerged in the result's ``part`` / ``lse`` unless it merged
-    them itself (see ``DecodeResult``). Same arguments."""
+    them itself (see ``DecodeResult``). Same arguments, and ``exclude_newest``: the splits stop
+    before each sequence's newest token (``decode_merge_write.py`` attends to it in the merge); only
+    the CUDA int8 kernel with splits does that (``kv_int8_decode_cuda.takes``), anything else raises."""
     check(q.dim() == 3 and k_cache.dim() == 4, "q must be [B, H, D] and the caches [NB, BS, KV, D]")
     B, H, D = q.shape
     _nb, bs, kv, _row = k_cache.shape
@@ -730,6 +733,10 @@ def decode_attention_partials(
         config is None
         and kv_int8_decode_cuda.why_not(q, k_cache, v_cache, quant, G, sliding_window or 0, fused) is None
     )
+    check(
+        not exclude_newest or (cuda_ok and splits > 1 and write_kv is None and not fused),
+        "exclude_newest needs the CUDA int8 kernel with splits (kv_int8_decode_cuda.takes), unmerged",
+    )
     if write_kv is not None and not (
         cuda_ok and kv_int8_decode_cuda.fused_why_not(q, k_cache, write_kv) is None
     ):
@@ -737,8 +744,10 @@ def decode_attention_partials(
         write_kv = None
     launched = cuda_ok and kv_int8_decode_cuda.launch(
         q, k_cache, v_cache, block_tables, seq_lens, out, part if splits > 1 else None,
-        lse if splits > 1 else None, scale * _LOG2E, splits, write_kv,
+        lse if splits > 1 else None, scale * _LOG2E, splits, write_kv, exclude_newest,
     )  # fmt: skip
+    if exclude_newest and not launched:
+        raise RuntimeError("exclude_newest: the CUDA int8 decode kernels could not be built here")
     if write_kv is not None and not launched:  # the CUDA kernels could not be built here
         _write_first(q, k_cache, v_cache, write_kv)
     arrivals = counters.counters(q.device, "decode_merge", B * kv) if fused and not launched else None

@@ -194,17 +194,18 @@ class PagedAttention(nn.Module):
         return res
 
     def writes_in_decode(self, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> bool:
-        """Whether this step's decode kernel should write the step's K/V itself (``attend_staged``):
-        a decode-only batch on the GPU path over an int8 cache at head dim 128, with
-        ``HOTLOOP_KV_CUDA_FUSED_WRITE=1``. Where the CUDA kernel then cannot take the launch, the
-        write runs as its own launch first (``paged_decode_attention``)."""
+        """Whether this step's decode launches should write the step's K/V themselves
+        (``attend_staged``): a decode-only batch on the GPU path over an int8 cache at head dim 128,
+        with ``HOTLOOP_KV_CUDA_FUSED_WRITE=1`` (the decode kernel writes) or
+        ``HOTLOOP_KV_MERGE_WRITE=1`` (the split merge writes, ``decode_merge_write.py``). Where the
+        CUDA kernel then cannot take the launch, the write runs as its own launch first."""
         if kv_cache[0].dtype != torch.uint8 or not meta.decode_only or meta.seq_lens_t is None:
             return False
         if not kv_cache[0].is_cuda or self.head_dim != 128:
             return False
-        from hotloop.kernels import kv_int8_decode_cuda
+        from hotloop.kernels import decode_merge_write, kv_int8_decode_cuda
 
-        return kv_int8_decode_cuda.fused_write_enabled()
+        return kv_int8_decode_cuda.fused_write_enabled() or decode_merge_write.enabled()
 
     def attend_staged(
         self,
@@ -216,12 +217,23 @@ class PagedAttention(nn.Module):
     ) -> torch.Tensor:
         """Decode attention of ``q [T, H*D]`` (rotated) where this step's ``kv [T, 2 KV, D]`` (k
         rotated, then v; ``QKVLinear.forward_rope_staged``) is not yet in the int8 cache: the
-        decode kernel quantizes and writes it (``writes_in_decode`` said so)."""
+        decode kernel, or the split merge after it, quantizes and writes it (``writes_in_decode``
+        said so)."""
+        from hotloop.kernels import kv_int8_decode_cuda
         from hotloop.kernels.kv_int8_decode_cuda import FusedWrite
 
         T = q.shape[0]
         qv = q.view(T, self.num_heads, self.head_dim)
         kv_h = self.num_kv_heads
+        if not kv_int8_decode_cuda.fused_write_enabled():  # HOTLOOP_KV_MERGE_WRITE=1
+            from hotloop.kernels.decode_merge_write import decode_with_merge_write
+
+            assert meta.seq_lens_t is not None
+            o = decode_with_merge_write(
+                qv, kv, kv_cache[0], kv_cache[1], meta.block_tables, meta.seq_lens_t, meta.slot_mapping,
+                self.scale, torch.empty_like(qv), graph_plan=meta.graph, max_splits=meta.graph_max_splits,
+            )  # fmt: skip
+            return o.reshape(T, self.num_heads * self.head_dim)
         write = FusedWrite(
             kv[:, :kv_h], kv[:, kv_h:], cos_sin[0], cos_sin[1], meta.slot_mapping, rotated=True
         )

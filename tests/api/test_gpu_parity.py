@@ -214,6 +214,45 @@ def test_int8_fused_write_keeps_tokens(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("eager", [True, False])
+def test_int8_merge_write_keeps_tokens(
+    eager: bool, make_tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HOTLOOP_KV_MERGE_WRITE=1`` at batch 1: the q/k/v GEMV rotates and hands k / v over, the CUDA
+    int8 decode kernel attends over the older context and the split merge quantizes, writes and
+    attends to the step's token (``decode_merge_write.py``): the same tokens as the default path
+    (``rotary_kv_write``'s launch), eager and in CUDA graphs, and the decode steps took that path."""
+    from hotloop.kernels import decode_merge_write, kv_int8_decode_cuda
+
+    path = make_tiny_model("llama_hd128")
+    prompts = make_prompts(seed=13)
+    excluded: list[int] = []
+    real = kv_int8_decode_cuda.launch
+
+    def spy(*args: object, **kwargs: object) -> bool:
+        ok = real(*args, **kwargs)  # type: ignore[arg-type]
+        excluded.append(int(ok and len(args) > 11 and bool(args[11])))
+        return ok
+
+    monkeypatch.setattr(kv_int8_decode_cuda, "launch", spy)
+    runs = []
+    for on in ("0", "1"):
+        monkeypatch.setenv(decode_merge_write.ENV, on)
+        excluded.clear()
+        cfg = EngineConfig(
+            device="cuda", dtype="bfloat16", max_batch_size=1, eager_mode=eager, quant_policy=8,
+            **VARIANTS["chunked"],
+        )  # fmt: skip
+        got, _stats = run_engine(path, cfg, prompts, MAX_NEW)
+        runs.append(got)
+        if on == "1":
+            assert sum(excluded) > 0, "no decode step took the merge write"
+        else:
+            assert sum(excluded) == 0
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.gpu
 def test_jit_schedule_measures_steps_and_keeps_tokens(make_tiny_model: Callable[[str], Path]) -> None:
     """``jit_schedule``: the runner learns each step kind's device time from CUDA events, and the
     tokens are the same as without it."""

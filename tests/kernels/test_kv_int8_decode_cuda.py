@@ -317,7 +317,7 @@ def _fused_write_case(
 
     def spy(*args: object, **kwargs: object) -> bool:
         ok = real(*args, **kwargs)  # type: ignore[arg-type]
-        launched.append((ok, args[-1] if len(args) > 10 else kwargs.get("fused")))
+        launched.append((ok, args[10] if len(args) > 10 else kwargs.get("fused")))
         return ok
 
     monkeypatch.setattr(kv_int8_decode_cuda, "launch", spy)

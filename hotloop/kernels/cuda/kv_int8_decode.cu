@@ -160,7 +160,11 @@ __device__ __forceinline__ void decode_kernel(
   // moves read-only (.nc) loads across griddepcontrol.wait, and these must stay after it. What it may
   // move (seq_lens, block_tables, slots, the cache) the kernel before does not write (EARLY above).
   extern __shared__ __align__(128) uint8_t smem[];
-  const bool pre = FUSED || early != 0;  // EARLY above: the prologue before the wait
+  // early: bit 0 the EARLY prologue (above); bit 1 EXCLUDE (the split merge attends to the newest token
+  // and writes it, kernels/decode_merge_write.py): every split stops before position seq_lens[b] - 1,
+  // whose row is not in the cache yet, so nothing is read after the wait but q
+  const bool excl = (early & 2) != 0;
+  const bool pre = FUSED || (early & 1) != 0;  // EARLY above: the prologue before the wait
   if (!pre) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;");
@@ -173,7 +177,7 @@ __device__ __forceinline__ void decode_kernel(
   const int split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int H = G * KV;
-  const int seq_len = seq_lens[b];
+  const int seq_len = seq_lens[b] - (excl ? 1 : 0);
   const int chunk = ((seq_len + num_splits - 1) / num_splits + TILE - 1) / TILE * TILE;
   const int start = split * chunk;
   const int end = min(start + chunk, seq_len);
@@ -187,7 +191,7 @@ __device__ __forceinline__ void decode_kernel(
   int new_pos = -1;                                    // block-uniform
   {
     const int pos = seq_len - 1;
-    if (pos >= start && pos < end && (FUSED ? slots[b] >= 0 : pre)) new_pos = pos;
+    if (!excl && pos >= start && pos < end && (FUSED ? slots[b] >= 0 : pre)) new_pos = pos;
   }
   bool ready = !pre;  // the newest row may go into the ring (after the wait; FUSED: once staged)
 
