@@ -197,11 +197,14 @@ class GenerationConfig:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """Log-probability of one generated token, with the top alternatives (id -> logprob)."""
+    """Log-probability of one token, with the top alternatives (id -> logprob). ``rank``: the
+    token's place in its distribution (1: the most likely; ties share the better place), where it
+    was computed (prompt logprobs), else None."""
 
     token_id: int
     logprob: float
     top: dict[int, float] = field(default_factory=dict)
+    rank: int | None = None
 
 
 @dataclass

@@ -85,6 +85,7 @@ class PromptLogprobs:
     first: int
     chosen: torch.Tensor
     top: tuple[torch.Tensor, torch.Tensor] | None
+    rank: torch.Tensor | None = None  # each chosen token's rank (1: the most likely)
 
 
 PROMPT_LOGPROB_ROWS = 128  # LM-head rows per chunk (a float32 [128, vocab] buffer: 63 MiB at 128k vocab)
@@ -120,11 +121,12 @@ def compute_prompt_logprobs(
             lp = torch.log_softmax(model.compute_logits(hidden[row + c : row + c + n]).float(), dim=-1)
             targets = torch.tensor(ids[pos + c + 1 : pos + c + n + 1], dtype=torch.long, device=lp.device)
             chosen = lp.gather(1, targets[:, None])[:, 0]
+            rank = (lp > chosen[:, None]).sum(dim=-1) + 1
             top = None
             if k:
                 values, top_ids = lp.topk(k, dim=-1)
                 top = (values, top_ids)
-            out.append(PromptLogprobs(req, pos + c + 1, chosen, top))
+            out.append(PromptLogprobs(req, pos + c + 1, chosen, top, rank))
     return out
 
 
@@ -137,6 +139,7 @@ def store_prompt_logprobs(results: list[PromptLogprobs]) -> None:
             continue
         ids = r.request.prompt_token_ids
         chosen = r.chosen.tolist()
+        ranks = r.rank.tolist() if r.rank is not None else [None] * len(chosen)
         top_v = r.top[0].tolist() if r.top is not None else None
         top_i = r.top[1].tolist() if r.top is not None else None
         for j, v in enumerate(chosen):
@@ -144,7 +147,7 @@ def store_prompt_logprobs(results: list[PromptLogprobs]) -> None:
             top = (
                 dict(zip(top_i[j], top_v[j], strict=True)) if top_i is not None and top_v is not None else {}
             )
-            dest[p] = TokenLogprob(ids[p], v, top)
+            dest[p] = TokenLogprob(ids[p], v, top, ranks[j])
 
 
 def pending_index(req: Request, start: int, num_tokens: int) -> int | None:

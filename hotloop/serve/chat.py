@@ -20,7 +20,7 @@ from hotloop.serve import tool_calls
 from hotloop.serve.chat_template import ChatTemplateError, encode_messages, unicode_error
 from hotloop.serve.errors import APIError, error_body
 from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
-from hotloop.serve.logprobs import chat_logprobs
+from hotloop.serve.logprobs import chat_logprobs, vllm_prompt_logprobs
 from hotloop.serve.openai_protocol import ChatCompletionRequest, ChatCompletionResponse, ChatMessage, TextPart
 from hotloop.serve.params import (
     check_stream_options,
@@ -246,8 +246,11 @@ async def _complete(
     reasons: list[str | None] = [None] * n
     generated = [0] * n
     cached = [0] * n
+    prompt_lps: Any = None  # vLLM's prompt_logprobs (every choice has the same prompt)
     try:
         async for i, o in job.outputs():
+            if o.prompt_logprobs is not None and body.prompt_logprobs is not None and prompt_lps is None:
+                prompt_lps = vllm_prompt_logprobs(state, subs[i][0], o.prompt_logprobs, body.prompt_logprobs)
             texts[i] += o.new_text
             lps[i].extend(o.logprobs)
             generated[i] = o.num_generated_tokens
@@ -280,6 +283,7 @@ async def _complete(
         "model": state.model_name,
         "choices": choices,
         "usage": _usage(prompt_len, sum(generated), max(cached)),
+        "prompt_logprobs": prompt_lps,
     }
 
 

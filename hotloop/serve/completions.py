@@ -27,6 +27,7 @@ from hotloop.serve.logprobs import (
     CompletionLogprobAccumulator,
     merge_completion_logprobs,
     prompt_completion_logprobs,
+    vllm_prompt_logprobs,
 )
 from hotloop.serve.openai_protocol import CompletionRequest, CompletionResponse
 from hotloop.serve.params import (
@@ -117,7 +118,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
         max_new = resolve_max_tokens(state, len(ids), 1 if body.max_tokens == 0 else body.max_tokens, param)
         params = sampling_config(state, body, max_new, body.logprobs)
         if body.echo and body.logprobs is not None:
-            params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
+            params = dataclasses.replace(
+                params, prompt_logprobs=max(body.logprobs, params.prompt_logprobs or 0)
+            )
         validate_prompt(state, ids, params, param)
         subs.extend((ids, choice_seed(params, j)) for j in range(body.n))
     request_id = f"cmpl-{uuid.uuid4().hex}"
@@ -150,13 +153,18 @@ async def _complete(
     texts = [prompts[i // body.n][1] if body.echo else "" for i in range(n)]
     accs = [CompletionLogprobAccumulator(state, body.logprobs or 0, len(texts[i])) for i in range(n)]
     lps: list[dict[str, Any] | None] = [None] * n
+    prompt_lps: list[Any] = [None] * n  # vLLM's prompt_logprobs, where asked for
     reasons: list[str | None] = [None] * n
     generated = [0] * n
     cached = [0] * len(prompts)
     score_only = body.max_tokens == 0  # (echo): the one generated token is dropped
     try:
         async for i, o in job.outputs():
-            if o.prompt_logprobs is not None and body.echo:
+            if o.prompt_logprobs is not None and body.prompt_logprobs is not None:
+                prompt_lps[i] = vllm_prompt_logprobs(
+                    state, prompts[i // body.n][0], o.prompt_logprobs, body.prompt_logprobs
+                )
+            if o.prompt_logprobs is not None and body.echo and body.logprobs is not None:
                 ids, echoed = prompts[i // body.n]
                 lps[i] = prompt_completion_logprobs(
                     state, ids, o.prompt_logprobs, body.logprobs or 0, echoed, _ids_prompt(body.prompt)
@@ -174,7 +182,14 @@ async def _complete(
     finally:
         job.close()
     choices = [
-        {"index": i, "text": texts[i], "logprobs": lps[i], "finish_reason": reasons[i]} for i in range(n)
+        {
+            "index": i,
+            "text": texts[i],
+            "logprobs": lps[i],
+            "finish_reason": reasons[i],
+            "prompt_logprobs": prompt_lps[i],
+        }
+        for i in range(n)
     ]
     return {
         "id": request_id,

@@ -112,3 +112,28 @@ def merge_completion_logprobs(total: dict[str, Any] | None, inc: dict[str, Any])
     for k, v in inc.items():
         total[k].extend(v)
     return total
+
+
+def vllm_prompt_logprobs(
+    state: ServerState, prompt_ids: list[int], lps: list[TokenLogprob | None], top_k: int
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token (None for the first), a map from token id (as a
+    JSON key) to ``{logprob, rank, decoded_token}``: the prompt's own token first, then the
+    ``top_k`` most likely (rank 1, 2, ...; the prompt's token keeps its own entry where it is one
+    of them)."""
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for tid, lp in zip(prompt_ids, lps, strict=True):
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {
+            str(tid): {
+                "logprob": _finite(lp.logprob),
+                "rank": lp.rank,
+                "decoded_token": state.token_text(tid),
+            }
+        }
+        for r, (t, v) in enumerate(_top(lp, top_k), start=1):
+            entry.setdefault(str(t), {"logprob": _finite(v), "rank": r, "decoded_token": state.token_text(t)})
+        out.append(entry)
+    return out

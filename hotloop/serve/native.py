@@ -50,6 +50,7 @@ _GEN_FIELDS = (
     "min_new_tokens",
     "skip_special_tokens",
     "logprobs",
+    "prompt_logprobs",
     "include_stop_str_in_output",
 )
 
@@ -116,7 +117,13 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     return await run_until_disconnect(request, _complete(state, request_id, ids, params))
 
 
-def _piece(o: RequestOutput, text: str, token_ids: list[int], logprobs: list[Any] | None) -> dict[str, Any]:
+def _piece(
+    o: RequestOutput,
+    text: str,
+    token_ids: list[int],
+    logprobs: list[Any] | None,
+    prompt_logprobs: list[Any] | None = None,
+) -> dict[str, Any]:
     return {
         "text": text,
         "token_ids": token_ids,
@@ -125,11 +132,21 @@ def _piece(o: RequestOutput, text: str, token_ids: list[int], logprobs: list[Any
         "finish_reason": o.finish_reason,
         "cached_tokens": o.cached_tokens,
         "logprobs": logprobs,
+        "prompt_logprobs": None
+        if prompt_logprobs is None
+        else [None if lp is None else _lp(lp) for lp in prompt_logprobs],
     }
 
 
+def _lp(lp: Any) -> dict[str, Any]:
+    out = {"token_id": lp.token_id, "logprob": max(lp.logprob, -9999.0), "top": lp.top}
+    if lp.rank is not None:
+        out["rank"] = lp.rank
+    return out
+
+
 def _lps(lps: list[Any]) -> list[dict[str, Any]]:
-    return [{"token_id": lp.token_id, "logprob": max(lp.logprob, -9999.0), "top": lp.top} for lp in lps]
+    return [_lp(lp) for lp in lps]
 
 
 async def _complete(
@@ -138,8 +155,11 @@ async def _complete(
     job = await GenerationJob.start(state, request_id, [(ids, params)], native=True)
     text, tokens, lps = "", [], []
     last = None
+    prompt_lps = None
     try:
         async for _, o in job.outputs():
+            if o.prompt_logprobs is not None:
+                prompt_lps = o.prompt_logprobs
             text += o.new_text
             tokens.extend(o.new_token_ids)
             lps.extend(o.logprobs)
@@ -147,16 +167,15 @@ async def _complete(
     finally:
         job.close()
     assert last is not None
-    return _piece(last, text, tokens, _lps(lps) if params.logprobs is not None else None)
+    return _piece(last, text, tokens, _lps(lps) if params.logprobs is not None else None, prompt_lps)
 
 
 async def _stream(job: GenerationJob) -> AsyncIterator[str]:
     try:
         async for _, o in job.outputs():
-            if o.new_token_ids or o.new_text or o.finished:
-                yield sse(
-                    _piece(o, o.new_text, list(o.new_token_ids), _lps(o.logprobs) if o.logprobs else None)
-                )
+            if o.new_token_ids or o.new_text or o.finished or o.prompt_logprobs is not None:
+                lps = _lps(o.logprobs) if o.logprobs else None
+                yield sse(_piece(o, o.new_text, list(o.new_token_ids), lps, o.prompt_logprobs))
         yield SSE_DONE
     except EngineDeadError as e:
         yield sse(error_body(503, str(e), None, "engine_unavailable"))

@@ -82,6 +82,9 @@ class _SamplingFields(_Body):
     include_stop_str_in_output: bool = False
     response_format: ResponseFormat | None = None
     user: str | None = None
+    # vLLM's extension: each prompt token's logprob given the tokens before it, its rank and the
+    # top-k alternatives (non-streaming responses only)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 # -- chat ----------------------------------------------------------------------------------------
@@ -184,6 +187,17 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class PromptLogprob(BaseModel):
+    """One entry of vLLM's ``prompt_logprobs`` (keyed by token id)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class ChatCompletionResponse(BaseModel):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
@@ -191,6 +205,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None  # (vLLM's extension; the prompt is the choices')
 
 
 # -- completions ---------------------------------------------------------------------------------
@@ -215,6 +230,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # (vLLM's extension)
 
 
 class CompletionResponse(BaseModel):
@@ -271,6 +287,9 @@ class GenerateRequest(_Body):
     min_new_tokens: int | None = Field(None, ge=0)
     skip_special_tokens: bool = True
     logprobs: int | None = Field(None, ge=0, le=20)
+    # each prompt token's logprob given the tokens before it (None for the first), with its rank
+    # and top-k; in a stream, the first event carries them
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     include_stop_str_in_output: bool = False
     response_format: ResponseFormat | None = None
 
@@ -279,6 +298,7 @@ class GenerateLogprob(BaseModel):
     token_id: int
     logprob: float
     top: dict[int, float] = Field(default_factory=dict)
+    rank: int | None = None  # (prompt logprobs: the token's place in its distribution, 1 the first)
 
 
 class GenerateResponse(BaseModel):
@@ -289,6 +309,7 @@ class GenerateResponse(BaseModel):
     finish_reason: str | None = None
     cached_tokens: int = 0
     logprobs: list[GenerateLogprob] | None = None
+    prompt_logprobs: list[GenerateLogprob | None] | None = None
 
 
 class TokenizeRequest(_Body):

@@ -564,6 +564,85 @@ def test_completions_echo_logprobs_score_the_prompt(server, client, model_name, 
     _assert_error(bad, 400, "max_tokens", "echo")
 
 
+def test_prompt_logprobs_extension(server, client, model_name, tokenizer) -> None:
+    """vLLM's ``prompt_logprobs``: per prompt token (null for the first) a map from token id to
+    ``{logprob, rank, decoded_token}``, the prompt's own token first with its true rank, then the
+    top-k; on /v1/completions per choice, on /v1/chat/completions once for the shared prompt, on
+    /generate as a list (streamed: in the first event). Checked against transformers' own
+    log-softmax and ranks; with stream=true on the OpenAI routes it is a 400 naming the field."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = "The capital of France is Paris"
+    ids = tokenizer.encode(prompt)
+    root = client.models.list().data[0].model_extra["root"]
+    model = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32)
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+
+    def check(entries: list, ids: list[int], ref: torch.Tensor, k: int) -> None:
+        assert len(entries) == len(ids) and entries[0] is None
+        for p in range(1, len(ids)):
+            e = entries[p]
+            own = e[str(ids[p])]
+            assert list(e)[0] == str(ids[p])  # the prompt's own token first
+            assert own["logprob"] == pytest.approx(ref[p - 1, ids[p]].item(), abs=2e-3), p
+            true_rank = int((ref[p - 1] > ref[p - 1, ids[p]]).sum()) + 1
+            assert abs(own["rank"] - true_rank) <= 1, (p, own["rank"], true_rank)  # (near-ties: bf16 vs f32)
+            assert own["decoded_token"] == tokenizer.decode([ids[p]])
+            # the top-k besides: ranks 1..k, the prompt's token holding its own place among them
+            others = {v["rank"] for t, v in e.items() if t != str(ids[p])}
+            assert len(e) in (k, k + 1)
+            assert others | ({own["rank"]} if len(e) == k else set()) == set(range(1, k + 1))
+            assert str(ref[p - 1].argmax().item()) in e
+
+    r = client.completions.create(
+        model=model_name, prompt=prompt, max_tokens=2, n=2, extra_body={"prompt_logprobs": 3}, **GREEDY
+    )
+    for choice in r.choices:
+        check(choice.model_extra["prompt_logprobs"], ids, ref, 3)
+    plain = client.completions.create(model=model_name, prompt=prompt, max_tokens=1, **GREEDY)
+    assert plain.choices[0].model_extra.get("prompt_logprobs") is None
+    # chat: the templated prompt, scored once
+    messages = [{"role": "user", "content": "Name a colour."}]
+    chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if not isinstance(chat_ids, list):
+        chat_ids = chat_ids["input_ids"]
+    with torch.no_grad():
+        chat_ref = torch.log_softmax(model(torch.tensor([chat_ids])).logits[0].float(), -1)
+    c = client.chat.completions.create(
+        model=model_name, messages=messages, max_tokens=2, extra_body={"prompt_logprobs": 1}, **GREEDY
+    )
+    check(c.model_extra["prompt_logprobs"], chat_ids, chat_ref, 1)
+    # /generate: a list of {token_id, logprob, top, rank}; streamed, in the first event
+    g = _post(server, "/generate", json={"input_ids": ids, "max_new_tokens": 2, "prompt_logprobs": 2}).json()
+    assert g["prompt_logprobs"][0] is None and len(g["prompt_logprobs"]) == len(ids)
+    for p in range(1, len(ids)):
+        e = g["prompt_logprobs"][p]
+        assert e["token_id"] == ids[p] and len(e["top"]) == 2 and e["rank"] >= 1
+        assert e["logprob"] == pytest.approx(ref[p - 1, ids[p]].item(), abs=2e-3)
+    events = _post(
+        server,
+        "/generate",
+        json={"input_ids": ids, "max_new_tokens": 2, "prompt_logprobs": 0, "stream": True},
+    ).text.split("\n\n")
+    first = json.loads(events[0].removeprefix("data: "))
+    assert [e and e["logprob"] for e in first["prompt_logprobs"]] == pytest.approx(
+        [e and e["logprob"] for e in g["prompt_logprobs"]], abs=1e-5
+    )
+    # streaming on the OpenAI routes: refused, naming the field
+    bad = _post(
+        server,
+        "/v1/completions",
+        json={"model": model_name, "prompt": prompt, "prompt_logprobs": 1, "stream": True},
+    )
+    _assert_error(bad, 400, "prompt_logprobs", "stream")
+    bad = _post(
+        server, "/v1/completions", json={"model": model_name, "prompt": prompt, "prompt_logprobs": 21}
+    )
+    assert bad.status_code == 400 and "prompt_logprobs" in bad.text
+
+
 TOOLS = [
     {
         "type": "function",
