@@ -196,9 +196,9 @@ class PagedAttention(nn.Module):
     def writes_in_decode(self, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> bool:
         """Whether this step's decode launches should write the step's K/V themselves
         (``attend_staged``): a decode-only batch on the GPU path over an int8 cache at head dim 128,
-        with ``HOTLOOP_KV_CUDA_FUSED_WRITE=1`` (the decode kernel writes) or
-        ``HOTLOOP_KV_MERGE_WRITE=1`` (the split merge writes, ``decode_merge_write.py``). Where the
-        CUDA kernel then cannot take the launch, the write runs as its own launch first."""
+        where ``HOTLOOP_KV_CUDA_FUSED_WRITE=1`` (the decode kernel writes) or, by default, the split
+        merge writes (``decode_merge_write.py``; ``HOTLOOP_KV_MERGE_WRITE=0`` turns it off). Where
+        the CUDA kernel then cannot take the launch, the write runs as its own launch first."""
         if kv_cache[0].dtype != torch.uint8 or not meta.decode_only or meta.seq_lens_t is None:
             return False
         if not kv_cache[0].is_cuda or self.head_dim != 128:
@@ -225,7 +225,7 @@ class PagedAttention(nn.Module):
         T = q.shape[0]
         qv = q.view(T, self.num_heads, self.head_dim)
         kv_h = self.num_kv_heads
-        if not kv_int8_decode_cuda.fused_write_enabled():  # HOTLOOP_KV_MERGE_WRITE=1
+        if not kv_int8_decode_cuda.fused_write_enabled():  # the merge writes (decode_merge_write)
             from hotloop.kernels.decode_merge_write import decode_with_merge_write
 
             assert meta.seq_lens_t is not None

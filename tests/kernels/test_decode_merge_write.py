@@ -122,9 +122,9 @@ def test_refusals() -> None:
 
 def test_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(decode_merge_write.ENV, raising=False)
-    assert not decode_merge_write.enabled()
-    monkeypatch.setenv(decode_merge_write.ENV, "1")
     assert decode_merge_write.enabled()
+    monkeypatch.setenv(decode_merge_write.ENV, "0")
+    assert not decode_merge_write.enabled()
     monkeypatch.setenv(decode_merge_write.ENV, "on")
     with pytest.raises(ValueError, match="must be 0 or 1"):
         decode_merge_write.enabled()
