@@ -198,8 +198,8 @@ class GenerationConfig:
 @dataclass(frozen=True)
 class TokenLogprob:
     """Log-probability of one token, with the top alternatives (id -> logprob). ``rank``: the
-    token's place in its distribution (1: the most likely; ties share the better place), where it
-    was computed (prompt logprobs), else None."""
+    token's place in its distribution (1: the most likely; tokens tied with it count as before it,
+    as vLLM ranks), where it was computed (prompt logprobs), else None."""
 
     token_id: int
     logprob: float

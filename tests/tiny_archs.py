@@ -35,6 +35,11 @@ TINY_ARCHS: dict[str, dict[str, Any]] = {
     # head dim 128 with a GQA group of 4 (Llama 3's), narrower than its heads: the shape the CUDA int8
     # decode kernel takes (tests/api/test_gpu_parity.py)
     "llama_hd128": dict(arch="llama", num_attention_heads=4, num_key_value_heads=1, head_dim=128),
+    # the same with a 16-token sliding window (the int8 decode paths that attend over the whole
+    # context must not take it)
+    "mistral_window_hd128": dict(
+        arch="mistral", num_attention_heads=4, num_key_value_heads=1, head_dim=128, sliding_window=16
+    ),
     # full attention in layer 0, a 16-token window in layers 1 and 2 (layer_types from max_window_layers):
     # layers whose attention differs, as the piecewise steps' launch replay must tell apart
     "qwen2_mixed_window": dict(

@@ -121,7 +121,7 @@ def compute_prompt_logprobs(
             lp = torch.log_softmax(model.compute_logits(hidden[row + c : row + c + n]).float(), dim=-1)
             targets = torch.tensor(ids[pos + c + 1 : pos + c + n + 1], dtype=torch.long, device=lp.device)
             chosen = lp.gather(1, targets[:, None])[:, 0]
-            rank = (lp > chosen[:, None]).sum(dim=-1) + 1
+            rank = (lp >= chosen[:, None]).sum(dim=-1)  # (vLLM's: tied tokens take the worse place)
             top = None
             if k:
                 values, top_ids = lp.topk(k, dim=-1)

@@ -54,6 +54,15 @@ def enabled() -> bool:
     return raw == "1"
 
 
+def applies(k_cache: torch.Tensor, head_dim: int, dtype: torch.dtype, sliding_window: int | None) -> bool:
+    """Whether a decode step over ``k_cache`` (a layer of ``head_dim`` in a ``dtype`` model) takes the
+    merge write: ``enabled``, an int8 cache, no sliding window (the CUDA kernel attends over the
+    whole context). An int4 cache keeps the separate quantized write."""
+    if k_cache.dtype != torch.uint8 or sliding_window:
+        return False
+    return kv_quant.cache_policy(k_cache, head_dim, dtype) == 8 and enabled()
+
+
 @recordable
 @triton.jit
 def _merge_write_kernel(
@@ -225,12 +234,14 @@ def decode_with_merge_write(
     graph_plan: bool = False,
     max_splits: int | None = None,
     num_splits: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Decode attention over an int8 cache where this step's token (``kv [B, 2 KV, D]``: k rotated,
-    then v) is not yet in it: the CUDA kernel over the older context, then ``merge_and_write``. Where
-    the CUDA kernel cannot take the launch, or the launch has one split (no merge to ride in), the
-    token is written first (``write_kv_cache``) and the plain decode runs. Arguments as
-    ``paged_decode_attention``'s (``seq_lens`` counts the step's token)."""
+    """Decode attention over a quantized cache where this step's token (``kv [B, 2 KV, D]``: k
+    rotated, then v) is not yet in it: for an int8 cache the CUDA kernel over the older context, then
+    ``merge_and_write``. Where that cannot run (an int4 cache, a sliding window, no CUDA kernel
+    here, or a launch of one split: no merge to ride in) the token is written first
+    (``write_kv_cache``) and the plain decode runs. Arguments as ``paged_decode_attention``'s
+    (``seq_lens`` counts the step's token)."""
     from hotloop.kernels.paged_decode_attention import (
         decode_attention_partials,
         decode_plan,
@@ -241,13 +252,19 @@ def decode_with_merge_write(
 
     B, H, D = q.shape
     KV = k_cache.shape[2]
+    quant = kv_quant.cache_policy(k_cache, D, q.dtype)
     if num_splits is None:
         num_splits = (
-            decode_plan(B, KV, 8, D, q.element_size(), max_splits)[0]
+            decode_plan(B, KV, quant, D, q.element_size(), max_splits)[0]
             if graph_plan
-            else num_decode_splits(B, KV, 8)
+            else num_decode_splits(B, KV, quant)
         )
-    if num_splits > 1 and kv_int8_decode_cuda.takes(q, k_cache, v_cache, 8, H // KV, 0, False):
+    if (
+        quant == 8
+        and not sliding_window  # (the CUDA kernel attends over the whole context)
+        and num_splits > 1
+        and kv_int8_decode_cuda.takes(q, k_cache, v_cache, quant, H // KV, 0, False)
+    ):
         res = decode_attention_partials(
             q, k_cache, v_cache, block_tables, seq_lens, scale, None, num_splits, out, fuse_merge=False,
             exclude_newest=True,
@@ -256,5 +273,5 @@ def decode_with_merge_write(
         return merge_and_write(res.part, res.lse, q, kv, slots, k_cache, v_cache, scale, res.out)
     write_kv_cache(kv[:, :KV], kv[:, KV:], k_cache, v_cache, slots)
     return paged_decode_attention(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, None, num_splits, out, fuse_merge=False
+        q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, fuse_merge=False
     )

@@ -193,19 +193,24 @@ class PagedAttention(nn.Module):
             return DecodeResult(merge_partials(res))
         return res
 
-    def writes_in_decode(self, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> bool:
+    def writes_in_decode(
+        self, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, dtype: torch.dtype
+    ) -> bool:
         """Whether this step's decode launches should write the step's K/V themselves
-        (``attend_staged``): a decode-only batch on the GPU path over an int8 cache at head dim 128,
-        where ``HOTLOOP_KV_CUDA_FUSED_WRITE=1`` (the decode kernel writes) or, by default, the split
-        merge writes (``decode_merge_write.py``; ``HOTLOOP_KV_MERGE_WRITE=0`` turns it off). Where
-        the CUDA kernel then cannot take the launch, the write runs as its own launch first."""
+        (``attend_staged``): a decode-only batch on the GPU path over a quantized cache at head dim
+        128 (``dtype``: the model's), where ``HOTLOOP_KV_CUDA_FUSED_WRITE=1`` (the decode kernel
+        writes) or, by default, the split merge writes (``decode_merge_write.py``, an int8 cache
+        without a sliding window; ``HOTLOOP_KV_MERGE_WRITE=0`` turns it off). Where the CUDA kernel
+        then cannot take the launch, the write runs as its own launch first."""
         if kv_cache[0].dtype != torch.uint8 or not meta.decode_only or meta.seq_lens_t is None:
             return False
         if not kv_cache[0].is_cuda or self.head_dim != 128:
             return False
         from hotloop.kernels import decode_merge_write, kv_int8_decode_cuda
 
-        return kv_int8_decode_cuda.fused_write_enabled() or decode_merge_write.enabled()
+        if kv_int8_decode_cuda.fused_write_enabled():
+            return True
+        return decode_merge_write.applies(kv_cache[0], self.head_dim, dtype, self.sliding_window)
 
     def attend_staged(
         self,
@@ -232,6 +237,7 @@ class PagedAttention(nn.Module):
             o = decode_with_merge_write(
                 qv, kv, kv_cache[0], kv_cache[1], meta.block_tables, meta.seq_lens_t, meta.slot_mapping,
                 self.scale, torch.empty_like(qv), graph_plan=meta.graph, max_splits=meta.graph_max_splits,
+                sliding_window=self.sliding_window,
             )  # fmt: skip
             return o.reshape(T, self.num_heads * self.head_dim)
         write = FusedWrite(

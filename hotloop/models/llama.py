@@ -229,7 +229,7 @@ class LlamaDecoderLayer(nn.Module):
         if kv_cache[0].dtype == h.dtype:
             return "cache"
         if kv_cache[0].dtype == torch.uint8:
-            if ops.use_triton(h) and attn.attn.writes_in_decode(kv_cache, meta):
+            if ops.use_triton(h) and attn.attn.writes_in_decode(kv_cache, meta, h.dtype):
                 return "staged"
             if ops.one_row_rope_quant():
                 return "cache"

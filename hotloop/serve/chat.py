@@ -199,7 +199,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         params = dataclasses.replace(params, skip_special_tokens=False)  # (the call markers)
     validate_prompt(state, ids, params, "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    subs = [(ids, choice_seed(params, j)) for j in range(body.n)]
+    # the prompt's logprobs are the same for every choice: the first computes them
+    rest = dataclasses.replace(params, prompt_logprobs=None)
+    subs = [(ids, choice_seed(params if j == 0 else rest, j)) for j in range(body.n)]
     if body.stream:
         job = await GenerationJob.start(state, request_id, subs, mm_inputs=mm_inputs)
         return EventStreamResponse(_stream(state, body, job, request_id, len(ids), tools), job.close)

@@ -122,7 +122,11 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
                 params, prompt_logprobs=max(body.logprobs, params.prompt_logprobs or 0)
             )
         validate_prompt(state, ids, params, param)
-        subs.extend((ids, choice_seed(params, j)) for j in range(body.n))
+        # vLLM's prompt_logprobs are the same for every choice of a prompt: the first computes them
+        # (an echo with logprobs needs them in every choice's stream, so each computes its own)
+        shared = body.prompt_logprobs is not None and not (body.echo and body.logprobs is not None)
+        rest = dataclasses.replace(params, prompt_logprobs=None) if shared else params
+        subs.extend((ids, choice_seed(params if j == 0 else rest, j)) for j in range(body.n))
     request_id = f"cmpl-{uuid.uuid4().hex}"
     if body.stream:
         job = await GenerationJob.start(state, request_id, subs)
@@ -181,6 +185,9 @@ async def _complete(
                 reasons[i] = o.finish_reason
     finally:
         job.close()
+    for i in range(n):  # each choice shows its prompt's (computed by the prompt's first choice)
+        if prompt_lps[i] is None and body.prompt_logprobs is not None:
+            prompt_lps[i] = prompt_lps[i - i % body.n]
     choices = [
         {
             "index": i,

@@ -144,6 +144,57 @@ def test_falls_back_to_the_write_then_decode_off_the_gpu() -> None:
     _compare(out, ref, dtype)
 
 
+def test_applies_to_int8_caches_without_a_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(decode_merge_write.ENV, raising=False)
+    int8 = torch.zeros(2, 16, 2, D + 4, dtype=torch.uint8)
+    int4 = torch.zeros(2, 16, 2, D // 2 + 4, dtype=torch.uint8)
+    applies = decode_merge_write.applies
+    assert applies(int8, D, torch.bfloat16, None)
+    assert applies(torch.zeros(2, 16, 2, D + 8, dtype=torch.uint8), D, torch.float32, None)
+    assert not applies(int4, D, torch.bfloat16, None)  # int4 keeps the separate write
+    assert not applies(int8, D, torch.bfloat16, 4096)  # a sliding window: the CUDA kernel has none
+    assert not applies(torch.zeros(2, 16, 2, D, dtype=torch.bfloat16), D, torch.bfloat16, None)
+    monkeypatch.setenv(decode_merge_write.ENV, "0")
+    assert not applies(int8, D, torch.bfloat16, None)
+
+
+@pytest.mark.parametrize("policy,window", [(4, None), (8, 20)])
+def test_int4_and_windows_write_first(
+    policy: int, window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Called with an int4 cache or a sliding window, even where the CUDA kernel would take an int8
+    launch (``takes`` patched true, as on a GPU), the token is written first and the plain decode
+    runs, with the window: the reference's bytes and output."""
+    monkeypatch.setattr(kv_int8_decode_cuda, "takes", lambda *a, **k: True)
+    lens, h, kv, dtype, bs = [2, 40, 17], 8, 2, torch.bfloat16, 16
+    seed = random.randrange(1 << 30)
+    kq, vq, _kf, _vf, tables = _quant_pool(lens, kv, D, bs, dtype, policy, "cpu", seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(len(lens), h, D, generator=gen).to(dtype)
+    kvn = (torch.randn(len(lens), 2 * kv, D, generator=gen) * 3).to(dtype)
+    slots = torch.tensor([int(tables[i, (n - 1) // bs]) * bs + (n - 1) % bs for i, n in enumerate(lens)])
+    seq = torch.tensor(lens, dtype=torch.int32)
+    kc_r, vc_r = kq.clone(), vq.clone()
+    write_kv_cache(kvn[:, :kv], kvn[:, kv:], kc_r, vc_r, slots)
+    qd = q.float().clamp(-65504, 65504).half().float()
+    ref = reference.paged_attention(
+        qd, kv_quant.dequantize_cache(kc_r, D, dtype), kv_quant.dequantize_cache(vc_r, D, dtype), tables,
+        [1] * len(lens), lens, D**-0.5, window,
+    )  # fmt: skip
+    kc, vc = kq.clone(), vq.clone()
+    out = decode_merge_write.decode_with_merge_write(
+        q, kvn, kc, vc, tables, seq, slots, D**-0.5, num_splits=2, sliding_window=window
+    )
+    assert torch.equal(kc, kc_r) and torch.equal(vc, vc_r)
+    _compare(out, ref, dtype)
+    if window:  # the window matters here: without it the output differs
+        full = reference.paged_attention(
+            qd, kv_quant.dequantize_cache(kc_r, D, dtype), kv_quant.dequantize_cache(vc_r, D, dtype), tables,
+            [1] * len(lens), lens, D**-0.5, None,
+        )  # fmt: skip
+        assert rel_err(out, full) > TOL[dtype]
+
+
 def _launch_spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, bool]]:
     """(launched, exclude_newest) of each CUDA decode launch."""
     seen: list[tuple[bool, bool]] = []
@@ -158,7 +209,7 @@ def _launch_spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, bool]]:
     return seen
 
 
-LENS_GPU = [2, 17, 64, 65, 66, 300, 64 * 40 + 5, 129]
+LENS_GPU = [2, 17, 64, 65, 66, 300, 64 * 40 + 5, 129, 1]  # 1: no older context (every split empty)
 
 
 @pytest.mark.gpu
@@ -175,13 +226,15 @@ def test_cuda_kernel_excludes_the_newest_token_gpu(
     for dtype, splits, early in ((torch.bfloat16, 16, "1"), (torch.float16, 3, "0"), (torch.bfloat16, 2, "")):
         monkeypatch.setenv(kv_int8_decode_cuda.EARLY_ENV, early)
         s = _step(LENS_GPU, h, kv, bs, dtype, "cuda", pad=4)
-        kc_r, vc_r, ref = _reference(s, kv, dtype)
+        s["seq"][4] = 0  # a CUDA graph's padding row: length 0, slot -1
+        kc_r, vc_r, ref = _reference({**s, "seq": s["seq"].clamp(min=1)}, kv, dtype)
         kc, vc = s["kq"].clone(), s["vq"].clone()
         out = decode_merge_write.decode_with_merge_write(
             s["q"], s["kv"], kc, vc, s["tables"], s["seq"], s["slots"], D**-0.5, num_splits=splits
         )
-        assert torch.equal(kc, kc_r) and torch.equal(vc, vc_r)
+        assert torch.equal(kc, kc_r) and torch.equal(vc, vc_r)  # (the padding row wrote nothing)
         _compare(out, ref, dtype, skip=4)
+        assert torch.isfinite(out[4]).all()
     assert seen and all(ok and excl for ok, excl in seen), seen
 
 
