@@ -111,15 +111,16 @@ def response_format_fields(body: _SamplingFields | GenerateRequest) -> tuple[str
 
 def check_stream_options(body: _SamplingFields) -> None:
     """``stream_options`` belongs to a streamed request (OpenAI answers 400 otherwise), and
-    ``prompt_logprobs`` (vLLM's extension) to a request that is not streamed."""
+    ``prompt_logprobs`` above 0 (vLLM's extension) to a request that is not streamed (vLLM's rule:
+    0 is accepted with a stream and returns nothing, ``sampling_config`` drops it)."""
     if body.stream_options is not None and not body.stream:
         raise APIError(
             400, "stream_options is only allowed with stream=true", "stream_options", "invalid_value"
         )
-    if body.prompt_logprobs is not None and body.stream:
+    if body.prompt_logprobs and body.stream:
         raise APIError(
             400,
-            "prompt_logprobs is only returned without streaming: send stream=false "
+            f"prompt_logprobs={body.prompt_logprobs} is not available with stream=true: send stream=false "
             "(or, on /v1/completions, echo=true with logprobs to stream the prompt's logprobs)",
             "prompt_logprobs",
             "unsupported_parameter",
@@ -157,7 +158,7 @@ def sampling_config(
             logit_bias=_logit_bias(state, body.logit_bias),
             response_format=response_format,
             json_schema=json_schema,
-            prompt_logprobs=body.prompt_logprobs,
+            prompt_logprobs=None if body.stream else body.prompt_logprobs,
         )
     except RequestError as e:
         raise from_request_error(e) from e

@@ -638,6 +638,15 @@ def test_prompt_logprobs_extension(server, client, model_name, tokenizer) -> Non
         json={"model": model_name, "prompt": prompt, "prompt_logprobs": 1, "stream": True},
     )
     _assert_error(bad, 400, "prompt_logprobs", "stream")
+    # (0 with a stream is accepted and returns nothing, as vLLM does)
+    chunks = list(
+        client.completions.create(
+            model=model_name, prompt=prompt, max_tokens=2, stream=True, extra_body={"prompt_logprobs": 0}
+        )
+    )
+    assert chunks and all(
+        c.choices[0].model_extra.get("prompt_logprobs") is None for c in chunks if c.choices
+    )
     bad = _post(
         server, "/v1/completions", json={"model": model_name, "prompt": prompt, "prompt_logprobs": 21}
     )
