@@ -36,10 +36,15 @@ from hotloop.kernels.w4a16_layout import pack_int4
 PROBES = ["read_stream_u4", "read_stream_u8", "read_gemv_nl4_r16", "read_gemv_nl4_r32"]
 
 
-def decode_chain(dev: torch.device, dtype: torch.dtype, rows: list[dict]) -> list[dict]:
+def decode_chain(
+    dev: torch.device, dtype: torch.dtype, rows: list[dict], kernels: dict, sms: int, sink: torch.Tensor
+) -> list[dict]:
     """The four projections of 8 distinct layers in one CUDA graph (no flush between them, as in a
     decode step), each shape with its fastest CUDA-core launch, then with its fastest MMA launch;
-    per layer, the best of 5 replays."""
+    per layer, the best of 5 replays. Last, the same chain of plain reads of each ``qweight``
+    (``chain: stream``, each shape's fastest stream probe): what a GEMV chain that did no arithmetic
+    would take per layer, the ceiling for issue 5's batch-1 row (32 layers of it, plus the LM head and
+    the small launches, is the least a W4A16 step can take with these launches)."""
     layers = []
     for i in range(8):
         layer = {}
@@ -85,6 +90,22 @@ def decode_chain(dev: torch.device, dtype: torch.dtype, rows: list[dict]) -> lis
             print(json.dumps(row), flush=True)
             result.append(row)
         os.environ.pop(w4a16_cuda.EARLY_ENV, None)
+    streams = {}
+    for name in SHAPES:
+        cands = [r for r in rows if r.get("shape") == name and r["probe"].startswith("stream_")]
+        u, b = min(cands, key=lambda r: r["us"])["probe"].removeprefix("stream_u").split("_b")
+        streams[name] = (int(u), int(b))
+
+    def read_all() -> None:
+        for layer in layers:
+            for name, (qw, _qmma, _qz, _sc) in layer.items():
+                u, b = streams[name]
+                kernels[f"read_stream_u{u}"]((sms * b,), 256, (qw, qw.numel() * 4 // 16, sink))
+
+    best = min(graph_replay_us(read_all)) / len(layers)
+    row = {"chain": "stream", "us_per_layer": round(best, 2), "choice": streams}
+    print(json.dumps(row), flush=True)
+    result.append(row)
     return result
 
 
@@ -172,7 +193,7 @@ def main() -> None:
                     "rel_err_vs_gemv": round(err, 5),
                 }
             )
-    rows += decode_chain(dev, dtype, rows)
+    rows += decode_chain(dev, dtype, rows, kernels, sms, sink)
     with open(sys.argv[1], "w") as f:
         json.dump({"device": torch.cuda.get_device_name(dev), "rows": rows}, f, indent=1)
     for name in SHAPES:
