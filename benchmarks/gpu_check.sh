@@ -71,6 +71,8 @@
 #   mw1      one GPU, issue 6's batch-1 row: Llama-3-8B batch 1 with fp16 KV, int8 KV and int8 with
 #            HOTLOOP_KV_MERGE_WRITE=1 (the split merge quantizes, writes and attends to the step's token), then
 #            their GPU tests (decode_merge_write, the CUDA int8 kernel, engine parity), then the three in reverse.
+#   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
+#            the default), alternating twice.
 #   s28d     one GPU: W4A16 batch 1 with the early weight loads (default) and without (HOTLOOP_W4A16_EARLY=0),
 #            alternating, twice, each run tuning its own launches; then every GPU test of tests/kernels.
 #   s28c     one GPU, at 20b524f (whose decode graphs above 8 rows were captured without PDL; reverted: no change
@@ -1161,7 +1163,7 @@ fi
 if [ "$what" = mw1 ]; then  # one GPU: issue 6's batch-1 row with the merge write (decode_merge_write.py)
   export CUDA_VISIBLE_DEVICES=0
   bs1 kv16_1 llama3-8b
-  bs1 kv8_1 llama3-8b --quant-policy 8
+  HOTLOOP_KV_MERGE_WRITE=0 bs1 kv8_1 llama3-8b --quant-policy 8
   HOTLOOP_KV_MERGE_WRITE=1 bs1 kv8mw_1 llama3-8b --quant-policy 8
   timeout 170 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_decode_merge_write.py \
     tests/kernels/test_kv_int8_decode_cuda.py "tests/api/test_gpu_parity.py::test_int8_merge_write_keeps_tokens" \
@@ -1169,8 +1171,17 @@ if [ "$what" = mw1 ]; then  # one GPU: issue 6's batch-1 row with the merge writ
   echo "GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/mw_tests.log" | cut -c1-300 | head -40
   HOTLOOP_KV_MERGE_WRITE=1 bs1 kv8mw_2 llama3-8b --quant-policy 8
-  bs1 kv8_2 llama3-8b --quant-policy 8
+  HOTLOOP_KV_MERGE_WRITE=0 bs1 kv8_2 llama3-8b --quant-policy 8
   bs1 kv16_2 llama3-8b
+  exit 0
+fi
+if [ "$what" = mw1k8 ]; then  # one GPU: mw1's three batch-1 runs with 8 steps a launch, alternating twice
+  export CUDA_VISIBLE_DEVICES=0
+  for local_i in 1 2; do
+    bs1 "k8_kv16_$local_i" llama3-8b --num-scheduler-steps 8
+    HOTLOOP_KV_MERGE_WRITE=0 bs1 "k8_kv8_$local_i" llama3-8b --num-scheduler-steps 8 --quant-policy 8
+    HOTLOOP_KV_MERGE_WRITE=1 bs1 "k8_kv8mw_$local_i" llama3-8b --num-scheduler-steps 8 --quant-policy 8
+  done
   exit 0
 fi
 if [ "$what" = smolattn ]; then  # one GPU

@@ -23,7 +23,7 @@ from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run
 from hotloop.serve.logprobs import chat_logprobs, vllm_prompt_logprobs
 from hotloop.serve.openai_protocol import ChatCompletionRequest, ChatCompletionResponse, ChatMessage, TextPart
 from hotloop.serve.params import (
-    check_stream_options,
+    check_stream_fields,
     choice_seed,
     resolve_max_tokens,
     sampling_config,
@@ -159,7 +159,7 @@ def _tool_mode(state: ServerState, body: ChatCompletionRequest) -> str:
 def _check_unsupported(body: ChatCompletionRequest) -> None:
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs", "invalid_value")
-    check_stream_options(body)
+    check_stream_fields(body)
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse)

@@ -31,7 +31,7 @@ from hotloop.serve.logprobs import (
 )
 from hotloop.serve.openai_protocol import CompletionRequest, CompletionResponse
 from hotloop.serve.params import (
-    check_stream_options,
+    check_stream_fields,
     choice_seed,
     resolve_max_tokens,
     sampling_config,
@@ -71,7 +71,7 @@ def _prompts(state: ServerState, prompt: Any, echo: bool = True) -> list[tuple[l
 
 
 def _check_unsupported(body: CompletionRequest) -> None:
-    check_stream_options(body)
+    check_stream_fields(body)
     if body.suffix:
         raise APIError(400, "suffix is not supported", "suffix", "unsupported_parameter")
     if body.best_of is not None and body.best_of != body.n:

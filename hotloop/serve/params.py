@@ -109,10 +109,11 @@ def response_format_fields(body: _SamplingFields | GenerateRequest) -> tuple[str
     return "json_schema", json.dumps(schema)
 
 
-def check_stream_options(body: _SamplingFields) -> None:
-    """``stream_options`` belongs to a streamed request (OpenAI answers 400 otherwise), and
-    ``prompt_logprobs`` above 0 (vLLM's extension) to a request that is not streamed (vLLM's rule:
-    0 is accepted with a stream and returns nothing, ``sampling_config`` drops it)."""
+def check_stream_fields(body: _SamplingFields) -> None:
+    """The fields that depend on ``stream``: ``stream_options`` belongs to a streamed request (OpenAI
+    answers 400 otherwise), and ``prompt_logprobs`` above 0 (vLLM's extension) to a request that is
+    not streamed (vLLM's rule: 0 is accepted with a stream and returns nothing, ``sampling_config``
+    drops it)."""
     if body.stream_options is not None and not body.stream:
         raise APIError(
             400, "stream_options is only allowed with stream=true", "stream_options", "invalid_value"

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from launch_spies import spy_int8_decode_launches
 from test_engine_parity import MAX_NEW, VARIANTS, make_prompts, run_engine, run_engine_built
 from tiny_archs import TINY_ARCHS
 
@@ -165,7 +166,7 @@ def test_int8_fused_write_keeps_tokens(
     (``dense_gemv_qkv_rope_staged``), and the kernel only quantizes and writes them; the path it is
     compared with there is the rope GEMV that writes the int8 cache itself
     (``ops.one_row_rope_quant``): the same projection, so the same bits to quantize."""
-    from hotloop.kernels import kv_int8_decode_cuda, ops
+    from hotloop.kernels import decode_merge_write, kv_int8_decode_cuda, ops
 
     if batch == 1:
         from hotloop.kernels import counters
@@ -177,23 +178,13 @@ def test_int8_fused_write_keeps_tokens(
 
     path = make_tiny_model("llama_hd128")
     prompts = make_prompts(seed=11)
-    fused_launches: list[int] = []
-    rotated_launches: list[int] = []
-    real = kv_int8_decode_cuda.launch
-
-    def spy(*args: object, **kwargs: object) -> bool:
-        ok = real(*args, **kwargs)  # type: ignore[arg-type]
-        w = args[10] if len(args) > 10 else None
-        fused_launches.append(int(ok and w is not None))
-        rotated_launches.append(int(ok and w is not None and bool(getattr(w, "rotated", False))))
-        return ok
-
-    monkeypatch.setattr(kv_int8_decode_cuda, "launch", spy)
+    # the comparison path at batch 1 is the rope GEMV's own int8 write, not the (default) merge write
+    monkeypatch.setenv(decode_merge_write.ENV, "0")
+    launches = spy_int8_decode_launches(monkeypatch)
     runs = []
     for fused in ("0", "1"):
         monkeypatch.setenv(kv_int8_decode_cuda.FUSED_ENV, fused)
-        fused_launches.clear()
-        rotated_launches.clear()
+        launches.clear()
         cfg = EngineConfig(
             device="cuda",
             dtype="bfloat16",
@@ -204,12 +195,13 @@ def test_int8_fused_write_keeps_tokens(
         )
         got, _stats = run_engine(path, cfg, prompts, MAX_NEW)
         runs.append(got)
+        fused_ws = [a["fused"] for ok, a in launches if ok and a["fused"] is not None]
         if fused == "1":
-            assert sum(fused_launches) > 0, "no decode step took the fused kernel"
+            assert fused_ws, "no decode step took the fused kernel"
             if batch == 1:
-                assert sum(rotated_launches) > 0, "no batch-1 step took the staged q/k/v GEMV"
+                assert any(w.rotated for w in fused_ws), "no batch-1 step took the staged q/k/v GEMV"
         else:
-            assert sum(fused_launches) == 0
+            assert not fused_ws
     assert runs[0] == runs[1]
 
 
@@ -233,33 +225,26 @@ def test_int8_merge_write_keeps_tokens(
     the same tokens as the separate write (``rotary_kv_write``'s launch), eager and in CUDA graphs,
     and the decode steps took that path. An int4 cache and a sliding window (which the merge's
     kernel would ignore) keep the separate write, with the same tokens either way."""
-    from hotloop.kernels import decode_merge_write, kv_int8_decode_cuda
+    from hotloop.kernels import decode_merge_write
 
     path = make_tiny_model(arch)
     prompts = make_prompts(seed=13)
-    excluded: list[int] = []
-    real = kv_int8_decode_cuda.launch
-
-    def spy(*args: object, **kwargs: object) -> bool:
-        ok = real(*args, **kwargs)  # type: ignore[arg-type]
-        excluded.append(int(ok and len(args) > 11 and bool(args[11])))
-        return ok
-
-    monkeypatch.setattr(kv_int8_decode_cuda, "launch", spy)
+    launches = spy_int8_decode_launches(monkeypatch)
     runs = []
     for on in ("0", "1"):
         monkeypatch.setenv(decode_merge_write.ENV, on)
-        excluded.clear()
+        launches.clear()
         cfg = EngineConfig(
             device="cuda", dtype="bfloat16", max_batch_size=1, eager_mode=eager, quant_policy=policy,
             **VARIANTS["chunked"],
         )  # fmt: skip
         got, _stats = run_engine(path, cfg, prompts, MAX_NEW)
         runs.append(got)
+        excluded = [a for ok, a in launches if ok and a["exclude_newest"]]
         if on == "1" and merged:
-            assert sum(excluded) > 0, "no decode step took the merge write"
+            assert excluded, "no decode step took the merge write"
         else:
-            assert sum(excluded) == 0
+            assert not excluded
     assert runs[0] == runs[1]
 
 

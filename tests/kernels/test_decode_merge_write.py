@@ -17,6 +17,7 @@ import random
 import pytest
 import torch
 from kernel_checks import TOL, rel_err
+from launch_spies import spy_int8_decode_launches
 from test_kv_quant_kernels import _quant_pool
 
 from hotloop.kernels import decode_merge_write, kv_int8_decode_cuda, kv_quant, reference
@@ -195,20 +196,6 @@ def test_int4_and_windows_write_first(
         assert rel_err(out, full) > TOL[dtype]
 
 
-def _launch_spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, bool]]:
-    """(launched, exclude_newest) of each CUDA decode launch."""
-    seen: list[tuple[bool, bool]] = []
-    real = kv_int8_decode_cuda.launch
-
-    def spy(*args: object, **kwargs: object) -> bool:
-        ok = real(*args, **kwargs)  # type: ignore[arg-type]
-        seen.append((ok, bool(args[11]) if len(args) > 11 else bool(kwargs.get("exclude_newest"))))
-        return ok
-
-    monkeypatch.setattr(kv_int8_decode_cuda, "launch", spy)
-    return seen
-
-
 LENS_GPU = [2, 17, 64, 65, 66, 300, 64 * 40 + 5, 129, 1]  # 1: no older context (every split empty)
 
 
@@ -222,7 +209,7 @@ def test_cuda_kernel_excludes_the_newest_token_gpu(
     """The CUDA kernel over the older context, then the merge, against the two launches: every
     variant, with and without the early prologue, splits that do and do not divide the context."""
     monkeypatch.setenv(kv_int8_decode_cuda.VARIANT_ENV, variant)
-    seen = _launch_spy(monkeypatch)
+    seen = spy_int8_decode_launches(monkeypatch)
     for dtype, splits, early in ((torch.bfloat16, 16, "1"), (torch.float16, 3, "0"), (torch.bfloat16, 2, "")):
         monkeypatch.setenv(kv_int8_decode_cuda.EARLY_ENV, early)
         s = _step(LENS_GPU, h, kv, bs, dtype, "cuda", pad=4)
@@ -235,7 +222,7 @@ def test_cuda_kernel_excludes_the_newest_token_gpu(
         assert torch.equal(kc, kc_r) and torch.equal(vc, vc_r)  # (the padding row wrote nothing)
         _compare(out, ref, dtype, skip=4)
         assert torch.isfinite(out[4]).all()
-    assert seen and all(ok and excl for ok, excl in seen), seen
+    assert seen and all(ok and a["exclude_newest"] for ok, a in seen), seen
 
 
 @pytest.mark.gpu

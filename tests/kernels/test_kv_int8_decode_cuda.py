@@ -15,6 +15,7 @@ import random
 import pytest
 import torch
 from kernel_checks import TOL, rel_err
+from launch_spies import spy_int8_decode_launches
 from test_kv_quant_kernels import _quant_pool
 
 from hotloop.kernels import cuda_jit, kv_int8_decode_cuda, kv_quant, launch_replay, reference
@@ -312,15 +313,7 @@ def _fused_write_case(
     rotary_kv_write(q_r, k_r, v_r, cos, sin, kc_r, vc_r, slots, rotate_k=rotated)
     out_r = paged_decode_attention(q_r, kc_r, vc_r, tables, seq, D**-0.5, None, splits)
     # fused
-    launched: list[object] = []
-    real = kv_int8_decode_cuda.launch
-
-    def spy(*args: object, **kwargs: object) -> bool:
-        ok = real(*args, **kwargs)  # type: ignore[arg-type]
-        launched.append((ok, args[10] if len(args) > 10 else kwargs.get("fused")))
-        return ok
-
-    monkeypatch.setattr(kv_int8_decode_cuda, "launch", spy)
+    spied = spy_int8_decode_launches(monkeypatch)
     kc_f, vc_f = kq.clone(), vq.clone()
     q_f, k_f, v_f = views(qkv_r.clone() if rotated else qkv_unrotated)
     if rotated:  # rows without a slot (padding) were not rotated: the kernel does not write them
@@ -328,6 +321,7 @@ def _fused_write_case(
     w = kv_int8_decode_cuda.FusedWrite(k_f, v_f, cos, sin, slots, rotated=rotated)
     out_f = paged_decode_attention(q_f, kc_f, vc_f, tables, seq, D**-0.5, None, splits, write_kv=w)
 
+    launched: list[object] = [(ok, a["fused"]) for ok, a in spied]
     new_rows = torch.zeros(kq.shape[0], bs, dtype=torch.bool)
     for sl in slots.tolist():
         if sl >= 0:
