@@ -71,6 +71,8 @@
 #   mw1      one GPU, issue 6's batch-1 row: Llama-3-8B batch 1 with fp16 KV, int8 KV and int8 with
 #            HOTLOOP_KV_MERGE_WRITE=1 (the split merge quantizes, writes and attends to the step's token), then
 #            their GPU tests (decode_merge_write, the CUDA int8 kernel, engine parity), then the three in reverse.
+#   s32a     one GPU: the 8B batch-256 host profile with per-phase timers (1 and 8 steps a launch), the
+#            multi-step / merge-write / int8 GPU tests, then w4a16_read_probe.py (its decode chain).
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
 #            the default), alternating twice.
 #   s28d     one GPU: W4A16 batch 1 with the early weight loads (default) and without (HOTLOOP_W4A16_EARLY=0),
@@ -243,7 +245,7 @@ hostprof() {  # model tag extra-flags...: where a batch-256 decode step's host t
   local m=$1 tag=$2
   shift 2
   timeout 200 python3 "$here/host_profile.py" --model "$m" --load-format dummy --dtype bfloat16 \
-    --batch-size 256 --input-len 1024 --output-len 96 --steps 40 --session-len 2048 --max-batch-size 256 \
+    --batch-size 256 --input-len 1024 --output-len 136 --steps 40 --session-len 2048 --max-batch-size 256 \
     --max-prefill-token-num 16384 --out "$out/hostprof_$tag.txt" "$@" >"$out/hostprof_$tag.log" 2>&1
   echo "[hostprof $tag] rc=$? $(head -9 "$out/hostprof_$tag.txt" 2>/dev/null | tr -d '\n ')"
 }
@@ -1173,6 +1175,21 @@ if [ "$what" = mw1 ]; then  # one GPU: issue 6's batch-1 row with the merge writ
   HOTLOOP_KV_MERGE_WRITE=1 bs1 kv8mw_2 llama3-8b --quant-policy 8
   HOTLOOP_KV_MERGE_WRITE=0 bs1 kv8_2 llama3-8b --quant-policy 8
   bs1 kv16_2 llama3-8b
+  exit 0
+fi
+if [ "$what" = s32a ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  hostprof llama3-8b 8b_k1
+  hostprof llama3-8b 8b_k8 --num-scheduler-steps 8
+  for f in 8b_k1 8b_k8; do python3 -c "import json,sys; t=open(sys.argv[1]).read(); d=json.JSONDecoder().raw_decode(t)[0]; [print(k, v) for k, v in d.get('phases', {}).items()]" "$out/hostprof_$f.txt"; done
+  timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/engine/test_multi_step.py \
+    tests/kernels/test_decode_merge_write.py tests/api/test_gpu_parity.py -k "int8 or merge or multi" \
+    >"$out/s32_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s32_tests.log" | cut -c1-300 | head -40
+  timeout 200 python3 "$here/w4a16_read_probe.py" "$out/read_probe.json" >"$out/read_probe.log" 2>&1
+  echo "read probe rc=$?"
+  tail -30 "$out/read_probe.log"
   exit 0
 fi
 if [ "$what" = mw1k8 ]; then  # one GPU: mw1's three batch-1 runs with 8 steps a launch, alternating twice

@@ -6,7 +6,8 @@
 Runs one batch as ``hotloop bench latency`` does, waits until every request has its first token,
 then times ``--steps`` decode steps (``engine.step()``'s wall time less the runner's wait for the
 GPU, as the latency benchmark reports it; with ``--num-scheduler-steps`` a call's time over the
-decode steps it launched) twice: once plain, once under cProfile. The profile's
+decode steps it launched) three times: plain, with per-phase timers (``phase_timer.py``: where the
+plain step's host time goes, without a profiler's inflation), and under cProfile. The profile's
 tables (by own time and by cumulative time) go to ``--out``; the runner's wait for the GPU shows
 there as ``Event.synchronize``, so what is left above it is host work.
 """
@@ -24,10 +25,12 @@ import sys
 import time
 from typing import Any
 
+from phase_timer import PhaseTimer  # benchmarks/phase_timer.py (this script's folder is on the path)
+
 from hotloop.bench.offline import _engine, _params, _prompt, add_latency_parser
 
 
-def _steps(engine: Any, n: int) -> tuple[list[float], list[float]]:
+def _steps(engine: Any, n: int, timer: Any = None) -> tuple[list[float], list[float]]:
     runner = getattr(engine.executor, "runner", None)
     wall: list[float] = []
     host: list[float] = []
@@ -43,6 +46,8 @@ def _steps(engine: Any, n: int) -> tuple[list[float], list[float]]:
         k = engine.num_steps - n0  # decode steps this call launched (more than one: multi-step decode)
         if not k:
             continue
+        if timer is not None:
+            timer.mark(k)
         wall += [dt * 1e3 / k] * k
         host += [(dt - (getattr(runner, "wait_s", 0.0) - w0)) * 1e3 / k] * k
         done += k
@@ -56,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=40, help="decode steps timed per phase")
     p.add_argument("--out", default=None, help="write the profile tables here")
     args = parser.parse_args(["latency", *(argv if argv is not None else sys.argv[1:])])
-    if args.output_len < 2 * args.steps + 8:
+    if args.output_len < 3 * args.steps + 8:
         parser.error(
-            f"--output-len {args.output_len} must be at least 2 * --steps + 8 = {2 * args.steps + 8}"
+            f"--output-len {args.output_len} must be at least 3 * --steps + 8 = {3 * args.steps + 8}"
         )
     built, load_s = _engine(args)
     engine = built.engine
@@ -73,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                 seen.add(o.request_id)
     _steps(engine, 4)  # a few decode steps to settle
     wall, host = _steps(engine, args.steps)
+    timer = PhaseTimer.attach(engine)
+    twall, thost = _steps(engine, args.steps, timer)
     prof = cProfile.Profile()
     prof.enable()
     pwall, phost = _steps(engine, args.steps)
@@ -89,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         "step_ms_p50": statistics.median(wall),
         "host_ms_p50": statistics.median(host),
         "host_ms_mean": statistics.fmean(host),
+        "timed_host_ms_p50": statistics.median(thost),
+        "phases": timer.report(),
         "profiled_step_ms_p50": statistics.median(pwall),
         "profiled_host_ms_p50": statistics.median(phost),
         "load_s": load_s,

@@ -130,7 +130,7 @@ class StandInModel(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return torch.zeros(input_ids.shape[0], 1)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
         return torch.randn(hidden.shape[0], self.vocab)
 
 
@@ -177,11 +177,21 @@ def main() -> int:
         metavar="N",
         help="after the timed steps, N more under cProfile; print the top functions by own time",
     )
+    ap.add_argument(
+        "--phases",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the timed steps, N more with per-phase timers (benchmarks/phase_timer.py)",
+    )
     ap.add_argument("--runner", choices=("host-only", "gpu"), default="host-only",
                     help="gpu: the real GpuModelRunner's host code with a stand-in graph replay")  # fmt: skip
     ap.add_argument("--num-scheduler-steps", type=int, default=1,
                     help="multi-step decode (with --runner gpu): decode steps per launch; times are then "
                     "per decode step (a call's time over the steps it ran)")  # fmt: skip
+    ap.add_argument("--full-batch-steps", type=int, default=1,
+                    help="with --runner gpu: decode steps per launch while the batch is full (the engine's "
+                    "default is 8; 1 here, so that --num-scheduler-steps alone sets the launch)")  # fmt: skip
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -193,8 +203,10 @@ def main() -> int:
     tok = AutoTokenizer.from_pretrained(str(resolve_model_path(args.tokenizer)))
     vocab = len(tok)
     bs = 64
-    extra = 8 + 2 * args.num_scheduler_steps  # the requests outlast the timed steps
-    session = args.prompt_len + args.steps + args.profile + extra + 64
+    extra = 8 + 2 * max(
+        args.num_scheduler_steps, args.full_batch_steps
+    )  # the requests outlast the timed steps
+    session = args.prompt_len + args.steps + args.profile + args.phases + extra + 64
     width = -(-session // bs) + 1
     blocks = args.batch * width
     mc = ModelConfig(
@@ -222,9 +234,10 @@ def main() -> int:
         SchedulerConfig(args.batch, args.batch * args.prompt_len, session),
         overlap=True,
         num_scheduler_steps=args.num_scheduler_steps if args.runner == "gpu" else 1,
+        full_batch_steps=args.full_batch_steps if args.runner == "gpu" else 1,
     )
     rng = random.Random(1)
-    params = GenerationConfig(max_new_tokens=args.steps + args.profile + extra, ignore_eos=True)
+    params = GenerationConfig(max_new_tokens=args.steps + args.profile + args.phases + extra, ignore_eos=True)
     for i in range(args.batch):
         engine.add_request(str(i), [rng.randrange(3, vocab) for _ in range(args.prompt_len)], params)
     engine.step()  # the prefill of everything
@@ -251,6 +264,7 @@ def main() -> int:
         "batch": args.batch,
         "steps": len(step_s),
         "num_scheduler_steps": engine.num_scheduler_steps,
+        "full_batch_steps": engine.full_batch_steps,
         "gc": args.gc,
         "host_ms_per_step_p50": ms(step_s),
         "host_ms_per_step_mean": statistics.fmean(step_s) * 1e3,
@@ -258,6 +272,18 @@ def main() -> int:
         "prepare_ms_p50": ms(prep_s),
         "rest_ms_p50 (schedule + update + detokenize)": ms(step_s) - ms(prep_s),
     }
+    if args.phases:
+        from phase_timer import PhaseTimer  # benchmarks/phase_timer.py
+
+        timer = PhaseTimer.attach(engine)
+        done = 0
+        while done < args.phases:
+            n0 = engine.num_steps
+            engine.step()
+            k = engine.num_steps - n0
+            timer.mark(k)
+            done += k
+        result["phases"] = timer.report()
     print(json.dumps(result, indent=1))
     if args.profile:
         import cProfile

@@ -69,6 +69,7 @@ class EngineConfig:
     disable_overlap_schedule: bool = False
     jit_schedule: bool = False
     num_scheduler_steps: int = 1
+    full_batch_steps: int = 8
     schedule_conservativeness: float = 1.0
     load_format: str = "auto"
     seed: int = 0
@@ -126,6 +127,10 @@ class EngineConfig:
         _check(
             isinstance(self.num_scheduler_steps, int) and 1 <= self.num_scheduler_steps <= 64,
             f"num_scheduler_steps={self.num_scheduler_steps!r} must be an integer in [1, 64]",
+        )
+        _check(
+            isinstance(self.full_batch_steps, int) and 1 <= self.full_batch_steps <= 64,
+            f"full_batch_steps={self.full_batch_steps!r} must be an integer in [1, 64]",
         )
         r = self.schedule_conservativeness
         _check(

@@ -112,6 +112,7 @@ def build_engine(model: str | None, config: EngineConfig | None = None) -> Built
         overlap=not config.disable_overlap_schedule,
         jit_schedule=config.jit_schedule,
         num_scheduler_steps=config.num_scheduler_steps,
+        full_batch_steps=config.full_batch_steps,
     )
     if config.num_scheduler_steps > 1:
         if engine.num_scheduler_steps > 1:

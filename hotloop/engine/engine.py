@@ -87,6 +87,7 @@ class Engine:
         overlap: bool = False,
         jit_schedule: bool = False,
         num_scheduler_steps: int = 1,
+        full_batch_steps: int = 1,
     ) -> None:
         self.executor = executor
         self.overlap = overlap and hasattr(executor, "launch") and hasattr(executor, "collect")
@@ -98,6 +99,8 @@ class Engine:
             and getattr(executor, "supports_multi_step", True)
         )
         self.num_scheduler_steps = num_scheduler_steps if multi else 1
+        # ... and while the batch is full (no waiting request could join it), up to this many
+        self.full_batch_steps = full_batch_steps if multi else 1
         self.num_multi_step_launches = 0
         # the step in flight: what was scheduled, the executor's handle, the decode steps it runs
         self._inflight: tuple[SchedulerOutput, Any, int] | None = None
@@ -266,7 +269,7 @@ class Engine:
             self.scheduler.advance(out)
             self.num_steps += 1
             return outputs + self._update(out, sampled)
-        k = self._round_steps(out) if self.num_scheduler_steps > 1 else 1
+        k = self._round_steps(out) if self.num_scheduler_steps > 1 or self.full_batch_steps > 1 else 1
         if k > 1:
             handle = self.executor.launch(out, k)  # type: ignore[attr-defined]
             k = getattr(handle, "steps", 1)
@@ -290,12 +293,18 @@ class Engine:
         """How many decode steps to launch for ``out`` (multi-step decode), allocating the blocks of
         the extra ones; 1 where a single step is the answer. More than one only when every row is a
         plain decode (``multi_step_ok``), no waiting request could join the batch meanwhile, some row
-        has more than one token left to sample, and the free blocks cover the round. The round is as
-        long as the row with the most tokens left needs (at most ``num_scheduler_steps``); a row that
-        reaches ``max_new_tokens`` earlier stops writing the cache (``kernels/decode_advance.py``) and
-        one that samples a stop token keeps going: their extra tokens are computed and dropped."""
+        has more than one token left to sample, and the free blocks cover the round. The round is at
+        most ``num_scheduler_steps`` long, or ``full_batch_steps`` while ``max_batch_size`` requests
+        run (the batch is full: nothing could join it). It is as long as the row with the most tokens
+        left needs; while requests wait, as short as the row with the fewest needs, so that no slot
+        idles through the rest of a round once its request reached ``max_new_tokens``. A row that
+        reaches ``max_new_tokens`` before the round ends stops writing the cache
+        (``kernels/decode_advance.py``) and one that samples a stop token keeps going: their extra
+        tokens are computed and dropped."""
         sched = self.scheduler
-        if (sched.waiting and sched.num_running < self.scheduler_config.max_batch_size) or self._inbox:
+        full = sched.num_running >= self.scheduler_config.max_batch_size
+        limit = max(self.num_scheduler_steps, self.full_batch_steps if full else 1)
+        if limit <= 1 or (not full and (sched.waiting or self._inbox)):
             return 1
         if not multi_step_ok(out):
             return 1
@@ -303,7 +312,9 @@ class Engine:
             s.request.params.max_new_tokens - len(s.request.output_token_ids) - s.request.num_pending_tokens
             for s in out.scheduled
         ]
-        k = min(self.num_scheduler_steps, max(left))
+        k = min(limit, max(left))
+        if sched.waiting:
+            k = min(k, min(left))
         if k <= 1:
             return 1
         bm = self.block_manager

@@ -96,8 +96,15 @@ def _record_round_ends(engine: Engine) -> list[tuple[str | None, int, int]]:
 
 
 def _engine(path: Path, steps: int, **kw: Any) -> Engine:
+    """``steps`` decode steps per launch at most, and no more while the batch is full (unless ``kw``
+    sets ``full_batch_steps``): the one-step baseline runs one step a launch throughout."""
     cfg = dict(
-        device="cpu", dtype="float32", max_batch_size=8, cache_block_seq_len=4, cache_max_entry_count=512
+        device="cpu",
+        dtype="float32",
+        max_batch_size=8,
+        cache_block_seq_len=4,
+        cache_max_entry_count=512,
+        full_batch_steps=1,
     )
     cfg.update(kw)
     return build_engine(str(path), EngineConfig(num_scheduler_steps=steps, **cfg)).engine
@@ -186,6 +193,69 @@ def test_stop_token_and_stop_string_mid_round(make_tiny_model: Callable[[str], P
     assert sum(v[2] == "stop" for v in got.values()) >= 4
     # requests stopped before their round's last step: their later ids were computed and dropped
     assert sum(reason == "stop" and kept < ran for reason, kept, ran in ends) >= 2, ends
+
+
+def _record_rounds(engine: Engine) -> list[tuple[int, bool, bool, int]]:
+    """Wrap ``_round_steps``: per launch decided, (steps, batch full, requests waiting, the fewest
+    tokens any row had left before it)."""
+    rounds: list[tuple[int, bool, bool, int]] = []
+    decide = engine._round_steps
+
+    def wrapped(out: Any) -> int:
+        sched = engine.scheduler
+        full = sched.num_running >= engine.scheduler_config.max_batch_size
+        waiting = bool(sched.waiting)
+        left = min(
+            s.request.params.max_new_tokens - len(s.request.output_token_ids) - s.request.num_pending_tokens
+            for s in out.scheduled
+        )
+        k = decide(out)
+        rounds.append((k, full, waiting, left))
+        return k
+
+    engine._round_steps = wrapped  # type: ignore[method-assign]
+    return rounds
+
+
+def test_full_batch_runs_rounds_by_default(make_tiny_model: Callable[[str], Path]) -> None:
+    """``full_batch_steps`` (default 8) with ``num_scheduler_steps`` 1: rounds run only while
+    ``max_batch_size`` requests are running; while requests wait, a round never outlasts the row
+    with the fewest tokens left (no slot idles past its request's end); outputs equal one step per
+    launch throughout."""
+    path = make_tiny_model(ARCH)
+    assert EngineConfig().full_batch_steps == 8
+    prompts = _prompts(12, seed=4)
+
+    def params(i: int) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens=12 + 3 * i, ignore_eos=True)
+
+    expected = _run(_engine(path, 1), prompts, params, join_every=100)
+    # 12 requests for 8 slots: a full batch with requests waiting, then a batch that is no longer full
+    full = build_engine(
+        str(path),
+        EngineConfig(
+            device="cpu", dtype="float32", max_batch_size=8, cache_block_seq_len=4, cache_max_entry_count=512
+        ),
+    ).engine
+    assert full.full_batch_steps == 8 and full.num_scheduler_steps == 1
+    rounds = _record_rounds(full)
+    got = _run(full, prompts, params, join_every=100)
+    assert got == expected
+    assert all(k <= min(left, 8) for k, _, w, left in rounds if w), rounds
+    assert any(k > 1 and w for k, _, w, _ in rounds), "no round ran while requests waited"
+    assert all(f for k, f, _, _ in rounds if k > 1), "a round ran while the batch was not full"
+    assert any(not f for k, f, _, _ in rounds), "the tail of the run (a batch that is not full) was not seen"
+    assert full.num_multi_step_launches > 2
+    # the same requests in a batch that never fills: one step per launch
+    roomy = _engine(path, 1, max_batch_size=16, full_batch_steps=8)
+    assert _run(roomy, prompts, params, join_every=100) == expected
+    assert roomy.num_multi_step_launches == 0
+
+
+def test_full_batch_steps_is_validated() -> None:
+    for bad in (0, 65, 2.5):
+        with pytest.raises(ConfigError, match="full_batch_steps"):
+            EngineConfig(full_batch_steps=bad)  # type: ignore[arg-type]
 
 
 def test_rows_that_need_the_host_fall_back_to_one_step(make_tiny_model: Callable[[str], Path]) -> None:
