@@ -73,6 +73,8 @@
 #            their GPU tests (decode_merge_write, the CUDA int8 kernel, engine parity), then the three in reverse.
 #   s32a     one GPU: the 8B batch-256 host profile with per-phase timers (1 and 8 steps a launch), the
 #            multi-step / merge-write / int8 GPU tests, then w4a16_read_probe.py (its decode chain).
+#   s32b     one GPU: run_gpu.py's batch-256 step with the full-batch rounds (default) and one step a
+#            launch, then the 8B offline row both ways.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
 #            the default), alternating twice.
 #   s28d     one GPU: W4A16 batch 1 with the early weight loads (default) and without (HOTLOOP_W4A16_EARLY=0),
@@ -1192,6 +1194,16 @@ if [ "$what" = s32a ]; then  # one GPU, in turn
   tail -30 "$out/read_probe.log"
   exit 0
 fi
+if [ "$what" = s32b ]; then  # one GPU, in turn: the full-batch rounds (default) against one step a launch
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf --only llama3_b256_1k,llama3_b256_1k_k1 \
+    >"$out/table.txt" 2>&1
+  echo "run_gpu rc=$?"
+  grep -E "ceilings|decode step|host ms|one step" "$out/table.txt" | cut -c1-200
+  offline b384_full --max-batch-size 384
+  offline b384_k1 --max-batch-size 384 --full-batch-steps 1
+  exit 0
+fi
 if [ "$what" = mw1k8 ]; then  # one GPU: mw1's three batch-1 runs with 8 steps a launch, alternating twice
   export CUDA_VISIBLE_DEVICES=0
   for local_i in 1 2; do
@@ -1283,10 +1295,10 @@ if [ "$what" = msrows ]; then
     export CUDA_VISIBLE_DEVICES=$g1
     hostprof llama3-8b 8b_k1
     hostprof llama3-8b 8b_k8 --num-scheduler-steps 8
-    offline b384_k1 --max-batch-size 384  # the one-step twin of run_gpu.py's llama3_offline_ms8
+    offline b384_k1 --max-batch-size 384 --full-batch-steps 1  # one step a launch throughout
   ) >"$out/lane1.txt" 2>&1 &
   CUDA_VISIBLE_DEVICES=0 timeout 540 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf \
-    --only llama3_b256_1k,llama3_b256_1k_ms8,llama3_bs1,llama3_bs1_ms8,smollm2_bs1,smollm2_bs1_ms8,llama3_offline_ms8 \
+    --only llama3_b256_1k,llama3_b256_1k_k1,llama3_bs1,llama3_bs1_ms8,smollm2_bs1,smollm2_bs1_ms8,llama3_offline_k1 \
     >"$out/table.txt" 2>&1
   echo "run_gpu rc=$?"
   wait
@@ -1295,7 +1307,7 @@ if [ "$what" = msrows ]; then
 fi
 if [ "$what" = table ]; then
   timeout 540 python3 "$here/run_gpu.py" --out "$out/table" --gpus "$ngpu" \
-    --skip llama3_offline_b256,llama3_awq_bs1_host_emb,llama3_offline_ms8 >"$out/table.txt" 2>&1
+    --skip llama3_offline_b256,llama3_awq_bs1_host_emb,llama3_offline_k1 >"$out/table.txt" 2>&1
   echo "run_gpu rc=$?"
   cat "$out/table.txt"
   exit 0
