@@ -75,6 +75,8 @@
 #            multi-step / merge-write / int8 GPU tests, then w4a16_read_probe.py (its decode chain).
 #   s32b     one GPU: run_gpu.py's batch-256 step with the full-batch rounds (default) and one step a
 #            launch, then the 8B offline row both ways.
+#   s32c     one GPU: the engine's GPU tests (the full-batch rounds are the default now), SmolLM2-135M offline at
+#            batch 256 with the full-batch rounds and one step a launch, the 8B batch-256 host profile.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
 #            the default), alternating twice.
 #   s28d     one GPU: W4A16 batch 1 with the early weight loads (default) and without (HOTLOOP_W4A16_EARLY=0),
@@ -1202,6 +1204,24 @@ if [ "$what" = s32b ]; then  # one GPU, in turn: the full-batch rounds (default)
   grep -E "ceilings|decode step|host ms|one step" "$out/table.txt" | cut -c1-200
   offline b384_full --max-batch-size 384
   offline b384_k1 --max-batch-size 384 --full-batch-steps 1
+  exit 0
+fi
+if [ "$what" = s32c ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 280 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/api/test_gpu_parity.py tests/engine \
+    tests/executor tests/api/test_json_mode.py >"$out/s32c_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s32c_tests.log" | cut -c1-300 | head -30
+  for tag in full k1; do
+    extra=()
+    [ "$tag" = k1 ] && extra=(--full-batch-steps 1)
+    timeout 100 python3 -m hotloop.bench.offline throughput --model smollm2-135m --load-format dummy --dtype bfloat16 \
+      --num-prompts 1024 --input-len 1024 --output-len 256 --session-len 2048 --max-batch-size 256 \
+      --max-prefill-token-num 16384 --output-json "$out/smol_b256_$tag.json" "${extra[@]}" >"$out/smol_b256_$tag.log" 2>&1
+    echo "[smol b256 $tag] rc=$? $(grep -o '"output_tokens_per_s": [0-9.]*\|"steps": [0-9]*' "$out/smol_b256_$tag.json" 2>/dev/null | tr '\n' ' ')"
+  done
+  hostprof llama3-8b 8b_full
+  python3 -c "import json,sys; t=open(sys.argv[1]).read(); d=json.JSONDecoder().raw_decode(t)[0]; ph=d.pop('phases', {}); print({k: v for k, v in d.items()}); [print(k, v) for k, v in ph.items()]" "$out/hostprof_8b_full.txt"
   exit 0
 fi
 if [ "$what" = mw1k8 ]; then  # one GPU: mw1's three batch-1 runs with 8 steps a launch, alternating twice
