@@ -77,6 +77,7 @@
 #            launch, then the 8B offline row both ways.
 #   s32c     one GPU: the engine's GPU tests (the full-batch rounds are the default now), SmolLM2-135M offline at
 #            batch 256 with the full-batch rounds and one step a launch, the 8B batch-256 host profile.
+#   s32d     one GPU: the JSON-mode and multi-step GPU tests (carry xgrammar's wheel in .whl).
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
 #            the default), alternating twice.
 #   s28d     one GPU: W4A16 batch 1 with the early weight loads (default) and without (HOTLOOP_W4A16_EARLY=0),
@@ -1222,6 +1223,15 @@ if [ "$what" = s32c ]; then  # one GPU, in turn
   done
   hostprof llama3-8b 8b_full
   python3 -c "import json,sys; t=open(sys.argv[1]).read(); d=json.JSONDecoder().raw_decode(t)[0]; ph=d.pop('phases', {}); print({k: v for k, v in d.items()}); [print(k, v) for k, v in ph.items()]" "$out/hostprof_8b_full.txt"
+  exit 0
+fi
+if [ "$what" = s32d ]; then  # one GPU: JSON mode in the decode graphs (needs xgrammar among the wheels), multi-step
+  export CUDA_VISIBLE_DEVICES=0
+  python3 -c "import xgrammar; print('xgrammar', xgrammar.__version__)"
+  timeout 240 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/api/test_json_mode.py \
+    tests/engine/test_multi_step.py >"$out/s32d_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s32d_tests.log" | cut -c1-300 | head -30
   exit 0
 fi
 if [ "$what" = mw1k8 ]; then  # one GPU: mw1's three batch-1 runs with 8 steps a launch, alternating twice
