@@ -194,3 +194,31 @@ def test_shutdown_ends_open_streams() -> None:
 
     asyncio.run(asyncio.wait_for(main(), 10))
     assert not ae.is_alive and ae._thread is not None and not ae._thread.is_alive()
+
+
+def test_inter_token_latencies_are_per_token() -> None:
+    """An output of several tokens (a multi-step round) counts one inter-token latency per token: the
+    gap since the previous output spread over its tokens; tokens that arrive with the first token
+    count zero."""
+    from hotloop.engine.async_engine import RequestStream
+    from hotloop.engine.outputs import RequestOutput
+
+    class Owner:
+        def _forget(self, request_id: str) -> None:
+            pass
+
+    async def main() -> RequestStream:
+        stream = RequestStream(Owner(), "r", asyncio.get_running_loop())  # type: ignore[arg-type]
+        events = [([5, 6], 10.0, False), ([7], 10.5, False), ([], 10.7, False), ([8, 9, 10, 11], 12.5, True)]
+        for ids, t, done in events:
+            out = RequestOutput("r", ids, "", done, "length" if done else None, 3, 0)
+            stream._queue.put_nowait((out, t))
+        async for _ in stream:
+            pass
+        return stream
+
+    s = asyncio.run(main())
+    assert s.first_token_time == 10.0 and s.last_token_time == 12.5
+    # 7 tokens after the first: one with the first (0), one 0.5 s later, four over the 2.0 s to the last
+    assert s.inter_token_latencies == pytest.approx([0.0, 0.5, 0.5, 0.5, 0.5, 0.5])
+    assert len(s.inter_token_latencies) == 6
