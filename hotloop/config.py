@@ -125,11 +125,15 @@ class EngineConfig:
             f"load_format={self.load_format!r} must be one of {LOAD_FORMATS}",
         )
         _check(
-            isinstance(self.num_scheduler_steps, int) and 1 <= self.num_scheduler_steps <= 64,
+            isinstance(self.num_scheduler_steps, int)
+            and not isinstance(self.num_scheduler_steps, bool)
+            and 1 <= self.num_scheduler_steps <= 64,
             f"num_scheduler_steps={self.num_scheduler_steps!r} must be an integer in [1, 64]",
         )
         _check(
-            isinstance(self.full_batch_steps, int) and 1 <= self.full_batch_steps <= 64,
+            isinstance(self.full_batch_steps, int)
+            and not isinstance(self.full_batch_steps, bool)
+            and 1 <= self.full_batch_steps <= 64,
             f"full_batch_steps={self.full_batch_steps!r} must be an integer in [1, 64]",
         )
         r = self.schedule_conservativeness

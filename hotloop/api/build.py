@@ -123,6 +123,17 @@ def build_engine(model: str | None, config: EngineConfig | None = None) -> Built
                 "GPU, CUDA graphs (drop --disable-overlap-schedule / --eager-mode)",
                 config.num_scheduler_steps,
             )
+    if engine.full_batch_steps > 1:
+        logger.info(
+            "a full batch with nothing waiting runs up to %d decode steps per launch (--full-batch-steps)",
+            engine.full_batch_steps,
+        )
+    elif config.full_batch_steps > 1:
+        logger.info(
+            "--full-batch-steps %d not in effect: multi-step decode needs overlapped scheduling and, on a GPU, "
+            "CUDA graphs",
+            config.full_batch_steps,
+        )
     if device.type == "cuda":
         warm_up(engine)
     return BuiltEngine(engine, path, model_config, backend, device.type, tokenizer)

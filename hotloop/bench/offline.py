@@ -110,6 +110,7 @@ def _runner_stats(engine: Any) -> dict[str, Any]:
         "eager_steps": getattr(runner, "num_eager_steps", None),
         "wait_s": getattr(runner, "wait_s", None),
         "num_scheduler_steps": engine.num_scheduler_steps,
+        "full_batch_steps": engine.full_batch_steps,
         "multi_step_launches": engine.num_multi_step_launches,
     }
 

@@ -29,10 +29,11 @@ _HELP = {
     "num_scheduler_steps": "multi-step decode: with overlap, run up to this many decode steps per host round trip "
     "when every running request is decoding (less host time per token; streamed tokens then arrive in bursts "
     "of this many)",
-    "full_batch_steps": "multi-step decode while the batch is full (--max-batch-size requests running, so no "
-    "waiting request could join): run up to this many decode steps per host round trip then, whatever "
-    "--num-scheduler-steps says (the host's work per step falls several times; streamed tokens of a full "
-    "batch arrive in bursts of up to this many). 1 turns it off",
+    "full_batch_steps": "multi-step decode while the batch is full (--max-batch-size requests running) and no "
+    "request waits, so a round delays nobody: run up to this many decode steps per host round trip then, "
+    "whatever --num-scheduler-steps says (the host's work per step falls several times; the streamed tokens "
+    "of such a batch arrive in bursts of up to this many; with --max-batch-size 1 that is every lone request). "
+    "Needs overlapped scheduling and, on a GPU, CUDA graphs. 1 turns it off",
     "schedule_conservativeness": "KV room admission keeps back for running requests' growth, in [0, 1] (SGLang's "
     "name): this weight x what a request will surely still fill (the rest of its prompt; its output with "
     "ignore_eos, else up to min_tokens), and after a step that had to preempt a request (its prompt is then "

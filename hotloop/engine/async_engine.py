@@ -52,7 +52,7 @@ class RequestStream:
     Iterate with ``async for``; iteration ends after the output with ``finished`` set. ``close()``
     aborts the request unless it already finished; it is idempotent and never blocks. Timing fields
     (``time.monotonic()`` seconds) are filled in as outputs are consumed, for metrics;
-    ``inter_token_latencies`` holds one entry per token after the first.
+    ``inter_token_latencies`` holds one gap per output with tokens after the first.
     """
 
     def __init__(self, owner: AsyncEngine, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
@@ -81,15 +81,13 @@ class RequestStream:
         if isinstance(item, BaseException):
             self._end(None, t)
             raise item
-        n = len(item.new_token_ids)
-        if n:
-            # One latency per token: an output of n tokens (a multi-step round) spreads the gap since
-            # the last output over its n tokens; tokens that come with the first one arrive with it.
+        if item.new_token_ids:
+            # one latency per output that carries tokens, as vLLM counts it: a multi-step round's
+            # burst of n tokens is one gap, as its client sees it
             if self.first_token_time is None:
                 self.first_token_time = t
-                self.inter_token_latencies += [0.0] * (n - 1)
             elif self.last_token_time is not None:
-                self.inter_token_latencies += [(t - self.last_token_time) / n] * n
+                self.inter_token_latencies.append(t - self.last_token_time)
             self.last_token_time = t
         self.num_prompt_tokens = item.num_prompt_tokens
         self.num_generated_tokens = item.num_generated_tokens

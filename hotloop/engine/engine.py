@@ -99,7 +99,7 @@ class Engine:
             and getattr(executor, "supports_multi_step", True)
         )
         self.num_scheduler_steps = num_scheduler_steps if multi else 1
-        # ... and while the batch is full (no waiting request could join it), up to this many
+        # ... and while the batch is full and no request waits (a round then delays nobody), up to this many
         self.full_batch_steps = full_batch_steps if multi else 1
         self.num_multi_step_launches = 0
         # the step in flight: what was scheduled, the executor's handle, the decode steps it runs
@@ -293,27 +293,36 @@ class Engine:
         """How many decode steps to launch for ``out`` (multi-step decode), allocating the blocks of
         the extra ones; 1 where a single step is the answer. More than one only when every row is a
         plain decode (``multi_step_ok``), no waiting request could join the batch meanwhile, some row
-        has more than one token left to sample, and the free blocks cover the round. The round is at
-        most ``num_scheduler_steps`` long, or ``full_batch_steps`` while ``max_batch_size`` requests
-        run (the batch is full: nothing could join it). It is as long as the row with the most tokens
-        left needs; while requests wait, as short as the row with the fewest needs, so that no slot
-        idles through the rest of a round once its request reached ``max_new_tokens``. A row that
-        reaches ``max_new_tokens`` before the round ends stops writing the cache
-        (``kernels/decode_advance.py``) and one that samples a stop token keeps going: their extra
-        tokens are computed and dropped."""
+        has more than one token left to sample, and the free blocks cover the round.
+
+        The round is at most ``num_scheduler_steps`` long, or ``full_batch_steps`` while the batch is
+        full (``max_batch_size`` requests running) and no request waits: a round then delays nobody.
+        It is as long as the row with the most tokens left needs. While requests wait (a full batch
+        under ``num_scheduler_steps``): no round while a running request's last token is still in
+        flight (its slot is due to a waiting request), and none longer than the row with the fewest
+        tokens left, so that no slot idles past a request's ``max_new_tokens``. A row that reaches
+        ``max_new_tokens`` before the round ends stops writing the cache (``kernels/decode_advance.py``)
+        and one that samples a stop token keeps going: their extra tokens are computed and dropped (with
+        overlap the next round is launched before this one is collected, so a stop token's slot can
+        stay busy for up to two rounds)."""
         sched = self.scheduler
+        waiting = bool(sched.waiting or self._inbox)
         full = sched.num_running >= self.scheduler_config.max_batch_size
-        limit = max(self.num_scheduler_steps, self.full_batch_steps if full else 1)
-        if limit <= 1 or (not full and (sched.waiting or self._inbox)):
+        limit = self.num_scheduler_steps
+        if full and not waiting:
+            limit = max(limit, self.full_batch_steps)
+        if limit <= 1 or (waiting and not full):
             return 1
         if not multi_step_ok(out):
             return 1
+        if waiting and len(out.scheduled) < sched.num_running:
+            return 1  # a running request is not scheduled: its last token is in flight
         left = [
             s.request.params.max_new_tokens - len(s.request.output_token_ids) - s.request.num_pending_tokens
             for s in out.scheduled
         ]
         k = min(limit, max(left))
-        if sched.waiting:
+        if waiting:
             k = min(k, min(left))
         if k <= 1:
             return 1

@@ -235,7 +235,7 @@ def test_int8_merge_write_keeps_tokens(
         monkeypatch.setenv(decode_merge_write.ENV, on)
         launches.clear()
         cfg = EngineConfig(
-            device="cuda", dtype="bfloat16", max_batch_size=1, eager_mode=eager, quant_policy=policy,
+            device="cuda", dtype="bfloat16", max_batch_size=1, full_batch_steps=1, eager_mode=eager, quant_policy=policy,
             **VARIANTS["chunked"],
         )  # fmt: skip
         got, _stats = run_engine(path, cfg, prompts, MAX_NEW)

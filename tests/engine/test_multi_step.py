@@ -217,39 +217,102 @@ def _record_rounds(engine: Engine) -> list[tuple[int, bool, bool, int]]:
     return rounds
 
 
+def _default_engine(path: Path, **kw: Any) -> Engine:
+    """The engine with ``EngineConfig``'s defaults for the launch (``num_scheduler_steps`` 1,
+    ``full_batch_steps`` 8) on the CPU."""
+    cfg: dict[str, Any] = dict(
+        device="cpu", dtype="float32", max_batch_size=8, cache_block_seq_len=4, cache_max_entry_count=512
+    )
+    cfg.update(kw)
+    return build_engine(str(path), EngineConfig(**cfg)).engine
+
+
 def test_full_batch_runs_rounds_by_default(make_tiny_model: Callable[[str], Path]) -> None:
     """``full_batch_steps`` (default 8) with ``num_scheduler_steps`` 1: rounds run only while
-    ``max_batch_size`` requests are running; while requests wait, a round never outlasts the row
-    with the fewest tokens left (no slot idles past its request's end); outputs equal one step per
-    launch throughout."""
+    ``max_batch_size`` requests are running and none waits (a round then delays nobody); outputs
+    equal one step per launch throughout, also with one slot (every lone request is a full batch)."""
     path = make_tiny_model(ARCH)
-    assert EngineConfig().full_batch_steps == 8
-    prompts = _prompts(12, seed=4)
+    assert EngineConfig().full_batch_steps == 8 and EngineConfig().num_scheduler_steps == 1
 
     def params(i: int) -> GenerationConfig:
         return GenerationConfig(max_new_tokens=12 + 3 * i, ignore_eos=True)
 
-    expected = _run(_engine(path, 1), prompts, params, join_every=100)
-    # 12 requests for 8 slots: a full batch with requests waiting, then a batch that is no longer full
-    full = build_engine(
-        str(path),
-        EngineConfig(
-            device="cpu", dtype="float32", max_batch_size=8, cache_block_seq_len=4, cache_max_entry_count=512
-        ),
-    ).engine
+    # 8 requests for 8 slots: full from the start, nothing waits; then no longer full as they finish
+    prompts = _prompts(8, seed=4)
+    full = _default_engine(path)
     assert full.full_batch_steps == 8 and full.num_scheduler_steps == 1
     rounds = _record_rounds(full)
-    got = _run(full, prompts, params, join_every=100)
-    assert got == expected
-    assert all(k <= min(left, 8) for k, _, w, left in rounds if w), rounds
-    assert any(k > 1 and w for k, _, w, _ in rounds), "no round ran while requests waited"
-    assert all(f for k, f, _, _ in rounds if k > 1), "a round ran while the batch was not full"
+    assert _run(full, prompts, params, join_every=100) == _run(
+        _engine(path, 1), prompts, params, join_every=100
+    )
+    assert any(k == 8 for k, _, _, _ in rounds), rounds
+    assert all(f and not w for k, f, w, _ in rounds if k > 1), rounds
     assert any(not f for k, f, _, _ in rounds), "the tail of the run (a batch that is not full) was not seen"
-    assert full.num_multi_step_launches > 2
+    # 12 requests for 8 slots: no round while requests wait
+    prompts = _prompts(12, seed=4)
+    queued = _default_engine(path)
+    rounds = _record_rounds(queued)
+    assert _run(queued, prompts, params, join_every=100) == _run(
+        _engine(path, 1), prompts, params, join_every=100
+    )
+    assert all(k == 1 for k, _, w, _ in rounds if w), rounds
+    assert any(w for _, _, w, _ in rounds)
     # the same requests in a batch that never fills: one step per launch
-    roomy = _engine(path, 1, max_batch_size=16, full_batch_steps=8)
-    assert _run(roomy, prompts, params, join_every=100) == expected
+    roomy = _default_engine(path, max_batch_size=16)
+    assert _run(roomy, prompts, params, join_every=100) == _run(
+        _engine(path, 1), prompts, params, join_every=100
+    )
     assert roomy.num_multi_step_launches == 0
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_full_batch_rounds_keep_outputs_with_few_slots(
+    slots: int, make_tiny_model: Callable[[str], Path]
+) -> None:
+    """The test mix (stop ids and strings, sampling, min_tokens) through 1 or 3 slots with
+    ``full_batch_steps`` 4: the same outputs as one step a launch, no leaked block (``_run``)."""
+    path = make_tiny_model(ARCH)
+    prompts = _prompts(7, seed=8)
+    expected = _run(_engine(path, 1, max_batch_size=slots), prompts)
+    multi = _engine(path, 1, max_batch_size=slots, full_batch_steps=4)
+    assert _run(multi, prompts) == expected
+    assert multi.num_multi_step_launches > 0
+
+
+def test_rounds_while_requests_wait_admit_them_on_time(make_tiny_model: Callable[[str], Path]) -> None:
+    """``num_scheduler_steps`` 4 with a queue (``ignore_eos``, mixed lengths): no round outlasts the
+    running request with the fewest tokens left, none runs while a request's last token is in flight,
+    so every queued request is admitted at the same decode step as with one step a launch."""
+    path = make_tiny_model(ARCH)
+    prompts = _prompts(14, seed=6)
+
+    def params(i: int) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens=(5, 17, 9, 23, 12, 30, 7)[i % 7], ignore_eos=True)
+
+    def admitted(engine: Engine) -> dict[str, int]:
+        """request id -> engine.num_steps when its prefill was scheduled."""
+        at: dict[str, int] = {}
+        schedule = engine.scheduler.schedule
+
+        def wrapped() -> Any:
+            out = schedule()
+            for s in out.scheduled:
+                at.setdefault(s.request.request_id, engine.num_steps)
+            return out
+
+        engine.scheduler.schedule = wrapped  # type: ignore[method-assign]
+        return at
+
+    one = _engine(path, 1)
+    at_one = admitted(one)
+    expected = _run(one, prompts, params, join_every=100)
+    multi = _engine(path, 4)
+    at_multi = admitted(multi)
+    rounds = _record_rounds(multi)
+    assert _run(multi, prompts, params, join_every=100) == expected
+    assert any(k > 1 and w for k, _, w, _ in rounds), "no round ran while requests waited"
+    assert all(k <= left for k, _, w, left in rounds if w), rounds
+    assert at_multi == at_one
 
 
 def test_full_batch_steps_is_validated() -> None:

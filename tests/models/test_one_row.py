@@ -193,7 +193,12 @@ def test_one_row_path_greedy_parity_gpu(
     calls = _count_one_row(monkeypatch)
     # a small KV cache, as the other GPU engine tests: several run at once on one GPU
     cfg = EngineConfig(
-        device="cuda", dtype="bfloat16", max_batch_size=1, eager_mode=eager, **VARIANTS["plain"]
+        device="cuda",
+        dtype="bfloat16",
+        max_batch_size=1,
+        full_batch_steps=1,
+        eager_mode=eager,
+        **VARIANTS["plain"],
     )
     got, _stats = run_engine(path, cfg, prompts, MAX_NEW)
     assert calls[0] > 0  # (graph replays do not call it: capture and eager steps do)
@@ -223,7 +228,12 @@ def test_one_row_rope_quantized_cache_gpu(
     path = make_tiny_model("llama_gqa_llama3rope")
     prompts = make_prompts(seed=13, n=3)
     cfg = EngineConfig(
-        device="cuda", dtype="bfloat16", max_batch_size=1, quant_policy=policy, **VARIANTS["plain"]
+        device="cuda",
+        dtype="bfloat16",
+        max_batch_size=1,
+        full_batch_steps=1,
+        quant_policy=policy,
+        **VARIANTS["plain"],
     )
     runs = []
     rope_calls = _count_rope(monkeypatch)
@@ -269,7 +279,12 @@ def test_one_row_merge_in_the_o_projection_gpu(
     prompts = [torch.randint(3, 300, (n,), generator=rng).tolist() for n in (150, 201, 230)]
     expected = hf_greedy_with_margins(path, prompts, MAX_NEW)
     cfg = EngineConfig(
-        device="cuda", dtype="bfloat16", max_batch_size=1, eager_mode=eager, **VARIANTS["plain"]
+        device="cuda",
+        dtype="bfloat16",
+        max_batch_size=1,
+        full_batch_steps=1,
+        eager_mode=eager,
+        **VARIANTS["plain"],
     )
     got, _stats = run_engine(path, cfg, prompts, MAX_NEW)
     assert merged[0] > 0  # (graph replays do not call it: capture and eager steps do)
