@@ -78,6 +78,8 @@
 #   s32c     one GPU: the engine's GPU tests (the full-batch rounds are the default now), SmolLM2-135M offline at
 #            batch 256 with the full-batch rounds and one step a launch, the 8B batch-256 host profile.
 #   s32d     one GPU: the JSON-mode and multi-step GPU tests (carry xgrammar's wheel in .whl).
+#   s32e     one GPU: the batch-1 GPU tests now pinned to one step a launch, the multi-step GPU tests, then
+#            run_gpu.py's batch-256 row with the final full-batch rule.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
 #            the default), alternating twice.
 #   s28d     one GPU: W4A16 batch 1 with the early weight loads (default) and without (HOTLOOP_W4A16_EARLY=0),
@@ -1232,6 +1234,18 @@ if [ "$what" = s32d ]; then  # one GPU: JSON mode in the decode graphs (needs xg
     tests/engine/test_multi_step.py >"$out/s32d_tests.log" 2>&1
   echo "GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s32d_tests.log" | cut -c1-300 | head -30
+  exit 0
+fi
+if [ "$what" = s32e ]; then  # one GPU: the tests pinned to one step a launch, the multi-step tests, the batch-256 row
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 170 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/models/test_one_row.py \
+    tests/engine/test_multi_step.py tests/api/test_gpu_parity.py -k "one_row or multi_step or short_context or merge_write" \
+    >"$out/s32e_tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s32e_tests.log" | cut -c1-300 | head -30
+  timeout 120 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf --only llama3_b256_1k >"$out/table.txt" 2>&1
+  echo "run_gpu rc=$?"
+  grep -E "ceilings|decode step|host ms" "$out/table.txt" | cut -c1-200
   exit 0
 fi
 if [ "$what" = mw1k8 ]; then  # one GPU: mw1's three batch-1 runs with 8 steps a launch, alternating twice
