@@ -302,9 +302,9 @@ class Engine:
         flight (its slot is due to a waiting request), and none longer than the row with the fewest
         tokens left, so that no slot idles past a request's ``max_new_tokens``. A row that reaches
         ``max_new_tokens`` before the round ends stops writing the cache (``kernels/decode_advance.py``)
-        and one that samples a stop token keeps going: their extra tokens are computed and dropped (with
-        overlap the next round is launched before this one is collected, so a stop token's slot can
-        stay busy for up to two rounds)."""
+        and one that samples a stop token keeps going: their extra tokens are computed and dropped.
+        While requests wait, the engine collects a round before it schedules the next step
+        (``_may_overlap``), so that a stop token's slot is handed over after its own round."""
         sched = self.scheduler
         waiting = bool(sched.waiting or self._inbox)
         full = sched.num_running >= self.scheduler_config.max_batch_size
@@ -371,9 +371,14 @@ class Engine:
         return self._update(out, self.executor.collect(handle))  # type: ignore[attr-defined]
 
     def _may_overlap(self) -> bool:
-        """Whether the next step can be scheduled before the one in flight is collected: no request
-        with a pending token needs its output history on the host, and no request will need a block
-        that is not free (preemption recomputes from known tokens)."""
+        """Whether the next step can be scheduled before the one in flight is collected: it is not a
+        multi-step round while requests wait, no request with a pending token needs its output history
+        on the host, and no request will need a block that is not free (preemption recomputes from
+        known tokens)."""
+        if self._inflight is not None and self._inflight[2] > 1 and (self.scheduler.waiting or self._inbox):
+            # a round in flight while requests wait: collect it first, so that a request that stopped
+            # in it hands its slot over now rather than after the next round as well
+            return False
         free = self.block_manager.num_free_blocks
         bs = self.cache_config.block_size
         for req in self.scheduler.running:
