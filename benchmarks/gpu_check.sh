@@ -5,6 +5,10 @@
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR [MODE]
 #
+# Wheels: ../shared/tools/device-wheels.sh fills .whl with the server's packages; the JSON-mode GPU test
+# also needs `bash ../shared/tools/device-wheels.sh xgrammar` (keep xgrammar and apache_tvm_ffi, drop
+# the torch / triton / nvidia wheels it pulls in: the device has them).
+#
 #   tests    (default) GPU 0: every GPU test (`pytest -m gpu`, 8 workers; tests/cli needs pexpect).
 #            GPU 1: batch 1 with every default (Llama-3-8B twice, SmolLM2-135M, W4A16 8B), then fp16 /
 #            int8 KV alternating, twice (issue 6).
