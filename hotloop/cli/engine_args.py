@@ -46,6 +46,20 @@ _HELP = {
 }
 
 
+# vLLM's names for the flags whose meaning is the same, accepted beside LMDeploy's (so that a vLLM
+# command line needs fewer edits). Not aliased because the meaning differs: --gpu-memory-utilization
+# (vLLM: the whole engine's share of total memory; --cache-max-entry-count: the KV cache's share of what
+# is free after the weights), --max-num-batched-tokens (vLLM: every token of a step; hotloop's
+# --max-prefill-token-num: prompt tokens), --kv-cache-dtype (fp8 there; --quant-policy is int8 / int4).
+VLLM_ALIASES = {
+    "tp": ("--tensor-parallel-size",),
+    "session_len": ("--max-model-len",),
+    "max_batch_size": ("--max-num-seqs",),
+    "cache_block_seq_len": ("--block-size",),
+    "eager_mode": ("--enforce-eager",),
+}
+
+
 def _cache_count(text: str) -> float | int:
     """A fraction of the free GPU memory in (0, 1] (LMDeploy's meaning, so ``1`` is all of it), or an
     integer block count from 2 up."""
@@ -65,31 +79,31 @@ def _cache_count(text: str) -> float | int:
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     for f in dataclasses.fields(EngineConfig):
-        flag = "--" + f.name.replace("_", "-")
+        flags = ("--" + f.name.replace("_", "-"), *VLLM_ALIASES.get(f.name, ()))
         default = f.default
         help_text = _HELP.get(f.name, f.name)
         if "(default:" not in help_text:
             help_text += f" (default: {default})"
         if f.name == "cache_max_entry_count":
-            group.add_argument(flag, type=_cache_count, default=default, help=help_text)
+            group.add_argument(*flags, type=_cache_count, default=default, help=help_text)
         elif isinstance(default, bool):
-            group.add_argument(flag, action="store_true", default=default, help=help_text)
+            group.add_argument(*flags, action="store_true", default=default, help=help_text)
         elif f.name == "quant_policy":
-            group.add_argument(flag, type=int, choices=(0, 4, 8), default=default, help=help_text)
+            group.add_argument(*flags, type=int, choices=(0, 4, 8), default=default, help=help_text)
         elif f.name in ("backend",):
-            group.add_argument(flag, choices=(*BACKENDS, "turbomind"), default=default, help=help_text)
+            group.add_argument(*flags, choices=(*BACKENDS, "turbomind"), default=default, help=help_text)
         elif f.name in ("device",):
-            group.add_argument(flag, choices=DEVICES, default=default, help=help_text)
+            group.add_argument(*flags, choices=DEVICES, default=default, help=help_text)
         elif f.name == "model_format":
-            group.add_argument(flag, choices=("hf", "gguf", "awq"), default=None, help=help_text)
+            group.add_argument(*flags, choices=("hf", "gguf", "awq"), default=None, help=help_text)
         elif f.name == "load_format":
-            group.add_argument(flag, choices=LOAD_FORMATS, default=default, help=help_text)
+            group.add_argument(*flags, choices=LOAD_FORMATS, default=default, help=help_text)
         elif isinstance(default, float):
-            group.add_argument(flag, type=float, default=default, help=help_text)
+            group.add_argument(*flags, type=float, default=default, help=help_text)
         elif isinstance(default, int) or f.name == "session_len":
-            group.add_argument(flag, type=int, default=default, help=help_text)
+            group.add_argument(*flags, type=int, default=default, help=help_text)
         else:
-            group.add_argument(flag, type=str, default=default, help=help_text)
+            group.add_argument(*flags, type=str, default=default, help=help_text)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

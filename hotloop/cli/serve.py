@@ -37,13 +37,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
-    g.add_argument("--server-name", default="0.0.0.0", help="host to bind (default: 0.0.0.0)")
-    g.add_argument("--server-port", type=int, default=23333, help="port to bind (default: 23333)")
+    # LMDeploy's names, then vLLM's for the same flag
+    g.add_argument("--server-name", "--host", default="0.0.0.0", help="host to bind (default: 0.0.0.0)")
+    g.add_argument("--server-port", "--port", type=int, default=23333, help="port to bind (default: 23333)")
     g.add_argument(
-        "--model-name", default=None, help="name clients use as 'model' (default: the model folder's name)"
+        "--model-name",
+        "--served-model-name",
+        default=None,
+        help="name clients use as 'model' (default: the model folder's name)",
     )
     g.add_argument(
         "--api-keys",
+        "--api-key",
         nargs="+",
         default=None,
         help="accepted API keys; if set, every route but /health needs one",

@@ -67,7 +67,7 @@ def test_serve_help_has_one_default_per_flag(capsys: pytest.CaptureFixture[str])
     assert code == 0
     text = " ".join(out.split())
     for flag, nxt in (("--session-len", "--max-batch-size"), ("--model-format", "--eager-mode")):
-        section = text[text.index(flag + " ") : text.index(nxt + " ")]
+        section = text[text.index(flag + " ") : text.index(nxt)]  # (a flag may be followed by its vLLM alias)
         assert section.count("(default:") == 1, section
 
 
@@ -411,3 +411,38 @@ def test_bench_serve_names_a_refused_api_key() -> None:
     with pytest.raises(RuntimeError, match="answered 404: nope"):
         asyncio.run(fetch_model(_Client(404), "http://h", {}))
     assert asyncio.run(fetch_model(_Client(200), "http://h", {})) == "m"
+
+
+# -- vLLM's flag names ------------------------------------------------------------------------------
+
+
+def test_vllm_flag_names_are_accepted_where_the_meaning_is_the_same() -> None:
+    """A vLLM command line's flags that mean what hotloop's (LMDeploy's) mean parse to the same
+    configuration; those whose meaning differs are refused rather than silently reinterpreted."""
+    lmdeploy = [
+        "serve", "--tp", "1", "--session-len", "4096", "--max-batch-size", "32", "--cache-block-seq-len", "32",
+        "--eager-mode", "--server-name", "127.0.0.1", "--server-port", "8000", "--model-name", "m",
+        "--api-keys", "k",
+    ]  # fmt: skip
+    vllm = [
+        "serve", "--tensor-parallel-size", "1", "--max-model-len", "4096", "--max-num-seqs", "32",
+        "--block-size", "32", "--enforce-eager", "--host", "127.0.0.1", "--port", "8000",
+        "--served-model-name", "m", "--api-key", "k",
+    ]  # fmt: skip
+    a, b = build_parser().parse_args(lmdeploy), build_parser().parse_args(vllm)
+    cfg = engine_config_from_args(b)
+    assert cfg == engine_config_from_args(a)
+    assert (cfg.session_len, cfg.max_batch_size, cfg.cache_block_seq_len, cfg.eager_mode) == (
+        4096,
+        32,
+        32,
+        True,
+    )
+    for name in ("server_name", "server_port", "model_name", "api_keys"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert (b.server_name, b.server_port, b.model_name, b.api_keys) == ("127.0.0.1", 8000, "m", ["k"])
+    bench = build_parser().parse_args(["bench", "latency", "--max-model-len", "512", "--enforce-eager"])
+    assert engine_config_from_args(bench).session_len == 512 and engine_config_from_args(bench).eager_mode
+    for flag, value in (("--gpu-memory-utilization", "0.9"), ("--max-num-batched-tokens", "8192")):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", flag, value])
