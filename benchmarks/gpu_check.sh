@@ -1193,11 +1193,8 @@ if [ "$what" = s32a ]; then  # one GPU, in turn
   hostprof llama3-8b 8b_k1
   hostprof llama3-8b 8b_k8 --num-scheduler-steps 8
   for f in 8b_k1 8b_k8; do python3 -c "import json,sys; t=open(sys.argv[1]).read(); d=json.JSONDecoder().raw_decode(t)[0]; [print(k, v) for k, v in d.get('phases', {}).items()]" "$out/hostprof_$f.txt"; done
-  timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/engine/test_multi_step.py \
-    tests/kernels/test_decode_merge_write.py tests/api/test_gpu_parity.py -k "int8 or merge or multi" \
-    >"$out/s32_tests.log" 2>&1
-  echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s32_tests.log" | cut -c1-300 | head -40
+  gpu_tests s32_tests 200 -n 1 tests/engine/test_multi_step.py tests/kernels/test_decode_merge_write.py \
+    tests/api/test_gpu_parity.py -k "int8 or merge or multi"
   timeout 200 python3 "$here/w4a16_read_probe.py" "$out/read_probe.json" >"$out/read_probe.log" 2>&1
   echo "read probe rc=$?"
   tail -30 "$out/read_probe.log"
@@ -1215,10 +1212,7 @@ if [ "$what" = s32b ]; then  # one GPU, in turn: the full-batch rounds (default)
 fi
 if [ "$what" = s32c ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
-  timeout 280 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/api/test_gpu_parity.py tests/engine \
-    tests/executor tests/api/test_json_mode.py >"$out/s32c_tests.log" 2>&1
-  echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s32c_tests.log" | cut -c1-300 | head -30
+  gpu_tests s32c_tests 280 -n 4 tests/api/test_gpu_parity.py tests/engine tests/executor tests/api/test_json_mode.py
   for tag in full k1; do
     extra=()
     [ "$tag" = k1 ] && extra=(--full-batch-steps 1)
@@ -1234,19 +1228,13 @@ fi
 if [ "$what" = s32d ]; then  # one GPU: JSON mode in the decode graphs (needs xgrammar among the wheels), multi-step
   export CUDA_VISIBLE_DEVICES=0
   python3 -c "import xgrammar; print('xgrammar', xgrammar.__version__)"
-  timeout 240 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/api/test_json_mode.py \
-    tests/engine/test_multi_step.py >"$out/s32d_tests.log" 2>&1
-  echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s32d_tests.log" | cut -c1-300 | head -30
+  gpu_tests s32d_tests 240 -n 4 tests/api/test_json_mode.py tests/engine/test_multi_step.py
   exit 0
 fi
 if [ "$what" = s32e ]; then  # one GPU: the tests pinned to one step a launch, the multi-step tests, the batch-256 row
   export CUDA_VISIBLE_DEVICES=0
-  timeout 170 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/models/test_one_row.py \
-    tests/engine/test_multi_step.py tests/api/test_gpu_parity.py -k "one_row or multi_step or short_context or merge_write" \
-    >"$out/s32e_tests.log" 2>&1
-  echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/s32e_tests.log" | cut -c1-300 | head -30
+  gpu_tests s32e_tests 170 -n 4 tests/models/test_one_row.py tests/engine/test_multi_step.py \
+    tests/api/test_gpu_parity.py -k "one_row or multi_step or short_context or merge_write"
   timeout 120 python3 "$here/run_gpu.py" --out "$out/table" --skip-hf --only llama3_b256_1k >"$out/table.txt" 2>&1
   echo "run_gpu rc=$?"
   grep -E "ceilings|decode step|host ms" "$out/table.txt" | cut -c1-200

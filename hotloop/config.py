@@ -124,18 +124,12 @@ class EngineConfig:
             self.load_format in LOAD_FORMATS,
             f"load_format={self.load_format!r} must be one of {LOAD_FORMATS}",
         )
-        _check(
-            isinstance(self.num_scheduler_steps, int)
-            and not isinstance(self.num_scheduler_steps, bool)
-            and 1 <= self.num_scheduler_steps <= 64,
-            f"num_scheduler_steps={self.num_scheduler_steps!r} must be an integer in [1, 64]",
-        )
-        _check(
-            isinstance(self.full_batch_steps, int)
-            and not isinstance(self.full_batch_steps, bool)
-            and 1 <= self.full_batch_steps <= 64,
-            f"full_batch_steps={self.full_batch_steps!r} must be an integer in [1, 64]",
-        )
+        for name in ("num_scheduler_steps", "full_batch_steps"):  # decode steps per launch
+            v = getattr(self, name)
+            _check(
+                isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 64,
+                f"{name}={v!r} must be an integer in [1, 64]",
+            )
         r = self.schedule_conservativeness
         _check(
             isinstance(r, (int, float)) and not isinstance(r, bool) and 0.0 <= r <= 1.0,

@@ -95,19 +95,20 @@ def _record_round_ends(engine: Engine) -> list[tuple[str | None, int, int]]:
     return ends
 
 
+def _default_engine(path: Path, **kw: Any) -> Engine:
+    """A CPU engine of 8 slots with ``EngineConfig``'s defaults for the launch (``num_scheduler_steps``
+    1, ``full_batch_steps`` 8) unless ``kw`` sets them."""
+    cfg: dict[str, Any] = dict(
+        device="cpu", dtype="float32", max_batch_size=8, cache_block_seq_len=4, cache_max_entry_count=512
+    )
+    cfg.update(kw)
+    return build_engine(str(path), EngineConfig(**cfg)).engine
+
+
 def _engine(path: Path, steps: int, **kw: Any) -> Engine:
     """``steps`` decode steps per launch at most, and no more while the batch is full (unless ``kw``
     sets ``full_batch_steps``): the one-step baseline runs one step a launch throughout."""
-    cfg = dict(
-        device="cpu",
-        dtype="float32",
-        max_batch_size=8,
-        cache_block_seq_len=4,
-        cache_max_entry_count=512,
-        full_batch_steps=1,
-    )
-    cfg.update(kw)
-    return build_engine(str(path), EngineConfig(num_scheduler_steps=steps, **cfg)).engine
+    return _default_engine(path, **{"num_scheduler_steps": steps, "full_batch_steps": 1, **kw})
 
 
 @pytest.mark.parametrize(
@@ -215,16 +216,6 @@ def _record_rounds(engine: Engine) -> list[tuple[int, bool, bool, int]]:
 
     engine._round_steps = wrapped  # type: ignore[method-assign]
     return rounds
-
-
-def _default_engine(path: Path, **kw: Any) -> Engine:
-    """The engine with ``EngineConfig``'s defaults for the launch (``num_scheduler_steps`` 1,
-    ``full_batch_steps`` 8) on the CPU."""
-    cfg: dict[str, Any] = dict(
-        device="cpu", dtype="float32", max_batch_size=8, cache_block_seq_len=4, cache_max_entry_count=512
-    )
-    cfg.update(kw)
-    return build_engine(str(path), EngineConfig(**cfg)).engine
 
 
 def test_full_batch_runs_rounds_by_default(make_tiny_model: Callable[[str], Path]) -> None:
