@@ -82,6 +82,8 @@
 #   s32c     one GPU: the engine's GPU tests (the full-batch rounds are the default now), SmolLM2-135M offline at
 #            batch 256 with the full-batch rounds and one step a launch, the 8B batch-256 host profile.
 #   s32d     one GPU: the JSON-mode and multi-step GPU tests (carry xgrammar's wheel in .whl).
+#   s33a     one GPU: the tensor-core GEMV on the AutoAWQ layout (w4a16_gemv_tc): its GPU tests, the read probe
+#            (every variant, the decode chain), then W4A16 batch 1 with and without it (HOTLOOP_W4A16_TC).
 #   s32e     one GPU: the batch-1 GPU tests now pinned to one step a launch, the multi-step GPU tests, then
 #            run_gpu.py's batch-256 row with the final full-batch rule.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
@@ -1229,6 +1231,19 @@ if [ "$what" = s32d ]; then  # one GPU: JSON mode in the decode graphs (needs xg
   export CUDA_VISIBLE_DEVICES=0
   python3 -c "import xgrammar; print('xgrammar', xgrammar.__version__)"
   gpu_tests s32d_tests 240 -n 4 tests/api/test_json_mode.py tests/engine/test_multi_step.py
+  exit 0
+fi
+if [ "$what" = s33a ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 120 python3 -m pytest -m gpu -q -s -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemv_tc.py \
+    >"$out/tc_tests.log" 2>&1
+  echo "tc tests rc=$?"
+  grep -E "rel max err|^(E  |FAILED|ERROR)|passed|failed" "$out/tc_tests.log" | cut -c1-200 | head -90
+  timeout 170 python3 "$here/w4a16_read_probe.py" "$out/read_probe.json" >"$out/read_probe.log" 2>&1
+  echo "read probe rc=$?"
+  grep -E '"tc_|chain|best us|stream_u4_b4"' "$out/read_probe.log" | cut -c1-220
+  HOTLOOP_W4A16_TC=1 bs1 awq_tc llama3-8b --model-format awq
+  HOTLOOP_W4A16_TC=0 bs1 awq_notc llama3-8b --model-format awq
   exit 0
 fi
 if [ "$what" = s32e ]; then  # one GPU: the tests pinned to one step a launch, the multi-step tests, the batch-256 row

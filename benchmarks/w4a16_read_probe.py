@@ -8,7 +8,9 @@ For each Llama-3-8B projection at M = 1 (GPU time, cold L2: ``w4a16_gemm.graph_t
   16-byte loads by 64 slots of R rows, K split across blocks), with no arithmetic;
 - every variant of the CUDA-core GEMV the engine uses (``kernels/w4a16_cuda.py``), each also with
   its early weight loads (``HOTLOOP_W4A16_EARLY=1``);
-- the tensor-core GEMV (``kernels/w4a16_mma.py``, not used by the engine) at every split.
+- the tensor-core GEMV (``kernels/w4a16_mma.py``, not used by the engine) at every split;
+- every variant of the tensor-core GEMV on the AutoAWQ layout (``kernels/w4a16_gemv_tc.py``), with its
+  error against float32 dequantize-then-matmul.
 
 The differences say what a faster kernel could win: GEMV minus pattern is arithmetic and reduction
 not hidden behind the loads; pattern minus stream is the access pattern and the grid. Last, the
@@ -29,7 +31,7 @@ from pathlib import Path
 import torch
 from awq_gemm import GROUP, SHAPES, graph_replay_us  # (benchmarks/ is on the path when this script runs)
 
-from hotloop.kernels import cuda_jit, w4a16_cuda, w4a16_mma
+from hotloop.kernels import cuda_jit, reference, w4a16_cuda, w4a16_gemv_tc, w4a16_mma
 from hotloop.kernels.w4a16_gemm import graph_time_us
 from hotloop.kernels.w4a16_layout import pack_int4
 
@@ -60,7 +62,7 @@ def decode_chain(
     xs = {name: torch.randn(1, k, device=dev).to(dtype) for name, (k, n) in SHAPES.items()}
     outs = {name: torch.empty(1, n, device=dev, dtype=dtype) for name, (k, n) in SHAPES.items()}
     result = []
-    for kind in ("gemv_nl", "mma"):
+    for kind in ("gemv_nl", "mma", "tc"):
         choice = {}
         for name in SHAPES:
             cands = [
@@ -79,6 +81,8 @@ def decode_chain(
                     if probe.startswith("mma"):
                         split = int(probe.removeprefix("mma_split"))
                         w4a16_mma.gemv(xs[name], qmma, qz, sc, GROUP, split, out=outs[name])
+                    elif probe.startswith("tc"):
+                        w4a16_gemv_tc.gemv(xs[name], qw, qz, sc, GROUP, *_tc_variant(probe), out=outs[name])
                     else:
                         nl, r, t = _variant(probe)
                         w4a16_cuda.gemv(xs[name], qw, qz, sc, GROUP, nl, r, t, out=outs[name])
@@ -107,6 +111,12 @@ def decode_chain(
     print(json.dumps(row), flush=True)
     result.append(row)
     return result
+
+
+def _tc_variant(probe: str) -> tuple[int, int, int]:
+    """``tc_w4_i16_n8`` -> ``(4, 16, 8)``."""
+    w, i, n = probe.removeprefix("tc_").split("_")
+    return int(w[1:]), int(i[1:]), int(n[1:])
 
 
 def _variant(probe: str) -> tuple[int, int, int]:
@@ -193,6 +203,22 @@ def main() -> None:
                     "rel_err_vs_gemv": round(err, 5),
                 }
             )
+        exact = reference.w4a16_matmul(x.float(), qw, qz, sc.float(), GROUP)
+        for v in w4a16_gemv_tc.VARIANTS:
+            if w4a16_gemv_tc.fits(1, n, k, GROUP, dtype, *v) is not None:
+                continue
+            got = w4a16_gemv_tc.gemv(x, qw, qz, sc, GROUP, *v).float()
+            err = float((got - exact).abs().max() / exact.abs().max())
+            us = graph_time_us(partial(w4a16_gemv_tc.gemv, x, qw, qz, sc, GROUP, *v), dev)
+            record(
+                {
+                    "shape": name,
+                    "probe": "tc_w{}_i{}_n{}".format(*v),
+                    "us": round(us, 2),
+                    "tb_s": round(wbytes / us / 1e6, 3),
+                    "rel_err_vs_fp32": round(err, 6),
+                }
+            )
     rows += decode_chain(dev, dtype, rows, kernels, sms, sink)
     with open(sys.argv[1], "w") as f:
         json.dump({"device": torch.cuda.get_device_name(dev), "rows": rows}, f, indent=1)
@@ -200,7 +226,7 @@ def main() -> None:
         mine = [r for r in rows if r.get("shape") == name]
         best = {
             kind: min((r["us"] for r in mine if r["probe"].startswith(kind)), default=None)
-            for kind in ("stream", "gemv_pattern", "gemv_nl", "mma")
+            for kind in ("stream", "gemv_pattern", "gemv_nl", "mma", "tc")
         }
         print(name, "best us:", best)
 

@@ -65,7 +65,7 @@ from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
 logger = logging.getLogger(__name__)
 
 PATHS = ("auto", "gemv", "splitk", "tiled", "dequant")
-KINDS = ("gemv", "dot", "dequant", "cuda")
+KINDS = ("gemv", "dot", "dequant", "cuda", "cuda_tc")
 UNPACK_MODES = ("nibble", "pair", "lop3", "mask", "half2")  # "mask", "half2": the one-row GEMV only
 ONE_ROW_UNPACK = ("mask", "half2")
 GEMV_MAX_M = 4  # the CUDA-core GEMV takes at most this many rows
@@ -309,7 +309,9 @@ class GemmConfig:
     "dot" (tensor cores: the ``splitk`` and ``tiled`` paths) or "dequant" (dequantize to scratch,
     then cuBLAS; of its fields only ``block_k`` is checked against the group, the rest are unused) or
     "cuda" (the CUDA C one-row GEMV, ``w4a16_cuda.py``: ``block_n`` its columns per block, ``block_k``
-    its rows per thread, ``split_k`` follows from them). ``unpack``, ``swap_ab`` and
+    its rows per thread, ``split_k`` follows from them) or "cuda_tc" (the tensor-core one-row GEMV on the
+    AutoAWQ layout, ``w4a16_gemv_tc.py``: ``block_n`` its columns per block, ``block_k`` each lane's
+    rows, ``num_warps`` the block's warps). ``unpack``, ``swap_ab`` and
     ``group_m`` apply to "dot" only, save the one-row GEMV kernels ``unpack="mask"`` and
     ``unpack="half2"`` (the latter for 16-bit activations only); ``fixup`` (in-kernel split-K reduction) to both."""
 
@@ -384,6 +386,14 @@ def fit_config(
         if n % cols or k % rows or group_size % template.block_k:
             raise ValueError(f"{template} does not tile N={n}, K={k} with group_size={group_size}")
         return replace(template, block_m=m, split_k=k // rows)
+    if template.kind == "cuda_tc":
+        from hotloop.kernels import w4a16_gemv_tc
+
+        variant = (template.block_n // 64, template.block_k, template.num_warps)
+        why = w4a16_gemv_tc.fits(1, n, k, group_size, torch.float16, *variant)
+        if why is not None:
+            raise ValueError(f"{template} does not tile N={n}, K={k} with group_size={group_size}: {why}")
+        return replace(template, block_m=m, split_k=k // w4a16_gemv_tc.tile(*variant)[1])
     block_k = _block_k(group_size, template.block_k)
     if template.kind == "dequant":
         return replace(template, block_k=block_k)
@@ -437,6 +447,18 @@ def _cuda_templates() -> tuple[Template, ...]:
     return tuple(
         (GemmConfig("cuda", 1, 32 * nl, r, num_warps=threads // 32, num_stages=1), 0.0)
         for nl, r, threads in w4a16_cuda.VARIANTS
+    )
+
+
+# the tensor-core one-row GEMV on the AutoAWQ layout (``kernels/w4a16_gemv_tc.py``), one template per
+# variant: ``block_n`` its columns per block (64 per word a lane loads per row), ``block_k`` each
+# lane's rows, ``num_warps`` its block's warps; timed only where nvcc can build it
+def _cuda_tc_templates() -> tuple[Template, ...]:
+    from hotloop.kernels import w4a16_gemv_tc
+
+    return tuple(
+        (GemmConfig("cuda_tc", 1, 64 * wpl, it, num_warps=warps, num_stages=1), 0.0)
+        for wpl, it, warps in w4a16_gemv_tc.VARIANTS
     )
 
 
@@ -501,7 +523,9 @@ def candidates(m: int) -> tuple[Template, ...]:
     if m == 1:
         half2 = GEMV_HALF2_TEMPLATES if half2_allowed() else ()
         cuda = _cuda_templates() if half2 and _cuda_buildable() else ()
-        return GEMV_TEMPLATES + GEMV_MASK_TEMPLATES + half2 + cuda + SMALL_TEMPLATES
+        # float32 sums throughout: not subject to HOTLOOP_W4A16_HALF2
+        cuda_tc = _cuda_tc_templates() if _cuda_tc_enabled() and _cuda_buildable() else ()
+        return GEMV_TEMPLATES + GEMV_MASK_TEMPLATES + half2 + cuda + cuda_tc + SMALL_TEMPLATES
     if m <= GEMV_MAX_M:
         return GEMV_TEMPLATES + SMALL_TEMPLATES
     if m <= 16:
@@ -511,6 +535,14 @@ def candidates(m: int) -> tuple[Template, ...]:
     if m <= 256:
         return MID_TEMPLATES[:1] + LARGE_TEMPLATES + DEQUANT_TEMPLATES
     return LARGE_TEMPLATES + DEQUANT_TEMPLATES
+
+
+CUDA_TC_ENV = "HOTLOOP_W4A16_TC"
+
+
+def _cuda_tc_enabled() -> bool:
+    """Whether the tuner may time the tensor-core one-row GEMV (``HOTLOOP_W4A16_TC=0`` leaves it out)."""
+    return os.environ.get(CUDA_TC_ENV, "1") != "0"
 
 
 def _cuda_buildable() -> bool:
@@ -612,6 +644,18 @@ def _launch(
         except (cuda_jit.CudaError, ValueError) as e:
             # a choice tuned (and stored) where the CUDA kernel ran, used where it cannot (no nvcc
             # now, a first launch inside a CUDA-graph capture): the Triton GEMV instead
+            if not _cuda_fallback_warned:
+                _warn_cuda_fallback(e)
+            return _launch(choose_config(m, n, k, group_size, x2.device, "gemv"), x2, qweight, qzeros, scales,
+                           group_size)  # fmt: skip
+    if cfg.kind == "cuda_tc":
+        from hotloop.kernels import cuda_jit, w4a16_gemv_tc
+
+        try:
+            return w4a16_gemv_tc.gemv(
+                x2, qweight, qzeros, scales, group_size, cfg.block_n // 64, cfg.block_k, cfg.num_warps
+            )
+        except (cuda_jit.CudaError, ValueError) as e:
             if not _cuda_fallback_warned:
                 _warn_cuda_fallback(e)
             return _launch(choose_config(m, n, k, group_size, x2.device, "gemv"), x2, qweight, qzeros, scales,
