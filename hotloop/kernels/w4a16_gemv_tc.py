@@ -30,12 +30,14 @@ VARIANTS: tuple[tuple[int, int, int], ...] = (
     (2, 16, 8),
     (2, 32, 4),
     (1, 32, 8),
+    (2, 32, 8),
+    (1, 32, 16),
 )
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
-def kernel_name(dtype: torch.dtype, wpl: int, it: int, warps: int) -> str:
-    return f"w4a16_gemv_tc_{_DTYPES[dtype]}_w{wpl}_i{it}_n{warps}"
+def kernel_name(dtype: torch.dtype, wpl: int, it: int, warps: int, l2_prefetch: bool = False) -> str:
+    return f"w4a16_gemv_tc_{_DTYPES[dtype]}_w{wpl}_i{it}_n{warps}" + ("_l2" if l2_prefetch else "")
 
 
 def tile(wpl: int, it: int, warps: int) -> tuple[int, int]:
@@ -78,7 +80,7 @@ def available(device: torch.device) -> bool:
 
 
 def _names() -> list[str]:
-    return [kernel_name(dt, *v) for dt in _DTYPES for v in VARIANTS]
+    return [kernel_name(dt, *v, l2_prefetch=p) for dt in _DTYPES for v in VARIANTS for p in (False, True)]
 
 
 def gemv(
@@ -91,10 +93,14 @@ def gemv(
     it: int,
     warps: int,
     out: torch.Tensor | None = None,
+    l2_prefetch: bool = False,
+    pad_shared: int = 0,
 ) -> torch.Tensor:
     """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(wpl, it, warps)``. Every tensor
     contiguous and 16-byte aligned; scales in x's dtype. Raises ``ValueError`` where the variant does
-    not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
+    not fit and ``cuda_jit.CudaError`` where the kernels cannot be built. ``l2_prefetch``: the weight
+    loads ask L2 for 256 bytes; ``pad_shared``: unused dynamic shared memory per block, which caps the
+    blocks per multiprocessor (both for measurements, ``benchmarks/w4a16_tc_sweep.py``)."""
     check_awq_shapes(qweight, qzeros, scales, group_size)
     if x2.dim() != 2 or x2.shape[1] != qweight.shape[0]:
         raise ValueError(f"x must be [1, {qweight.shape[0]}]; got {tuple(x2.shape)}")
@@ -129,10 +135,11 @@ def gemv(
         cnt = counters.counters(x2.device, "w4a16_gemv_tc", tiles)
         if cnt is None:
             raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
-    kernels[kernel_name(x2.dtype, wpl, it, warps)](
+    kernels[kernel_name(x2.dtype, wpl, it, warps, l2_prefetch)](
         (tiles, split),
         32 * warps,
         (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),
+        shared_bytes=pad_shared,
         pdl=pdl(x2.device),
     )
     return out

@@ -36,16 +36,31 @@
 
 typedef unsigned int u32;
 
-template <int WPL>
+// L2PF: the loads ask L2 to fetch the 256-byte block around them (a neighbouring block's columns)
+template <int WPL, bool L2PF>
 __device__ __forceinline__ void ldg_w(const u32* p, u32* w) {
   if (WPL == 4) {
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                 : "l"(p));
+    if (L2PF) {
+      asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                   : "l"(p));
+    } else {
+      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                   : "l"(p));
+    }
   } else if (WPL == 2) {
-    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+    if (L2PF) {
+      asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+    } else {
+      asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+    }
   } else {
-    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
+    if (L2PF) {
+      asm volatile("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
+    } else {
+      asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
+    }
   }
 }
 
@@ -112,7 +127,7 @@ __device__ __forceinline__ unsigned short to16(float v) {
   return h;
 }
 
-template <bool BF16, int WPL, int IT, int WARPS>
+template <bool BF16, int WPL, int IT, int WARPS, bool L2PF>
 __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u32* __restrict__ qw,
                                              const u32* __restrict__ qz, const unsigned short* __restrict__ sc,
                                              float* __restrict__ ws, unsigned short* __restrict__ out,
@@ -139,7 +154,7 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
 
   u32 w[IT][WPL];
 #pragma unroll
-  for (int i = 0; i < IT; ++i) ldg_w<WPL>(qw + (size_t)(r0 + i) * n8 + w0, w[i]);
+  for (int i = 0; i < IT; ++i) ldg_w<WPL, L2PF>(qw + (size_t)(r0 + i) * n8 + w0, w[i]);
 
   // programmatic dependent launch: x is written by the kernel before (a no-op otherwise); the next
   // launch may start only after this kernel's wait (kernels/pdl.py's rule)
@@ -286,15 +301,17 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
       const unsigned short *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out, \
       int *__restrict__ cnt, int N, int K, int G
 
-// w4a16_gemv_tc.kernel_name: w4a16_gemv_tc_<dtype>_w<WPL>_i<IT>_n<WARPS>
-#define DEFINE_TC(NAME, BF16, WPL, IT, WARPS)                                    \
-  extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(GEMV_TC_ARGS) {  \
-    gemv_tc_body<BF16, WPL, IT, WARPS>(x, qw, qz, sc, ws, out, cnt, N, K, G);    \
+// w4a16_gemv_tc.kernel_name: w4a16_gemv_tc_<dtype>_w<WPL>_i<IT>_n<WARPS>, then _l2 with the L2 prefetch hint
+#define DEFINE_TC(NAME, BF16, WPL, IT, WARPS, L2PF)                                   \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(GEMV_TC_ARGS) {       \
+    gemv_tc_body<BF16, WPL, IT, WARPS, L2PF>(x, qw, qz, sc, ws, out, cnt, N, K, G);   \
   }
 
-#define DEFINE_TC_BOTH(WPL, IT, WARPS)                                                \
-  DEFINE_TC(w4a16_gemv_tc_bf16_w##WPL##_i##IT##_n##WARPS, true, WPL, IT, WARPS)      \
-  DEFINE_TC(w4a16_gemv_tc_f16_w##WPL##_i##IT##_n##WARPS, false, WPL, IT, WARPS)
+#define DEFINE_TC_BOTH(WPL, IT, WARPS)                                                         \
+  DEFINE_TC(w4a16_gemv_tc_bf16_w##WPL##_i##IT##_n##WARPS, true, WPL, IT, WARPS, false)        \
+  DEFINE_TC(w4a16_gemv_tc_f16_w##WPL##_i##IT##_n##WARPS, false, WPL, IT, WARPS, false)        \
+  DEFINE_TC(w4a16_gemv_tc_bf16_w##WPL##_i##IT##_n##WARPS##_l2, true, WPL, IT, WARPS, true)    \
+  DEFINE_TC(w4a16_gemv_tc_f16_w##WPL##_i##IT##_n##WARPS##_l2, false, WPL, IT, WARPS, true)
 
 // w4a16_gemv_tc.VARIANTS: (WPL, IT, WARPS)
 DEFINE_TC_BOTH(4, 8, 4)
@@ -304,3 +321,5 @@ DEFINE_TC_BOTH(4, 16, 8)
 DEFINE_TC_BOTH(2, 16, 8)
 DEFINE_TC_BOTH(2, 32, 4)
 DEFINE_TC_BOTH(1, 32, 8)
+DEFINE_TC_BOTH(2, 32, 8)
+DEFINE_TC_BOTH(1, 32, 16)
