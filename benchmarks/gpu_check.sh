@@ -84,7 +84,8 @@
 #   s32d     one GPU: the JSON-mode and multi-step GPU tests (carry xgrammar's wheel in .whl).
 #   s33a     one GPU: the tensor-core GEMV on the AutoAWQ layout (w4a16_gemv_tc): its GPU tests, the read probe
 #            (every variant, the decode chain), then W4A16 batch 1 with and without it (HOTLOOP_W4A16_TC).
-#   s33b     one GPU: the tensor-core GEMV's GPU tests, then w4a16_tc_sweep.py (L2 hint, blocks per SM, chain).
+#   s33b     one GPU: the tensor-core GEMV's GPU tests, w4a16_tc_sweep.py (every variant, clusters, the chain),
+#            then W4A16 batch 1 with and without the tensor-core GEMV among the tuner's launches, twice.
 #   s32e     one GPU: the batch-1 GPU tests now pinned to one step a launch, the multi-step GPU tests, then
 #            run_gpu.py's batch-256 row with the final full-batch rule.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
@@ -1256,16 +1257,11 @@ if [ "$what" = s33b ]; then  # one GPU, in turn
   timeout 300 python3 "$here/w4a16_tc_sweep.py" "$out/tc_sweep.json" >"$out/tc_sweep.log" 2>&1
   echo "tc sweep rc=$?"
   grep -E 'stream|_best|chain' "$out/tc_sweep.log" | cut -c1-220
-  python3 - "$out/tc_sweep.log" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')]
-for shape in dict.fromkeys(r.get("shape") for r in rows if r.get("probe") == "tc"):
-    tc = [r for r in rows if r.get("shape") == shape and r.get("probe") == "tc"]
-    for key in ("l2", "cap"):
-        print(shape, key, {v: min(r["us"] for r in tc if r[key] == v) for v in sorted({r[key] for r in tc})})
-    print(shape, "variant", {str(v): min(r["us"] for r in tc if r["variant"] == v) for v in
-                             [list(x) for x in dict.fromkeys(tuple(r["variant"]) for r in tc)]})
-PY
+  for i in 1 2; do
+    HOTLOOP_W4A16_TC=1 bs1 awq_tc$i llama3-8b --model-format awq
+    HOTLOOP_W4A16_TC=0 bs1 awq_notc$i llama3-8b --model-format awq
+  done
+  grep -h "W4A16\|cuda_tc\|tuned" "$out"/bs1_awq_tc1.log | head -5
   exit 0
 fi
 if [ "$what" = s32e ]; then  # one GPU: the tests pinned to one step a launch, the multi-step tests, the batch-256 row

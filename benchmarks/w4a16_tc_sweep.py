@@ -1,8 +1,7 @@
 """What holds the tensor-core one-row W4A16 GEMV (``kernels/w4a16_gemv_tc.py``) above a plain read.
 
 For each Llama-3-8B projection at M = 1 (bf16, GPU time with a cold L2, ``w4a16_gemm.graph_time_us``):
-every variant, with and without the L2 256-byte fetch hint on its weight loads, and with the blocks
-per multiprocessor capped at 1, 2 or 4 (unused dynamic shared memory); beside it the plain stream of
+every variant (with and without clusters along K); beside it the plain stream of
 the same ``qweight`` bytes (``benchmarks/cuda/read_probe.cu``) and the CUDA-core GEMV's best launch
 (``kernels/w4a16_cuda.py``, early loads on). Every launch is checked against float32
 dequantize-then-matmul first. Last, the four projections of 8 layers in one CUDA graph with each
@@ -24,17 +23,6 @@ from awq_gemm import GROUP, SHAPES, graph_replay_us  # (benchmarks/ is on the pa
 from hotloop.kernels import cuda_jit, reference, w4a16_cuda, w4a16_gemv_tc
 from hotloop.kernels.w4a16_gemm import graph_time_us
 from hotloop.kernels.w4a16_layout import pack_int4
-
-SMEM_PER_SM = 228 * 1024
-
-
-def _pad_for(cap: int, variant: tuple[int, int, int]) -> int:
-    """Unused dynamic shared memory that leaves room for at most ``cap`` blocks per multiprocessor."""
-    if cap == 0:
-        return 0
-    wpl, _it, warps = variant
-    static = 4 * (warps * 2 * 64 * wpl + warps) + 16
-    return max(0, SMEM_PER_SM // (cap + 1) + 1024 - static)
 
 
 def _awq(k: int, n: int, dev: torch.device, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
@@ -85,27 +73,26 @@ def main() -> None:
         for v in w4a16_gemv_tc.VARIANTS:
             if w4a16_gemv_tc.fits(1, n, k, GROUP, dtype, *v) is not None:
                 continue
-            for l2 in (False, True):
-                for cap in (0, 1, 2, 4):
-                    pad = _pad_for(cap, v)
-                    call = partial(
-                        w4a16_gemv_tc.gemv, x, qw, qz, sc, GROUP, *v, l2_prefetch=l2, pad_shared=pad
-                    )
-                    got = call().float()
-                    err = float((got - exact).abs().max() / exact.abs().max())
-                    if err > 4e-3:
-                        raise SystemExit(f"{name} {v} l2={l2} cap={cap}: error {err}")
-                    us = graph_time_us(call, dev)
-                    record(
-                        {"shape": name, "probe": "tc", "variant": v, "l2": l2, "cap": cap, "us": round(us, 2),
-                         "tb_s": round(wbytes / us / 1e6, 3)}
-                    )  # fmt: skip
-                    if tc_best is None or us < tc_best[3]:
-                        tc_best = (v, l2, pad, us)
+            call = partial(w4a16_gemv_tc.gemv, x, qw, qz, sc, GROUP, *v)
+            got = call().float()
+            err = float((got - exact).abs().max() / exact.abs().max())
+            if err > 4e-3:
+                raise SystemExit(f"{name} {v}: error {err}")
+            us = graph_time_us(call, dev)
+            record(
+                {
+                    "shape": name,
+                    "probe": "tc",
+                    "variant": v,
+                    "us": round(us, 2),
+                    "tb_s": round(wbytes / us / 1e6, 3),
+                }
+            )
+            if tc_best is None or us < tc_best[1]:
+                tc_best = (v, us)
         assert tc_best is not None
-        best[name] = {"cuda": cuda_best[0], "tc": tc_best[:3]}
-        record({"shape": name, "probe": "tc_best", "variant": tc_best[0], "l2": tc_best[1], "pad": tc_best[2],
-                "us": round(tc_best[3], 2)})  # fmt: skip
+        best[name] = {"cuda": cuda_best[0], "tc": tc_best[0]}
+        record({"shape": name, "probe": "tc_best", "variant": tc_best[0], "us": round(tc_best[1], 2)})
 
     layers = [{name: _awq(k, n, dev, dtype, 100 + i) for name, (k, n) in SHAPES.items()} for i in range(8)]
     xs = {name: torch.randn(1, k, device=dev).to(dtype) for name, (k, n) in SHAPES.items()}
@@ -119,10 +106,7 @@ def main() -> None:
     def chain_tc() -> None:
         for layer in layers:
             for name, (qw, qz, sc) in layer.items():
-                v, l2, pad = best[name]["tc"]
-                w4a16_gemv_tc.gemv(
-                    xs[name], qw, qz, sc, GROUP, *v, out=outs[name], l2_prefetch=l2, pad_shared=pad
-                )
+                w4a16_gemv_tc.gemv(xs[name], qw, qz, sc, GROUP, *best[name]["tc"], out=outs[name])
 
     for label, fn in (("cuda", chain_cuda), ("tc", chain_tc), ("cuda", chain_cuda), ("tc", chain_tc)):
         record({"chain": label, "us_per_layer": round(min(graph_replay_us(fn)) / len(layers), 2)})

@@ -34,33 +34,21 @@
 //   last block of a column tile to finish (an atomic counter per tile, reset by that block) adds the
 //   splits' float32 partials in split order: one launch, a result that does not depend on timing.
 
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
 typedef unsigned int u32;
 
-// L2PF: the loads ask L2 to fetch the 256-byte block around them (a neighbouring block's columns)
-template <int WPL, bool L2PF>
+template <int WPL>
 __device__ __forceinline__ void ldg_w(const u32* p, u32* w) {
   if (WPL == 4) {
-    if (L2PF) {
-      asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                   : "l"(p));
-    } else {
-      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                   : "l"(p));
-    }
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "l"(p));
   } else if (WPL == 2) {
-    if (L2PF) {
-      asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
-    } else {
-      asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
-    }
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
   } else {
-    if (L2PF) {
-      asm volatile("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
-    } else {
-      asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
-    }
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
   }
 }
 
@@ -127,7 +115,7 @@ __device__ __forceinline__ unsigned short to16(float v) {
   return h;
 }
 
-template <bool BF16, int WPL, int IT, int WARPS, bool L2PF>
+template <bool BF16, int WPL, int IT, int WARPS, int CL>
 __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u32* __restrict__ qw,
                                              const u32* __restrict__ qz, const unsigned short* __restrict__ sc,
                                              float* __restrict__ ws, unsigned short* __restrict__ out,
@@ -154,7 +142,7 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
 
   u32 w[IT][WPL];
 #pragma unroll
-  for (int i = 0; i < IT; ++i) ldg_w<WPL, L2PF>(qw + (size_t)(r0 + i) * n8 + w0, w[i]);
+  for (int i = 0; i < IT; ++i) ldg_w<WPL>(qw + (size_t)(r0 + i) * n8 + w0, w[i]);
 
   // programmatic dependent launch: x is written by the kernel before (a no-op otherwise); the next
   // launch may start only after this kernel's wait (kernels/pdl.py's rule)
@@ -263,7 +251,38 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
     }
   }
 
-  if (gridDim.y == 1) {
+  // CL > 1: the CL blocks of a cluster (consecutive K slices of one column tile) add their partials
+  // through distributed shared memory, in rank order; rank 0 goes on with the cluster's sum
+  int nsplit = gridDim.y, sidx = blockIdx.y;
+  if (CL > 1) {
+    __shared__ __align__(16) float cpart[CT];
+#pragma unroll
+    for (int q = 0; q < (CT + T - 1) / T; ++q) {
+      const int c = tid + q * T;
+      if (CT % T == 0 || c < CT) cpart[c] = part[q];
+    }
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    const bool lead = cluster.block_rank() == 0;
+    if (lead) {
+#pragma unroll
+      for (int q = 0; q < (CT + T - 1) / T; ++q) {
+        const int c = tid + q * T;
+        if (CT % T == 0 || c < CT) {
+          float v = 0.0f;
+#pragma unroll
+          for (int r = 0; r < CL; ++r) v += cluster.map_shared_rank(cpart, r)[c];
+          part[q] = v;
+        }
+      }
+    }
+    cluster.sync();  // every block's partials stay until rank 0 has read them
+    if (!lead) return;
+    nsplit = gridDim.y / CL;
+    sidx = blockIdx.y / CL;
+  }
+
+  if (nsplit == 1) {
 #pragma unroll
     for (int q = 0; q < (CT + T - 1) / T; ++q) {
       const int c = tid + q * T;
@@ -274,11 +293,11 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
 #pragma unroll
   for (int q = 0; q < (CT + T - 1) / T; ++q) {
     const int c = tid + q * T;
-    if (CT % T == 0 || c < CT) ws[(size_t)blockIdx.y * N + blockIdx.x * CT + c] = part[q];
+    if (CT % T == 0 || c < CT) ws[(size_t)sidx * N + blockIdx.x * CT + c] = part[q];
   }
   __threadfence();  // this block's partials are visible before its arrival is counted
   __syncthreads();
-  if (tid == 0) last = atomicAdd(&cnt[blockIdx.x], 1) == (int)gridDim.y - 1;
+  if (tid == 0) last = atomicAdd(&cnt[blockIdx.x], 1) == nsplit - 1;
   __syncthreads();
   if (last) {
     __threadfence();  // acquire: the other blocks' partials, counted in before this block's arrival
@@ -288,7 +307,7 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
       if (CT % T == 0 || c < CT) {
         const int n = blockIdx.x * CT + c;
         float v = 0.0f;
-        for (int sp = 0; sp < (int)gridDim.y; ++sp) v += __ldcg(&ws[(size_t)sp * N + n]);
+        for (int sp = 0; sp < nsplit; ++sp) v += __ldcg(&ws[(size_t)sp * N + n]);
         out[n] = to16<BF16>(v);
       }
     }
@@ -301,25 +320,31 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
       const unsigned short *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out, \
       int *__restrict__ cnt, int N, int K, int G
 
-// w4a16_gemv_tc.kernel_name: w4a16_gemv_tc_<dtype>_w<WPL>_i<IT>_n<WARPS>, then _l2 with the L2 prefetch hint
-#define DEFINE_TC(NAME, BF16, WPL, IT, WARPS, L2PF)                                   \
-  extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(GEMV_TC_ARGS) {       \
-    gemv_tc_body<BF16, WPL, IT, WARPS, L2PF>(x, qw, qz, sc, ws, out, cnt, N, K, G);   \
+// w4a16_gemv_tc.kernel_name: w4a16_gemv_tc_<dtype>_w<WPL>_i<IT>_n<WARPS>, then _c<CL> for clusters of CL
+#define DEFINE_TC(NAME, BF16, WPL, IT, WARPS, CL)                                                     \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS) __cluster_dims__(1, CL, 1) NAME(GEMV_TC_ARGS) { \
+    gemv_tc_body<BF16, WPL, IT, WARPS, CL>(x, qw, qz, sc, ws, out, cnt, N, K, G);                     \
   }
 
-#define DEFINE_TC_BOTH(WPL, IT, WARPS)                                                         \
-  DEFINE_TC(w4a16_gemv_tc_bf16_w##WPL##_i##IT##_n##WARPS, true, WPL, IT, WARPS, false)        \
-  DEFINE_TC(w4a16_gemv_tc_f16_w##WPL##_i##IT##_n##WARPS, false, WPL, IT, WARPS, false)        \
-  DEFINE_TC(w4a16_gemv_tc_bf16_w##WPL##_i##IT##_n##WARPS##_l2, true, WPL, IT, WARPS, true)    \
-  DEFINE_TC(w4a16_gemv_tc_f16_w##WPL##_i##IT##_n##WARPS##_l2, false, WPL, IT, WARPS, true)
+#define DEFINE_TC_BOTH(WPL, IT, WARPS)                                                  \
+  DEFINE_TC(w4a16_gemv_tc_bf16_w##WPL##_i##IT##_n##WARPS, true, WPL, IT, WARPS, 1)     \
+  DEFINE_TC(w4a16_gemv_tc_f16_w##WPL##_i##IT##_n##WARPS, false, WPL, IT, WARPS, 1)
 
-// w4a16_gemv_tc.VARIANTS: (WPL, IT, WARPS)
-DEFINE_TC_BOTH(4, 8, 4)
+#define DEFINE_TC_CL(WPL, IT, WARPS, CL)                                                          \
+  DEFINE_TC(w4a16_gemv_tc_bf16_w##WPL##_i##IT##_n##WARPS##_c##CL, true, WPL, IT, WARPS, CL)      \
+  DEFINE_TC(w4a16_gemv_tc_f16_w##WPL##_i##IT##_n##WARPS##_c##CL, false, WPL, IT, WARPS, CL)
+
+// w4a16_gemv_tc.VARIANTS: (WPL, IT, WARPS, CL)
 DEFINE_TC_BOTH(4, 8, 8)
 DEFINE_TC_BOTH(4, 16, 4)
 DEFINE_TC_BOTH(4, 16, 8)
 DEFINE_TC_BOTH(2, 16, 8)
 DEFINE_TC_BOTH(2, 32, 4)
-DEFINE_TC_BOTH(1, 32, 8)
-DEFINE_TC_BOTH(2, 32, 8)
-DEFINE_TC_BOTH(1, 32, 16)
+DEFINE_TC_CL(4, 16, 4, 8)
+DEFINE_TC_CL(4, 16, 8, 8)
+DEFINE_TC_CL(2, 16, 8, 8)
+DEFINE_TC_CL(2, 32, 4, 8)
+DEFINE_TC_CL(2, 32, 4, 4)
+DEFINE_TC_CL(4, 16, 8, 7)
+DEFINE_TC_CL(2, 32, 4, 7)
+DEFINE_TC_CL(2, 16, 8, 2)
