@@ -1256,7 +1256,7 @@ if [ "$what" = s33b ]; then  # one GPU, in turn
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/tc_tests.log" | cut -c1-200 | head -20
   timeout 300 python3 "$here/w4a16_tc_sweep.py" "$out/tc_sweep.json" >"$out/tc_sweep.log" 2>&1
   echo "tc sweep rc=$?"
-  grep -E 'stream|_best|chain' "$out/tc_sweep.log" | cut -c1-220
+  grep -E 'stream|_best|chain|"tc"' "$out/tc_sweep.log" | cut -c1-160
   for i in 1 2; do
     HOTLOOP_W4A16_TC=1 bs1 awq_tc$i llama3-8b --model-format awq
     HOTLOOP_W4A16_TC=0 bs1 awq_notc$i llama3-8b --model-format awq
