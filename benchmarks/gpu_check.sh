@@ -86,6 +86,8 @@
 #            (every variant, the decode chain), then W4A16 batch 1 with and without it (HOTLOOP_W4A16_TC).
 #   s33b     one GPU: the tensor-core GEMV's GPU tests, w4a16_tc_sweep.py (every variant, clusters, the chain),
 #            then W4A16 batch 1 with and without the tensor-core GEMV among the tuner's launches, twice.
+#   s33c     one GPU: the W4A16 GPU tests (kernels, the tuner with the tensor-core GEMV, quantize-and-serve), then
+#            the ncu mode (Nsight Compute on each one-row kernel and read probe).
 #   s32e     one GPU: the batch-1 GPU tests now pinned to one step a launch, the multi-step GPU tests, then
 #            run_gpu.py's batch-256 row with the final full-batch rule.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
@@ -1264,6 +1266,14 @@ if [ "$what" = s33b ]; then  # one GPU, in turn
   grep -h "W4A16\|cuda_tc\|tuned" "$out"/bs1_awq_tc1.log | head -5
   exit 0
 fi
+if [ "$what" = s33c ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemv_tc.py \
+    tests/kernels/test_w4a16_gemm.py tests/kernels/test_w4a16_cuda.py tests/lite/test_auto_awq.py >"$out/w4_tests.log" 2>&1
+  echo "W4A16 GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/w4_tests.log" | cut -c1-200 | head -30
+  what=ncu
+fi
 if [ "$what" = s32e ]; then  # one GPU: the tests pinned to one step a launch, the multi-step tests, the batch-256 row
   export CUDA_VISIBLE_DEVICES=0
   gpu_tests s32e_tests 170 -n 4 tests/models/test_one_row.py tests/engine/test_multi_step.py \
@@ -1339,7 +1349,7 @@ if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kerne
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   echo "ncu: $NCU"
   python3 "$here/ncu_w4a16.py" && echo "warm run ok"
-  timeout 400 "$NCU" --clock-control none --launch-skip 6 -k 'regex:w4a16|read_' --section SpeedOfLight \
+  timeout 400 "$NCU" --clock-control none --launch-skip 8 -k 'regex:w4a16|read_' --section SpeedOfLight \
     --section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
     python3 "$here/ncu_w4a16.py" >"$out/ncu.txt" 2>&1
   echo "ncu rc=$?"

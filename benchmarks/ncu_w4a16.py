@@ -1,12 +1,13 @@
 """One launch of each W4A16 one-row kernel on the gate/up shape (4096 x 28672), for Nsight Compute.
 
-    ncu --clock-control none --launch-skip 6 -k regex:'w4a16|read_' --section SpeedOfLight \\
+    ncu --clock-control none --launch-skip 8 -k regex:'w4a16|read_' --section SpeedOfLight \\
         --section Occupancy --section WarpStateStats --section SchedulerStats python3 benchmarks/ncu_w4a16.py
 
-Runs: the CUDA-core GEMV (4, 32) and (4, 16), the tensor-core GEMV (split 2 and 8), and the read-only
-probes of ``benchmarks/cuda/read_probe.cu`` (a plain stream and the GEMV's pattern): six launches, in
-two rounds. The first round builds and warms up; ``--launch-skip 6`` profiles the second only (as
-``bash benchmarks/gpu_check.sh OUT ncu`` does).
+Runs: the CUDA-core GEMV (4, 32) and (4, 16), the tensor-core GEMV on the MMA layout (split 2 and 8),
+the tensor-core GEMV on the AutoAWQ layout (``w4a16_gemv_tc``: (4, 16, 8) and (2, 32, 4)), and the
+read-only probes of ``benchmarks/cuda/read_probe.cu`` (a plain stream and the GEMV's pattern): eight
+launches, in two rounds. The first round builds and warms up; ``--launch-skip 8`` profiles the second
+only (as ``bash benchmarks/gpu_check.sh OUT ncu`` does).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from hotloop.kernels import cuda_jit, w4a16_cuda, w4a16_mma
+from hotloop.kernels import cuda_jit, w4a16_cuda, w4a16_gemv_tc, w4a16_mma
 from hotloop.kernels.w4a16_layout import pack_int4
 
 K, N, G = 4096, 28672, 128
@@ -42,6 +43,8 @@ def main() -> None:
         w4a16_cuda.gemv(x, qw, qz, sc, G, 4, 16)
         w4a16_mma.gemv(x, qmma, qz, sc, G, 2)
         w4a16_mma.gemv(x, qmma, qz, sc, G, 8)
+        w4a16_gemv_tc.gemv(x, qw, qz, sc, G, 4, 16, 8)
+        w4a16_gemv_tc.gemv(x, qw, qz, sc, G, 2, 32, 4)
         probes["read_stream_u8"]((sms * 4,), 256, (qw, qw.numel() // 4, sink))
         probes["read_gemv_nl4_r32"]((N // 128, K // 2048), 256, (qw, sink, N, K))
         torch.cuda.synchronize()

@@ -113,10 +113,10 @@ def decode_chain(
     return result
 
 
-def _tc_variant(probe: str) -> tuple[int, int, int, int]:
-    """``tc_w4_i16_n8_c1`` -> ``(4, 16, 8, 1)``."""
-    w, i, n, c = probe.removeprefix("tc_").split("_")
-    return int(w[1:]), int(i[1:]), int(n[1:]), int(c[1:])
+def _tc_variant(probe: str) -> tuple[int, int, int]:
+    """``tc_w4_i16_n8`` -> ``(4, 16, 8)``."""
+    w, i, n = probe.removeprefix("tc_").split("_")
+    return int(w[1:]), int(i[1:]), int(n[1:])
 
 
 def _variant(probe: str) -> tuple[int, int, int]:
@@ -213,7 +213,7 @@ def main() -> None:
             record(
                 {
                     "shape": name,
-                    "probe": "tc_w{}_i{}_n{}_c{}".format(*v),
+                    "probe": "tc_w{}_i{}_n{}".format(*v),
                     "us": round(us, 2),
                     "tb_s": round(wbytes / us / 1e6, 3),
                     "rel_err_vs_fp32": round(err, 6),

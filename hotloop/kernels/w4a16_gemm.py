@@ -311,7 +311,7 @@ class GemmConfig:
     "cuda" (the CUDA C one-row GEMV, ``w4a16_cuda.py``: ``block_n`` its columns per block, ``block_k``
     its rows per thread, ``split_k`` follows from them) or "cuda_tc" (the tensor-core one-row GEMV on the
     AutoAWQ layout, ``w4a16_gemv_tc.py``: ``block_n`` its columns per block, ``block_k`` each lane's
-    rows, ``num_warps`` the block's warps, ``num_stages`` its cluster size along K). ``unpack``, ``swap_ab`` and
+    rows, ``num_warps`` the block's warps). ``unpack``, ``swap_ab`` and
     ``group_m`` apply to "dot" only, save the one-row GEMV kernels ``unpack="mask"`` and
     ``unpack="half2"`` (the latter for 16-bit activations only); ``fixup`` (in-kernel split-K reduction) to both."""
 
@@ -389,7 +389,7 @@ def fit_config(
     if template.kind == "cuda_tc":
         from hotloop.kernels import w4a16_gemv_tc
 
-        variant = (template.block_n // 64, template.block_k, template.num_warps, template.num_stages)
+        variant = (template.block_n // 64, template.block_k, template.num_warps)
         why = w4a16_gemv_tc.fits(1, n, k, group_size, torch.float16, *variant)
         if why is not None:
             raise ValueError(f"{template} does not tile N={n}, K={k} with group_size={group_size}: {why}")
@@ -452,14 +452,13 @@ def _cuda_templates() -> tuple[Template, ...]:
 
 # the tensor-core one-row GEMV on the AutoAWQ layout (``kernels/w4a16_gemv_tc.py``), one template per
 # variant: ``block_n`` its columns per block (64 per word a lane loads per row), ``block_k`` each
-# lane's rows, ``num_warps`` its block's warps, ``num_stages`` its cluster size along K; timed only
-# where nvcc can build it
+# lane's rows, ``num_warps`` its block's warps; timed only where nvcc can build it
 def _cuda_tc_templates() -> tuple[Template, ...]:
     from hotloop.kernels import w4a16_gemv_tc
 
     return tuple(
-        (GemmConfig("cuda_tc", 1, 64 * wpl, it, num_warps=warps, num_stages=cl), 0.0)
-        for wpl, it, warps, cl in w4a16_gemv_tc.VARIANTS
+        (GemmConfig("cuda_tc", 1, 64 * wpl, it, num_warps=warps, num_stages=1), 0.0)
+        for wpl, it, warps in w4a16_gemv_tc.VARIANTS
     )
 
 

@@ -5,11 +5,14 @@ One row of 16-bit ``x`` times an AutoAWQ int4 weight, for decode at batch 1, wit
 the weights: each lane's 32-bit word is its A fragment of an ``mma.sync`` m16n8k16 as it lies in
 memory, and the B operand routes each half of each fragment register to its own output column (the
 source's header says how). Zero points, the exactness offset and the scales are applied once per
-group and column in float32. A variant is ``(WPL, IT, WARPS, CL)``: a block of ``WARPS`` warps
-covers ``64 WPL`` columns and ``WARPS * 4 IT`` rows (each lane ``WPL`` words of each of ``IT`` rows),
-and K is split into ``K / (WARPS * 4 IT)`` slices; clusters of ``CL`` slices add their partials
-through distributed shared memory, and the last cluster of a column tile adds the clusters' in a
-fixed order. ``w4a16_gemm``'s tuner times the variants beside the other one-row launches (kind
+group and column in float32. A variant is ``(WPL, IT, WARPS)``: a block of ``WARPS`` warps covers
+``64 WPL`` columns and ``WARPS * 4 IT`` rows (each lane ``WPL`` words of each of ``IT`` rows), and K
+is split into ``K / (WARPS * 4 IT)`` slices whose partials the last block of a column tile adds in a
+fixed order.
+
+On an H100 it runs as fast as the CUDA-core GEMV (``w4a16_cuda.py``, 16-bit partial sums) and
+keeps float32 sums: with ``HOTLOOP_W4A16_HALF2=0`` (float32 sums only) the tuner no longer has to
+fall back to the slower Triton mask kernel at batch 1. ``w4a16_gemm``'s tuner times the variants beside the other one-row launches (kind
 ``"cuda_tc"``) where ``cuda_jit`` can compile them.
 """
 
@@ -22,32 +25,24 @@ from hotloop.kernels.pdl import pdl
 from hotloop.kernels.w4a16_layout import check_awq_shapes
 
 SOURCE = "w4a16_gemv_tc.cu"
-# (WPL, IT, WARPS, CL) as compiled in w4a16_gemv_tc.cu; CL > 1: clusters of CL blocks along K add
-# their partials through distributed shared memory (no global round trip for those slices)
-VARIANTS: tuple[tuple[int, int, int, int], ...] = (
-    (4, 8, 8, 1),
-    (4, 16, 4, 1),
-    (4, 16, 8, 1),
-    (2, 16, 8, 1),
-    (2, 32, 4, 1),
-    (4, 16, 4, 8),
-    (4, 16, 8, 8),
-    (2, 16, 8, 8),
-    (2, 32, 4, 8),
-    (2, 32, 4, 4),
-    (4, 16, 8, 7),
-    (2, 32, 4, 7),
-    (2, 16, 8, 2),
+# (WPL, IT, WARPS) as compiled in w4a16_gemv_tc.cu; each was the fastest on some Llama-3-8B shape
+# (benchmarks/w4a16_tc_sweep.py, H100)
+VARIANTS: tuple[tuple[int, int, int], ...] = (
+    (4, 8, 8),
+    (4, 16, 4),
+    (4, 16, 8),
+    (2, 16, 8),
+    (2, 32, 4),
 )
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
-def kernel_name(dtype: torch.dtype, wpl: int, it: int, warps: int, cluster: int = 1) -> str:
-    return f"w4a16_gemv_tc_{_DTYPES[dtype]}_w{wpl}_i{it}_n{warps}" + (f"_c{cluster}" if cluster > 1 else "")
+def kernel_name(dtype: torch.dtype, wpl: int, it: int, warps: int) -> str:
+    return f"w4a16_gemv_tc_{_DTYPES[dtype]}_w{wpl}_i{it}_n{warps}"
 
 
-def tile(wpl: int, it: int, warps: int, cluster: int = 1) -> tuple[int, int]:
-    """``(columns, rows)`` one block of variant ``(wpl, it, warps, cluster)`` covers."""
+def tile(wpl: int, it: int, warps: int) -> tuple[int, int]:
+    """``(columns, rows)`` one block of variant ``(wpl, it, warps)`` covers."""
     return 64 * wpl, warps * 4 * it
 
 
@@ -60,11 +55,10 @@ def fits(
     wpl: int,
     it: int,
     warps: int,
-    cluster: int = 1,
 ) -> str | None:
-    """Why variant ``(wpl, it, warps, cluster)`` cannot run this product, or ``None`` when it can."""
-    if (wpl, it, warps, cluster) not in VARIANTS:
-        return f"no variant ({wpl}, {it}, {warps}, {cluster}); there are {VARIANTS}"
+    """Why variant ``(wpl, it, warps)`` cannot run this product, or ``None`` when it can."""
+    if (wpl, it, warps) not in VARIANTS:
+        return f"no variant ({wpl}, {it}, {warps}); there are {VARIANTS}"
     cols, rows = tile(wpl, it, warps)
     warp_rows = 4 * it
     if m != 1:
@@ -80,8 +74,6 @@ def fits(
         return f"group_size={group_size} is not a power of two times a warp's {warp_rows} rows"
     if rows % group_size and group_size % rows:
         return f"a block's {rows} rows neither hold whole groups of {group_size} nor fit in one"
-    if (k // rows) % cluster:
-        return f"its {k // rows} slices of K are not whole clusters of {cluster}"
     if n // cols > counters.SLOTS:
         return "too many column tiles"
     return None
@@ -108,12 +100,11 @@ def gemv(
     wpl: int,
     it: int,
     warps: int,
-    cluster: int = 1,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(wpl, it, warps, cluster)``. Every
-    tensor contiguous and 16-byte aligned; scales in x's dtype. Raises ``ValueError`` where the variant
-    does not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
+    """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(wpl, it, warps)``. Every tensor
+    contiguous and 16-byte aligned; scales in x's dtype. Raises ``ValueError`` where the variant does
+    not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
     check_awq_shapes(qweight, qzeros, scales, group_size)
     if x2.dim() != 2 or x2.shape[1] != qweight.shape[0]:
         raise ValueError(f"x must be [1, {qweight.shape[0]}]; got {tuple(x2.shape)}")
@@ -123,9 +114,9 @@ def gemv(
         raise ValueError("x, qweight, qzeros and scales must be on one device")
     m, k = x2.shape
     n = qweight.shape[1] * 8
-    why = fits(m, n, k, group_size, x2.dtype, wpl, it, warps, cluster)
+    why = fits(m, n, k, group_size, x2.dtype, wpl, it, warps)
     if why is not None:
-        raise ValueError(f"the tensor-core W4A16 GEMV ({wpl}, {it}, {warps}, {cluster}) {why}")
+        raise ValueError(f"the tensor-core W4A16 GEMV ({wpl}, {it}, {warps}) {why}")
     if scales.dtype != x2.dtype:
         raise ValueError(f"scales dtype {scales.dtype} must equal x dtype {x2.dtype}")
     for name, t in (("x", x2), ("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
@@ -143,12 +134,12 @@ def gemv(
         raise ValueError(f"out must be a contiguous [1, {n}] {x2.dtype} tensor on {x2.device}")
     ws: torch.Tensor | None = None
     cnt: torch.Tensor | None = None
-    if split > cluster:
-        ws = torch.empty(split // cluster, n, dtype=torch.float32, device=x2.device)
+    if split > 1:
+        ws = torch.empty(split, n, dtype=torch.float32, device=x2.device)
         cnt = counters.counters(x2.device, "w4a16_gemv_tc", tiles)
         if cnt is None:
             raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
-    kernels[kernel_name(x2.dtype, wpl, it, warps, cluster)](
+    kernels[kernel_name(x2.dtype, wpl, it, warps)](
         (tiles, split),
         32 * warps,
         (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),

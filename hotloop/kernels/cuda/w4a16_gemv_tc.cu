@@ -33,10 +33,14 @@
 // - The block's partial columns are summed in shared memory in a fixed order; with a K split, the
 //   last block of a column tile to finish (an atomic counter per tile, reset by that block) adds the
 //   splits' float32 partials in split order: one launch, a result that does not depend on timing.
+//
+// Measured on an H100 (BENCHMARKS.md, thirty-third session): as fast as the CUDA-core GEMV (a
+// Llama-3-8B layer's four GEMVs in a graph: 61-66 against 61-62 us; batch 1 within 1%), with float32
+// sums. Tried and dropped: the L2 256-byte fetch hint on the weight loads, capping the blocks per
+// multiprocessor, and clusters of 2-8 blocks along K adding their partials through distributed
+// shared memory (slower on every shape). Fewer instructions per word did not make it faster: what
+// holds both GEMVs near 2 TB/s is not their arithmetic.
 
-#include <cooperative_groups.h>
-
-namespace cg = cooperative_groups;
 typedef unsigned int u32;
 
 template <int WPL>
@@ -115,7 +119,7 @@ __device__ __forceinline__ unsigned short to16(float v) {
   return h;
 }
 
-template <bool BF16, int WPL, int IT, int WARPS, int CL>
+template <bool BF16, int WPL, int IT, int WARPS>
 __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u32* __restrict__ qw,
                                              const u32* __restrict__ qz, const unsigned short* __restrict__ sc,
                                              float* __restrict__ ws, unsigned short* __restrict__ out,
@@ -251,38 +255,7 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
     }
   }
 
-  // CL > 1: the CL blocks of a cluster (consecutive K slices of one column tile) add their partials
-  // through distributed shared memory, in rank order; rank 0 goes on with the cluster's sum
-  int nsplit = gridDim.y, sidx = blockIdx.y;
-  if (CL > 1) {
-    __shared__ __align__(16) float cpart[CT];
-#pragma unroll
-    for (int q = 0; q < (CT + T - 1) / T; ++q) {
-      const int c = tid + q * T;
-      if (CT % T == 0 || c < CT) cpart[c] = part[q];
-    }
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    const bool lead = cluster.block_rank() == 0;
-    if (lead) {
-#pragma unroll
-      for (int q = 0; q < (CT + T - 1) / T; ++q) {
-        const int c = tid + q * T;
-        if (CT % T == 0 || c < CT) {
-          float v = 0.0f;
-#pragma unroll
-          for (int r = 0; r < CL; ++r) v += cluster.map_shared_rank(cpart, r)[c];
-          part[q] = v;
-        }
-      }
-    }
-    cluster.sync();  // every block's partials stay until rank 0 has read them
-    if (!lead) return;
-    nsplit = gridDim.y / CL;
-    sidx = blockIdx.y / CL;
-  }
-
-  if (nsplit == 1) {
+  if (gridDim.y == 1) {
 #pragma unroll
     for (int q = 0; q < (CT + T - 1) / T; ++q) {
       const int c = tid + q * T;
@@ -293,11 +266,11 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
 #pragma unroll
   for (int q = 0; q < (CT + T - 1) / T; ++q) {
     const int c = tid + q * T;
-    if (CT % T == 0 || c < CT) ws[(size_t)sidx * N + blockIdx.x * CT + c] = part[q];
+    if (CT % T == 0 || c < CT) ws[(size_t)blockIdx.y * N + blockIdx.x * CT + c] = part[q];
   }
   __threadfence();  // this block's partials are visible before its arrival is counted
   __syncthreads();
-  if (tid == 0) last = atomicAdd(&cnt[blockIdx.x], 1) == nsplit - 1;
+  if (tid == 0) last = atomicAdd(&cnt[blockIdx.x], 1) == (int)gridDim.y - 1;
   __syncthreads();
   if (last) {
     __threadfence();  // acquire: the other blocks' partials, counted in before this block's arrival
@@ -307,7 +280,7 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
       if (CT % T == 0 || c < CT) {
         const int n = blockIdx.x * CT + c;
         float v = 0.0f;
-        for (int sp = 0; sp < nsplit; ++sp) v += __ldcg(&ws[(size_t)sp * N + n]);
+        for (int sp = 0; sp < (int)gridDim.y; ++sp) v += __ldcg(&ws[(size_t)sp * N + n]);
         out[n] = to16<BF16>(v);
       }
     }
@@ -320,31 +293,19 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
       const unsigned short *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out, \
       int *__restrict__ cnt, int N, int K, int G
 
-// w4a16_gemv_tc.kernel_name: w4a16_gemv_tc_<dtype>_w<WPL>_i<IT>_n<WARPS>, then _c<CL> for clusters of CL
-#define DEFINE_TC(NAME, BF16, WPL, IT, WARPS, CL)                                                     \
-  extern "C" __global__ void __launch_bounds__(32 * WARPS) __cluster_dims__(1, CL, 1) NAME(GEMV_TC_ARGS) { \
-    gemv_tc_body<BF16, WPL, IT, WARPS, CL>(x, qw, qz, sc, ws, out, cnt, N, K, G);                     \
+// w4a16_gemv_tc.kernel_name: w4a16_gemv_tc_<dtype>_w<WPL>_i<IT>_n<WARPS>
+#define DEFINE_TC(NAME, BF16, WPL, IT, WARPS)                                    \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(GEMV_TC_ARGS) {  \
+    gemv_tc_body<BF16, WPL, IT, WARPS>(x, qw, qz, sc, ws, out, cnt, N, K, G);    \
   }
 
-#define DEFINE_TC_BOTH(WPL, IT, WARPS)                                                  \
-  DEFINE_TC(w4a16_gemv_tc_bf16_w##WPL##_i##IT##_n##WARPS, true, WPL, IT, WARPS, 1)     \
-  DEFINE_TC(w4a16_gemv_tc_f16_w##WPL##_i##IT##_n##WARPS, false, WPL, IT, WARPS, 1)
+#define DEFINE_TC_BOTH(WPL, IT, WARPS)                                                \
+  DEFINE_TC(w4a16_gemv_tc_bf16_w##WPL##_i##IT##_n##WARPS, true, WPL, IT, WARPS)      \
+  DEFINE_TC(w4a16_gemv_tc_f16_w##WPL##_i##IT##_n##WARPS, false, WPL, IT, WARPS)
 
-#define DEFINE_TC_CL(WPL, IT, WARPS, CL)                                                          \
-  DEFINE_TC(w4a16_gemv_tc_bf16_w##WPL##_i##IT##_n##WARPS##_c##CL, true, WPL, IT, WARPS, CL)      \
-  DEFINE_TC(w4a16_gemv_tc_f16_w##WPL##_i##IT##_n##WARPS##_c##CL, false, WPL, IT, WARPS, CL)
-
-// w4a16_gemv_tc.VARIANTS: (WPL, IT, WARPS, CL)
+// w4a16_gemv_tc.VARIANTS: (WPL, IT, WARPS)
 DEFINE_TC_BOTH(4, 8, 8)
 DEFINE_TC_BOTH(4, 16, 4)
 DEFINE_TC_BOTH(4, 16, 8)
 DEFINE_TC_BOTH(2, 16, 8)
 DEFINE_TC_BOTH(2, 32, 4)
-DEFINE_TC_CL(4, 16, 4, 8)
-DEFINE_TC_CL(4, 16, 8, 8)
-DEFINE_TC_CL(2, 16, 8, 8)
-DEFINE_TC_CL(2, 32, 4, 8)
-DEFINE_TC_CL(2, 32, 4, 4)
-DEFINE_TC_CL(4, 16, 8, 7)
-DEFINE_TC_CL(2, 32, 4, 7)
-DEFINE_TC_CL(2, 16, 8, 2)
