@@ -88,6 +88,8 @@
 #            then W4A16 batch 1 with and without the tensor-core GEMV among the tuner's launches, twice.
 #   s33c     one GPU: the W4A16 GPU tests (kernels, the tuner with the tensor-core GEMV, quantize-and-serve), then
 #            the ncu mode (Nsight Compute on each one-row kernel and read probe).
+#   s33d     one GPU: the tensor-core GEMV's GPU tests (one-shot and pipelined forms), w4a16_tc_sweep.py, then W4A16
+#            batch 1 with and without them among the tuner's launches, twice.
 #   s32e     one GPU: the batch-1 GPU tests now pinned to one step a launch, the multi-step GPU tests, then
 #            run_gpu.py's batch-256 row with the final full-batch rule.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
@@ -1273,6 +1275,21 @@ if [ "$what" = s33c ]; then  # one GPU, in turn
   echo "W4A16 GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/w4_tests.log" | cut -c1-200 | head -30
   what=ncu
+fi
+if [ "$what" = s33d ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 150 python3 -m pytest -m gpu -q -s -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemv_tc.py \
+    >"$out/tc_tests.log" 2>&1
+  echo "tc tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed|loop.*err" "$out/tc_tests.log" | cut -c1-160 | head -40
+  timeout 300 python3 "$here/w4a16_tc_sweep.py" "$out/tc_sweep.json" >"$out/tc_sweep.log" 2>&1
+  echo "tc sweep rc=$?"
+  grep -E 'stream|_best|chain|"tcl"' "$out/tc_sweep.log" | cut -c1-150
+  for i in 1 2; do
+    HOTLOOP_W4A16_TC=1 bs1 awq_tc$i llama3-8b --model-format awq
+    HOTLOOP_W4A16_TC=0 bs1 awq_notc$i llama3-8b --model-format awq
+  done
+  exit 0
 fi
 if [ "$what" = s32e ]; then  # one GPU: the tests pinned to one step a launch, the multi-step tests, the batch-256 row
   export CUDA_VISIBLE_DEVICES=0

@@ -65,7 +65,7 @@ from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
 logger = logging.getLogger(__name__)
 
 PATHS = ("auto", "gemv", "splitk", "tiled", "dequant")
-KINDS = ("gemv", "dot", "dequant", "cuda", "cuda_tc")
+KINDS = ("gemv", "dot", "dequant", "cuda", "cuda_tc", "cuda_tcl")
 UNPACK_MODES = ("nibble", "pair", "lop3", "mask", "half2")  # "mask", "half2": the one-row GEMV only
 ONE_ROW_UNPACK = ("mask", "half2")
 GEMV_MAX_M = 4  # the CUDA-core GEMV takes at most this many rows
@@ -311,7 +311,8 @@ class GemmConfig:
     "cuda" (the CUDA C one-row GEMV, ``w4a16_cuda.py``: ``block_n`` its columns per block, ``block_k``
     its rows per thread, ``split_k`` follows from them) or "cuda_tc" (the tensor-core one-row GEMV on the
     AutoAWQ layout, ``w4a16_gemv_tc.py``: ``block_n`` its columns per block, ``block_k`` each lane's
-    rows, ``num_warps`` the block's warps). ``unpack``, ``swap_ab`` and
+    rows, ``num_warps`` the block's warps) or "cuda_tcl" (its pipelined form: ``num_stages`` chunks in
+    flight, ``split_k`` blocks along K). ``unpack``, ``swap_ab`` and
     ``group_m`` apply to "dot" only, save the one-row GEMV kernels ``unpack="mask"`` and
     ``unpack="half2"`` (the latter for 16-bit activations only); ``fixup`` (in-kernel split-K reduction) to both."""
 
@@ -394,6 +395,22 @@ def fit_config(
         if why is not None:
             raise ValueError(f"{template} does not tile N={n}, K={k} with group_size={group_size}: {why}")
         return replace(template, block_m=m, split_k=k // w4a16_gemv_tc.tile(*variant)[1])
+    if template.kind == "cuda_tcl":
+        from hotloop.kernels import w4a16_gemv_tc
+
+        variant = (template.block_n // 64, template.block_k, template.num_warps, template.num_stages)
+        splits = w4a16_gemv_tc.loop_splits(k, group_size, template.num_warps)
+        fitting = [
+            s
+            for s in splits
+            if w4a16_gemv_tc.fits_loop(1, n, k, group_size, torch.float16, variant, s) is None
+        ]
+        if not fitting:
+            raise ValueError(f"{template} does not tile N={n}, K={k} with group_size={group_size}")
+        tiles = n // template.block_n
+        # the fewest blocks along K that give about ``waves`` blocks per multiprocessor
+        split = next((s for s in fitting if tiles * s >= waves * _sm_count(device)), fitting[-1])
+        return replace(template, block_m=m, split_k=split)
     block_k = _block_k(group_size, template.block_k)
     if template.kind == "dequant":
         return replace(template, block_k=block_k)
@@ -462,6 +479,18 @@ def _cuda_tc_templates() -> tuple[Template, ...]:
     )
 
 
+# the pipelined form (``w4a16_gemv_tc.gemv_loop``): ``num_stages`` its chunks in flight; the K split
+# aims at 1 or 2 blocks per multiprocessor
+def _cuda_tcl_templates() -> tuple[Template, ...]:
+    from hotloop.kernels import w4a16_gemv_tc
+
+    return tuple(
+        (GemmConfig("cuda_tcl", 1, 64 * wpl, it, num_warps=warps, num_stages=st), waves)
+        for wpl, it, warps, st in w4a16_gemv_tc.LOOP_VARIANTS
+        for waves in (1.0, 2.0)
+    )
+
+
 SMALL_TEMPLATES: tuple[Template, ...] = (  # M <= 16
     (_dot(16, 64, 128, 4, 4, True), 4.0),
     (_dot(16, 128, 128, 4, 4, True), 2.0),
@@ -524,7 +553,9 @@ def candidates(m: int) -> tuple[Template, ...]:
         half2 = GEMV_HALF2_TEMPLATES if half2_allowed() else ()
         cuda = _cuda_templates() if half2 and _cuda_buildable() else ()
         # float32 sums throughout: not subject to HOTLOOP_W4A16_HALF2
-        cuda_tc = _cuda_tc_templates() if _cuda_tc_enabled() and _cuda_buildable() else ()
+        cuda_tc = (
+            _cuda_tc_templates() + _cuda_tcl_templates() if _cuda_tc_enabled() and _cuda_buildable() else ()
+        )
         return GEMV_TEMPLATES + GEMV_MASK_TEMPLATES + half2 + cuda + cuda_tc + SMALL_TEMPLATES
     if m <= GEMV_MAX_M:
         return GEMV_TEMPLATES + SMALL_TEMPLATES
@@ -663,6 +694,17 @@ def _launch(
                 cfg.num_warps,
                 cfg.num_stages,
             )
+        except (cuda_jit.CudaError, ValueError) as e:
+            if not _cuda_fallback_warned:
+                _warn_cuda_fallback(e)
+            return _launch(choose_config(m, n, k, group_size, x2.device, "gemv"), x2, qweight, qzeros, scales,
+                           group_size)  # fmt: skip
+    if cfg.kind == "cuda_tcl":
+        from hotloop.kernels import cuda_jit, w4a16_gemv_tc
+
+        try:
+            variant = (cfg.block_n // 64, cfg.block_k, cfg.num_warps, cfg.num_stages)
+            return w4a16_gemv_tc.gemv_loop(x2, qweight, qzeros, scales, group_size, variant, cfg.split_k)
         except (cuda_jit.CudaError, ValueError) as e:
             if not _cuda_fallback_warned:
                 _warn_cuda_fallback(e)

@@ -288,6 +288,228 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
   }
 }
 
+// x values of one lane's IT rows (16-bit pairs), after griddepcontrol.wait
+template <int IT>
+__device__ __forceinline__ void ldg_xrows(const u32* p, u32* v) {
+  if (IT == 4) {
+    ldg_x2(p, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < IT / 8; ++j) ldg_x4(p + 4 * j, v + 4 * j);
+  }
+}
+
+// The pipelined form ("loop" variants): each warp walks its own range of K, CH chunks of 4 IT rows,
+// with STAGES chunks of weights (and their x) in flight in registers while it computes one, so a
+// multiprocessor keeps loads outstanding the whole time instead of loading, computing, reducing and
+// exiting block by block (Nsight Compute: the one-shot kernels above reach 61% of DRAM bandwidth,
+// their read pattern alone 74%). A warp's range is whole groups; at each group's end a lane applies
+// the zero points, the offset and the scales of its own 4 WPL columns (its row subset: X_p from two
+// shuffles), into float32 totals. K is split over gridDim.y blocks of WARPS warps (runtime: K must be
+// a multiple of gridDim.y * WARPS * G); the blocks of a column tile add their partials as above.
+template <bool BF16, int WPL, int IT, int WARPS, int STAGES>
+__device__ __forceinline__ void gemv_tcl_body(const u32* __restrict__ x, const u32* __restrict__ qw,
+                                              const u32* __restrict__ qz, const unsigned short* __restrict__ sc,
+                                              float* __restrict__ ws, unsigned short* __restrict__ out,
+                                              int* __restrict__ cnt, int N, int K, int G) {
+  constexpr int CT = 64 * WPL;  // columns per block
+  constexpr int RC = 4 * IT;    // rows per chunk (a warp's four lanes t, IT rows each)
+  constexpr int T = 32 * WARPS;
+  static_assert(IT == 4 || IT % 8 == 0, "IT: 4, 8 or 16 rows per lane and chunk");
+  static_assert(CT % T == 0 || T % CT == 0, "threads and columns");
+  __shared__ __align__(16) float red[WARPS][CT];
+  __shared__ int last;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int n8 = N >> 3;
+  const int kw_len = K / (gridDim.y * WARPS);  // rows per warp: whole groups
+  const int kw = (blockIdx.y * WARPS + warp) * kw_len;
+  const int nch = kw_len / RC;
+  const int cpg = G / RC;  // chunks per group
+  const int w0 = blockIdx.x * (CT / 8) + g * WPL;
+  const u32* wp = qw + (size_t)(kw + t * IT) * n8 + w0;  // chunk 0, this lane's first row
+  const size_t wstep = (size_t)RC * n8;
+
+  u32 w[STAGES][IT][WPL];
+  u32 xv[STAGES][IT / 2];
+#pragma unroll
+  for (int st = 0; st < STAGES; ++st) {
+    if (st < nch) {
+#pragma unroll
+      for (int i = 0; i < IT; ++i) ldg_w<WPL>(wp + st * wstep + (size_t)i * n8, w[st][i]);
+    }
+  }
+  int grp = kw / G;
+  // the first group's zero points and scales (the kernel before does not write them either); each
+  // group's end requests the next group's
+  u32 zw[WPL];
+  uint2 s4[WPL];
+#pragma unroll
+  for (int j = 0; j < WPL; ++j) {
+    zw[j] = __ldg(qz + (size_t)grp * n8 + w0 + j);
+    s4[j] = __ldg(reinterpret_cast<const uint2*>(sc + (size_t)grp * N + 8 * (w0 + j) + 4 * (t & 1)));
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+  const u32* xp = x + (kw + t * IT) / 2;
+#pragma unroll
+  for (int st = 0; st < STAGES; ++st) {
+    if (st < nch) ldg_xrows<IT>(xp + st * (RC / 2), xv[st]);
+  }
+
+  const int base = 4 * (t & 1);
+  u32 sel0[2], sel1[2];
+#pragma unroll
+  for (int hx = 0; hx < 2; ++hx) {
+    const u32 on = hx ? 0x32u : 0x10u;
+    const u32 off = 0x44u;
+    sel0[hx] = (g == base ? on : off) | ((g == base + 1 ? on : off) << 8);
+    sel1[hx] = (g == base + 2 ? on : off) | ((g == base + 3 ? on : off) << 8);
+  }
+  // this lane's columns 8 (w0 + j) + 4 (t & 1) + u: their nibbles in a qzeros word
+  int zsh[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) zsh[u] = 4 * ((u & 1) * 4 + 2 * (t & 1) + (u >> 1));
+  const int src_a = (lane & ~3) | (t >> 1);  // the lanes whose rows this lane's sums cover
+  const int src_b = src_a + 2;
+  const float magic = BF16 ? 128.0f : 1024.0f;
+
+  float acc[WPL][4], tot[WPL][4];
+#pragma unroll
+  for (int j = 0; j < WPL; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[j][c] = tot[j][c] = 0.0f;
+  }
+  float sx = 0.0f;
+  const u32 lo4 = 0x000F000Fu;
+  const u32 hi4 = 0x00F000F0u;
+  const int grp_end = (kw + kw_len) / G;
+
+  for (int c0 = 0; c0 < nch; c0 += STAGES) {
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) {
+      const int c = c0 + st;
+      if (c < nch) {
+#pragma unroll
+        for (int i = 0; i < IT; ++i) {
+          const u32 xpair = xv[st][i / 2];
+          const u32 b0 = prmt(xpair, sel0[i & 1]);
+          const u32 b1 = prmt(xpair, sel1[i & 1]);
+          sx += half_at<BF16>(xpair, i & 1);
+#pragma unroll
+          for (int j = 0; j < WPL; ++j) {
+            const u32 v = w[st][i][j];
+            u32 a0, a1, a2, a3;
+            if (BF16) {
+              a0 = lop_magic<true>(v, lo4);
+              a1 = lop_magic<true>(v >> 4, lo4);
+              a2 = lop_magic<true>(v >> 8, lo4);
+              a3 = lop_magic<true>(v >> 12, lo4);
+            } else {
+              const u32 v8 = v >> 8;
+              a0 = lop_magic<false>(v, lo4);
+              a1 = lop_magic<false>(v, hi4);
+              a2 = lop_magic<false>(v8, lo4);
+              a3 = lop_magic<false>(v8, hi4);
+            }
+            mma<BF16>(acc[j], a0, a1, a2, a3, b0, b1);
+          }
+        }
+        // refill this stage with chunk c + STAGES
+        const int cn = c + STAGES;
+        if (cn < nch) {
+#pragma unroll
+          for (int i = 0; i < IT; ++i) ldg_w<WPL>(wp + cn * wstep + (size_t)i * n8, w[st][i]);
+          ldg_xrows<IT>(xp + cn * (RC / 2), xv[st]);
+        }
+        if ((c + 1) % cpg == 0) {  // the group's end: offset, zero points and scales, in float32
+          const float xsum = __shfl_sync(0xFFFFFFFFu, sx, src_a) + __shfl_sync(0xFFFFFFFFu, sx, src_b);
+#pragma unroll
+          for (int j = 0; j < WPL; ++j) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+              const float z = (float)((zw[j] >> zsh[u]) & 0xFu);
+              const float sv = half_at<BF16>(u < 2 ? s4[j].x : s4[j].y, u & 1);
+              // fp16: pairs 1 and 3 (accumulators 2 and 3: columns 2, 3, 6, 7 of the word) were 16 q
+              const float inv = (!BF16 && u >= 2) ? 0.0625f : 1.0f;
+              tot[j][u] += sv * ((acc[j][u] - magic * xsum) * inv - z * xsum);
+              acc[j][u] = 0.0f;
+            }
+          }
+          sx = 0.0f;
+          if (++grp < grp_end) {
+#pragma unroll
+            for (int j = 0; j < WPL; ++j) {
+              zw[j] = __ldg(qz + (size_t)grp * n8 + w0 + j);
+              s4[j] = __ldg(reinterpret_cast<const uint2*>(sc + (size_t)grp * N + 8 * (w0 + j) + 4 * (t & 1)));
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // the two row subsets of a column (lanes t and t ^ 2), then the block's warps in order
+#pragma unroll
+  for (int j = 0; j < WPL; ++j) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) tot[j][u] += __shfl_xor_sync(0xFFFFFFFFu, tot[j][u], 2);
+  }
+  if (t < 2) {
+#pragma unroll
+    for (int j = 0; j < WPL; ++j) {
+      *reinterpret_cast<float4*>(&red[warp][8 * (g * WPL + j) + 4 * t]) =
+          make_float4(tot[j][0], tot[j][1], tot[j][2], tot[j][3]);
+    }
+  }
+  __syncthreads();
+  float part[(CT + T - 1) / T];
+#pragma unroll
+  for (int q = 0; q < (CT + T - 1) / T; ++q) {
+    const int c = tid + q * T;
+    part[q] = 0.0f;
+    if (CT % T == 0 || c < CT) {
+#pragma unroll
+      for (int wi = 0; wi < WARPS; ++wi) part[q] += red[wi][c];
+    }
+  }
+  if (gridDim.y == 1) {
+#pragma unroll
+    for (int q = 0; q < (CT + T - 1) / T; ++q) {
+      const int c = tid + q * T;
+      if (CT % T == 0 || c < CT) out[blockIdx.x * CT + c] = to16<BF16>(part[q]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < (CT + T - 1) / T; ++q) {
+    const int c = tid + q * T;
+    if (CT % T == 0 || c < CT) ws[(size_t)blockIdx.y * N + blockIdx.x * CT + c] = part[q];
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(&cnt[blockIdx.x], 1) == (int)gridDim.y - 1;
+  __syncthreads();
+  if (last) {
+    __threadfence();
+#pragma unroll
+    for (int q = 0; q < (CT + T - 1) / T; ++q) {
+      const int c = tid + q * T;
+      if (CT % T == 0 || c < CT) {
+        const int n = blockIdx.x * CT + c;
+        float v = 0.0f;
+        for (int sp = 0; sp < (int)gridDim.y; ++sp) v += __ldcg(&ws[(size_t)sp * N + n]);
+        out[n] = to16<BF16>(v);
+      }
+    }
+    if (tid == 0) cnt[blockIdx.x] = 0;
+  }
+}
+
 #define GEMV_TC_ARGS                                                                                \
   const u32 *__restrict__ x, const u32 *__restrict__ qw, const u32 *__restrict__ qz,               \
       const unsigned short *__restrict__ sc, float *__restrict__ ws, unsigned short *__restrict__ out, \
@@ -309,3 +531,21 @@ DEFINE_TC_BOTH(4, 16, 4)
 DEFINE_TC_BOTH(4, 16, 8)
 DEFINE_TC_BOTH(2, 16, 8)
 DEFINE_TC_BOTH(2, 32, 4)
+
+// w4a16_gemv_tc.kernel_name for the pipelined form: w4a16_gemv_tcl_<dtype>_w<WPL>_i<IT>_n<WARPS>_s<STAGES>
+#define DEFINE_TCL(NAME, BF16, WPL, IT, WARPS, ST)                                       \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(GEMV_TC_ARGS) {          \
+    gemv_tcl_body<BF16, WPL, IT, WARPS, ST>(x, qw, qz, sc, ws, out, cnt, N, K, G);       \
+  }
+
+#define DEFINE_TCL_BOTH(WPL, IT, WARPS, ST)                                                     \
+  DEFINE_TCL(w4a16_gemv_tcl_bf16_w##WPL##_i##IT##_n##WARPS##_s##ST, true, WPL, IT, WARPS, ST)   \
+  DEFINE_TCL(w4a16_gemv_tcl_f16_w##WPL##_i##IT##_n##WARPS##_s##ST, false, WPL, IT, WARPS, ST)
+
+// w4a16_gemv_tc.LOOP_VARIANTS: (WPL, IT, WARPS, STAGES)
+DEFINE_TCL_BOTH(4, 8, 4, 2)
+DEFINE_TCL_BOTH(4, 8, 4, 3)
+DEFINE_TCL_BOTH(2, 8, 4, 4)
+DEFINE_TCL_BOTH(2, 16, 4, 2)
+DEFINE_TCL_BOTH(4, 4, 4, 4)
+DEFINE_TCL_BOTH(2, 8, 8, 3)
