@@ -857,12 +857,45 @@ def _tuning_enabled() -> bool:
     return os.environ.get(TUNE_ENV, "1") not in ("0", "", "false", "False")
 
 
+CHAIN_LAUNCHES = 4  # one-row candidates are timed as this many back-to-back launches (distinct weights)
+CHAIN_EXTRA_BYTES = 256 << 20  # at most this much memory for the extra weight copies
+
+
+def _weight_copies(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The weight and copies of it for a chain of one-row launches (fewer where memory is short)."""
+    size = sum(t.numel() * t.element_size() for t in (qweight, qzeros, scales))
+    copies = [(qweight, qzeros, scales)]
+    for _ in range(min(CHAIN_LAUNCHES - 1, CHAIN_EXTRA_BYTES // max(size, 1))):
+        try:
+            copies.append((qweight.clone(), qzeros.clone(), scales.clone()))
+        except torch.OutOfMemoryError:
+            break
+    return copies
+
+
 def _tune(
     x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
 ) -> GemmConfig:
+    """The fastest candidate for this shape. One-row launches are timed back to back on distinct
+    copies of the weight, as a decode step chains them: the CUDA kernels start their weight loads
+    before they wait for the kernel before them (``pdl.py``), and how much of that overlaps differs
+    between launch shapes (a Llama-3-8B layer's four GEMVs: the pipelined tensor-core form 7% faster
+    than the CUDA-core GEMV in a chain, slower than it alone; BENCHMARKS.md, thirty-third session)."""
     m, k = x2.shape
     n = qweight.shape[1] * PACK_FACTOR
     timed: list[tuple[GemmConfig, float]] = []
+    copies = (
+        _weight_copies(qweight, qzeros, scales)
+        if m == 1 and x2.device.type == "cuda"
+        else [(qweight, qzeros, scales)]
+    )
+
+    def chain(cfg: GemmConfig) -> None:
+        for qw, qz, sc in copies:
+            _launch(cfg, x2, qw, qz, sc, group_size)
+
     for template, waves in candidates(m):
         try:
             cfg = fit_config(template, m, n, k, group_size, x2.device, waves)
@@ -871,7 +904,7 @@ def _tune(
         if any(c == cfg for c, _ in timed):
             continue
         try:
-            us = graph_time_us(partial(_launch, cfg, x2, qweight, qzeros, scales, group_size), x2.device)
+            us = graph_time_us(partial(chain, cfg), x2.device) / len(copies)
         except Exception:  # a candidate this GPU or compiler cannot run: skip it
             torch.cuda.synchronize(x2.device)
             continue
