@@ -88,10 +88,12 @@
 #            then W4A16 batch 1 with and without the tensor-core GEMV among the tuner's launches, twice.
 #   s33c     one GPU: the W4A16 GPU tests (kernels, the tuner with the tensor-core GEMV, quantize-and-serve), then
 #            the ncu mode (Nsight Compute on each one-row kernel and read probe).
-#   s33d     one GPU: the tensor-core GEMV's GPU tests (one-shot and pipelined forms), w4a16_tc_sweep.py, then W4A16
+#   s33d     (at commit 2239f65, where the pipelined form was) one GPU: the tensor-core GEMV's GPU tests (one-shot and pipelined forms), w4a16_tc_sweep.py, then W4A16
 #            batch 1 with and without them among the tuner's launches, twice.
-#   s33e     one GPU: the W4A16 tuner's GPU tests, then W4A16 batch 1 with the chain-timed tuner with and without the
+#   s33e     (at commit ae2ef67, where the tuner timed chains) one GPU: the W4A16 tuner's GPU tests, then W4A16 batch 1 with the chain-timed tuner with and without the
 #            tensor-core GEMVs, twice; prints the tuner's batch-1 choices.
+#   s33f     one GPU: the W4A16 GPU tests, then W4A16 batch 1 with and without the tensor-core GEMV among the
+#            tuner's launches (each timed alone), twice; prints the tuner's batch-1 choices.
 #   s32e     one GPU: the batch-1 GPU tests now pinned to one step a launch, the multi-step GPU tests, then
 #            run_gpu.py's batch-256 row with the final full-batch rule.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
@@ -1310,6 +1312,26 @@ for path in sys.argv[1:]:
         if "|m1|" in key:
             print(path.split("/")[-3], key.split("|m1|")[1], cfg["kind"], cfg["block_n"], cfg["block_k"], cfg["num_warps"],
                   cfg["num_stages"], cfg["split_k"])
+PY
+  exit 0
+fi
+if [ "$what" = s33f ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 150 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemm.py \
+    tests/kernels/test_w4a16_gemv_tc.py tests/kernels/test_w4a16_cuda.py >"$out/w4_tests.log" 2>&1
+  echo "W4A16 tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/w4_tests.log" | cut -c1-200 | head -20
+  for i in 1 2; do
+    HOTLOOP_CACHE=$out/cache_notc HOTLOOP_W4A16_TC=0 bs1 awq_notc$i llama3-8b --model-format awq
+    HOTLOOP_CACHE=$out/cache_tc HOTLOOP_W4A16_TC=1 bs1 awq_tc$i llama3-8b --model-format awq
+  done
+  python3 - "$out/cache_tc/tuning/w4a16_gemm.json" "$out/cache_notc/tuning/w4a16_gemm.json" <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    for key, cfg in json.load(open(path))["entries"].items():
+        if "|m1|" in key:
+            print(path.split("/")[-3], key.split("|m1|")[1], cfg["kind"], cfg["block_n"], cfg["block_k"], cfg["num_warps"],
+                  cfg["split_k"])
 PY
   exit 0
 fi

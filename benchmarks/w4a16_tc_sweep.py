@@ -1,8 +1,7 @@
 """What holds the tensor-core one-row W4A16 GEMV (``kernels/w4a16_gemv_tc.py``) above a plain read.
 
 For each Llama-3-8B projection at M = 1 (bf16, GPU time with a cold L2, ``w4a16_gemm.graph_time_us``):
-every variant of the one-shot form and of the pipelined form at every split of K; beside it the plain
-stream of
+every variant (with and without clusters along K); beside it the plain stream of
 the same ``qweight`` bytes (``benchmarks/cuda/read_probe.cu``) and the CUDA-core GEMV's best launch
 (``kernels/w4a16_cuda.py``, early loads on). Every launch is checked against float32
 dequantize-then-matmul first. Last, the four projections of 8 layers in one CUDA graph with each
@@ -92,26 +91,8 @@ def main() -> None:
             if tc_best is None or us < tc_best[1]:
                 tc_best = (v, us)
         assert tc_best is not None
+        best[name] = {"cuda": cuda_best[0], "tc": tc_best[0]}
         record({"shape": name, "probe": "tc_best", "variant": tc_best[0], "us": round(tc_best[1], 2)})
-        loop_best = None
-        for v in w4a16_gemv_tc.LOOP_VARIANTS:
-            for split in w4a16_gemv_tc.loop_splits(k, GROUP, v[2]):
-                if w4a16_gemv_tc.fits_loop(1, n, k, GROUP, dtype, v, split) is not None:
-                    continue
-                call = partial(w4a16_gemv_tc.gemv_loop, x, qw, qz, sc, GROUP, v, split)
-                got = call().float()
-                err = float((got - exact).abs().max() / exact.abs().max())
-                if err > 4e-3:
-                    raise SystemExit(f"{name} loop {v} split {split}: error {err}")
-                us = graph_time_us(call, dev)
-                record({"shape": name, "probe": "tcl", "variant": v, "split": split, "us": round(us, 2),
-                        "tb_s": round(wbytes / us / 1e6, 3)})  # fmt: skip
-                if loop_best is None or us < loop_best[2]:
-                    loop_best = (v, split, us)
-        assert loop_best is not None
-        record({"shape": name, "probe": "tcl_best", "variant": loop_best[0], "split": loop_best[1],
-                "us": round(loop_best[2], 2)})  # fmt: skip
-        best[name] = {"cuda": cuda_best[0], "tc": tc_best[0], "tcl": loop_best[:2]}
 
     layers = [{name: _awq(k, n, dev, dtype, 100 + i) for name, (k, n) in SHAPES.items()} for i in range(8)]
     xs = {name: torch.randn(1, k, device=dev).to(dtype) for name, (k, n) in SHAPES.items()}
@@ -127,14 +108,7 @@ def main() -> None:
             for name, (qw, qz, sc) in layer.items():
                 w4a16_gemv_tc.gemv(xs[name], qw, qz, sc, GROUP, *best[name]["tc"], out=outs[name])
 
-    def chain_tcl() -> None:
-        for layer in layers:
-            for name, (qw, qz, sc) in layer.items():
-                v, split = best[name]["tcl"]
-                w4a16_gemv_tc.gemv_loop(xs[name], qw, qz, sc, GROUP, v, split, out=outs[name])
-
-    chains = (("cuda", chain_cuda), ("tc", chain_tc), ("tcl", chain_tcl))
-    for label, fn in chains + chains:
+    for label, fn in (("cuda", chain_cuda), ("tc", chain_tc), ("cuda", chain_cuda), ("tc", chain_tc)):
         record({"chain": label, "us_per_layer": round(min(graph_replay_us(fn)) / len(layers), 2)})
     with open(sys.argv[1], "w") as f:
         json.dump({"device": torch.cuda.get_device_name(dev), "rows": rows, "best": best}, f, indent=1)

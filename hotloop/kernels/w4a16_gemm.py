@@ -65,7 +65,7 @@ from hotloop.kernels.w4a16_layout import PACK_FACTOR, check_awq_shapes
 logger = logging.getLogger(__name__)
 
 PATHS = ("auto", "gemv", "splitk", "tiled", "dequant")
-KINDS = ("gemv", "dot", "dequant", "cuda", "cuda_tc", "cuda_tcl")
+KINDS = ("gemv", "dot", "dequant", "cuda", "cuda_tc")
 UNPACK_MODES = ("nibble", "pair", "lop3", "mask", "half2")  # "mask", "half2": the one-row GEMV only
 ONE_ROW_UNPACK = ("mask", "half2")
 GEMV_MAX_M = 4  # the CUDA-core GEMV takes at most this many rows
@@ -311,8 +311,7 @@ class GemmConfig:
     "cuda" (the CUDA C one-row GEMV, ``w4a16_cuda.py``: ``block_n`` its columns per block, ``block_k``
     its rows per thread, ``split_k`` follows from them) or "cuda_tc" (the tensor-core one-row GEMV on the
     AutoAWQ layout, ``w4a16_gemv_tc.py``: ``block_n`` its columns per block, ``block_k`` each lane's
-    rows, ``num_warps`` the block's warps) or "cuda_tcl" (its pipelined form: ``num_stages`` chunks in
-    flight, ``split_k`` blocks along K). ``unpack``, ``swap_ab`` and
+    rows, ``num_warps`` the block's warps). ``unpack``, ``swap_ab`` and
     ``group_m`` apply to "dot" only, save the one-row GEMV kernels ``unpack="mask"`` and
     ``unpack="half2"`` (the latter for 16-bit activations only); ``fixup`` (in-kernel split-K reduction) to both."""
 
@@ -395,22 +394,6 @@ def fit_config(
         if why is not None:
             raise ValueError(f"{template} does not tile N={n}, K={k} with group_size={group_size}: {why}")
         return replace(template, block_m=m, split_k=k // w4a16_gemv_tc.tile(*variant)[1])
-    if template.kind == "cuda_tcl":
-        from hotloop.kernels import w4a16_gemv_tc
-
-        variant = (template.block_n // 64, template.block_k, template.num_warps, template.num_stages)
-        splits = w4a16_gemv_tc.loop_splits(k, group_size, template.num_warps)
-        fitting = [
-            s
-            for s in splits
-            if w4a16_gemv_tc.fits_loop(1, n, k, group_size, torch.float16, variant, s) is None
-        ]
-        if not fitting:
-            raise ValueError(f"{template} does not tile N={n}, K={k} with group_size={group_size}")
-        tiles = n // template.block_n
-        # the fewest blocks along K that give about ``waves`` blocks per multiprocessor
-        split = next((s for s in fitting if tiles * s >= waves * _sm_count(device)), fitting[-1])
-        return replace(template, block_m=m, split_k=split)
     block_k = _block_k(group_size, template.block_k)
     if template.kind == "dequant":
         return replace(template, block_k=block_k)
@@ -479,18 +462,6 @@ def _cuda_tc_templates() -> tuple[Template, ...]:
     )
 
 
-# the pipelined form (``w4a16_gemv_tc.gemv_loop``): ``num_stages`` its chunks in flight; the K split
-# aims at 1 or 2 blocks per multiprocessor
-def _cuda_tcl_templates() -> tuple[Template, ...]:
-    from hotloop.kernels import w4a16_gemv_tc
-
-    return tuple(
-        (GemmConfig("cuda_tcl", 1, 64 * wpl, it, num_warps=warps, num_stages=st), waves)
-        for wpl, it, warps, st in w4a16_gemv_tc.LOOP_VARIANTS
-        for waves in (1.0, 2.0)
-    )
-
-
 SMALL_TEMPLATES: tuple[Template, ...] = (  # M <= 16
     (_dot(16, 64, 128, 4, 4, True), 4.0),
     (_dot(16, 128, 128, 4, 4, True), 2.0),
@@ -553,9 +524,7 @@ def candidates(m: int) -> tuple[Template, ...]:
         half2 = GEMV_HALF2_TEMPLATES if half2_allowed() else ()
         cuda = _cuda_templates() if half2 and _cuda_buildable() else ()
         # float32 sums throughout: not subject to HOTLOOP_W4A16_HALF2
-        cuda_tc = (
-            _cuda_tc_templates() + _cuda_tcl_templates() if _cuda_tc_enabled() and _cuda_buildable() else ()
-        )
+        cuda_tc = _cuda_tc_templates() if _cuda_tc_enabled() and _cuda_buildable() else ()
         return GEMV_TEMPLATES + GEMV_MASK_TEMPLATES + half2 + cuda + cuda_tc + SMALL_TEMPLATES
     if m <= GEMV_MAX_M:
         return GEMV_TEMPLATES + SMALL_TEMPLATES
@@ -694,17 +663,6 @@ def _launch(
                 cfg.num_warps,
                 cfg.num_stages,
             )
-        except (cuda_jit.CudaError, ValueError) as e:
-            if not _cuda_fallback_warned:
-                _warn_cuda_fallback(e)
-            return _launch(choose_config(m, n, k, group_size, x2.device, "gemv"), x2, qweight, qzeros, scales,
-                           group_size)  # fmt: skip
-    if cfg.kind == "cuda_tcl":
-        from hotloop.kernels import cuda_jit, w4a16_gemv_tc
-
-        try:
-            variant = (cfg.block_n // 64, cfg.block_k, cfg.num_warps, cfg.num_stages)
-            return w4a16_gemv_tc.gemv_loop(x2, qweight, qzeros, scales, group_size, variant, cfg.split_k)
         except (cuda_jit.CudaError, ValueError) as e:
             if not _cuda_fallback_warned:
                 _warn_cuda_fallback(e)
@@ -857,45 +815,12 @@ def _tuning_enabled() -> bool:
     return os.environ.get(TUNE_ENV, "1") not in ("0", "", "false", "False")
 
 
-CHAIN_LAUNCHES = 4  # one-row candidates are timed as this many back-to-back launches (distinct weights)
-CHAIN_EXTRA_BYTES = 256 << 20  # at most this much memory for the extra weight copies
-
-
-def _weight_copies(
-    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The weight and copies of it for a chain of one-row launches (fewer where memory is short)."""
-    size = sum(t.numel() * t.element_size() for t in (qweight, qzeros, scales))
-    copies = [(qweight, qzeros, scales)]
-    for _ in range(min(CHAIN_LAUNCHES - 1, CHAIN_EXTRA_BYTES // max(size, 1))):
-        try:
-            copies.append((qweight.clone(), qzeros.clone(), scales.clone()))
-        except torch.OutOfMemoryError:
-            break
-    return copies
-
-
 def _tune(
     x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
 ) -> GemmConfig:
-    """The fastest candidate for this shape. One-row launches are timed back to back on distinct
-    copies of the weight, as a decode step chains them: the CUDA kernels start their weight loads
-    before they wait for the kernel before them (``pdl.py``), and how much of that overlaps differs
-    between launch shapes (a Llama-3-8B layer's four GEMVs: the pipelined tensor-core form 7% faster
-    than the CUDA-core GEMV in a chain, slower than it alone; BENCHMARKS.md, thirty-third session)."""
     m, k = x2.shape
     n = qweight.shape[1] * PACK_FACTOR
     timed: list[tuple[GemmConfig, float]] = []
-    copies = (
-        _weight_copies(qweight, qzeros, scales)
-        if m == 1 and x2.device.type == "cuda"
-        else [(qweight, qzeros, scales)]
-    )
-
-    def chain(cfg: GemmConfig) -> None:
-        for qw, qz, sc in copies:
-            _launch(cfg, x2, qw, qz, sc, group_size)
-
     for template, waves in candidates(m):
         try:
             cfg = fit_config(template, m, n, k, group_size, x2.device, waves)
@@ -904,7 +829,7 @@ def _tune(
         if any(c == cfg for c, _ in timed):
             continue
         try:
-            us = graph_time_us(partial(chain, cfg), x2.device) / len(copies)
+            us = graph_time_us(partial(_launch, cfg, x2, qweight, qzeros, scales, group_size), x2.device)
         except Exception:  # a candidate this GPU or compiler cannot run: skip it
             torch.cuda.synchronize(x2.device)
             continue

@@ -34,16 +34,6 @@ VARIANTS: tuple[tuple[int, int, int], ...] = (
     (2, 16, 8),
     (2, 32, 4),
 )
-# the pipelined form, (WPL, IT, WARPS, STAGES): each warp walks its own whole groups of K, STAGES
-# chunks of 4 IT rows in flight in registers; K is split over a runtime number of blocks
-LOOP_VARIANTS: tuple[tuple[int, int, int, int], ...] = (
-    (4, 8, 4, 2),
-    (4, 8, 4, 3),
-    (2, 8, 4, 4),
-    (2, 16, 4, 2),
-    (4, 4, 4, 4),
-    (2, 8, 8, 3),
-)
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -97,118 +87,8 @@ def available(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def loop_kernel_name(dtype: torch.dtype, wpl: int, it: int, warps: int, stages: int) -> str:
-    return f"w4a16_gemv_tcl_{_DTYPES[dtype]}_w{wpl}_i{it}_n{warps}_s{stages}"
-
-
-def loop_splits(k: int, group_size: int, warps: int) -> list[int]:
-    """The K splits the pipelined form can take: each warp gets whole groups."""
-    groups = k // group_size if k % group_size == 0 else 0
-    return [s for s in range(1, groups + 1) if groups % (s * warps) == 0]
-
-
-def fits_loop(
-    m: int,
-    n: int,
-    k: int,
-    group_size: int,
-    dtype: torch.dtype,
-    variant: tuple[int, int, int, int],
-    split: int,
-) -> str | None:
-    """Why the pipelined form ``variant`` with ``split`` blocks along K cannot run this product."""
-    if variant not in LOOP_VARIANTS:
-        return f"no pipelined variant {variant}; there are {LOOP_VARIANTS}"
-    wpl, it, warps, _stages = variant
-    cols = 64 * wpl
-    if m != 1:
-        return f"takes one row; got {m}"
-    if dtype not in _DTYPES:
-        return f"needs float16 or bfloat16 activations; got {dtype}"
-    if n % cols:
-        return f"N={n} is not a multiple of the block's {cols} columns"
-    if group_size % (4 * it):
-        return f"group_size={group_size} is not a multiple of a chunk's {4 * it} rows"
-    if split not in loop_splits(k, group_size, warps):
-        return f"K={k} in {split} splits of {warps} warps is not whole groups of {group_size} a warp"
-    if n // cols > counters.SLOTS:
-        return "too many column tiles"
-    return None
-
-
 def _names() -> list[str]:
-    return [kernel_name(dt, *v) for dt in _DTYPES for v in VARIANTS] + [
-        loop_kernel_name(dt, *v) for dt in _DTYPES for v in LOOP_VARIANTS
-    ]
-
-
-def _check_operands(
-    x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
-) -> None:
-    check_awq_shapes(qweight, qzeros, scales, group_size)
-    if x2.dim() != 2 or x2.shape[1] != qweight.shape[0]:
-        raise ValueError(f"x must be [1, {qweight.shape[0]}]; got {tuple(x2.shape)}")
-    if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
-        raise ValueError(f"qweight and qzeros must be int32; got {qweight.dtype}, {qzeros.dtype}")
-    if len({t.device for t in (x2, qweight, qzeros, scales)}) != 1:
-        raise ValueError("x, qweight, qzeros and scales must be on one device")
-    if scales.dtype != x2.dtype:
-        raise ValueError(f"scales dtype {scales.dtype} must equal x dtype {x2.dtype}")
-    for name, t in (("x", x2), ("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
-        if not t.is_contiguous() or t.data_ptr() % 16:
-            raise ValueError(f"{name} must be contiguous and 16-byte aligned")
-
-
-def _launch(
-    name: str, x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-    group_size: int, cols: int, split: int, threads: int, out: torch.Tensor | None,
-) -> torch.Tensor:  # fmt: skip
-    kernels = cuda_jit.load(SOURCE, x2.device, _names())
-    if kernels is None:
-        raise cuda_jit.CudaError("the tensor-core W4A16 GEMV kernels are not available on this machine")
-    k = x2.shape[1]
-    n = qweight.shape[1] * 8
-    tiles = n // cols
-    if out is None:
-        out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
-    elif out.shape != (1, n) or out.dtype != x2.dtype or out.device != x2.device or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous [1, {n}] {x2.dtype} tensor on {x2.device}")
-    ws: torch.Tensor | None = None
-    cnt: torch.Tensor | None = None
-    if split > 1:
-        ws = torch.empty(split, n, dtype=torch.float32, device=x2.device)
-        cnt = counters.counters(x2.device, "w4a16_gemv_tc", tiles)
-        if cnt is None:
-            raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
-    kernels[name](
-        (tiles, split),
-        threads,
-        (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),
-        pdl=pdl(x2.device),
-    )
-    return out
-
-
-def gemv_loop(
-    x2: torch.Tensor,
-    qweight: torch.Tensor,
-    qzeros: torch.Tensor,
-    scales: torch.Tensor,
-    group_size: int,
-    variant: tuple[int, int, int, int],
-    split: int,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``x2 [1, K] @ W`` with the pipelined form ``variant`` = ``(WPL, IT, WARPS, STAGES)`` over
-    ``split`` blocks along K (``loop_splits``); the same operands and errors as :func:`gemv`."""
-    _check_operands(x2, qweight, qzeros, scales, group_size)
-    n = qweight.shape[1] * 8
-    why = fits_loop(x2.shape[0], n, x2.shape[1], group_size, x2.dtype, variant, split)
-    if why is not None:
-        raise ValueError(f"the pipelined tensor-core W4A16 GEMV {variant} {why}")
-    wpl, _it, warps, _st = variant
-    name = loop_kernel_name(x2.dtype, *variant)
-    return _launch(name, x2, qweight, qzeros, scales, group_size, 64 * wpl, split, 32 * warps, out)
+    return [kernel_name(dt, *v) for dt in _DTYPES for v in VARIANTS]
 
 
 def gemv(
@@ -225,12 +105,44 @@ def gemv(
     """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(wpl, it, warps)``. Every tensor
     contiguous and 16-byte aligned; scales in x's dtype. Raises ``ValueError`` where the variant does
     not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
-    _check_operands(x2, qweight, qzeros, scales, group_size)
+    check_awq_shapes(qweight, qzeros, scales, group_size)
+    if x2.dim() != 2 or x2.shape[1] != qweight.shape[0]:
+        raise ValueError(f"x must be [1, {qweight.shape[0]}]; got {tuple(x2.shape)}")
+    if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
+        raise ValueError(f"qweight and qzeros must be int32; got {qweight.dtype}, {qzeros.dtype}")
+    if len({t.device for t in (x2, qweight, qzeros, scales)}) != 1:
+        raise ValueError("x, qweight, qzeros and scales must be on one device")
     m, k = x2.shape
     n = qweight.shape[1] * 8
     why = fits(m, n, k, group_size, x2.dtype, wpl, it, warps)
     if why is not None:
         raise ValueError(f"the tensor-core W4A16 GEMV ({wpl}, {it}, {warps}) {why}")
+    if scales.dtype != x2.dtype:
+        raise ValueError(f"scales dtype {scales.dtype} must equal x dtype {x2.dtype}")
+    for name, t in (("x", x2), ("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            raise ValueError(f"{name} must be contiguous and 16-byte aligned")
+    kernels = cuda_jit.load(SOURCE, x2.device, _names())
+    if kernels is None:
+        raise cuda_jit.CudaError("the tensor-core W4A16 GEMV kernels are not available on this machine")
     cols, rows = tile(wpl, it, warps)
-    return _launch(kernel_name(x2.dtype, wpl, it, warps), x2, qweight, qzeros, scales, group_size, cols, k // rows,
-                   32 * warps, out)  # fmt: skip
+    split = k // rows
+    tiles = n // cols
+    if out is None:
+        out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
+    elif out.shape != (1, n) or out.dtype != x2.dtype or out.device != x2.device or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [1, {n}] {x2.dtype} tensor on {x2.device}")
+    ws: torch.Tensor | None = None
+    cnt: torch.Tensor | None = None
+    if split > 1:
+        ws = torch.empty(split, n, dtype=torch.float32, device=x2.device)
+        cnt = counters.counters(x2.device, "w4a16_gemv_tc", tiles)
+        if cnt is None:
+            raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
+    kernels[kernel_name(x2.dtype, wpl, it, warps)](
+        (tiles, split),
+        32 * warps,
+        (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),
+        pdl=pdl(x2.device),
+    )
+    return out

@@ -169,86 +169,8 @@ def test_tuner_templates_fit_or_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
         assert variant in w4a16_gemv_tc.VARIANTS
         with pytest.raises(ValueError, match="does not tile"):
             g.fit_config(template, 1, 28672 + cols // 2, 4096, 128, dev, waves)
-    for template, waves in g._cuda_tcl_templates():
-        cfg = g.fit_config(
-            template, 1, 28672, 4096, 128, dev, waves
-        )  # 4 "SMs" on the CPU: 112 tiles, split 1
-        assert cfg.kind == "cuda_tcl" and cfg.split_k == 1
-        cfg = g.fit_config(template, 1, 256, 14336, 128, dev, waves)  # 1 or 2 tiles: the split grows
-        variant = (cfg.block_n // 64, cfg.block_k, cfg.num_warps, cfg.num_stages)
-        assert w4a16_gemv_tc.fits_loop(1, 256, 14336, 128, torch.bfloat16, variant, cfg.split_k) is None
-        assert (256 // cfg.block_n) * cfg.split_k >= waves * 4
     monkeypatch.setattr(g, "_cuda_buildable", lambda: True)
     assert sum(t.kind == "cuda_tc" for t, _ in g.candidates(1)) == len(w4a16_gemv_tc.VARIANTS)
-    assert sum(t.kind == "cuda_tcl" for t, _ in g.candidates(1)) == 2 * len(w4a16_gemv_tc.LOOP_VARIANTS)
     assert not any(t.kind == "cuda_tc" for t, _ in g.candidates(2))
     monkeypatch.setenv(g.CUDA_TC_ENV, "0")
-    assert not any(t.kind in ("cuda_tc", "cuda_tcl") for t, _ in g.candidates(1))
-
-
-def test_loop_splits_and_fits() -> None:
-    assert w4a16_gemv_tc.loop_splits(4096, 128, 4) == [1, 2, 4, 8]
-    assert w4a16_gemv_tc.loop_splits(14336, 128, 4) == [1, 2, 4, 7, 14, 28]
-    assert w4a16_gemv_tc.loop_splits(4096, 128, 8) == [1, 2, 4]
-    assert w4a16_gemv_tc.loop_kernel_name(torch.bfloat16, 4, 8, 4, 3) == "w4a16_gemv_tcl_bf16_w4_i8_n4_s3"
-    v = (4, 8, 4, 3)
-    assert w4a16_gemv_tc.fits_loop(1, 28672, 4096, 128, torch.bfloat16, v, 2) is None
-    assert "whole groups" in (w4a16_gemv_tc.fits_loop(1, 28672, 4096, 128, torch.bfloat16, v, 3) or "")
-    assert "N=4000" in (w4a16_gemv_tc.fits_loop(1, 4000, 4096, 128, torch.bfloat16, v, 2) or "")
-    assert "one row" in (w4a16_gemv_tc.fits_loop(2, 4096, 4096, 128, torch.bfloat16, v, 2) or "")
-    assert "no pipelined variant" in (
-        w4a16_gemv_tc.fits_loop(1, 4096, 4096, 128, torch.bfloat16, (3, 8, 4, 2), 1) or ""
-    )
-    assert "chunk" in (w4a16_gemv_tc.fits_loop(1, 4096, 4096, 32, torch.bfloat16, (2, 16, 4, 2), 1) or "")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("shape", LLAMA3_8B + [(2048, 2304)], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_gpu_loop_every_variant_and_split(shape: tuple[int, int], dtype: torch.dtype) -> None:
-    """The pipelined form: every variant at its smallest, largest and a middle split (a warp with one
-    group or many; partial last rounds of its stages), against float32 dequantize-then-matmul."""
-    _require_kernels()
-    k, n = shape
-    qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=k + n + 1)
-    x = _spiky_x(k, dtype, n + 1)
-    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
-    ran = 0
-    for v in w4a16_gemv_tc.LOOP_VARIANTS:
-        splits = w4a16_gemv_tc.loop_splits(k, 128, v[2])
-        for split in sorted({splits[0], splits[len(splits) // 2], splits[-1]}):
-            if w4a16_gemv_tc.fits_loop(1, n, k, 128, dtype, v, split) is not None:
-                continue
-            got = w4a16_gemv_tc.gemv_loop(x, qweight, qzeros, scales, 128, v, split)
-            torch.cuda.synchronize()
-            err = _rel_max_err(got, want)
-            print(f"loop {shape} {dtype} {v} split {split}: rel max err {err:.2e}")
-            assert err < _TOL[dtype], (v, split, err)
-            assert int(counters.buffer(x.device, "w4a16_gemv_tc").abs().sum()) == 0
-            ran += 1
-    assert ran >= 6
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("group", [64, 128, 256])
-def test_gpu_loop_groups_and_graph_replay(group: int) -> None:
-    _require_kernels()
-    k, n, dtype = 4096, 1024, torch.bfloat16
-    qweight, qzeros, scales = random_awq(k, n, group, dtype, "cuda", seed=group)
-    x = torch.randn(1, k, device="cuda").to(dtype)
-    out = torch.empty(1, n, device="cuda", dtype=dtype)
-    v = (2, 8, 4, 4)
-    split = w4a16_gemv_tc.loop_splits(k, group, v[2])[1]
-    w4a16_gemv_tc.gemv_loop(x, qweight, qzeros, scales, group, v, split, out=out)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        w4a16_gemv_tc.gemv_loop(x, qweight, qzeros, scales, group, v, split, out=out)
-    for seed in range(2):
-        x.copy_(
-            torch.randn(1, k, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)).to(dtype)
-        )
-        graph.replay()
-        torch.cuda.synchronize()
-        want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), group)
-        assert _rel_max_err(out, want) < _TOL[dtype]
+    assert not any(t.kind == "cuda_tc" for t, _ in g.candidates(1))
