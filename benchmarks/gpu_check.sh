@@ -94,6 +94,8 @@
 #            tensor-core GEMVs, twice; prints the tuner's batch-1 choices.
 #   s33f     one GPU: the W4A16 GPU tests, then W4A16 batch 1 with and without the tensor-core GEMV among the
 #            tuner's launches (each timed alone), twice; prints the tuner's batch-1 choices.
+#   s33g     one GPU: W4A16 batch 1 with float32 sums only (HOTLOOP_W4A16_HALF2=0), without and with the
+#            tensor-core GEMV among the tuner's launches.
 #   s32e     one GPU: the batch-1 GPU tests now pinned to one step a launch, the multi-step GPU tests, then
 #            run_gpu.py's batch-256 row with the final full-batch rule.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
@@ -1333,6 +1335,12 @@ for path in sys.argv[1:]:
             print(path.split("/")[-3], key.split("|m1|")[1], cfg["kind"], cfg["block_n"], cfg["block_k"], cfg["num_warps"],
                   cfg["split_k"])
 PY
+  exit 0
+fi
+if [ "$what" = s33g ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  HOTLOOP_W4A16_HALF2=0 HOTLOOP_W4A16_TC=0 bs1 awq_f32_notc llama3-8b --model-format awq
+  HOTLOOP_W4A16_HALF2=0 HOTLOOP_W4A16_TC=1 bs1 awq_f32_tc llama3-8b --model-format awq
   exit 0
 fi
 if [ "$what" = s32e ]; then  # one GPU: the tests pinned to one step a launch, the multi-step tests, the batch-256 row
