@@ -10,10 +10,12 @@ group and column in float32. A variant is ``(WPL, IT, WARPS)``: a block of ``WAR
 is split into ``K / (WARPS * 4 IT)`` slices whose partials the last block of a column tile adds in a
 fixed order.
 
-On an H100 it runs as fast as the CUDA-core GEMV (``w4a16_cuda.py``, 16-bit partial sums) and
-keeps float32 sums: with ``HOTLOOP_W4A16_HALF2=0`` (float32 sums only) the tuner no longer has to
-fall back to the slower Triton mask kernel at batch 1. ``w4a16_gemm``'s tuner times the variants beside the other one-row launches (kind
-``"cuda_tc"``) where ``cuda_jit`` can compile them.
+On an H100 (BENCHMARKS.md, thirty-third session) it runs about as fast as the CUDA-core GEMV
+(``w4a16_cuda.py``, 16-bit partial sums) alone: faster on some Llama-3-8B shapes, slower on others;
+its error against float32 dequantize-then-matmul is about one output rounding (bf16: 2.1-3.2e-3 of
+max |y| on the Llama-3-8B shapes). ``w4a16_gemm``'s tuner times the variants beside the other
+one-row launches (kind ``"cuda_tc"``; ``HOTLOOP_W4A16_TC=0`` leaves them out) where ``cuda_jit`` can
+compile them, also with ``HOTLOOP_W4A16_HALF2=0`` (float32 sums only).
 """
 
 from __future__ import annotations
