@@ -661,7 +661,6 @@ def _launch(
                 cfg.block_n // 64,
                 cfg.block_k,
                 cfg.num_warps,
-                cfg.num_stages,
             )
         except (cuda_jit.CudaError, ValueError) as e:
             if not _cuda_fallback_warned:

@@ -174,3 +174,58 @@ def test_tuner_templates_fit_or_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not any(t.kind == "cuda_tc" for t, _ in g.candidates(2))
     monkeypatch.setenv(g.CUDA_TC_ENV, "0")
     assert not any(t.kind == "cuda_tc" for t, _ in g.candidates(1))
+
+
+def test_tuner_launch_passes_the_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``w4a16_gemm``'s launch of a ``cuda_tc`` config calls the kernel with its variant and nothing
+    else (a stray positional argument once landed in ``out``: the tuner skipped the failing
+    candidate silently, so the kernel was never chosen)."""
+    from hotloop.kernels import w4a16_gemm as g
+
+    calls: list[tuple] = []
+
+    def fake_gemv(x2: torch.Tensor, qw: torch.Tensor, qz: torch.Tensor, sc: torch.Tensor, group: int,
+                  *variant: int, out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        calls.append(variant)
+        assert out is None
+        return torch.zeros(1, qw.shape[1] * 8, dtype=x2.dtype)
+
+    monkeypatch.setattr(w4a16_gemv_tc, "gemv", fake_gemv)
+    qweight, qzeros, scales = random_awq(4096, 256, 128, torch.bfloat16, "cpu")
+    x = torch.randn(1, 4096, dtype=torch.bfloat16)
+    for template, waves in g._cuda_tc_templates():
+        cfg = g.fit_config(template, 1, 256, 4096, 128, torch.device("cpu"), waves)
+        g.w4a16_gemm(x, qweight, qzeros, scales, 128, config=cfg)
+    assert calls == list(w4a16_gemv_tc.VARIANTS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_through_the_tuner_launch(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``cuda_tc`` template through ``w4a16_gemm(config=...)`` (no silent fallback: a failing
+    launch would log and run the Triton GEMV), and the tuner's ``auto`` choice with only these and
+    the Triton one-row launches, both against float32 dequantize-then-matmul."""
+    _require_kernels()
+    from hotloop.kernels import w4a16_gemm as g
+
+    k, n = 4096, 6144
+    qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=7)
+    x = _spiky_x(k, dtype, 7)
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
+    fallbacks: list[Exception] = []
+    monkeypatch.setattr(g, "_warn_cuda_fallback", fallbacks.append)
+    for template, waves in g._cuda_tc_templates():
+        cfg = g.fit_config(template, 1, n, k, 128, x.device, waves)
+        got = g.w4a16_gemm(x, qweight, qzeros, scales, 128, config=cfg)
+        assert _rel_max_err(got, want) < _TOL[dtype], cfg
+    assert not fallbacks, fallbacks
+    monkeypatch.setenv(g.HALF2_ENV, "0")  # float32 sums only: the CUDA-core GEMV is out, this one in
+    monkeypatch.setattr(g, "_plans", {})
+    monkeypatch.setattr(g, "_tuned", {})
+    monkeypatch.setattr(g, "_from_disk", lambda tkey: None)
+    monkeypatch.setattr(g, "_to_disk", lambda tkey, cfg: None)
+    got = g.w4a16_gemm(x, qweight, qzeros, scales, 128)
+    assert _rel_max_err(got, want) < 2e-2
+    timed = g.tuning_log[(torch.cuda.current_device(), dtype, 1, n, k, 128)]
+    assert sum(c.kind == "cuda_tc" for c, _ in timed) == len(w4a16_gemv_tc.VARIANTS)  # every one ran
+    print("tuner, float32 sums only:", sorted((round(t, 2), c.kind) for c, t in timed)[:4])
