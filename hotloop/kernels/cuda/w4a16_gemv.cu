@@ -33,6 +33,19 @@ __device__ __forceinline__ void ldg_stream4(const u32* p, u32& a, u32& b, u32& c
       : "l"(p));
 }
 
+// The same loads through the coherent path, for the loads issued before griddepcontrol.wait: ptxas
+// (CUDA 13.0) moves the wait above every ld.global.nc before it, so only these actually start before
+// the kernel before has finished (BENCHMARKS.md, thirty-third session).
+__device__ __forceinline__ void ldg_early_stream4(const u32* p, u32& a, u32& b, u32& c, u32& d) {
+  asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+      : "l"(p));
+}
+
+__device__ __forceinline__ void ldg_early4(const u32* p, u32& a, u32& b, u32& c, u32& d) {
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p));
+}
+
 // volatile, as the weight loads: the compiler keeps it after griddepcontrol.wait (the input row is
 // written by the kernel before)
 __device__ __forceinline__ void ldg4(const u32* p, u32& a, u32& b, u32& c, u32& d) {
@@ -118,7 +131,7 @@ __device__ __forceinline__ u32 pair_neg_scale(int i) {
   return BF16 ? 0xBF80BF80u : ((i & 1) ? 0x9C009C00u : 0xAC00AC00u);
 }
 
-template <bool BF16, int NL, int R, int THREADS, int EARLY>
+template <bool BF16, int NL, int R, int THREADS, int EARLY, bool NC_EARLY>
 __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* __restrict__ qw,
                                           const u32* __restrict__ qz, const u32* __restrict__ sc,
                                           float* __restrict__ ws, unsigned short* __restrict__ out,
@@ -148,7 +161,9 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   // EARLY > 0 the first EARLY rows of weights, the zero points and the scales are requested before
   // the wait: the kernel before does not write them, so their loads overlap its last blocks. The
   // next launch may start only after this kernel's wait (kernels/pdl.py's rule).
-  if (EARLY > 0) {
+  // NC_EARLY: the early loads through ld.global.nc, as before the thirty-third session (ptxas then
+  // issues them after the wait after all; kept to measure against)
+  if (EARLY > 0 && NC_EARLY) {
 #pragma unroll
     for (int r = 0; r < EARLY; ++r) {
       ldg_stream4(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
@@ -157,6 +172,16 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       ldg4(sc + ((size_t)g * N + (size_t)(w0 + c) * 8) / 2, sv[c][0], sv[c][1], sv[c][2], sv[c][3]);
+    }
+  } else if (EARLY > 0) {
+#pragma unroll
+    for (int r = 0; r < EARLY; ++r) {
+      ldg_early_stream4(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
+    }
+    ldg_early4(qz + (size_t)g * n8 + w0, zv[0], zv[1], zv[2], zv[3]);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      ldg_early4(sc + ((size_t)g * N + (size_t)(w0 + c) * 8) / 2, sv[c][0], sv[c][1], sv[c][2], sv[c][3]);
     }
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -290,23 +315,27 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
       int *__restrict__ cnt, int N, int K, int G
 
 // w4a16_cuda.kernel_name: w4a16_gemv_<dtype>_nl<NL>_r<R>, then _t<T> for T threads other than 256,
-// then _e<EARLY> where EARLY > 0
-#define DEFINE_GEMV(NAME, BF16, NL, R, T, E)                                  \
-  extern "C" __global__ void __launch_bounds__(T) NAME(GEMV_ARGS) {           \
-    gemv_body<BF16, NL, R, T, E>(x, qw, qz, sc, ws, out, cnt, N, K, G);       \
+// then _e<EARLY> where EARLY > 0, then nc for the early loads through ld.global.nc
+#define DEFINE_GEMV(NAME, BF16, NL, R, T, E, NC)                                  \
+  extern "C" __global__ void __launch_bounds__(T) NAME(GEMV_ARGS) {               \
+    gemv_body<BF16, NL, R, T, E, NC>(x, qw, qz, sc, ws, out, cnt, N, K, G);       \
   }
 
-#define DEFINE_BOTH(NL, R)                                                           \
-  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R, true, NL, R, 256, 0)                    \
-  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R, false, NL, R, 256, 0)                    \
-  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_e8, true, NL, R, 256, 8)               \
-  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_e8, false, NL, R, 256, 8)
+#define DEFINE_BOTH(NL, R)                                                                \
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R, true, NL, R, 256, 0, false)                  \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R, false, NL, R, 256, 0, false)                  \
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_e8, true, NL, R, 256, 8, false)             \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_e8, false, NL, R, 256, 8, false)             \
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_e8nc, true, NL, R, 256, 8, true)            \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_e8nc, false, NL, R, 256, 8, true)
 
-#define DEFINE_BOTH_T(NL, R, T)                                                      \
-  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T, true, NL, R, T, 0)               \
-  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T, false, NL, R, T, 0)               \
-  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T##_e8, true, NL, R, T, 8)          \
-  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T##_e8, false, NL, R, T, 8)
+#define DEFINE_BOTH_T(NL, R, T)                                                           \
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T, true, NL, R, T, 0, false)             \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T, false, NL, R, T, 0, false)             \
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T##_e8, true, NL, R, T, 8, false)        \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T##_e8, false, NL, R, T, 8, false)        \
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T##_e8nc, true, NL, R, T, 8, true)       \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T##_e8nc, false, NL, R, T, 8, true)
 
 // w4a16_cuda.VARIANTS: (NL, R, threads)
 DEFINE_BOTH(2, 16)
