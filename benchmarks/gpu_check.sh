@@ -98,9 +98,9 @@
 #            tensor-core GEMV among the tuner's launches.
 #   s33h     one GPU: the tensor-core GEMV's GPU tests (through the tuner's launch too), then W4A16 batch 1 with
 #            float32 sums only and the tensor-core GEMV among the tuner's launches.
-#   s33i     one GPU: W4A16 batch 1 with the CUDA-core GEMV's early loads through ld.global (default now) and
-#            through ld.global.nc (HOTLOOP_W4A16_EARLY=nc, where ptxas issues the wait first), then the
-#            tensor-core GEMV's GPU tests.
+#   s33i     one GPU: W4A16 batch 1 with the CUDA-core GEMV's early loads through ld.global.nc (the default,
+#            where ptxas issues the wait first) and through ld.global (HOTLOOP_W4A16_EARLY=ld), twice, then
+#            the tensor-core GEMV's GPU tests and batch 1 with it (HOTLOOP_W4A16_TC=1).
 #   s32e     one GPU: the batch-1 GPU tests now pinned to one step a launch, the multi-step GPU tests, then
 #            run_gpu.py's batch-256 row with the final full-batch rule.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
@@ -1360,12 +1360,16 @@ if [ "$what" = s33h ]; then  # one GPU, in turn
 fi
 if [ "$what" = s33i ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
-  HOTLOOP_W4A16_EARLY=1 bs1 awq_early llama3-8b --model-format awq
-  HOTLOOP_W4A16_EARLY=nc bs1 awq_early_nc llama3-8b --model-format awq
-  timeout 60 python3 -m pytest -m gpu -n 4 -q -s -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemv_tc.py \
-    >"$out/tc_tests.log" 2>&1
+  for i in 1 2; do
+    HOTLOOP_W4A16_EARLY=1 bs1 awq_early$i llama3-8b --model-format awq
+    HOTLOOP_W4A16_EARLY=ld bs1 awq_early_ld$i llama3-8b --model-format awq
+  done
+  timeout 90 python3 -m pytest -m gpu -n 4 -q -s -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemv_tc.py \
+    tests/kernels/test_w4a16_cuda.py >"$out/tc_tests.log" 2>&1
   echo "tc tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed|tuner, float32" "$out/tc_tests.log" | cut -c1-200 | head -20
+  HOTLOOP_CACHE=$out/cache_tc HOTLOOP_W4A16_TC=1 bs1 awq_tc llama3-8b --model-format awq
+  HOTLOOP_CACHE=$out/cache_tc HOTLOOP_W4A16_TC=1 HOTLOOP_W4A16_EARLY=ld bs1 awq_tc_ld llama3-8b --model-format awq
   exit 0
 fi
 if [ "$what" = s32e ]; then  # one GPU: the tests pinned to one step a launch, the multi-step tests, the batch-256 row

@@ -14,10 +14,10 @@ By default the kernels request their first 8 rows of weights, the zero points an
 they wait for the kernel before them (``pdl.py``), so those loads overlap its last blocks: on an
 H200, Llama-3-8B W4A16 batch 1 went from 421.4 / 423.8 to 452.2 / 454.1 tokens/s with them (each
 run tuned), and a layer's four GEMVs from 58.7 to 55.3 us (``benchmarks/results/gpu_2026-12-02b``).
-``HOTLOOP_W4A16_EARLY=0`` launches the kernels that wait first. Those early loads go through the
-coherent path (``ld.global``): ptxas (CUDA 13.0) places the wait above any ``ld.global.nc`` before it,
-so until the thirty-third session they were issued after the wait after all (``HOTLOOP_W4A16_EARLY=nc``
-keeps that form, to measure against).
+``HOTLOOP_W4A16_EARLY=0`` launches the kernels that wait first. The thirty-third session found that
+ptxas (CUDA 13.0) places the wait above any ``ld.global.nc`` before it, so these "early" loads are in
+fact issued after the wait, first (what was measured is that order). ``HOTLOOP_W4A16_EARLY=ld`` takes
+kernels whose early loads go through ``ld.global`` and really start before the wait; not yet measured.
 """
 
 from __future__ import annotations
@@ -59,18 +59,20 @@ def early() -> bool:
     return os.environ.get(EARLY_ENV, "1") != "0"
 
 
-def early_nc() -> bool:
-    """``HOTLOOP_W4A16_EARLY=nc``: the early loads through ``ld.global.nc``, as before the
-    thirty-third session (ptxas issues the kernel's wait above them, so they are not early); for
-    measurements against the coherent early loads, the default."""
-    return os.environ.get(EARLY_ENV, "1") == "nc"
+def early_coherent() -> bool:
+    """``HOTLOOP_W4A16_EARLY=ld``: the early loads through ``ld.global`` instead of ``ld.global.nc``.
+    ptxas (CUDA 13.0) places the kernel's ``griddepcontrol.wait`` above every ``ld.global.nc`` before
+    it, so the default form's "early" loads are issued after the wait (only their order changes:
+    the zero points and scales first); with ``ld`` they start before it. Opt-in until measured in the
+    engine (BENCHMARKS.md, thirty-third session)."""
+    return os.environ.get(EARLY_ENV, "1") == "ld"
 
 
 def kernel_name(
-    dtype: torch.dtype, nl: int, r: int, threads: int = THREADS, early_rows: int = 0, nc: bool = False
+    dtype: torch.dtype, nl: int, r: int, threads: int = THREADS, early_rows: int = 0, coherent: bool = False
 ) -> str:
     t = "" if threads == THREADS else f"_t{threads}"
-    e = f"_e{early_rows}" + ("nc" if nc else "") if early_rows else ""
+    e = f"_e{early_rows}" + ("ld" if coherent else "") if early_rows else ""
     return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}{t}{e}"
 
 
@@ -112,10 +114,10 @@ def available(device: torch.device) -> bool:
 
 def _names() -> list[str]:
     return [kernel_name(dt, *v) for dt in _DTYPES for v in VARIANTS] + [
-        kernel_name(dt, *v, early_rows=EARLY_ROWS, nc=nc)
+        kernel_name(dt, *v, early_rows=EARLY_ROWS, coherent=c)
         for dt in _DTYPES
         for v in VARIANTS
-        for nc in (False, True)
+        for c in (False, True)
     ]
 
 
@@ -168,7 +170,7 @@ def gemv(
         if cnt is None:
             raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
     early_rows = EARLY_ROWS if early() else 0
-    kernels[kernel_name(x2.dtype, nl, r, threads, early_rows, early_nc())](
+    kernels[kernel_name(x2.dtype, nl, r, threads, early_rows, early_coherent())](
         (tiles, split),
         threads,
         (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),

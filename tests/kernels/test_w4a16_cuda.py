@@ -29,6 +29,10 @@ def test_tile_and_fits() -> None:
     assert w4a16_cuda.tile(4, 16, 128) == (128, 512)
     assert w4a16_cuda.kernel_name(torch.bfloat16, 4, 16) == "w4a16_gemv_bf16_nl4_r16"
     assert w4a16_cuda.kernel_name(torch.float16, 4, 32, 128, 8) == "w4a16_gemv_f16_nl4_r32_t128_e8"
+    assert (
+        w4a16_cuda.kernel_name(torch.float16, 4, 32, 128, 8, coherent=True)
+        == "w4a16_gemv_f16_nl4_r32_t128_e8ld"
+    )
 
     def why(m: int, n: int, k: int, group: int, dtype: torch.dtype, nl: int = 4, r: int = 16) -> str:
         return w4a16_cuda.fits(m, n, k, group, dtype, nl, r) or ""
@@ -125,6 +129,7 @@ def test_source_compiles_for_hopper_and_is_cached(monkeypatch: pytest.MonkeyPatc
         for v in w4a16_cuda.VARIANTS:
             for early_rows in (0, w4a16_cuda.EARLY_ROWS):
                 assert w4a16_cuda.kernel_name(dtype, *v, early_rows=early_rows).encode() in cubin
+            assert w4a16_cuda.kernel_name(dtype, *v, early_rows=8, coherent=True).encode() in cubin
     cached = list((tmp_path / "cuda").glob("*.cubin"))
     assert len(cached) == 1
     monkeypatch.setenv("HOTLOOP_NVCC", "/nonexistent/nvcc")
@@ -228,3 +233,14 @@ def test_gpu_graph_replay_and_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
     assert any(cfg.kind == "cuda" for cfg, _ in g.tuning_log[key])
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
     assert _rel_max_err(got, want) < 1e-2
+
+
+def test_early_load_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HOTLOOP_W4A16_EARLY``: on by default with the measured ``ld.global.nc`` form, ``ld`` for the
+    loads that really start before the wait, ``0`` for none."""
+    monkeypatch.delenv(w4a16_cuda.EARLY_ENV, raising=False)
+    assert w4a16_cuda.early() and not w4a16_cuda.early_coherent()
+    monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "ld")
+    assert w4a16_cuda.early() and w4a16_cuda.early_coherent()
+    monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "0")
+    assert not w4a16_cuda.early() and not w4a16_cuda.early_coherent()

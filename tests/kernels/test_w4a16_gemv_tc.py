@@ -170,6 +170,9 @@ def test_tuner_templates_fit_or_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(ValueError, match="does not tile"):
             g.fit_config(template, 1, 28672 + cols // 2, 4096, 128, dev, waves)
     monkeypatch.setattr(g, "_cuda_buildable", lambda: True)
+    monkeypatch.delenv(g.CUDA_TC_ENV, raising=False)
+    assert not any(t.kind == "cuda_tc" for t, _ in g.candidates(1))  # opt-in
+    monkeypatch.setenv(g.CUDA_TC_ENV, "1")
     assert sum(t.kind == "cuda_tc" for t, _ in g.candidates(1)) == len(w4a16_gemv_tc.VARIANTS)
     assert not any(t.kind == "cuda_tc" for t, _ in g.candidates(2))
     monkeypatch.setenv(g.CUDA_TC_ENV, "0")
@@ -220,6 +223,7 @@ def test_gpu_through_the_tuner_launch(dtype: torch.dtype, monkeypatch: pytest.Mo
         assert _rel_max_err(got, want) < _TOL[dtype], cfg
     assert not fallbacks, fallbacks
     monkeypatch.setenv(g.HALF2_ENV, "0")  # float32 sums only: the CUDA-core GEMV is out, this one in
+    monkeypatch.setenv(g.CUDA_TC_ENV, "1")
     monkeypatch.setattr(g, "_plans", {})
     monkeypatch.setattr(g, "_tuned", {})
     monkeypatch.setattr(g, "_from_disk", lambda tkey: None)

@@ -33,9 +33,9 @@ __device__ __forceinline__ void ldg_stream4(const u32* p, u32& a, u32& b, u32& c
       : "l"(p));
 }
 
-// The same loads through the coherent path, for the loads issued before griddepcontrol.wait: ptxas
+// The same loads through the coherent path, for loads meant to start before griddepcontrol.wait: ptxas
 // (CUDA 13.0) moves the wait above every ld.global.nc before it, so only these actually start before
-// the kernel before has finished (BENCHMARKS.md, thirty-third session).
+// the kernel before has finished (BENCHMARKS.md, thirty-third session; the _e8ld kernels, opt-in).
 __device__ __forceinline__ void ldg_early_stream4(const u32* p, u32& a, u32& b, u32& c, u32& d) {
   asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
@@ -131,7 +131,7 @@ __device__ __forceinline__ u32 pair_neg_scale(int i) {
   return BF16 ? 0xBF80BF80u : ((i & 1) ? 0x9C009C00u : 0xAC00AC00u);
 }
 
-template <bool BF16, int NL, int R, int THREADS, int EARLY, bool NC_EARLY>
+template <bool BF16, int NL, int R, int THREADS, int EARLY, bool LD_EARLY>
 __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* __restrict__ qw,
                                           const u32* __restrict__ qz, const u32* __restrict__ sc,
                                           float* __restrict__ ws, unsigned short* __restrict__ out,
@@ -161,9 +161,9 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   // EARLY > 0 the first EARLY rows of weights, the zero points and the scales are requested before
   // the wait: the kernel before does not write them, so their loads overlap its last blocks. The
   // next launch may start only after this kernel's wait (kernels/pdl.py's rule).
-  // NC_EARLY: the early loads through ld.global.nc, as before the thirty-third session (ptxas then
-  // issues them after the wait after all; kept to measure against)
-  if (EARLY > 0 && NC_EARLY) {
+  // !LD_EARLY: the early loads through ld.global.nc, the measured default (ptxas issues them after the
+  // wait after all, first); LD_EARLY: through ld.global, which ptxas leaves before the wait
+  if (EARLY > 0 && !LD_EARLY) {
 #pragma unroll
     for (int r = 0; r < EARLY; ++r) {
       ldg_stream4(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
@@ -315,10 +315,10 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
       int *__restrict__ cnt, int N, int K, int G
 
 // w4a16_cuda.kernel_name: w4a16_gemv_<dtype>_nl<NL>_r<R>, then _t<T> for T threads other than 256,
-// then _e<EARLY> where EARLY > 0, then nc for the early loads through ld.global.nc
-#define DEFINE_GEMV(NAME, BF16, NL, R, T, E, NC)                                  \
+// then _e<EARLY> where EARLY > 0, then ld for the early loads through ld.global
+#define DEFINE_GEMV(NAME, BF16, NL, R, T, E, LD)                                  \
   extern "C" __global__ void __launch_bounds__(T) NAME(GEMV_ARGS) {               \
-    gemv_body<BF16, NL, R, T, E, NC>(x, qw, qz, sc, ws, out, cnt, N, K, G);       \
+    gemv_body<BF16, NL, R, T, E, LD>(x, qw, qz, sc, ws, out, cnt, N, K, G);       \
   }
 
 #define DEFINE_BOTH(NL, R)                                                                \
@@ -326,16 +326,16 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R, false, NL, R, 256, 0, false)                  \
   DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_e8, true, NL, R, 256, 8, false)             \
   DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_e8, false, NL, R, 256, 8, false)             \
-  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_e8nc, true, NL, R, 256, 8, true)            \
-  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_e8nc, false, NL, R, 256, 8, true)
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_e8ld, true, NL, R, 256, 8, true)            \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_e8ld, false, NL, R, 256, 8, true)
 
 #define DEFINE_BOTH_T(NL, R, T)                                                           \
   DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T, true, NL, R, T, 0, false)             \
   DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T, false, NL, R, T, 0, false)             \
   DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T##_e8, true, NL, R, T, 8, false)        \
   DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T##_e8, false, NL, R, T, 8, false)        \
-  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T##_e8nc, true, NL, R, T, 8, true)       \
-  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T##_e8nc, false, NL, R, T, 8, true)
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T##_e8ld, true, NL, R, T, 8, true)       \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T##_e8ld, false, NL, R, T, 8, true)
 
 // w4a16_cuda.VARIANTS: (NL, R, threads)
 DEFINE_BOTH(2, 16)
