@@ -1,8 +1,7 @@
 """What holds the tensor-core one-row W4A16 GEMV (``kernels/w4a16_gemv_tc.py``) above a plain read.
 
 For each Llama-3-8B projection at M = 1 (bf16, GPU time with a cold L2, ``w4a16_gemm.graph_time_us``):
-every variant (with and without clusters along K); beside it the plain stream of
-the same ``qweight`` bytes (``benchmarks/cuda/read_probe.cu``) and the CUDA-core GEMV's best launch
+every variant; beside it the plain stream of the same ``qweight`` bytes (``benchmarks/cuda/read_probe.cu``) and the CUDA-core GEMV's best launch
 (``kernels/w4a16_cuda.py``, early loads on). Every launch is checked against float32
 dequantize-then-matmul first. Last, the four projections of 8 layers in one CUDA graph with each
 kernel's best launch (as ``w4a16_read_probe.py``'s decode chain).

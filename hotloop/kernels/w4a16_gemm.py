@@ -823,6 +823,8 @@ def _tune(
     n = qweight.shape[1] * PACK_FACTOR
     timed: list[tuple[GemmConfig, float]] = []
     for template, waves in candidates(m):
+        if template.kind in ("cuda", "cuda_tc") and x2.dtype not in (torch.float16, torch.bfloat16):
+            continue  # 16-bit activations only (their launch would fall back to the Triton GEMV)
         try:
             cfg = fit_config(template, m, n, k, group_size, x2.device, waves)
         except ValueError:  # a template that cannot tile this shape

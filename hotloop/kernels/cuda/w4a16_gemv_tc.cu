@@ -29,16 +29,18 @@
 // - A warp covers CT = 64 WPL columns (lane g: WPL consecutive words, one 4 WPL-byte load per row)
 //   by RK = 4 IT rows (lane t: IT consecutive rows); a block is WARPS warps stacked along K. Every
 //   weight load of a lane is issued first, before the wait for the kernel before (the weights are not
-//   written by it), then x (IT consecutive values of a lane, vector loads).
+//   written by it; through ld.global: ptxas would move the wait above ld.global.nc loads), then x (IT
+//   consecutive values of a lane, vector loads).
 // - The block's partial columns are summed in shared memory in a fixed order; with a K split, the
 //   last block of a column tile to finish (an atomic counter per tile, reset by that block) adds the
 //   splits' float32 partials in split order: one launch, a result that does not depend on timing.
 //
-// Measured on an H100 (BENCHMARKS.md, thirty-third session): as fast as the CUDA-core GEMV (a
-// Llama-3-8B layer's four GEMVs in a graph: 61-66 against 61-62 us; batch 1 within 1%), with float32
-// sums. Tried and dropped: the L2 256-byte fetch hint on the weight loads, capping the blocks per
-// multiprocessor, and clusters of 2-8 blocks along K adding their partials through distributed
-// shared memory (slower on every shape); a pipelined form (each warp walking whole groups of K with
+// Measured on an H100 (BENCHMARKS.md, thirty-third session), with its weight loads then still after
+// the wait (below): a layer's four GEMVs in a graph 61.1-66.0 us against the CUDA-core GEMV's
+// 60.7-62.8 in the same calls; W4A16 batch 1 382.5 against 390.0 and 384.5 / 385.6 against 381.3 /
+// 381.3 tokens/s. Hence opt-in (HOTLOOP_W4A16_TC=1). Tried and dropped: the L2 256-byte fetch hint on
+// the weight loads, capping the blocks per multiprocessor, and clusters of 2-8 blocks along K adding
+// their partials through distributed shared memory (slower on every shape); a pipelined form (each warp walking whole groups of K with
 // 2-4 chunks of weights in flight in registers, commit 2239f65): 7% faster than the CUDA-core GEMV in
 // a chain of a layer's four GEMVs, slower alone, and 1.3% slower in the engine at batch 1 when the
 // tuner timed chains (commit ae2ef67). Fewer instructions per word did not make it faster: what holds
