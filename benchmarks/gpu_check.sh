@@ -153,9 +153,7 @@
 #            it (HOTLOOP_CUDA_KERNELS=0), alternating, twice.
 #   read     the every-candidate W4A16 GPU test, then w4a16_read_probe.py (plain and GEMV-pattern reads vs the GEMV).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
-#   ncusass  Nsight Compute on the tensor-core GEMV: instruction statistics and per-SASS-line counters.
-#   mma      the tensor-core W4A16 GEMV's GPU tests, then w4a16_read_probe.py (it against the CUDA-core GEMV,
-#            per shape and in a decode-like chain of 8 layers).
+#   ncusass  Nsight Compute on the tensor-core GEMV (w4a16_gemv_tc, (4, 16, 8)): instruction statistics and per-SASS-line counters.
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
 #   fresh    the quantized-KV and attention kernels' GPU tests and the quantized-KV engine GPU tests, the prefill
 #            sweep at 1,024 / 4,096 tokens (a quantized prefill with its own keys from k_new / v_new and
@@ -681,27 +679,16 @@ fi
 if [ "$what" = ncusass ]; then  # one GPU: the tensor-core GEMV's instructions and stalls, per SASS line
   export CUDA_VISIBLE_DEVICES=0
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-  timeout 250 "$NCU" --clock-control none -k regex:w4a16_mma_bf16 --launch-skip 2 --launch-count 1 \
+  timeout 250 "$NCU" --clock-control none -k regex:w4a16_gemv_tc_bf16 --launch-skip 2 --launch-count 1 \
     --section InstructionStats --section SourceCounters --section WarpStateStats --print-details all \
     python3 "$here/ncu_w4a16.py" >"$out/ncu_details.txt" 2>&1
   echo "ncu details rc=$?"
   grep -iE "Executed Instructions|Issued Instructions|stall|Avg. Executed|Branch" "$out/ncu_details.txt" | cut -c1-160 | head -30
-  timeout 250 "$NCU" --clock-control none -k regex:w4a16_mma_bf16 --launch-skip 2 --launch-count 1 \
+  timeout 250 "$NCU" --clock-control none -k regex:w4a16_gemv_tc_bf16 --launch-skip 2 --launch-count 1 \
     --section SourceCounters --page source --print-source sass --csv \
     python3 "$here/ncu_w4a16.py" >"$out/ncu_sass.csv" 2>&1
   echo "ncu sass rc=$? lines=$(wc -l <"$out/ncu_sass.csv")"
   head -3 "$out/ncu_sass.csv" | cut -c1-400
-  exit 0
-fi
-if [ "$what" = mma ]; then  # one GPU
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 200 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_mma.py \
-    >"$out/mma_tests.log" 2>&1
-  echo "MMA GEMV tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/mma_tests.log" | cut -c1-300 | head -30
-  timeout 300 python3 "$here/w4a16_read_probe.py" "$out/read_probe.json" >"$out/read_probe.log" 2>&1
-  echo "read probe rc=$?"
-  grep -E 'gemv_nl|mma|chain|best|Error' "$out/read_probe.log" | cut -c1-300 | tail -50
   exit 0
 fi
 if [ "$what" = fresh ]; then  # one GPU, in turn
@@ -1447,7 +1434,7 @@ if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kerne
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   echo "ncu: $NCU"
   python3 "$here/ncu_w4a16.py" && echo "warm run ok"
-  timeout 400 "$NCU" --clock-control none --launch-skip 8 -k 'regex:w4a16|read_' --section SpeedOfLight \
+  timeout 400 "$NCU" --clock-control none --launch-skip 6 -k 'regex:w4a16|read_' --section SpeedOfLight \
     --section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
     python3 "$here/ncu_w4a16.py" >"$out/ncu.txt" 2>&1
   echo "ncu rc=$?"

@@ -1,13 +1,14 @@
 """One launch of each W4A16 one-row kernel on the gate/up shape (4096 x 28672), for Nsight Compute.
 
-    ncu --clock-control none --launch-skip 8 -k regex:'w4a16|read_' --section SpeedOfLight \\
+    ncu --clock-control none --launch-skip 6 -k regex:'w4a16|read_' --section SpeedOfLight \\
         --section Occupancy --section WarpStateStats --section SchedulerStats python3 benchmarks/ncu_w4a16.py
 
-Runs: the CUDA-core GEMV (4, 32) and (4, 16), the tensor-core GEMV on the MMA layout (split 2 and 8),
-the tensor-core GEMV on the AutoAWQ layout (``w4a16_gemv_tc``: (4, 16, 8) and (2, 32, 4)), and the
-read-only probes of ``benchmarks/cuda/read_probe.cu`` (a plain stream and the GEMV's pattern): eight
-launches, in two rounds. The first round builds and warms up; ``--launch-skip 8`` profiles the second
-only (as ``bash benchmarks/gpu_check.sh OUT ncu`` does).
+Runs: the CUDA-core GEMV (4, 32) and (4, 16), the tensor-core GEMV on the AutoAWQ layout
+(``w4a16_gemv_tc``: (4, 16, 8) and (2, 32, 4)), and the read-only probes of
+``benchmarks/cuda/read_probe.cu`` (a plain stream and the GEMV's pattern): six launches, in two
+rounds. The first round builds and warms up; ``--launch-skip 6`` profiles the second only (as
+``bash benchmarks/gpu_check.sh OUT ncu`` does). (The sixteenth session's tensor-core GEMV on a
+repacked layout, ``w4a16_mma``, was profiled here too until it was removed in the thirty-third.)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from hotloop.kernels import cuda_jit, w4a16_cuda, w4a16_gemv_tc, w4a16_mma
+from hotloop.kernels import cuda_jit, w4a16_cuda, w4a16_gemv_tc
 from hotloop.kernels.w4a16_layout import pack_int4
 
 K, N, G = 4096, 28672, 128
@@ -29,7 +30,6 @@ def main() -> None:
     qz = pack_int4(torch.randint(0, 16, (K // G, N), device=dev, generator=gen, dtype=torch.int32))
     sc = (torch.rand(K // G, N, device=dev, generator=gen) * 0.01 + 1e-3).to(torch.bfloat16)
     x = torch.randn(1, K, device=dev, generator=gen).to(torch.bfloat16)
-    qmma = w4a16_mma.mma_layout(qw)
     probes = cuda_jit.load(
         str(Path(__file__).resolve().parent / "cuda" / "read_probe.cu"),
         dev,
@@ -41,8 +41,6 @@ def main() -> None:
     for _ in range(2):  # the first round builds and warms; ncu profiles both (filter with --launch-skip)
         w4a16_cuda.gemv(x, qw, qz, sc, G, 4, 32)
         w4a16_cuda.gemv(x, qw, qz, sc, G, 4, 16)
-        w4a16_mma.gemv(x, qmma, qz, sc, G, 2)
-        w4a16_mma.gemv(x, qmma, qz, sc, G, 8)
         w4a16_gemv_tc.gemv(x, qw, qz, sc, G, 4, 16, 8)
         w4a16_gemv_tc.gemv(x, qw, qz, sc, G, 2, 32, 4)
         probes["read_stream_u8"]((sms * 4,), 256, (qw, qw.numel() // 4, sink))

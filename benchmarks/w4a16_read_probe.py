@@ -8,7 +8,6 @@ For each Llama-3-8B projection at M = 1 (GPU time, cold L2: ``w4a16_gemm.graph_t
   16-byte loads by 64 slots of R rows, K split across blocks), with no arithmetic;
 - every variant of the CUDA-core GEMV the engine uses (``kernels/w4a16_cuda.py``), each also with
   its early weight loads (``HOTLOOP_W4A16_EARLY=1``);
-- the tensor-core GEMV (``kernels/w4a16_mma.py``, not used by the engine) at every split;
 - every variant of the tensor-core GEMV on the AutoAWQ layout (``kernels/w4a16_gemv_tc.py``), with its
   error against float32 dequantize-then-matmul.
 
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 from awq_gemm import GROUP, SHAPES, graph_replay_us  # (benchmarks/ is on the path when this script runs)
 
-from hotloop.kernels import cuda_jit, reference, w4a16_cuda, w4a16_gemv_tc, w4a16_mma
+from hotloop.kernels import cuda_jit, reference, w4a16_cuda, w4a16_gemv_tc
 from hotloop.kernels.w4a16_gemm import graph_time_us
 from hotloop.kernels.w4a16_layout import pack_int4
 
@@ -57,12 +56,12 @@ def decode_chain(
                 torch.randint(0, 16, (k // GROUP, n), device=dev, generator=gen, dtype=torch.int32)
             )
             sc = (torch.rand(k // GROUP, n, device=dev, generator=gen) * 0.01 + 1e-3).to(dtype)
-            layer[name] = (qw, w4a16_mma.mma_layout(qw), qz, sc)
+            layer[name] = (qw, qz, sc)
         layers.append(layer)
     xs = {name: torch.randn(1, k, device=dev).to(dtype) for name, (k, n) in SHAPES.items()}
     outs = {name: torch.empty(1, n, device=dev, dtype=dtype) for name, (k, n) in SHAPES.items()}
     result = []
-    for kind in ("gemv_nl", "mma", "tc"):
+    for kind in ("gemv_nl", "tc"):
         choice = {}
         for name in SHAPES:
             cands = [
@@ -76,12 +75,9 @@ def decode_chain(
 
         def run(choice: dict = choice) -> None:
             for layer in layers:
-                for name, (qw, qmma, qz, sc) in layer.items():
+                for name, (qw, qz, sc) in layer.items():
                     probe = choice[name]
-                    if probe.startswith("mma"):
-                        split = int(probe.removeprefix("mma_split"))
-                        w4a16_mma.gemv(xs[name], qmma, qz, sc, GROUP, split, out=outs[name])
-                    elif probe.startswith("tc"):
+                    if probe.startswith("tc"):
                         w4a16_gemv_tc.gemv(xs[name], qw, qz, sc, GROUP, *_tc_variant(probe), out=outs[name])
                     else:
                         nl, r, t = _variant(probe)
@@ -102,7 +98,7 @@ def decode_chain(
 
     def read_all() -> None:
         for layer in layers:
-            for name, (qw, _qmma, _qz, _sc) in layer.items():
+            for name, (qw, _qz, _sc) in layer.items():
                 u, b = streams[name]
                 kernels[f"read_stream_u{u}"]((sms * b,), 256, (qw, qw.numel() * 4 // 16, sink))
 
@@ -186,23 +182,6 @@ def main() -> None:
                     }
                 )
             os.environ.pop(w4a16_cuda.EARLY_ENV, None)
-        qmma = w4a16_mma.mma_layout(qw)
-        want = w4a16_cuda.gemv(x, qw, qz, sc, GROUP, 4, 16).float()
-        for split in w4a16_mma.SPLITS:
-            if w4a16_mma.fits(1, n, k, GROUP, dtype, split) is not None:
-                continue
-            got = w4a16_mma.gemv(x, qmma, qz, sc, GROUP, split).float()
-            err = float((got - want).abs().max() / want.abs().max())
-            us = graph_time_us(partial(w4a16_mma.gemv, x, qmma, qz, sc, GROUP, split), dev)
-            record(
-                {
-                    "shape": name,
-                    "probe": f"mma_split{split}",
-                    "us": round(us, 2),
-                    "tb_s": round(wbytes / us / 1e6, 3),
-                    "rel_err_vs_gemv": round(err, 5),
-                }
-            )
         exact = reference.w4a16_matmul(x.float(), qw, qz, sc.float(), GROUP)
         for v in w4a16_gemv_tc.VARIANTS:
             if w4a16_gemv_tc.fits(1, n, k, GROUP, dtype, *v) is not None:
@@ -226,7 +205,7 @@ def main() -> None:
         mine = [r for r in rows if r.get("shape") == name]
         best = {
             kind: min((r["us"] for r in mine if r["probe"].startswith(kind)), default=None)
-            for kind in ("stream", "gemv_pattern", "gemv_nl", "mma", "tc")
+            for kind in ("stream", "gemv_pattern", "gemv_nl", "tc")
         }
         print(name, "best us:", best)
 
