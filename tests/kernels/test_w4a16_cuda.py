@@ -244,3 +244,32 @@ def test_early_load_forms(monkeypatch: pytest.MonkeyPatch) -> None:
     assert w4a16_cuda.early() and w4a16_cuda.early_coherent()
     monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "0")
     assert not w4a16_cuda.early() and not w4a16_cuda.early_coherent()
+
+
+@pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
+def test_loads_meant_to_precede_the_wait_are_not_nc(tmp_path: Path) -> None:
+    """ptxas (CUDA 13.0) moves ``griddepcontrol.wait`` above every ``ld.global.nc`` in front of it
+    (seen in the SASS: the "early" loads then start after the wait), but leaves plain ``ld.global``
+    where it is. The kernels whose loads must start before the wait (the CUDA-core GEMV's ``_e8ld``,
+    every tensor-core GEMV) therefore issue none through ``.nc`` there."""
+    import re
+    import subprocess
+
+    for source in (w4a16_cuda.SOURCE, "w4a16_gemv_tc.cu"):
+        ptx_path = tmp_path / (source + ".ptx")
+        subprocess.run(
+            [str(cuda_jit.find_nvcc()), "-ptx", "-arch=sm_90a", "-O3", "-std=c++17", "-o", str(ptx_path),
+             str(cuda_jit.SOURCE_DIR / source)],
+            check=True, capture_output=True, timeout=600,
+        )  # fmt: skip
+        ptx = ptx_path.read_text()
+        bodies = re.findall(r"\.entry (\w+)\((.*?)\n}\n", ptx, flags=re.S)
+        checked = 0
+        for name, body in bodies:
+            if not (name.endswith("_e8ld") or name.startswith("w4a16_gemv_tc_")):
+                continue
+            before = body.split("griddepcontrol.wait")[0]
+            assert "ld.global" in before, name  # the early loads are there
+            assert "ld.global.nc" not in before, name
+            checked += 1
+        assert checked >= 10, (source, checked)
