@@ -112,7 +112,16 @@ def _runner_stats(engine: Any) -> dict[str, Any]:
         "num_scheduler_steps": engine.num_scheduler_steps,
         "full_batch_steps": engine.full_batch_steps,
         "multi_step_launches": engine.num_multi_step_launches,
+        "w4a16_launches": _w4a16_launches(),
     }
+
+
+def _w4a16_launches() -> list[dict[str, Any]] | None:
+    """The W4A16 launches the tuner chose, where a W4A16 model ran in this process (else None)."""
+    import sys
+
+    gemm = sys.modules.get("hotloop.kernels.w4a16_gemm")
+    return gemm.tuned_launches() if gemm is not None else None
 
 
 def _emit(result: dict[str, Any], path: str | None) -> None:

@@ -51,6 +51,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
+from typing import Any
 
 import torch
 import triton
@@ -810,6 +811,17 @@ def graph_time_us(fn: Callable[[], object], device: torch.device, reps: int = 8,
 # (device index, dtype, M bucket, N, K, group) -> the fastest launch, and every candidate's time
 _tuned: dict[tuple, GemmConfig] = {}
 tuning_log: dict[tuple, list[tuple[GemmConfig, float]]] = {}
+
+
+def tuned_launches() -> list[dict[str, Any]]:
+    """The launches the tuner has chosen in this process (tuned or read from disk), one record per
+    (dtype, M bucket, N, K, group): what a benchmark ran, for its JSON."""
+    out = []
+    for (_index, dtype, mb, n, k, group), cfg in sorted(_tuned.items(), key=lambda kv: str(kv[0])):
+        out.append({"dtype": str(dtype).removeprefix("torch."), "m_bucket": mb, "n": n, "k": k, "group": group,
+                    "kind": cfg.kind, "block_m": cfg.block_m, "block_n": cfg.block_n, "block_k": cfg.block_k,
+                    "split_k": cfg.split_k, "num_warps": cfg.num_warps, "unpack": cfg.unpack})  # fmt: skip
+    return out
 
 
 def _tuning_enabled() -> bool:

@@ -504,3 +504,29 @@ def test_gpu_gemv_half2(shape: tuple[int, int], dtype: torch.dtype) -> None:
         big = g.w4a16_gemm(xl, qw, qz, sc, group, config=g.GemmConfig("gemv", 1, 64, 32, unpack="half2"))
         assert torch.isfinite(big).all()
         assert _rel_max_err(big, reference.w4a16_matmul(xl.float(), qw, qz, sc.float(), group)) < 2e-3
+
+
+def test_tuned_launches_report_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a benchmark's JSON records of the tuner's choices (``bench/offline.py``)."""
+    from hotloop.kernels import w4a16_gemm as g
+
+    cfg = g.GemmConfig("cuda", 1, 128, 32, split_k=2, num_warps=4, num_stages=1)
+    monkeypatch.setattr(g, "_tuned", {(0, torch.bfloat16, 1, 28672, 4096, 128): cfg})
+    assert g.tuned_launches() == [
+        {"dtype": "bfloat16", "m_bucket": 1, "n": 28672, "k": 4096, "group": 128, "kind": "cuda", "block_m": 1,
+         "block_n": 128, "block_k": 32, "split_k": 2, "num_warps": 4, "unpack": "lop3"}
+    ]  # fmt: skip
+    monkeypatch.setattr(g, "_tuned", {})
+    assert g.tuned_launches() == []
+
+
+def test_bench_json_lists_w4a16_launches_only_after_a_w4a16_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from hotloop.bench import offline
+    from hotloop.kernels import w4a16_gemm as g
+
+    monkeypatch.setattr(g, "_tuned", {})
+    assert offline._w4a16_launches() == []  # the kernels module is loaded (a W4A16 model ran)
+    monkeypatch.delitem(sys.modules, "hotloop.kernels.w4a16_gemm")
+    assert offline._w4a16_launches() is None  # a model without W4A16 weights: nothing imported it
