@@ -82,22 +82,12 @@
 #   s32c     one GPU: the engine's GPU tests (the full-batch rounds are the default now), SmolLM2-135M offline at
 #            batch 256 with the full-batch rounds and one step a launch, the 8B batch-256 host profile.
 #   s32d     one GPU: the JSON-mode and multi-step GPU tests (carry xgrammar's wheel in .whl).
+#   (s33b, s33d-s33h: the thirty-third session's other calls, removed; each ran at the commit that
+#            benchmarks/results/gpu_2026-12-06d/README.md names)
 #   s33a     one GPU: the tensor-core GEMV on the AutoAWQ layout (w4a16_gemv_tc): its GPU tests, the read probe
 #            (every variant, the decode chain), then W4A16 batch 1 with and without it (HOTLOOP_W4A16_TC).
-#   s33b     one GPU: the tensor-core GEMV's GPU tests, w4a16_tc_sweep.py (every variant, clusters, the chain),
-#            then W4A16 batch 1 with and without the tensor-core GEMV among the tuner's launches, twice.
 #   s33c     one GPU: the W4A16 GPU tests (kernels, the tuner with the tensor-core GEMV, quantize-and-serve), then
 #            the ncu mode (Nsight Compute on each one-row kernel and read probe).
-#   s33d     (at commit 2239f65, where the pipelined form was) one GPU: the tensor-core GEMV's GPU tests (one-shot and pipelined forms), w4a16_tc_sweep.py, then W4A16
-#            batch 1 with and without them among the tuner's launches, twice.
-#   s33e     (at commit ae2ef67, where the tuner timed chains) one GPU: the W4A16 tuner's GPU tests, then W4A16 batch 1 with the chain-timed tuner with and without the
-#            tensor-core GEMVs, twice; prints the tuner's batch-1 choices.
-#   s33f     one GPU: the W4A16 GPU tests, then W4A16 batch 1 with and without the tensor-core GEMV among the
-#            tuner's launches (each timed alone), twice; prints the tuner's batch-1 choices.
-#   s33g     one GPU: W4A16 batch 1 with float32 sums only (HOTLOOP_W4A16_HALF2=0), without and with the
-#            tensor-core GEMV among the tuner's launches.
-#   s33h     one GPU: the tensor-core GEMV's GPU tests (through the tuner's launch too), then W4A16 batch 1 with
-#            float32 sums only and the tensor-core GEMV among the tuner's launches.
 #   s33i     one GPU: W4A16 batch 1 with the CUDA-core GEMV's early loads through ld.global.nc (the default,
 #            where ptxas issues the wait first) and through ld.global (HOTLOOP_W4A16_EARLY=ld), twice, then
 #            the tensor-core GEMV's GPU tests and batch 1 with it (HOTLOOP_W4A16_TC=1).
@@ -1250,22 +1240,6 @@ if [ "$what" = s33a ]; then  # one GPU, in turn
   HOTLOOP_W4A16_TC=0 bs1 awq_notc llama3-8b --model-format awq
   exit 0
 fi
-if [ "$what" = s33b ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 120 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemv_tc.py \
-    >"$out/tc_tests.log" 2>&1
-  echo "tc tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/tc_tests.log" | cut -c1-200 | head -20
-  timeout 300 python3 "$here/w4a16_tc_sweep.py" "$out/tc_sweep.json" >"$out/tc_sweep.log" 2>&1
-  echo "tc sweep rc=$?"
-  grep -E 'stream|_best|chain|"tc"' "$out/tc_sweep.log" | cut -c1-160
-  for i in 1 2; do
-    HOTLOOP_W4A16_TC=1 bs1 awq_tc$i llama3-8b --model-format awq
-    HOTLOOP_W4A16_TC=0 bs1 awq_notc$i llama3-8b --model-format awq
-  done
-  grep -h "W4A16\|cuda_tc\|tuned" "$out"/bs1_awq_tc1.log | head -5
-  exit 0
-fi
 if [ "$what" = s33c ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
   timeout 240 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemv_tc.py \
@@ -1273,77 +1247,6 @@ if [ "$what" = s33c ]; then  # one GPU, in turn
   echo "W4A16 GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/w4_tests.log" | cut -c1-200 | head -30
   what=ncu
-fi
-if [ "$what" = s33d ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 150 python3 -m pytest -m gpu -q -s -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemv_tc.py \
-    >"$out/tc_tests.log" 2>&1
-  echo "tc tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed|loop.*err" "$out/tc_tests.log" | cut -c1-160 | head -40
-  timeout 300 python3 "$here/w4a16_tc_sweep.py" "$out/tc_sweep.json" >"$out/tc_sweep.log" 2>&1
-  echo "tc sweep rc=$?"
-  grep -E 'stream|_best|chain|"tcl"' "$out/tc_sweep.log" | cut -c1-150
-  for i in 1 2; do
-    HOTLOOP_W4A16_TC=1 bs1 awq_tc$i llama3-8b --model-format awq
-    HOTLOOP_W4A16_TC=0 bs1 awq_notc$i llama3-8b --model-format awq
-  done
-  exit 0
-fi
-if [ "$what" = s33e ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 150 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemm.py \
-    tests/kernels/test_w4a16_gemv_tc.py >"$out/w4_tests.log" 2>&1
-  echo "W4A16 tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/w4_tests.log" | cut -c1-200 | head -20
-  for i in 1 2; do
-    HOTLOOP_CACHE=$out/cache_tc HOTLOOP_W4A16_TC=1 bs1 awq_tc$i llama3-8b --model-format awq
-    HOTLOOP_CACHE=$out/cache_notc HOTLOOP_W4A16_TC=0 bs1 awq_notc$i llama3-8b --model-format awq
-  done
-  python3 - "$out/cache_tc/tuning/w4a16_gemm.json" "$out/cache_notc/tuning/w4a16_gemm.json" <<'PY'
-import json, sys
-for path in sys.argv[1:]:
-    for key, cfg in json.load(open(path))["entries"].items():
-        if "|m1|" in key:
-            print(path.split("/")[-3], key.split("|m1|")[1], cfg["kind"], cfg["block_n"], cfg["block_k"], cfg["num_warps"],
-                  cfg["num_stages"], cfg["split_k"])
-PY
-  exit 0
-fi
-if [ "$what" = s33f ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 150 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemm.py \
-    tests/kernels/test_w4a16_gemv_tc.py tests/kernels/test_w4a16_cuda.py >"$out/w4_tests.log" 2>&1
-  echo "W4A16 tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/w4_tests.log" | cut -c1-200 | head -20
-  for i in 1 2; do
-    HOTLOOP_CACHE=$out/cache_notc HOTLOOP_W4A16_TC=0 bs1 awq_notc$i llama3-8b --model-format awq
-    HOTLOOP_CACHE=$out/cache_tc HOTLOOP_W4A16_TC=1 bs1 awq_tc$i llama3-8b --model-format awq
-  done
-  python3 - "$out/cache_tc/tuning/w4a16_gemm.json" "$out/cache_notc/tuning/w4a16_gemm.json" <<'PY'
-import json, sys
-for path in sys.argv[1:]:
-    for key, cfg in json.load(open(path))["entries"].items():
-        if "|m1|" in key:
-            print(path.split("/")[-3], key.split("|m1|")[1], cfg["kind"], cfg["block_n"], cfg["block_k"], cfg["num_warps"],
-                  cfg["split_k"])
-PY
-  exit 0
-fi
-if [ "$what" = s33g ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  HOTLOOP_W4A16_HALF2=0 HOTLOOP_W4A16_TC=0 bs1 awq_f32_notc llama3-8b --model-format awq
-  HOTLOOP_W4A16_HALF2=0 HOTLOOP_W4A16_TC=1 bs1 awq_f32_tc llama3-8b --model-format awq
-  exit 0
-fi
-if [ "$what" = s33h ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 60 python3 -m pytest -m gpu -n 4 -q -s -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemv_tc.py \
-    >"$out/tc_tests.log" 2>&1
-  echo "tc tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed|tuner, float32" "$out/tc_tests.log" | cut -c1-200 | head -20
-  HOTLOOP_CACHE=$out/cache_f32 HOTLOOP_W4A16_HALF2=0 bs1 awq_f32_tc llama3-8b --model-format awq
-  python3 -c "import json,sys; [print(k.split('|m1|')[1], v['kind'], v['block_n'], v['block_k'], v['num_warps']) for k, v in json.load(open(sys.argv[1]))['entries'].items() if '|m1|' in k]" "$out/cache_f32/tuning/w4a16_gemm.json"
-  exit 0
 fi
 if [ "$what" = s33i ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0

@@ -22,13 +22,16 @@ kernels whose early loads go through ``ld.global`` and really start before the w
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
 
 from hotloop.kernels import counters, cuda_jit
 from hotloop.kernels.pdl import pdl
-from hotloop.kernels.w4a16_layout import check_awq_shapes
+from hotloop.kernels.w4a16_one_row import check_operands, launch_buffers
+
+logger = logging.getLogger(__name__)
 
 SOURCE = "w4a16_gemv.cu"
 THREADS = 256  # the default block
@@ -53,10 +56,26 @@ VARIANTS: tuple[tuple[int, int, int], ...] = (
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
+EARLY_VALUES = ("0", "1", "ld")
+_warned_values: set[str] = set()
+
+
+def _early_value() -> str:
+    """``HOTLOOP_W4A16_EARLY`` (``1`` unless set); another value than 0, 1 or ld is logged once and
+    read as 1."""
+    value = os.environ.get(EARLY_ENV, "1")
+    if value in EARLY_VALUES:
+        return value
+    if value not in _warned_values:
+        _warned_values.add(value)
+        logger.warning("%s=%r: use one of %s; taking 1", EARLY_ENV, value, ", ".join(EARLY_VALUES))
+    return "1"
+
+
 def early() -> bool:
     """Whether launches take the early-load kernels (``HOTLOOP_W4A16_EARLY``, on unless ``0``; read
     at each launch: a CUDA graph keeps the kernel it captured)."""
-    return os.environ.get(EARLY_ENV, "1") != "0"
+    return _early_value() != "0"
 
 
 def early_coherent() -> bool:
@@ -65,7 +84,7 @@ def early_coherent() -> bool:
     it, so the default form's "early" loads are issued after the wait (only their order changes:
     the zero points and scales first); with ``ld`` they start before it. Opt-in until measured in the
     engine (BENCHMARKS.md, thirty-third session)."""
-    return os.environ.get(EARLY_ENV, "1") == "ld"
+    return _early_value() == "ld"
 
 
 def kernel_name(
@@ -135,40 +154,17 @@ def gemv(
     """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(nl, r, threads)``. Every tensor contiguous
     and 16-byte aligned (``w4a16_gemm._aligned``); scales in x's dtype. Raises ``ValueError`` where
     the variant does not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
-    check_awq_shapes(qweight, qzeros, scales, group_size)
-    if x2.dim() != 2 or x2.shape[1] != qweight.shape[0]:
-        raise ValueError(f"x must be [1, {qweight.shape[0]}]; got {tuple(x2.shape)}")
-    if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
-        raise ValueError(f"qweight and qzeros must be int32; got {qweight.dtype}, {qzeros.dtype}")
-    if len({t.device for t in (x2, qweight, qzeros, scales)}) != 1:
-        raise ValueError("x, qweight, qzeros and scales must be on one device")
-    m, k = x2.shape
-    n = qweight.shape[1] * 8
-    why = fits(m, n, k, group_size, x2.dtype, nl, r, threads)
+    k, n = check_operands(x2, qweight, qzeros, scales, group_size)
+    why = fits(x2.shape[0], n, k, group_size, x2.dtype, nl, r, threads)
     if why is not None:
         raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}, {threads}) {why}")
-    if scales.dtype != x2.dtype:
-        raise ValueError(f"scales dtype {scales.dtype} must equal x dtype {x2.dtype}")
-    for name, t in (("x", x2), ("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
-        if not t.is_contiguous() or t.data_ptr() % 16:
-            raise ValueError(f"{name} must be contiguous and 16-byte aligned")
     kernels = cuda_jit.load(SOURCE, x2.device, _names())
     if kernels is None:
         raise cuda_jit.CudaError("the CUDA W4A16 kernels are not available on this machine")
     bn, kb = tile(nl, r, threads)
     split = k // kb
     tiles = n // bn
-    if out is None:
-        out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
-    elif out.shape != (1, n) or out.dtype != x2.dtype or out.device != x2.device or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous [1, {n}] {x2.dtype} tensor on {x2.device}")
-    ws: torch.Tensor | None = None
-    cnt: torch.Tensor | None = None
-    if split > 1:
-        ws = torch.empty(split, n, dtype=torch.float32, device=x2.device)
-        cnt = counters.counters(x2.device, "w4a16_cuda", tiles)
-        if cnt is None:
-            raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
+    out, ws, cnt = launch_buffers(x2, n, split, tiles, "w4a16_cuda", out)
     early_rows = EARLY_ROWS if early() else 0
     kernels[kernel_name(x2.dtype, nl, r, threads, early_rows, early_coherent())](
         (tiles, split),

@@ -545,7 +545,14 @@ def _cuda_tc_enabled() -> bool:
     """Whether the tuner may time the tensor-core one-row GEMV (``HOTLOOP_W4A16_TC=1``; off by default:
     in the engine at batch 1 it measured neither faster nor slower on an H100, and its final form,
     weight loads that really start before the kernel's wait, has not run in the engine yet)."""
-    return os.environ.get(CUDA_TC_ENV, "0") == "1"
+    value = os.environ.get(CUDA_TC_ENV, "0")
+    if value not in ("0", "1") and value not in _warned_tc_values:
+        _warned_tc_values.add(value)
+        logger.warning("%s=%r: use 0 or 1; taking 0", CUDA_TC_ENV, value)
+    return value == "1"
+
+
+_warned_tc_values: set[str] = set()
 
 
 def _cuda_buildable() -> bool:

@@ -24,7 +24,7 @@ import torch
 
 from hotloop.kernels import counters, cuda_jit
 from hotloop.kernels.pdl import pdl
-from hotloop.kernels.w4a16_layout import check_awq_shapes
+from hotloop.kernels.w4a16_one_row import check_operands, launch_buffers
 
 SOURCE = "w4a16_gemv_tc.cu"
 # (WPL, IT, WARPS) as compiled in w4a16_gemv_tc.cu; each was the fastest on some Llama-3-8B shape
@@ -107,40 +107,17 @@ def gemv(
     """``x2 [1, K] @ W`` -> ``[1, N]`` in x's dtype with variant ``(wpl, it, warps)``. Every tensor
     contiguous and 16-byte aligned; scales in x's dtype. Raises ``ValueError`` where the variant does
     not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
-    check_awq_shapes(qweight, qzeros, scales, group_size)
-    if x2.dim() != 2 or x2.shape[1] != qweight.shape[0]:
-        raise ValueError(f"x must be [1, {qweight.shape[0]}]; got {tuple(x2.shape)}")
-    if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
-        raise ValueError(f"qweight and qzeros must be int32; got {qweight.dtype}, {qzeros.dtype}")
-    if len({t.device for t in (x2, qweight, qzeros, scales)}) != 1:
-        raise ValueError("x, qweight, qzeros and scales must be on one device")
-    m, k = x2.shape
-    n = qweight.shape[1] * 8
-    why = fits(m, n, k, group_size, x2.dtype, wpl, it, warps)
+    k, n = check_operands(x2, qweight, qzeros, scales, group_size)
+    why = fits(x2.shape[0], n, k, group_size, x2.dtype, wpl, it, warps)
     if why is not None:
         raise ValueError(f"the tensor-core W4A16 GEMV ({wpl}, {it}, {warps}) {why}")
-    if scales.dtype != x2.dtype:
-        raise ValueError(f"scales dtype {scales.dtype} must equal x dtype {x2.dtype}")
-    for name, t in (("x", x2), ("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
-        if not t.is_contiguous() or t.data_ptr() % 16:
-            raise ValueError(f"{name} must be contiguous and 16-byte aligned")
     kernels = cuda_jit.load(SOURCE, x2.device, _names())
     if kernels is None:
         raise cuda_jit.CudaError("the tensor-core W4A16 GEMV kernels are not available on this machine")
     cols, rows = tile(wpl, it, warps)
     split = k // rows
     tiles = n // cols
-    if out is None:
-        out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
-    elif out.shape != (1, n) or out.dtype != x2.dtype or out.device != x2.device or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous [1, {n}] {x2.dtype} tensor on {x2.device}")
-    ws: torch.Tensor | None = None
-    cnt: torch.Tensor | None = None
-    if split > 1:
-        ws = torch.empty(split, n, dtype=torch.float32, device=x2.device)
-        cnt = counters.counters(x2.device, "w4a16_gemv_tc", tiles)
-        if cnt is None:
-            raise ValueError("no split-K counters (first use inside a CUDA-graph capture)")
+    out, ws, cnt = launch_buffers(x2, n, split, tiles, "w4a16_gemv_tc", out)
     kernels[kernel_name(x2.dtype, wpl, it, warps)](
         (tiles, split),
         32 * warps,

@@ -38,3 +38,15 @@ def random_awq(
     qzeros = pack_int4(torch.randint(0, 16, (k // group, n), generator=gen)).to(device)
     scales = (torch.rand(k // group, n, generator=gen) * 0.02 + 0.001).to(device=device, dtype=dtype)
     return qweight, qzeros, scales
+
+
+def spiky_x(k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """One row of K activations on the GPU, normal with 8 spikes of 20-50 in magnitude (the outliers
+    real activations have), for the one-row W4A16 GEMVs' tests."""
+    gen = torch.Generator("cuda").manual_seed(seed)
+    x = torch.randn(1, k, device="cuda", generator=gen)
+    spikes = torch.randint(0, k, (8,), device="cuda", generator=gen)
+    x[0, spikes] = (20 + 30 * torch.rand(8, device="cuda", generator=gen)) * torch.sign(
+        torch.randn(8, device="cuda", generator=gen)
+    )
+    return x.to(dtype)

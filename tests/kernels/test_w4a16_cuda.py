@@ -8,11 +8,12 @@ kernel's), the fp16 headroom, split-K counters left at zero, and a CUDA-graph re
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 import torch
-from kernel_checks import random_awq
+from kernel_checks import random_awq, spiky_x
 from test_w4a16_gemm import _assert_rounds_like, _half2_emulated, _rel_max_err
 
 from hotloop.kernels import counters, cuda_jit, reference, w4a16_cuda
@@ -136,16 +137,6 @@ def test_source_compiles_for_hopper_and_is_cached(monkeypatch: pytest.MonkeyPatc
     assert cuda_jit.compile_cubin(source, "sm_90a", nvcc=cuda_jit.find_nvcc() or "nvcc") == cubin
 
 
-def _spiky_x(k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    gen = torch.Generator("cuda").manual_seed(seed)
-    x = torch.randn(1, k, device="cuda", generator=gen)
-    spikes = torch.randint(0, k, (8,), device="cuda", generator=gen)
-    x[0, spikes] = (20 + 30 * torch.rand(8, device="cuda", generator=gen)) * torch.sign(
-        torch.randn(8, device="cuda", generator=gen)
-    )
-    return x.to(dtype)
-
-
 def _require_cuda_kernels() -> None:
     if not w4a16_cuda.available(torch.device("cuda")):
         pytest.skip("the CUDA kernels cannot be built here (no nvcc)")
@@ -164,7 +155,7 @@ def test_gpu_every_variant(
     _require_cuda_kernels()
     k, n = shape
     qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=k + n)
-    x = _spiky_x(k, dtype, n)
+    x = spiky_x(k, dtype, n)
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
     emulated = _half2_emulated(x, qweight, qzeros, scales, 128, 8)
     tol = 2e-3 if dtype == torch.float16 else 1e-2
@@ -211,13 +202,13 @@ def test_gpu_graph_replay_and_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
 
     k, n = 4096, 6144
     qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=3)
-    x = _spiky_x(k, torch.bfloat16, 3)
+    x = spiky_x(k, torch.bfloat16, 3)
     out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
     w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, out=out)  # the counters exist before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16, out=out)
-    x.copy_(_spiky_x(k, torch.bfloat16, 4))
+    x.copy_(spiky_x(k, torch.bfloat16, 4))
     graph.replay()
     torch.cuda.synchronize()
     eager = w4a16_cuda.gemv(x, qweight, qzeros, scales, 128, 4, 16)
@@ -235,7 +226,7 @@ def test_gpu_graph_replay_and_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _rel_max_err(got, want) < 1e-2
 
 
-def test_early_load_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_early_load_forms(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """``HOTLOOP_W4A16_EARLY``: on by default with the measured ``ld.global.nc`` form, ``ld`` for the
     loads that really start before the wait, ``0`` for none."""
     monkeypatch.delenv(w4a16_cuda.EARLY_ENV, raising=False)
@@ -244,6 +235,10 @@ def test_early_load_forms(monkeypatch: pytest.MonkeyPatch) -> None:
     assert w4a16_cuda.early() and w4a16_cuda.early_coherent()
     monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "0")
     assert not w4a16_cuda.early() and not w4a16_cuda.early_coherent()
+    monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "LD")  # a wrong value: said once, read as the default
+    with caplog.at_level(logging.WARNING, logger="hotloop.kernels.w4a16_cuda"):
+        assert w4a16_cuda.early() and not w4a16_cuda.early_coherent()
+    assert sum("HOTLOOP_W4A16_EARLY='LD': use one of 0, 1, ld" in r.getMessage() for r in caplog.records) == 1
 
 
 @pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")

@@ -8,11 +8,12 @@ zero points and codes, split-K counters left at zero, and a CUDA-graph replay.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 import torch
-from kernel_checks import random_awq
+from kernel_checks import random_awq, spiky_x
 from test_w4a16_gemm import _rel_max_err
 
 from hotloop.kernels import counters, cuda_jit, reference, w4a16_gemv_tc
@@ -69,16 +70,6 @@ def _require_kernels() -> None:
         pytest.skip("the CUDA kernels cannot be built here (no nvcc, or not a Hopper GPU)")
 
 
-def _spiky_x(k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    gen = torch.Generator("cuda").manual_seed(seed)
-    x = torch.randn(1, k, device="cuda", generator=gen)
-    spikes = torch.randint(0, k, (8,), device="cuda", generator=gen)
-    x[0, spikes] = (20 + 30 * torch.rand(8, device="cuda", generator=gen)) * torch.sign(
-        torch.randn(8, device="cuda", generator=gen)
-    )
-    return x.to(dtype)
-
-
 # float32 sums throughout: the output is about one rounding of float32 dequantize-then-matmul. The
 # bound, relative to max |y|: a 16-bit rounding of the largest output plus the float32 sums' error
 # (the sums carry 128 x or 1024 x per row before the group's correction takes it off)
@@ -92,7 +83,7 @@ def test_gpu_every_variant(shape: tuple[int, int], dtype: torch.dtype) -> None:
     _require_kernels()
     k, n = shape
     qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=k + n)
-    x = _spiky_x(k, dtype, n)
+    x = spiky_x(k, dtype, n)
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
     ran = 0
     for v in w4a16_gemv_tc.VARIANTS:
@@ -157,7 +148,9 @@ def test_gpu_graph_replay_follows_new_inputs() -> None:
         assert _rel_max_err(out, want) < _TOL[dtype]
 
 
-def test_tuner_templates_fit_or_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tuner_templates_fit_or_refuse(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from hotloop.kernels import w4a16_gemm as g
 
     dev = torch.device("cpu")
@@ -177,6 +170,10 @@ def test_tuner_templates_fit_or_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not any(t.kind == "cuda_tc" for t, _ in g.candidates(2))
     monkeypatch.setenv(g.CUDA_TC_ENV, "0")
     assert not any(t.kind == "cuda_tc" for t, _ in g.candidates(1))
+    monkeypatch.setenv(g.CUDA_TC_ENV, "yes")  # a wrong value: said, and read as off
+    with caplog.at_level(logging.WARNING, logger="hotloop.kernels.w4a16_gemm"):
+        assert not any(t.kind == "cuda_tc" for t, _ in g.candidates(1))
+    assert any("HOTLOOP_W4A16_TC='yes': use 0 or 1" in r.getMessage() for r in caplog.records)
 
 
 def test_tuner_launch_passes_the_variant(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -213,7 +210,7 @@ def test_gpu_through_the_tuner_launch(dtype: torch.dtype, monkeypatch: pytest.Mo
 
     k, n = 4096, 6144
     qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=7)
-    x = _spiky_x(k, dtype, 7)
+    x = spiky_x(k, dtype, 7)
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
     fallbacks: list[Exception] = []
     monkeypatch.setattr(g, "_warn_cuda_fallback", fallbacks.append)

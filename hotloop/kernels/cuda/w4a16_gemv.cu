@@ -23,33 +23,28 @@
 //   splits' float32 partials in split order and writes the output: one launch, and a result that
 //   does not depend on timing.
 
-typedef unsigned int u32;
+#include "w4a16_common.cuh"
 
 #define ROWS 8
 
-__device__ __forceinline__ void ldg_stream4(const u32* p, u32& a, u32& b, u32& c, u32& d) {
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
-      : "l"(p));
+// the loads a kernel issues before its griddepcontrol.wait: through ld.global.nc (the measured
+// default; ptxas then issues them after the wait, first) or with LD through ld.global (before it)
+template <bool LD>
+__device__ __forceinline__ void ldg_w_early(const u32* p, u32& a, u32& b, u32& c, u32& d) {
+  if (LD) {
+    ldg_early_stream4(p, a, b, c, d);
+  } else {
+    ldg_stream4(p, a, b, c, d);
+  }
 }
 
-// The same loads through the coherent path, for loads meant to start before griddepcontrol.wait: ptxas
-// (CUDA 13.0) moves the wait above every ld.global.nc before it, so only these actually start before
-// the kernel before has finished (BENCHMARKS.md, thirty-third session; the _e8ld kernels, opt-in).
-__device__ __forceinline__ void ldg_early_stream4(const u32* p, u32& a, u32& b, u32& c, u32& d) {
-  asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
-      : "l"(p));
-}
-
-__device__ __forceinline__ void ldg_early4(const u32* p, u32& a, u32& b, u32& c, u32& d) {
-  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p));
-}
-
-// volatile, as the weight loads: the compiler keeps it after griddepcontrol.wait (the input row is
-// written by the kernel before)
-__device__ __forceinline__ void ldg4(const u32* p, u32& a, u32& b, u32& c, u32& d) {
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p));
+template <bool LD>
+__device__ __forceinline__ void ldg_early(const u32* p, u32& a, u32& b, u32& c, u32& d) {
+  if (LD) {
+    ldg_early4(p, a, b, c, d);
+  } else {
+    ldg4(p, a, b, c, d);
+  }
 }
 
 template <bool BF16>
@@ -89,26 +84,6 @@ __device__ __forceinline__ void halves(u32 v, float& lo, float& hi) {
   }
 }
 
-template <bool BF16>
-__device__ __forceinline__ unsigned short to16(float v) {
-  unsigned short h;
-  if (BF16) {
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-  } else {
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-  }
-  return h;
-}
-
-// (v & m) | magic in one lop3: m goes in a register (a lop3 takes one immediate; with two, the
-// compiler emits an AND and an OR)
-template <bool BF16>
-__device__ __forceinline__ u32 and_or_magic(u32 v, u32 m) {
-  u32 d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(v), "r"(m), "n"(BF16 ? 0x43004300u : 0x64006400u));
-  return d;
-}
-
 // column pair i (columns 2i, 2i + 1) of the word v as (magic + q s_i) in both halves
 template <bool BF16>
 __device__ __forceinline__ u32 pair_magic(u32 v, int i) {
@@ -141,9 +116,9 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   constexpr int PER = THREADS / BN;  // threads per column in the block's reduction
   static_assert(R % ROWS == 0, "R must be a multiple of ROWS");
   static_assert(TK >= PER, "too few slots");
+  static_assert(BN <= THREADS, "a thread finishes at most one column");
   static_assert(EARLY >= 0 && EARLY <= R, "EARLY is a count of this thread's rows");
   __shared__ __align__(16) float red[TK][BN + 4];
-  __shared__ int last;
 
   const int tid = threadIdx.x;
   const int lane_n = tid % NL;
@@ -161,27 +136,15 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   // EARLY > 0 the first EARLY rows of weights, the zero points and the scales are requested before
   // the wait: the kernel before does not write them, so their loads overlap its last blocks. The
   // next launch may start only after this kernel's wait (kernels/pdl.py's rule).
-  // !LD_EARLY: the early loads through ld.global.nc, the measured default (ptxas issues them after the
-  // wait after all, first); LD_EARLY: through ld.global, which ptxas leaves before the wait
-  if (EARLY > 0 && !LD_EARLY) {
+  if (EARLY > 0) {
 #pragma unroll
     for (int r = 0; r < EARLY; ++r) {
-      ldg_stream4(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
+      ldg_w_early<LD_EARLY>(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
     }
-    ldg4(qz + (size_t)g * n8 + w0, zv[0], zv[1], zv[2], zv[3]);
+    ldg_early<LD_EARLY>(qz + (size_t)g * n8 + w0, zv[0], zv[1], zv[2], zv[3]);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      ldg4(sc + ((size_t)g * N + (size_t)(w0 + c) * 8) / 2, sv[c][0], sv[c][1], sv[c][2], sv[c][3]);
-    }
-  } else if (EARLY > 0) {
-#pragma unroll
-    for (int r = 0; r < EARLY; ++r) {
-      ldg_early_stream4(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
-    }
-    ldg_early4(qz + (size_t)g * n8 + w0, zv[0], zv[1], zv[2], zv[3]);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      ldg_early4(sc + ((size_t)g * N + (size_t)(w0 + c) * 8) / 2, sv[c][0], sv[c][1], sv[c][2], sv[c][3]);
+      ldg_early<LD_EARLY>(sc + ((size_t)g * N + (size_t)(w0 + c) * 8) / 2, sv[c][0], sv[c][1], sv[c][2], sv[c][3]);
     }
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -278,35 +241,12 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   __syncthreads();
   red[part][col] = s;
   __syncthreads();
-  const int n = blockIdx.x * BN + tid;
-  if (gridDim.y == 1) {
-    if (tid < BN) {
-      float v = 0.0f;
-#pragma unroll
-      for (int q = 0; q < PER; ++q) v += red[q][tid];
-      out[n] = to16<BF16>(v);
-    }
-    return;
-  }
+  float v[1] = {0.0f};
   if (tid < BN) {
-    float v = 0.0f;
 #pragma unroll
-    for (int q = 0; q < PER; ++q) v += red[q][tid];
-    ws[(size_t)blockIdx.y * N + n] = v;
+    for (int q = 0; q < PER; ++q) v[0] += red[q][tid];
   }
-  __threadfence();  // this block's partials are visible before its arrival is counted
-  __syncthreads();
-  if (tid == 0) last = atomicAdd(&cnt[blockIdx.x], 1) == (int)gridDim.y - 1;
-  __syncthreads();
-  if (last) {
-    __threadfence();  // acquire: the other blocks' partials, counted in before this block's arrival
-    if (tid < BN) {
-      float v = 0.0f;
-      for (int sp = 0; sp < (int)gridDim.y; ++sp) v += __ldcg(&ws[(size_t)sp * N + n]);
-      out[n] = to16<BF16>(v);
-    }
-    if (tid == 0) cnt[blockIdx.x] = 0;
-  }
+  finish_columns<BF16, 1, THREADS, BN>(v, ws, out, cnt, N);
 }
 
 #define GEMV_ARGS                                                                                   \

@@ -47,16 +47,14 @@
 // both GEMVs near 2 TB/s is not their arithmetic (Nsight Compute: 61% of DRAM bandwidth, 0.28-0.38
 // warp instructions issued per scheduler and cycle, about 15 of 64 warps resident per SM).
 
-typedef unsigned int u32;
+#include "w4a16_common.cuh"
 
 // the weight loads, all issued before griddepcontrol.wait: through the coherent path, since ptxas
 // (CUDA 13.0) moves the wait above any ld.global.nc before it
 template <int WPL>
 __device__ __forceinline__ void ldg_w(const u32* p, u32* w) {
   if (WPL == 4) {
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                 : "l"(p));
+    ldg_early_stream4(p, w[0], w[1], w[2], w[3]);
   } else if (WPL == 2) {
     asm volatile("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
   } else {
@@ -64,20 +62,9 @@ __device__ __forceinline__ void ldg_w(const u32* p, u32* w) {
   }
 }
 
-// volatile, as the weight loads: kept after griddepcontrol.wait (x is written by the kernel before)
-__device__ __forceinline__ void ldg_x4(const u32* p, u32* v) {
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "l"(p));
-}
-
+// after griddepcontrol.wait (x is written by the kernel before); four words: ldg4
 __device__ __forceinline__ void ldg_x2(const u32* p, u32* v) {
   asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v[0]), "=r"(v[1]) : "l"(p));
-}
-
-template <bool BF16>
-__device__ __forceinline__ u32 lop_magic(u32 v, u32 m) {
-  u32 d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(v), "r"(m), "n"(BF16 ? 0x43004300u : 0x64006400u));
-  return d;
 }
 
 __device__ __forceinline__ u32 prmt(u32 a, u32 sel) {
@@ -116,17 +103,6 @@ __device__ __forceinline__ float half_at(u32 v, int h) {
   }
 }
 
-template <bool BF16>
-__device__ __forceinline__ unsigned short to16(float v) {
-  unsigned short h;
-  if (BF16) {
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-  } else {
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-  }
-  return h;
-}
-
 template <bool BF16, int WPL, int IT, int WARPS>
 __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u32* __restrict__ qw,
                                              const u32* __restrict__ qz, const unsigned short* __restrict__ sc,
@@ -140,7 +116,6 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
   static_assert(CT % T == 0 || T % CT == 0, "threads and columns");
   __shared__ __align__(16) float red[WARPS][2][CT];
   __shared__ float xs[WARPS];
-  __shared__ int last;
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -163,7 +138,7 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
 
   u32 xv[IT / 2];
 #pragma unroll
-  for (int j = 0; j < IT / 8; ++j) ldg_x4(x + (r0 + 8 * j) / 2, xv + 4 * j);
+  for (int j = 0; j < IT / 8; ++j) ldg4(x + (r0 + 8 * j) / 2, xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3]);
   if (IT % 8) ldg_x2(x + (r0 + IT - 4) / 2, xv + IT / 2 - 2);
 
   // B registers: lane (g, t) holds B[2t + h + 8e][g]; nonzero (= x of its row) where g == 4 (t % 2) + 2e + h.
@@ -196,16 +171,16 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
       const u32 v = w[i][j];
       u32 a0, a1, a2, a3;
       if (BF16) {
-        a0 = lop_magic<true>(v, lo4);
-        a1 = lop_magic<true>(v >> 4, lo4);
-        a2 = lop_magic<true>(v >> 8, lo4);
-        a3 = lop_magic<true>(v >> 12, lo4);
+        a0 = and_or_magic<true>(v, lo4);
+        a1 = and_or_magic<true>(v >> 4, lo4);
+        a2 = and_or_magic<true>(v >> 8, lo4);
+        a3 = and_or_magic<true>(v >> 12, lo4);
       } else {  // pairs 1 and 3 in place: 1024 + 16 q
         const u32 v8 = v >> 8;
-        a0 = lop_magic<false>(v, lo4);
-        a1 = lop_magic<false>(v, hi4);
-        a2 = lop_magic<false>(v8, lo4);
-        a3 = lop_magic<false>(v8, hi4);
+        a0 = and_or_magic<false>(v, lo4);
+        a1 = and_or_magic<false>(v, hi4);
+        a2 = and_or_magic<false>(v8, lo4);
+        a3 = and_or_magic<false>(v8, hi4);
       }
       mma<BF16>(acc[j], a0, a1, a2, a3, b0, b1);
     }
@@ -263,37 +238,7 @@ __device__ __forceinline__ void gemv_tc_body(const u32* __restrict__ x, const u3
     }
   }
 
-  if (gridDim.y == 1) {
-#pragma unroll
-    for (int q = 0; q < (CT + T - 1) / T; ++q) {
-      const int c = tid + q * T;
-      if (CT % T == 0 || c < CT) out[blockIdx.x * CT + c] = to16<BF16>(part[q]);
-    }
-    return;
-  }
-#pragma unroll
-  for (int q = 0; q < (CT + T - 1) / T; ++q) {
-    const int c = tid + q * T;
-    if (CT % T == 0 || c < CT) ws[(size_t)blockIdx.y * N + blockIdx.x * CT + c] = part[q];
-  }
-  __threadfence();  // this block's partials are visible before its arrival is counted
-  __syncthreads();
-  if (tid == 0) last = atomicAdd(&cnt[blockIdx.x], 1) == (int)gridDim.y - 1;
-  __syncthreads();
-  if (last) {
-    __threadfence();  // acquire: the other blocks' partials, counted in before this block's arrival
-#pragma unroll
-    for (int q = 0; q < (CT + T - 1) / T; ++q) {
-      const int c = tid + q * T;
-      if (CT % T == 0 || c < CT) {
-        const int n = blockIdx.x * CT + c;
-        float v = 0.0f;
-        for (int sp = 0; sp < (int)gridDim.y; ++sp) v += __ldcg(&ws[(size_t)sp * N + n]);
-        out[n] = to16<BF16>(v);
-      }
-    }
-    if (tid == 0) cnt[blockIdx.x] = 0;
-  }
+  finish_columns<BF16, (CT + T - 1) / T, T, CT>(part, ws, out, cnt, N);
 }
 
 #define GEMV_TC_ARGS                                                                                \
