@@ -8,7 +8,6 @@ kernel's), the fp16 headroom, split-K counters left at zero, and a CUDA-graph re
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -226,7 +225,7 @@ def test_gpu_graph_replay_and_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _rel_max_err(got, want) < 1e-2
 
 
-def test_early_load_forms(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_early_load_forms(monkeypatch: pytest.MonkeyPatch) -> None:
     """``HOTLOOP_W4A16_EARLY``: on by default with the measured ``ld.global.nc`` form, ``ld`` for the
     loads that really start before the wait, ``0`` for none."""
     monkeypatch.delenv(w4a16_cuda.EARLY_ENV, raising=False)
@@ -236,9 +235,11 @@ def test_early_load_forms(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCap
     monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "0")
     assert not w4a16_cuda.early() and not w4a16_cuda.early_coherent()
     monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "LD")  # a wrong value: said once, read as the default
-    with caplog.at_level(logging.WARNING, logger="hotloop.kernels.w4a16_cuda"):
-        assert w4a16_cuda.early() and not w4a16_cuda.early_coherent()
-    assert sum("HOTLOOP_W4A16_EARLY='LD': use one of 0, 1, ld" in r.getMessage() for r in caplog.records) == 1
+    said: list[str] = []
+    monkeypatch.setattr(w4a16_cuda, "_warned_values", set())
+    monkeypatch.setattr(w4a16_cuda.logger, "warning", lambda msg, *args: said.append(msg % args))
+    assert w4a16_cuda.early() and not w4a16_cuda.early_coherent()
+    assert said == ["HOTLOOP_W4A16_EARLY='LD': use one of 0, 1, ld; taking 1"]
 
 
 @pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
