@@ -91,6 +91,8 @@
 #   s33i     one GPU: W4A16 batch 1 with the CUDA-core GEMV's early loads through ld.global.nc (the default,
 #            where ptxas issues the wait first) and through ld.global (HOTLOOP_W4A16_EARLY=ld), twice, then
 #            the tensor-core GEMV's GPU tests and batch 1 with it (HOTLOOP_W4A16_TC=1).
+#   s34a     one GPU: issue 3's serving run by prefill chunk (8,192, 256, 384, 256 with --jit-schedule), then
+#            profile_step.py's serving-mix steps (16 decodes at 1k plus 128-1,024 prompt tokens, and alone).
 #   s32e     one GPU: the batch-1 GPU tests now pinned to one step a launch, the multi-step GPU tests, then
 #            run_gpu.py's batch-256 row with the final full-batch rule.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
@@ -1247,6 +1249,18 @@ if [ "$what" = s33c ]; then  # one GPU, in turn
   echo "W4A16 GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/w4_tests.log" | cut -c1-200 | head -30
   what=ncu
+fi
+if [ "$what" = s34a ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  serve 0 c8192
+  serve 0 c256 --max-prefill-token-num 256
+  serve 0 c384 --max-prefill-token-num 384
+  serve 0 c256j --max-prefill-token-num 256 --jit-schedule
+  timeout 150 python3 "$here/profile_step.py" --out "$out/profile.json" --cases "16 decodes,decode 16@" \
+    >"$out/profile.log" 2>&1
+  echo "profile_step rc=$?"
+  grep -E "floor" "$out/profile.log"
+  exit 0
 fi
 if [ "$what" = s33i ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
