@@ -11,13 +11,15 @@ launches (kind ``"cuda"``, ``num_warps`` = T / 32) and keeps the fastest; they e
 ``cuda_jit`` can compile them.
 
 By default the kernels request their first 8 rows of weights, the zero points and the scales before
-they wait for the kernel before them (``pdl.py``), so those loads overlap its last blocks: on an
-H200, Llama-3-8B W4A16 batch 1 went from 421.4 / 423.8 to 452.2 / 454.1 tokens/s with them (each
-run tuned), and a layer's four GEMVs from 58.7 to 55.3 us (``benchmarks/results/gpu_2026-12-02b``).
-``HOTLOOP_W4A16_EARLY=0`` launches the kernels that wait first. The thirty-third session found that
-ptxas (CUDA 13.0) places the wait above any ``ld.global.nc`` before it, so these "early" loads are in
-fact issued after the wait, first (what was measured is that order). ``HOTLOOP_W4A16_EARLY=ld`` takes
-kernels whose early loads go through ``ld.global`` and really start before the wait; not yet measured.
+they wait for the kernel before them (``pdl.py``), so those loads overlap its last blocks. They go
+through ``ld.global``: ptxas (CUDA 13.0) places ``griddepcontrol.wait`` above any ``ld.global.nc``
+before it, so through the read-only path the "early" loads were in fact issued after the wait (the
+thirty-third session found it in the SASS). H200, Llama-3-8B W4A16 batch 1, alternating in one call
+(thirty-fourth session, ``benchmarks/results/gpu_2026-12-06e``): 466.9 / 468.0 tokens/s with the
+loads before the wait (``ld``, now the default) against 452.8 / 455.3 with the ``.nc`` form
+(``HOTLOOP_W4A16_EARLY=1``, the default from the twenty-seventh session, when it measured 452.2 /
+454.1 against 421.4 / 423.8 for kernels that wait first). ``HOTLOOP_W4A16_EARLY=0`` launches the
+kernels that wait first.
 """
 
 from __future__ import annotations
@@ -57,19 +59,22 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 EARLY_VALUES = ("0", "1", "ld")
+DEFAULT_EARLY = "ld"
 _warned_values: set[str] = set()
 
 
 def _early_value() -> str:
-    """``HOTLOOP_W4A16_EARLY`` (``1`` unless set); another value than 0, 1 or ld is logged once and
-    read as 1."""
-    value = os.environ.get(EARLY_ENV, "1")
+    """``HOTLOOP_W4A16_EARLY`` (``ld`` unless set); another value than 0, 1 or ld is logged once and
+    read as ld."""
+    value = os.environ.get(EARLY_ENV, DEFAULT_EARLY)
     if value in EARLY_VALUES:
         return value
     if value not in _warned_values:
         _warned_values.add(value)
-        logger.warning("%s=%r: use one of %s; taking 1", EARLY_ENV, value, ", ".join(EARLY_VALUES))
-    return "1"
+        logger.warning(
+            "%s=%r: use one of %s; taking %s", EARLY_ENV, value, ", ".join(EARLY_VALUES), DEFAULT_EARLY
+        )
+    return DEFAULT_EARLY
 
 
 def early() -> bool:
@@ -79,11 +84,11 @@ def early() -> bool:
 
 
 def early_coherent() -> bool:
-    """``HOTLOOP_W4A16_EARLY=ld``: the early loads through ``ld.global`` instead of ``ld.global.nc``.
-    ptxas (CUDA 13.0) places the kernel's ``griddepcontrol.wait`` above every ``ld.global.nc`` before
-    it, so the default form's "early" loads are issued after the wait (only their order changes:
-    the zero points and scales first); with ``ld`` they start before it. Opt-in until measured in the
-    engine (BENCHMARKS.md, thirty-third session)."""
+    """``HOTLOOP_W4A16_EARLY=ld`` (the default): the early loads through ``ld.global`` instead of
+    ``ld.global.nc``. ptxas (CUDA 13.0) places the kernel's ``griddepcontrol.wait`` above every
+    ``ld.global.nc`` before it, so the ``1`` form's "early" loads are issued after the wait (only
+    their order changes: the zero points and scales first); with ``ld`` they start before it
+    (+3% at W4A16 batch 1 on an H200, the module docstring)."""
     return _early_value() == "ld"
 
 
