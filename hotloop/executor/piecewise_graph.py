@@ -62,6 +62,30 @@ def _attention_key(attn: PagedAttention) -> tuple[Any, ...]:
     return (type(attn), attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale, attn.sliding_window)
 
 
+def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """The one ``[T, q + 2 kv]`` tensor whose column slices ``q``, ``k`` and ``v`` are, side by side
+    in that order (the fused q/k/v projection's output, split), or None when they are not (q/k
+    normed, say). Copying it whole is one contiguous copy; the three slices' copies were three
+    strided launches (0.7 ms of a 1,024-token mixed step's 29 on an H200, thirty-fourth session)."""
+    if q.dim() != 2 or k.dim() != 2 or v.dim() != 2 or not (q.dtype == k.dtype == v.dtype):
+        return None
+    if q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr() or (
+        k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr()
+    ):
+        return None
+    t, qs = q.shape
+    ks = k.shape[1]
+    row = qs + 2 * ks
+    if k.shape[0] != t or v.shape != k.shape:
+        return None
+    if any(x.stride() != (row, 1) for x in (q, k, v)):
+        return None
+    e = q.element_size()
+    if k.data_ptr() != q.data_ptr() + qs * e or v.data_ptr() != k.data_ptr() + ks * e:
+        return None
+    return q.as_strided((t, row), (row, 1))
+
+
 class PiecewiseGraphs:
     """Captured pieces per token bucket; ``run(num_tokens, positions, meta)`` runs one step."""
 
@@ -107,9 +131,13 @@ class PiecewiseGraphs:
     def _store(self, tp: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, res: torch.Tensor) -> None:
         qs, ks = self.q_size, self.kv_size
         buf = self.qkv[:tp]
-        buf[:, :qs].copy_(q)
-        buf[:, qs : qs + ks].copy_(k)
-        buf[:, qs + ks :].copy_(v)
+        whole = packed_qkv(q, k, v)
+        if whole is not None:  # one contiguous copy instead of three strided ones
+            buf.copy_(whole)
+        else:
+            buf[:, :qs].copy_(q)
+            buf[:, qs : qs + ks].copy_(k)
+            buf[:, qs + ks :].copy_(v)
         self.residual[:tp].copy_(res)
 
     def _piece(self, i: int, tp: int) -> None:

@@ -71,3 +71,26 @@ def test_pieces_equal_the_model(arch: str, make_tiny_model: Callable[[str], Path
     assert runner.num_piecewise_steps > 3
     assert got == expected
     assert built.engine.num_free_blocks == built.engine.num_total_blocks
+
+
+def test_packed_qkv_finds_the_fused_output_and_nothing_else() -> None:
+    """``packed_qkv``: q, k and v split from one projection output are copied as that one tensor;
+    slices from elsewhere, out of order, or of another layout are not (the three copies then)."""
+    import torch
+
+    from hotloop.executor.piecewise_graph import packed_qkv
+
+    qkv = torch.randn(5, 8 + 2 * 4)
+    q, k, v = qkv.split([8, 4, 4], dim=1)
+    whole = packed_qkv(q, k, v)
+    assert whole is not None and whole.data_ptr() == qkv.data_ptr() and torch.equal(whole, qkv)
+    big = torch.randn(9, 16)  # the first rows of a larger output (a static buffer's view)
+    q2, k2, v2 = big[:3].split([8, 4, 4], dim=1)
+    got = packed_qkv(q2, k2, v2)
+    assert got is not None and torch.equal(got, big[:3])
+    assert packed_qkv(q, v, k) is None  # out of order
+    assert packed_qkv(q.clone(), k, v) is None  # q normed into a tensor of its own
+    assert packed_qkv(q, k.clone(), v.clone()) is None
+    wide = torch.randn(5, 20)  # a fourth slice after v: the row is wider than q + 2 kv
+    assert packed_qkv(*wide[:, :16].split([8, 4, 4], dim=1)) is None
+    assert packed_qkv(q, k, v.to(torch.float64)) is None
