@@ -19,7 +19,9 @@ thirty-third session found it in the SASS). H200, Llama-3-8B W4A16 batch 1, alte
 loads before the wait (``ld``, now the default) against 452.8 / 455.3 with the ``.nc`` form
 (``HOTLOOP_W4A16_EARLY=1``, the default from the twenty-seventh session, when it measured 452.2 /
 454.1 against 421.4 / 423.8 for kernels that wait first). ``HOTLOOP_W4A16_EARLY=0`` launches the
-kernels that wait first.
+kernels that wait first. ``HOTLOOP_W4A16_EARLY=all`` requests every row of a thread's weights
+before the wait (``_e<R>ld`` kernels: the same loads and registers, all of them in front); opt-in,
+not yet measured.
 """
 
 from __future__ import annotations
@@ -58,14 +60,14 @@ VARIANTS: tuple[tuple[int, int, int], ...] = (
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
-EARLY_VALUES = ("0", "1", "ld")
+EARLY_VALUES = ("0", "1", "ld", "all")
 DEFAULT_EARLY = "ld"
 _warned_values: set[str] = set()
 
 
 def _early_value() -> str:
-    """``HOTLOOP_W4A16_EARLY`` (``ld`` unless set); another value than 0, 1 or ld is logged once and
-    read as ld."""
+    """``HOTLOOP_W4A16_EARLY`` (``ld`` unless set); another value than 0, 1, ld or all is logged
+    once and read as ld."""
     value = os.environ.get(EARLY_ENV, DEFAULT_EARLY)
     if value in EARLY_VALUES:
         return value
@@ -89,7 +91,16 @@ def early_coherent() -> bool:
     ``ld.global.nc`` before it, so the ``1`` form's "early" loads are issued after the wait (only
     their order changes: the zero points and scales first); with ``ld`` they start before it
     (+3% at W4A16 batch 1 on an H200, the module docstring)."""
-    return _early_value() == "ld"
+    return _early_value() in ("ld", "all")
+
+
+def early_rows(r: int) -> int:
+    """How many of a thread's ``r`` rows of weights a launch requests before its wait:
+    ``EARLY_ROWS`` (``HOTLOOP_W4A16_EARLY`` 1 or ld), all ``r`` (all), or none (0)."""
+    value = _early_value()
+    if value == "0":
+        return 0
+    return r if value == "all" else EARLY_ROWS
 
 
 def kernel_name(
@@ -137,12 +148,21 @@ def available(device: torch.device) -> bool:
 
 
 def _names() -> list[str]:
-    return [kernel_name(dt, *v) for dt in _DTYPES for v in VARIANTS] + [
-        kernel_name(dt, *v, early_rows=EARLY_ROWS, coherent=c)
-        for dt in _DTYPES
-        for v in VARIANTS
-        for c in (False, True)
-    ]
+    return (
+        [kernel_name(dt, *v) for dt in _DTYPES for v in VARIANTS]
+        + [
+            kernel_name(dt, *v, early_rows=EARLY_ROWS, coherent=c)
+            for dt in _DTYPES
+            for v in VARIANTS
+            for c in (False, True)
+        ]
+        + [
+            kernel_name(dt, *v, early_rows=v[1], coherent=True)
+            for dt in _DTYPES
+            for v in VARIANTS
+            if v[1] != EARLY_ROWS
+        ]
+    )
 
 
 def gemv(
@@ -170,8 +190,7 @@ def gemv(
     split = k // kb
     tiles = n // bn
     out, ws, cnt = launch_buffers(x2, n, split, tiles, "w4a16_cuda", out)
-    early_rows = EARLY_ROWS if early() else 0
-    kernels[kernel_name(x2.dtype, nl, r, threads, early_rows, early_coherent())](
+    kernels[kernel_name(x2.dtype, nl, r, threads, early_rows(r), early_coherent())](
         (tiles, split),
         threads,
         (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),

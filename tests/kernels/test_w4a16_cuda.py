@@ -130,6 +130,8 @@ def test_source_compiles_for_hopper_and_is_cached(monkeypatch: pytest.MonkeyPatc
             for early_rows in (0, w4a16_cuda.EARLY_ROWS):
                 assert w4a16_cuda.kernel_name(dtype, *v, early_rows=early_rows).encode() in cubin
             assert w4a16_cuda.kernel_name(dtype, *v, early_rows=8, coherent=True).encode() in cubin
+            assert w4a16_cuda.kernel_name(dtype, *v, early_rows=v[1], coherent=True).encode() in cubin
+    assert all(name.encode() in cubin for name in w4a16_cuda._names())  # every kernel the launcher loads
     cached = list((tmp_path / "cuda").glob("*.cubin"))
     assert len(cached) == 1
     monkeypatch.setenv("HOTLOOP_NVCC", "/nonexistent/nvcc")
@@ -227,19 +229,25 @@ def test_gpu_graph_replay_and_tuner(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_early_load_forms(monkeypatch: pytest.MonkeyPatch) -> None:
     """``HOTLOOP_W4A16_EARLY``: on by default with the loads that really start before the wait
-    (``ld``), ``1`` for the ``ld.global.nc`` form (issued after it), ``0`` for none."""
+    (``ld``: 8 rows), ``1`` for the ``ld.global.nc`` form (issued after it), ``all`` for every row of
+    the thread's, ``0`` for none."""
     monkeypatch.delenv(w4a16_cuda.EARLY_ENV, raising=False)
     assert w4a16_cuda.early() and w4a16_cuda.early_coherent()
+    assert w4a16_cuda.early_rows(32) == w4a16_cuda.EARLY_ROWS == 8
+    monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "all")
+    assert w4a16_cuda.early() and w4a16_cuda.early_coherent()
+    assert w4a16_cuda.early_rows(32) == 32 and w4a16_cuda.early_rows(16) == 16
     monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "1")
     assert w4a16_cuda.early() and not w4a16_cuda.early_coherent()
     monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "0")
     assert not w4a16_cuda.early() and not w4a16_cuda.early_coherent()
+    assert w4a16_cuda.early_rows(32) == 0
     monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "LD")  # a wrong value: said once, read as the default
     said: list[str] = []
     monkeypatch.setattr(w4a16_cuda, "_warned_values", set())
     monkeypatch.setattr(w4a16_cuda.logger, "warning", lambda msg, *args: said.append(msg % args))
     assert w4a16_cuda.early() and w4a16_cuda.early_coherent()
-    assert said == ["HOTLOOP_W4A16_EARLY='LD': use one of 0, 1, ld; taking ld"]
+    assert said == ["HOTLOOP_W4A16_EARLY='LD': use one of 0, 1, ld, all; taking ld"]
 
 
 @pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
@@ -262,7 +270,7 @@ def test_loads_meant_to_precede_the_wait_are_not_nc(tmp_path: Path) -> None:
         bodies = re.findall(r"\.entry (\w+)\((.*?)\n}\n", ptx, flags=re.S)
         checked = 0
         for name, body in bodies:
-            if not (name.endswith("_e8ld") or name.startswith("w4a16_gemv_tc_")):
+            if not (re.search(r"_e\d+ld$", name) or name.startswith("w4a16_gemv_tc_")):
                 continue
             before = body.split("griddepcontrol.wait")[0]
             assert "ld.global" in before, name  # the early loads are there

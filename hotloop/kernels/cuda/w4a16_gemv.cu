@@ -134,8 +134,8 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
 
   // programmatic dependent launch: x is written by the kernel before (a no-op otherwise). With
   // EARLY > 0 the first EARLY rows of weights, the zero points and the scales are requested before
-  // the wait: the kernel before does not write them, so their loads overlap its last blocks. The
-  // next launch may start only after this kernel's wait (kernels/pdl.py's rule).
+  // the wait: the kernel before does not write them, so their loads overlap its last blocks (EARLY = R:
+  // all of them). The next launch may start only after this kernel's wait (kernels/pdl.py's rule).
   if (EARLY > 0) {
 #pragma unroll
     for (int r = 0; r < EARLY; ++r) {
@@ -277,6 +277,16 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T##_e8ld, true, NL, R, T, 8, true)       \
   DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T##_e8ld, false, NL, R, T, 8, true)
 
+// every row of the thread's weights before the wait (HOTLOOP_W4A16_EARLY=all): _e<R>ld, for R above 8
+// (at R = 8 that is _e8ld)
+#define DEFINE_ALL(NL, R)                                                                 \
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_e##R##ld, true, NL, R, 256, R, true)        \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_e##R##ld, false, NL, R, 256, R, true)
+
+#define DEFINE_ALL_T(NL, R, T)                                                            \
+  DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T##_e##R##ld, true, NL, R, T, R, true)   \
+  DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T##_e##R##ld, false, NL, R, T, R, true)
+
 // w4a16_cuda.VARIANTS: (NL, R, threads)
 DEFINE_BOTH(2, 16)
 DEFINE_BOTH(4, 8)
@@ -285,3 +295,9 @@ DEFINE_BOTH(4, 32)
 DEFINE_BOTH_T(2, 16, 128)
 DEFINE_BOTH_T(4, 16, 128)
 DEFINE_BOTH_T(4, 32, 128)
+DEFINE_ALL(2, 16)
+DEFINE_ALL(4, 16)
+DEFINE_ALL(4, 32)
+DEFINE_ALL_T(2, 16, 128)
+DEFINE_ALL_T(4, 16, 128)
+DEFINE_ALL_T(4, 32, 128)
