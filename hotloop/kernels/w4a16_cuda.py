@@ -20,8 +20,9 @@ loads before the wait (``ld``, now the default) against 452.8 / 455.3 with the `
 (``HOTLOOP_W4A16_EARLY=1``, the default from the twenty-seventh session, when it measured 452.2 /
 454.1 against 421.4 / 423.8 for kernels that wait first). ``HOTLOOP_W4A16_EARLY=0`` launches the
 kernels that wait first. ``HOTLOOP_W4A16_EARLY=all`` requests every row of a thread's weights
-before the wait (``_e<R>ld`` kernels: the same loads and registers, all of them in front); opt-in,
-not yet measured.
+before the wait in the 16-row variants (``_e16ld`` kernels: 128 registers against 96-100 with 8 rows
+early, the same two 256-thread blocks per SM; the 32-row variants keep 8, since all 32 would take 255
+registers and one block per SM); opt-in, not yet measured.
 """
 
 from __future__ import annotations
@@ -94,13 +95,17 @@ def early_coherent() -> bool:
     return _early_value() in ("ld", "all")
 
 
+ALL_EARLY_MAX_ROWS = 16  # HOTLOOP_W4A16_EARLY=all: variants of at most this many rows load them all early
+
+
 def early_rows(r: int) -> int:
     """How many of a thread's ``r`` rows of weights a launch requests before its wait:
-    ``EARLY_ROWS`` (``HOTLOOP_W4A16_EARLY`` 1 or ld), all ``r`` (all), or none (0)."""
+    ``EARLY_ROWS`` (``HOTLOOP_W4A16_EARLY`` 1 or ld), all ``r`` where ``r <= ALL_EARLY_MAX_ROWS``
+    (all; ``EARLY_ROWS`` above), or none (0)."""
     value = _early_value()
     if value == "0":
         return 0
-    return r if value == "all" else EARLY_ROWS
+    return r if value == "all" and r <= ALL_EARLY_MAX_ROWS else EARLY_ROWS
 
 
 def kernel_name(
@@ -160,7 +165,7 @@ def _names() -> list[str]:
             kernel_name(dt, *v, early_rows=v[1], coherent=True)
             for dt in _DTYPES
             for v in VARIANTS
-            if v[1] != EARLY_ROWS
+            if EARLY_ROWS < v[1] <= ALL_EARLY_MAX_ROWS
         ]
     )
 

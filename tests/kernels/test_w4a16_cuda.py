@@ -125,13 +125,15 @@ def test_source_compiles_for_hopper_and_is_cached(monkeypatch: pytest.MonkeyPatc
     source = cuda_jit.SOURCE_DIR / w4a16_cuda.SOURCE
     cubin = cuda_jit.compile_cubin(source, "sm_90a")
     assert cubin[:4] == b"\x7fELF"
+    # whole symbol names (NUL-bounded in the ELF string table): a kernel's name is a prefix of its
+    # early forms' names, so a plain substring search would pass with the kernel missing
+    names = {part.decode() for part in cubin.split(b"\0") if part.startswith(b"w4a16_gemv_")}
     for dtype in (torch.bfloat16, torch.float16):
         for v in w4a16_cuda.VARIANTS:
             for early_rows in (0, w4a16_cuda.EARLY_ROWS):
-                assert w4a16_cuda.kernel_name(dtype, *v, early_rows=early_rows).encode() in cubin
-            assert w4a16_cuda.kernel_name(dtype, *v, early_rows=8, coherent=True).encode() in cubin
-            assert w4a16_cuda.kernel_name(dtype, *v, early_rows=v[1], coherent=True).encode() in cubin
-    assert all(name.encode() in cubin for name in w4a16_cuda._names())  # every kernel the launcher loads
+                assert w4a16_cuda.kernel_name(dtype, *v, early_rows=early_rows) in names
+            assert w4a16_cuda.kernel_name(dtype, *v, early_rows=8, coherent=True) in names
+    assert set(w4a16_cuda._names()) <= names  # every kernel the launcher may load
     cached = list((tmp_path / "cuda").glob("*.cubin"))
     assert len(cached) == 1
     monkeypatch.setenv("HOTLOOP_NVCC", "/nonexistent/nvcc")
@@ -174,7 +176,8 @@ def test_gpu_every_variant(
             _assert_rounds_like(got, emulated, ulp)
             assert int(counters.buffer(x.device, "w4a16_cuda").abs().sum()) == 0
             ran += 1
-    assert ran >= 3 * (5 if k >= 4096 else 3)
+    fit = sum(w4a16_cuda.fits(1, n, k, 128, dtype, *v) is None for v in w4a16_cuda.VARIANTS)
+    assert ran == len(w4a16_cuda.EARLY_VALUES) * fit and fit >= (5 if k >= 4096 else 3)
 
 
 @pytest.mark.gpu
@@ -236,7 +239,8 @@ def test_early_load_forms(monkeypatch: pytest.MonkeyPatch) -> None:
     assert w4a16_cuda.early_rows(32) == w4a16_cuda.EARLY_ROWS == 8
     monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "all")
     assert w4a16_cuda.early() and w4a16_cuda.early_coherent()
-    assert w4a16_cuda.early_rows(32) == 32 and w4a16_cuda.early_rows(16) == 16
+    assert w4a16_cuda.early_rows(16) == 16 and w4a16_cuda.early_rows(8) == 8
+    assert w4a16_cuda.early_rows(32) == w4a16_cuda.EARLY_ROWS  # 32 rows held across the wait: 255 registers
     monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "1")
     assert w4a16_cuda.early() and not w4a16_cuda.early_coherent()
     monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "0")
@@ -254,8 +258,9 @@ def test_early_load_forms(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_loads_meant_to_precede_the_wait_are_not_nc(tmp_path: Path) -> None:
     """ptxas (CUDA 13.0) moves ``griddepcontrol.wait`` above every ``ld.global.nc`` in front of it
     (seen in the SASS: the "early" loads then start after the wait), but leaves plain ``ld.global``
-    where it is. The kernels whose loads must start before the wait (the CUDA-core GEMV's ``_e8ld``,
-    every tensor-core GEMV) therefore issue none through ``.nc`` there."""
+    where it is. The kernels whose loads must start before the wait (the CUDA-core GEMV's ``_e<E>ld``,
+    every tensor-core GEMV) therefore issue none through ``.nc`` there; an ``_e<E>ld`` kernel of R rows
+    issues exactly E weight-row loads before the wait and R - E after it."""
     import re
     import subprocess
 
@@ -272,8 +277,33 @@ def test_loads_meant_to_precede_the_wait_are_not_nc(tmp_path: Path) -> None:
         for name, body in bodies:
             if not (re.search(r"_e\d+ld$", name) or name.startswith("w4a16_gemv_tc_")):
                 continue
-            before = body.split("griddepcontrol.wait")[0]
+            before, after = body.split("griddepcontrol.wait", 1)
             assert "ld.global" in before, name  # the early loads are there
             assert "ld.global.nc" not in before, name
+            m = re.search(r"_r(\d+)(?:_t\d+)?_e(\d+)ld$", name)
+            if m:  # the weight rows: 16-byte loads past L1, early or streamed
+                rows, early = int(m.group(1)), int(m.group(2))
+                assert before.count("ld.global.L1::no_allocate.v4") == early, name
+                assert after.count("ld.global.nc.L1::no_allocate.v4") == rows - early, name
             checked += 1
-        assert checked >= 10, (source, checked)
+        want = (
+            len([n for n in w4a16_cuda._names() if n.endswith("ld")]) if source == w4a16_cuda.SOURCE else 10
+        )
+        assert checked >= want, (source, checked, want)
+
+
+def test_every_early_form_launches_a_compiled_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For every ``HOTLOOP_W4A16_EARLY`` value, variant and dtype, the kernel ``gemv`` would launch is
+    one of the names it loads (``_names``); ``all`` takes ``_e8ld`` at 8 rows, ``_e16ld`` at 16 and the
+    default 8 rows at 32."""
+    names = set(w4a16_cuda._names())
+    for value in w4a16_cuda.EARLY_VALUES:
+        monkeypatch.setenv(w4a16_cuda.EARLY_ENV, value)
+        for dtype in (torch.bfloat16, torch.float16):
+            for nl, r, t in w4a16_cuda.VARIANTS:
+                name = w4a16_cuda.kernel_name(
+                    dtype, nl, r, t, w4a16_cuda.early_rows(r), w4a16_cuda.early_coherent()
+                )
+                assert name in names, (value, name)
+                if value == "all":
+                    assert name.endswith({8: "_e8ld", 16: "_e16ld", 32: "_e8ld"}[r]), name
