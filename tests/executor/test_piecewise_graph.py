@@ -47,7 +47,9 @@ def test_token_buckets_pad_by_at_most_an_eighth() -> None:
 @pytest.mark.parametrize(
     "arch", ["llama_gqa_llama3rope", "qwen3_qknorm", "mistral_window", "qwen2_mixed_window"]
 )
-def test_pieces_equal_the_model(arch: str, make_tiny_model: Callable[[str], Path]) -> None:
+def test_pieces_equal_the_model(
+    arch: str, make_tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = make_tiny_model(arch)
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(2, 30))] for _ in range(6)]
@@ -64,6 +66,15 @@ def test_pieces_equal_the_model(arch: str, make_tiny_model: Callable[[str], Path
     built = build_engine(str(path), cfg)
     ex: Any = built.engine.executor
     assert supports(ex.model)
+    import hotloop.executor.piecewise_graph as piecewise_graph
+
+    packed: list[bool] = []  # per stored layer: one copy of the fused output, or the three slices'
+    find = piecewise_graph.packed_qkv
+    monkeypatch.setattr(
+        piecewise_graph,
+        "packed_qkv",
+        lambda q, k, v: packed.append(find(q, k, v) is not None) or find(q, k, v),
+    )
     runner = GpuModelRunner(ex.model, ex.kv_caches, 4, ex.device, 4, 20, 128, use_cuda_graph=False)
     runner.piecewise = PiecewiseGraphs(ex.model, ex.kv_caches, runner.buffers.input_ids, 20, capture=False)
     ex.runner = runner
@@ -71,6 +82,8 @@ def test_pieces_equal_the_model(arch: str, make_tiny_model: Callable[[str], Path
     assert runner.num_piecewise_steps > 3
     assert got == expected
     assert built.engine.num_free_blocks == built.engine.num_total_blocks
+    # q/k-normed models store the three slices; the others their fused projection's output whole
+    assert packed and all(p == (arch != "qwen3_qknorm") for p in packed), (arch, packed)
 
 
 def test_packed_qkv_finds_the_fused_output_and_nothing_else() -> None:
