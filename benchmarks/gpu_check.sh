@@ -93,6 +93,10 @@
 #            the tensor-core GEMV's GPU tests and batch 1 with it (HOTLOOP_W4A16_TC=1).
 #   s34a     one GPU: issue 3's serving run by prefill chunk (8,192, 256, 384, 256 with --jit-schedule), then
 #            profile_step.py's serving-mix steps (16 decodes at 1k plus 128-1,024 prompt tokens, and alone).
+#   s34c     one GPU: issue 4's batch-256 row with torch's default BLAS (cuBLAS) and with cuBLASLt preferred
+#            (TORCH_BLAS_PREFER_CUBLASLT=1: other GEMM kernels may be chosen, e.g. tiles that fill the 132 SMs for
+#            gate/up, whose 224 tiles of 256x128 take 1.7 waves), alternating, twice; then profile_step.py's
+#            batch-256, batch-16 and serving-mix steps both ways (the GEMM kernels chosen).
 #   s34b     one GPU: the W4A16 kernel and GEMM GPU tests (every early-load form, all included), then W4A16 batch 1
 #            with the default early loads (8 rows through ld.global) and with every row early in the 16-row
 #            variants (HOTLOOP_W4A16_EARLY=all), alternating, twice, each form tuned in a cache of its own.
@@ -1252,6 +1256,22 @@ if [ "$what" = s33c ]; then  # one GPU, in turn
   echo "W4A16 GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/w4_tests.log" | cut -c1-200 | head -30
   what=ncu
+fi
+if [ "$what" = s34c ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  for i in 1 2; do
+    for lt in 0 1; do
+      TORCH_BLAS_PREFER_CUBLASLT=$lt timeout 200 python3 "$here/run_gpu.py" --out "$out/b256_lt${lt}_$i" --skip-hf \
+        --only llama3_b256_1k 2>&1 | grep -E "b256" | sed "s/^/[TORCH_BLAS_PREFER_CUBLASLT=$lt] /"
+    done
+  done
+  for lt in 0 1; do
+    TORCH_BLAS_PREFER_CUBLASLT=$lt timeout 150 python3 "$here/profile_step.py" --out "$out/profile_lt$lt.json" \
+      --cases "decode 256@,decode 16@,16 decodes@1k + 1x1024" >"$out/profile_lt$lt.log" 2>&1
+    echo "profile_step TORCH_BLAS_PREFER_CUBLASLT=$lt rc=$?"
+    grep -E "floor|nvjet|gemm|Gemm|splitK" "$out/profile_lt$lt.log" | head -24
+  done
+  exit 0
 fi
 if [ "$what" = s34b ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
