@@ -80,6 +80,13 @@ def _early_value() -> str:
     return DEFAULT_EARLY
 
 
+def early_form() -> str:
+    """The early-load form launches take: ``HOTLOOP_W4A16_EARLY``'s value (0, 1, ld or all), read
+    as ``_early_value`` reads it. Part of the tuner's stored key for one row (``w4a16_gemm.disk_key``):
+    each form's kernels may want other variants."""
+    return _early_value()
+
+
 def early() -> bool:
     """Whether launches take the early-load kernels (``HOTLOOP_W4A16_EARLY``, on unless ``0``; read
     at each launch: a CUDA graph keeps the kernel it captured)."""

@@ -878,11 +878,16 @@ def candidates_tag(m: int) -> str:
 
 def disk_key(tkey: tuple) -> str:
     """The on-disk key of a tuning key ``(device index, dtype, M bucket, N, K, group)``: the GPU's
-    name and the compiler versions instead of the device index, and the candidate set."""
+    name and the compiler versions instead of the device index, and the candidate set; for one row
+    also the CUDA GEMV's early-load form (``HOTLOOP_W4A16_EARLY``), whose kernels may want other
+    variants (a choice tuned under one form is not reused under another)."""
+    from hotloop.kernels import w4a16_cuda
+
     index, dtype, mb, n, k, group = tkey
     name = torch.cuda.get_device_name(index) if torch.cuda.is_available() else "cpu"
     cand = candidates_tag(min(mb, 1 << 20))
-    return f"{tuning_cache.environment_key(name)}|{dtype}|m{mb}|n{n}|k{k}|g{group}|c{cand}"
+    early = f"|e{w4a16_cuda.early_form()}" if mb == 1 else ""
+    return f"{tuning_cache.environment_key(name)}|{dtype}|m{mb}|n{n}|k{k}|g{group}|c{cand}{early}"
 
 
 def config_from_dict(d: dict) -> GemmConfig | None:

@@ -62,3 +62,27 @@ def test_w4a16_choices_round_trip_through_the_disk() -> None:
         w4a16_gemm.config_from_dict({"kind": "warp-drive", "block_m": 1, "block_n": 8, "block_k": 8}) is None
     )
     assert w4a16_gemm.config_from_dict({"unknown_field": 1}) is None
+
+
+def test_one_row_choices_are_kept_per_early_load_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-row choice tuned under one ``HOTLOOP_W4A16_EARLY`` form is not reused under another (its
+    kernels hold other registers); larger M buckets do not depend on it."""
+    from hotloop.kernels import w4a16_cuda
+
+    one = (0, torch.bfloat16, 1, 4096, 4096, 128)
+    many = (0, torch.bfloat16, 16, 4096, 4096, 128)
+    keys = {}
+    for value in w4a16_cuda.EARLY_VALUES:
+        monkeypatch.setenv(w4a16_cuda.EARLY_ENV, value)
+        keys[value] = (w4a16_gemm.disk_key(one), w4a16_gemm.disk_key(many))
+    assert len({k[0] for k in keys.values()}) == len(w4a16_cuda.EARLY_VALUES)
+    assert len({k[1] for k in keys.values()}) == 1
+    monkeypatch.delenv(w4a16_cuda.EARLY_ENV)
+    assert w4a16_gemm.disk_key(one) == keys["ld"][0]  # the default form
+    cfg = w4a16_gemm.GemmConfig("cuda", 1, 128, 32, split_k=2, num_warps=8)
+    w4a16_gemm._to_disk(one, cfg)
+    w4a16_gemm._disk = None
+    assert w4a16_gemm._from_disk(one) == cfg
+    monkeypatch.setenv(w4a16_cuda.EARLY_ENV, "all")
+    w4a16_gemm._disk = None
+    assert w4a16_gemm._from_disk(one) is None
