@@ -97,6 +97,9 @@
 #            (TORCH_BLAS_PREFER_CUBLASLT=1: other GEMM kernels may be chosen, e.g. tiles that fill the 132 SMs for
 #            gate/up, whose 224 tiles of 256x128 take 1.7 waves), alternating, twice; then profile_step.py's
 #            batch-256, batch-16 and serving-mix steps both ways (the GEMM kernels chosen).
+#   s34d     one GPU: the W4A16 kernel GPU tests (the SiLU folded into the down projection's GEMV among them) and
+#            the MLP's, then W4A16 batch 1 with the two launches (default) and with HOTLOOP_W4A16_FUSED_SILU=1,
+#            alternating, twice.
 #   s34b     one GPU: the W4A16 kernel and GEMM GPU tests (every early-load form, all included), then W4A16 batch 1
 #            with the default early loads (8 rows through ld.global) and with every row early in the 16-row
 #            variants (HOTLOOP_W4A16_EARLY=all), alternating, twice (each form tuned in its first run).
@@ -1270,6 +1273,18 @@ if [ "$what" = s34c ]; then  # one GPU, in turn
       --cases "decode 256@,decode 16@,16 decodes@1k + 1x1024" >"$out/profile_lt$lt.log" 2>&1
     echo "profile_step TORCH_BLAS_PREFER_CUBLASLT=$lt rc=$?"
     grep -E "floor|nvjet|gemm|Gemm|splitK" "$out/profile_lt$lt.log" | head -24
+  done
+  exit 0
+fi
+if [ "$what" = s34d ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 150 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
+    tests/models/test_llama_mlp.py >"$out/silu_tests.log" 2>&1
+  echo "W4A16 kernel and MLP GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/silu_tests.log" | cut -c1-200 | head -20
+  for i in 1 2; do
+    bs1 awq$i llama3-8b --model-format awq
+    HOTLOOP_W4A16_FUSED_SILU=1 bs1 awq_silu$i llama3-8b --model-format awq
   done
   exit 0
 fi

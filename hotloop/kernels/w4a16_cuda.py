@@ -116,11 +116,17 @@ def early_rows(r: int) -> int:
 
 
 def kernel_name(
-    dtype: torch.dtype, nl: int, r: int, threads: int = THREADS, early_rows: int = 0, coherent: bool = False
+    dtype: torch.dtype,
+    nl: int,
+    r: int,
+    threads: int = THREADS,
+    early_rows: int = 0,
+    coherent: bool = False,
+    silu: bool = False,
 ) -> str:
     t = "" if threads == THREADS else f"_t{threads}"
     e = f"_e{early_rows}" + ("ld" if coherent else "") if early_rows else ""
-    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}{t}{e}"
+    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}{t}{e}" + ("_silu" if silu else "")
 
 
 def tile(nl: int, r: int, threads: int = THREADS) -> tuple[int, int]:
@@ -174,6 +180,11 @@ def _names() -> list[str]:
             for v in VARIANTS
             if EARLY_ROWS < v[1] <= ALL_EARLY_MAX_ROWS
         ]
+        + [
+            kernel_name(dt, *v, early_rows=EARLY_ROWS, coherent=True, silu=True)
+            for dt in _DTYPES
+            for v in VARIANTS
+        ]
     )
 
 
@@ -207,5 +218,58 @@ def gemv(
         threads,
         (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),
         pdl=pdl(x2.device),
+    )
+    return out
+
+
+SILU_ENV = "HOTLOOP_W4A16_FUSED_SILU"
+
+
+def silu_fusion() -> bool:
+    """``HOTLOOP_W4A16_FUSED_SILU=1``: at batch 1 the down projection folds the SiLU-and-mul into its
+    loads of x (``gemv_silu_mul``), one launch a layer fewer. Opt-in: not yet run on a GPU."""
+    return os.environ.get(SILU_ENV, "0") == "1"
+
+
+def gemv_silu_mul(
+    gate_up: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    nl: int,
+    r: int,
+    threads: int = THREADS,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``silu(gate) * up @ W`` -> ``[1, N]`` for the gate/up projection's row ``gate_up [1, 2K]`` laid
+    out [gate | up] (``kernels/silu_and_mul.py``'s input and roundings: the SiLU rounded to 16 bits,
+    then the product), with variant ``(nl, r, threads)`` and the default early loads (``_e8ld_silu``,
+    whatever ``HOTLOOP_W4A16_EARLY`` says): the same result as ``gemv(silu_and_mul(gate_up), ...)``
+    without the separate launch. Raises ``ValueError`` naming a wrong operand or a variant that does
+    not fit, ``cuda_jit.CudaError`` where the kernels cannot be built."""
+    k = int(qweight.shape[0])
+    if gate_up.dim() != 2 or tuple(gate_up.shape) != (1, 2 * k):
+        raise ValueError(f"gate_up must be [1, {2 * k}] ([gate | up] for K={k}); got {tuple(gate_up.shape)}")
+    if k % 8:
+        raise ValueError(f"K={k} must be a multiple of 8 (the up half's 16-byte alignment)")
+    if not gate_up.is_contiguous():
+        raise ValueError("gate_up must be contiguous")
+    k, n = check_operands(gate_up[:, :k], qweight, qzeros, scales, group_size)
+    why = fits(1, n, k, group_size, gate_up.dtype, nl, r, threads)
+    if why is not None:
+        raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}, {threads}) {why}")
+    kernels = cuda_jit.load(SOURCE, gate_up.device, _names())
+    if kernels is None:
+        raise cuda_jit.CudaError("the CUDA W4A16 kernels are not available on this machine")
+    bn, kb = tile(nl, r, threads)
+    split = k // kb
+    tiles = n // bn
+    out, ws, cnt = launch_buffers(gate_up, n, split, tiles, "w4a16_cuda", out)
+    kernels[kernel_name(gate_up.dtype, nl, r, threads, EARLY_ROWS, True, silu=True)](
+        (tiles, split),
+        threads,
+        (gate_up, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),
+        pdl=pdl(gate_up.device),
     )
     return out

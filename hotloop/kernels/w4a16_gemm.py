@@ -1010,3 +1010,40 @@ def w4a16_gemm(
     else:
         cfg = _plan(x2, qweight, qzeros, scales, group_size, path)
     return _launch(cfg, x2, qweight, qzeros, scales, group_size).view(*lead, n)
+
+
+def w4a16_silu_mul_gemm(
+    gate_up: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+) -> torch.Tensor | None:
+    """``silu(gate) * up @ W`` for one row ``gate_up [1, 2K]`` ([gate | up]) in one launch
+    (``w4a16_cuda.gemv_silu_mul``, with the variant the tuner chose for the plain ``[1, K]`` product),
+    or None where that does not apply: off (``HOTLOOP_W4A16_FUSED_SILU``), not one 16-bit row on CUDA,
+    the tuned launch not the CUDA GEMV, or a launch that cannot run here (no counters inside a capture,
+    no nvcc). The caller then runs ``silu_and_mul`` and :func:`w4a16_gemm`."""
+    from hotloop.kernels import cuda_jit, w4a16_cuda
+
+    if not w4a16_cuda.silu_fusion() or gate_up.device.type != "cuda" or gate_up.dim() != 2:
+        return None
+    k = qweight.shape[0]
+    if (
+        gate_up.shape[0] != 1
+        or gate_up.shape[1] != 2 * k
+        or gate_up.dtype not in (torch.float16, torch.bfloat16)
+    ):
+        return None
+    if scales.dtype != gate_up.dtype or not gate_up.is_contiguous() or gate_up.data_ptr() % 16 or k % 8:
+        return None
+    qweight, qzeros, scales = (_aligned(t) for t in (qweight, qzeros, scales))
+    cfg = _plan(gate_up[:, :k], qweight, qzeros, scales, group_size, "auto")
+    if cfg.kind != "cuda":
+        return None
+    try:
+        return w4a16_cuda.gemv_silu_mul(
+            gate_up, qweight, qzeros, scales, group_size, cfg.block_n // 32, cfg.block_k, cfg.num_warps * 32
+        )
+    except (cuda_jit.CudaError, ValueError):
+        return None

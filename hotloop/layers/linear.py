@@ -115,6 +115,21 @@ class AWQLinearMethod:
             y = reference.w4a16_matmul(x, qweight, qzeros, scales, self.group_size)
         return y if layer.bias is None else y + layer.bias
 
+    def apply_silu_mul(self, layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """``layer(silu_and_mul(gate_up))`` in one launch where the W4A16 kernels can fold the SiLU in
+        (one row on CUDA, ``HOTLOOP_W4A16_FUSED_SILU=1``: ``w4a16_gemm.w4a16_silu_mul_gemm``), else
+        None (the caller runs the two)."""
+        if (
+            layer._parameters.get("weight") is not None
+            or layer.bias is not None
+            or not ops.use_triton(gate_up)
+        ):
+            return None
+        from hotloop.kernels.w4a16_gemm import w4a16_silu_mul_gemm
+
+        qweight, qzeros, scales = (cast(torch.Tensor, getattr(layer, n)) for n in AWQ_PARAM_NAMES)
+        return w4a16_silu_mul_gemm(gate_up, qweight, qzeros, scales, self.group_size)
+
     def process_weights_after_loading(self, layer: Linear) -> None:
         """On the CPU, replace the packed tensors by the dequantized dense weight ``[out, in]``; on
         CUDA, cast the scales to the model dtype (the kernels' activation dtype)."""

@@ -132,7 +132,13 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(inter, args.hidden_size, args.mlp_bias, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        fused = getattr(self.down_proj.quant_method, "apply_silu_mul", None)  # W4A16, one row
+        if fused is not None:
+            y = fused(self.down_proj, gate_up)
+            if y is not None:
+                return cast(torch.Tensor, y)
+        return self.down_proj(self.act_fn(gate_up))
 
 
 class LlamaDecoderLayer(nn.Module):

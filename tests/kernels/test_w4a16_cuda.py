@@ -33,6 +33,10 @@ def test_tile_and_fits() -> None:
         w4a16_cuda.kernel_name(torch.float16, 4, 32, 128, 8, coherent=True)
         == "w4a16_gemv_f16_nl4_r32_t128_e8ld"
     )
+    assert (
+        w4a16_cuda.kernel_name(torch.bfloat16, 4, 32, 256, 8, coherent=True, silu=True)
+        == "w4a16_gemv_bf16_nl4_r32_e8ld_silu"
+    )
 
     def why(m: int, n: int, k: int, group: int, dtype: torch.dtype, nl: int = 4, r: int = 16) -> str:
         return w4a16_cuda.fits(m, n, k, group, dtype, nl, r) or ""
@@ -180,6 +184,74 @@ def test_gpu_every_variant(
     assert ran == len(w4a16_cuda.EARLY_VALUES) * fit and fit >= (5 if k >= 4096 else 3)
 
 
+def _silu_and_mul_like_triton(gate_up: torch.Tensor) -> torch.Tensor:
+    """``kernels/silu_and_mul.py``'s roundings in torch: the SiLU rounded to 16 bits, then the product."""
+    k = gate_up.shape[1] // 2
+    g, u = gate_up[:, :k].float(), gate_up[:, k:].float()
+    act = (g / (1.0 + torch.exp(-g))).to(gate_up.dtype)
+    return (act.float() * u).to(gate_up.dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", [(14336, 4096), (1024, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gpu_silu_mul_gemv_equals_the_two_launches(shape: tuple[int, int], dtype: torch.dtype) -> None:
+    """``gemv_silu_mul`` (the SiLU-and-mul folded into the down projection's loads of x), every
+    variant: within bf16 / fp16 tolerance of float32 dequantize-then-matmul of the torch SiLU-and-mul,
+    and at most one output rounding from the separate ``silu_and_mul`` + ``gemv`` launches (the
+    exponential and the division may differ from Triton's in the last float32 bit)."""
+    _require_cuda_kernels()
+    from hotloop.kernels.silu_and_mul import silu_and_mul
+
+    k, n = shape
+    qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=k + 3 * n)
+    gen = torch.Generator().manual_seed(k)
+    gate_up = (torch.randn(1, 2 * k, generator=gen) * 3).to(dtype).cuda()
+    act = silu_and_mul(gate_up)
+    # the roundings the kernel copies (torch's exp may differ from Triton's in the last bit)
+    assert _rel_max_err(act, _silu_and_mul_like_triton(gate_up).float()) < 1e-2
+    want = reference.w4a16_matmul(act.float(), qweight, qzeros, scales.float(), 128)
+    tol = 2e-3 if dtype == torch.float16 else 1e-2
+    ran = 0
+    for v in w4a16_cuda.VARIANTS:
+        if w4a16_cuda.fits(1, n, k, 128, dtype, *v) is not None:
+            continue
+        got = w4a16_cuda.gemv_silu_mul(gate_up, qweight, qzeros, scales, 128, *v)
+        two = w4a16_cuda.gemv(act, qweight, qzeros, scales, 128, *v)
+        torch.cuda.synchronize()
+        assert got.dtype == dtype and got.shape == (1, n)
+        assert _rel_max_err(got, want) < tol, (v, _rel_max_err(got, want))
+        assert _rel_max_err(got, two.float()) < tol / 4, (v, _rel_max_err(got, two.float()))
+        assert int(counters.buffer(gate_up.device, "w4a16_cuda").abs().sum()) == 0
+        ran += 1
+    assert ran >= 3
+
+
+def test_silu_mul_gemv_refuses_wrong_operands() -> None:
+    """The fused launch's operand checks, which run before any GPU work: the row must be [1, 2K]."""
+    qweight, qzeros, scales = random_awq(256, 128, 128, torch.bfloat16, "cpu", seed=1)
+    for bad in (torch.zeros(1, 256, dtype=torch.bfloat16), torch.zeros(2, 512, dtype=torch.bfloat16)):
+        with pytest.raises(ValueError, match=r"gate_up must be \[1, 512\]"):
+            w4a16_cuda.gemv_silu_mul(bad, qweight, qzeros, scales, 128, 4, 16)
+    strided = torch.zeros(1, 1024, dtype=torch.bfloat16)[:, ::2]
+    with pytest.raises(ValueError, match="gate_up must be contiguous"):
+        w4a16_cuda.gemv_silu_mul(strided, qweight, qzeros, scales, 128, 4, 16)
+
+
+def test_silu_fusion_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HOTLOOP_W4A16_FUSED_SILU`` (off unless 1); the engine-level helper declines on the CPU."""
+    from hotloop.kernels.w4a16_gemm import w4a16_silu_mul_gemm
+
+    monkeypatch.delenv(w4a16_cuda.SILU_ENV, raising=False)
+    assert not w4a16_cuda.silu_fusion()
+    monkeypatch.setenv(w4a16_cuda.SILU_ENV, "1")
+    assert w4a16_cuda.silu_fusion()
+    qweight, qzeros, scales = random_awq(256, 128, 128, torch.bfloat16, "cpu", seed=1)
+    assert (
+        w4a16_silu_mul_gemm(torch.zeros(1, 512, dtype=torch.bfloat16), qweight, qzeros, scales, 128) is None
+    )
+
+
 @pytest.mark.gpu
 def test_gpu_fp16_headroom() -> None:
     """Eight consecutive activations of 4000 against q - z = 15: an fp16 partial sum of eight rows
@@ -275,12 +347,12 @@ def test_loads_meant_to_precede_the_wait_are_not_nc(tmp_path: Path) -> None:
         bodies = re.findall(r"\.entry (\w+)\((.*?)\n}\n", ptx, flags=re.S)
         checked = 0
         for name, body in bodies:
-            if not (re.search(r"_e\d+ld$", name) or name.startswith("w4a16_gemv_tc_")):
+            if not (re.search(r"_e\d+ld(_silu)?$", name) or name.startswith("w4a16_gemv_tc_")):
                 continue
             before, after = body.split("griddepcontrol.wait", 1)
             assert "ld.global" in before, name  # the early loads are there
             assert "ld.global.nc" not in before, name
-            m = re.search(r"_r(\d+)(?:_t\d+)?_e(\d+)ld$", name)
+            m = re.search(r"_r(\d+)(?:_t\d+)?_e(\d+)ld(?:_silu)?$", name)
             if m:  # the weight rows: 16-byte loads past L1, early or streamed
                 rows, early = int(m.group(1)), int(m.group(2))
                 assert before.count("ld.global.L1::no_allocate.v4") == early, name

@@ -106,7 +106,26 @@ __device__ __forceinline__ u32 pair_neg_scale(int i) {
   return BF16 ? 0xBF80BF80u : ((i & 1) ? 0x9C009C00u : 0xAC00AC00u);
 }
 
-template <bool BF16, int NL, int R, int THREADS, int EARLY, bool LD_EARLY>
+// silu(gate) * up of two 16-bit pairs, rounded as kernels/silu_and_mul.py rounds (the SiLU to 16 bits,
+// then the product; the exponential and the division as Triton lowers them: ex2.approx, div.full)
+template <bool BF16>
+__device__ __forceinline__ u32 silu_mul2(u32 g, u32 u) {
+  float g0, g1, u0, u1;
+  halves<BF16>(g, g0, g1);
+  halves<BF16>(u, u0, u1);
+  float e0, e1, s0, s1;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(e0) : "f"(g0 * -1.4426950408889634f));
+  asm("ex2.approx.f32 %0, %1;" : "=f"(e1) : "f"(g1 * -1.4426950408889634f));
+  asm("div.full.f32 %0, %1, %2;" : "=f"(s0) : "f"(g0), "f"(1.0f + e0));
+  asm("div.full.f32 %0, %1, %2;" : "=f"(s1) : "f"(g1), "f"(1.0f + e1));
+  float a0, a1;
+  halves<BF16>((u32)to16<BF16>(s0) | ((u32)to16<BF16>(s1) << 16), a0, a1);
+  return (u32)to16<BF16>(a0 * u0) | ((u32)to16<BF16>(a1 * u1) << 16);
+}
+
+// SILU: x is the gate/up projection's row [gate (K) | up (K)] and the product's input is
+// silu(gate) * up (the separate silu_and_mul launch folded into this one's loads of x)
+template <bool BF16, int NL, int R, int THREADS, int EARLY, bool LD_EARLY, bool SILU = false>
 __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* __restrict__ qw,
                                           const u32* __restrict__ qz, const u32* __restrict__ sc,
                                           float* __restrict__ ws, unsigned short* __restrict__ out,
@@ -155,9 +174,20 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
     ldg_stream4(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
   }
   u32 xv[R / 2];
+  if (SILU) {
 #pragma unroll
-  for (int j = 0; j < R / 8; ++j) {
-    ldg4(x + (k0 + 8 * j) / 2, xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3]);
+    for (int j = 0; j < R / 8; ++j) {
+      u32 gv[4], uv[4];
+      ldg4(x + (k0 + 8 * j) / 2, gv[0], gv[1], gv[2], gv[3]);
+      ldg4(x + (K + k0 + 8 * j) / 2, uv[0], uv[1], uv[2], uv[3]);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) xv[4 * j + w] = silu_mul2<BF16>(gv[w], uv[w]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < R / 8; ++j) {
+      ldg4(x + (k0 + 8 * j) / 2, xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3]);
+    }
   }
   if (EARLY == 0) {
     ldg4(qz + (size_t)g * n8 + w0, zv[0], zv[1], zv[2], zv[3]);
@@ -277,6 +307,20 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   DEFINE_GEMV(w4a16_gemv_bf16_nl##NL##_r##R##_t##T##_e8ld, true, NL, R, T, 8, true)       \
   DEFINE_GEMV(w4a16_gemv_f16_nl##NL##_r##R##_t##T##_e8ld, false, NL, R, T, 8, true)
 
+// the SiLU-and-mul folded in (w4a16_cuda.gemv_silu_mul), with the default early loads: _e8ld_silu
+#define DEFINE_GEMV_SILU(NAME, BF16, NL, R, T)                                    \
+  extern "C" __global__ void __launch_bounds__(T) NAME(GEMV_ARGS) {               \
+    gemv_body<BF16, NL, R, T, 8, true, true>(x, qw, qz, sc, ws, out, cnt, N, K, G); \
+  }
+
+#define DEFINE_SILU(NL, R)                                                        \
+  DEFINE_GEMV_SILU(w4a16_gemv_bf16_nl##NL##_r##R##_e8ld_silu, true, NL, R, 256)   \
+  DEFINE_GEMV_SILU(w4a16_gemv_f16_nl##NL##_r##R##_e8ld_silu, false, NL, R, 256)
+
+#define DEFINE_SILU_T(NL, R, T)                                                           \
+  DEFINE_GEMV_SILU(w4a16_gemv_bf16_nl##NL##_r##R##_t##T##_e8ld_silu, true, NL, R, T)      \
+  DEFINE_GEMV_SILU(w4a16_gemv_f16_nl##NL##_r##R##_t##T##_e8ld_silu, false, NL, R, T)
+
 // every row of the thread's weights before the wait (HOTLOOP_W4A16_EARLY=all): _e<R>ld, for R = 16 (at
 // R = 8 that is _e8ld). Not for R = 32: holding 32 rows across the wait takes 255 registers (ptxas),
 // one 256-thread block per SM, against 128 and two blocks with 8 rows early
@@ -300,3 +344,10 @@ DEFINE_ALL(2, 16)
 DEFINE_ALL(4, 16)
 DEFINE_ALL_T(2, 16, 128)
 DEFINE_ALL_T(4, 16, 128)
+DEFINE_SILU(2, 16)
+DEFINE_SILU(4, 8)
+DEFINE_SILU(4, 16)
+DEFINE_SILU(4, 32)
+DEFINE_SILU_T(2, 16, 128)
+DEFINE_SILU_T(4, 16, 128)
+DEFINE_SILU_T(4, 32, 128)
