@@ -119,6 +119,10 @@ class AWQLinearMethod:
         """``layer(silu_and_mul(gate_up))`` in one launch where the W4A16 kernels can fold the SiLU in
         (one row on CUDA, ``HOTLOOP_W4A16_FUSED_SILU=1``: ``w4a16_gemm.w4a16_silu_mul_gemm``), else
         None (the caller runs the two)."""
+        from hotloop.kernels import w4a16_cuda
+
+        if not w4a16_cuda.silu_fusion():  # first: the common case costs one environment read
+            return None
         if (
             layer._parameters.get("weight") is not None
             or layer.bias is not None

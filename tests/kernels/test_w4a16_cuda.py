@@ -197,9 +197,9 @@ def _silu_and_mul_like_triton(gate_up: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("shape", [(14336, 4096), (1024, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gpu_silu_mul_gemv_equals_the_two_launches(shape: tuple[int, int], dtype: torch.dtype) -> None:
     """``gemv_silu_mul`` (the SiLU-and-mul folded into the down projection's loads of x), every
-    variant: within bf16 / fp16 tolerance of float32 dequantize-then-matmul of the torch SiLU-and-mul,
-    and at most one output rounding from the separate ``silu_and_mul`` + ``gemv`` launches (the
-    exponential and the division may differ from Triton's in the last float32 bit)."""
+    variant: within bf16 / fp16 tolerance of float32 dequantize-then-matmul of the SiLU-and-mul, and
+    equal to the separate ``silu_and_mul`` + ``gemv`` launches (the same roundings, as Triton emits
+    them: ex2.approx, div.full)."""
     _require_cuda_kernels()
     from hotloop.kernels.silu_and_mul import silu_and_mul
 
@@ -221,7 +221,9 @@ def test_gpu_silu_mul_gemv_equals_the_two_launches(shape: tuple[int, int], dtype
         torch.cuda.synchronize()
         assert got.dtype == dtype and got.shape == (1, n)
         assert _rel_max_err(got, want) < tol, (v, _rel_max_err(got, want))
-        assert _rel_max_err(got, two.float()) < tol / 4, (v, _rel_max_err(got, two.float()))
+        # the kernel rounds as silu_and_mul does (ex2.approx, div.full; the SiLU, then the product, to
+        # 16 bits), so both feed the GEMV the same x and give the same output
+        assert torch.equal(got, two), (v, _rel_max_err(got, two.float()))
         assert int(counters.buffer(gate_up.device, "w4a16_cuda").abs().sum()) == 0
         ran += 1
     assert ran >= 3
@@ -359,7 +361,9 @@ def test_loads_meant_to_precede_the_wait_are_not_nc(tmp_path: Path) -> None:
                 assert after.count("ld.global.nc.L1::no_allocate.v4") == rows - early, name
             checked += 1
         want = (
-            len([n for n in w4a16_cuda._names() if n.endswith("ld")]) if source == w4a16_cuda.SOURCE else 10
+            len([n for n in w4a16_cuda._names() if n.endswith(("ld", "ld_silu"))])
+            if source == w4a16_cuda.SOURCE
+            else 10
         )
         assert checked >= want, (source, checked, want)
 

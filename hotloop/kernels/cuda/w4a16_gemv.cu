@@ -181,7 +181,7 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
       ldg4(x + (k0 + 8 * j) / 2, gv[0], gv[1], gv[2], gv[3]);
       ldg4(x + (K + k0 + 8 * j) / 2, uv[0], uv[1], uv[2], uv[3]);
 #pragma unroll
-      for (int w = 0; w < 4; ++w) xv[4 * j + w] = silu_mul2<BF16>(gv[w], uv[w]);
+      for (int c = 0; c < 4; ++c) xv[4 * j + c] = silu_mul2<BF16>(gv[c], uv[c]);
     }
   } else {
 #pragma unroll
