@@ -34,6 +34,7 @@ import torch
 
 from hotloop.kernels import counters, cuda_jit
 from hotloop.kernels.pdl import pdl
+from hotloop.kernels.w4a16_one_row import DTYPE_TAGS as _DTYPES
 from hotloop.kernels.w4a16_one_row import check_operands, launch_buffers
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,6 @@ VARIANTS: tuple[tuple[int, int, int], ...] = (
     (4, 16, 128),
     (4, 32, 128),
 )
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 EARLY_VALUES = ("0", "1", "ld", "all")
@@ -203,21 +203,42 @@ def gemv(
     and 16-byte aligned (``w4a16_gemm._aligned``); scales in x's dtype. Raises ``ValueError`` where
     the variant does not fit and ``cuda_jit.CudaError`` where the kernels cannot be built."""
     k, n = check_operands(x2, qweight, qzeros, scales, group_size)
-    why = fits(x2.shape[0], n, k, group_size, x2.dtype, nl, r, threads)
+    name = kernel_name(x2.dtype, nl, r, threads, early_rows(r), early_coherent())
+    return _launch(name, x2, x2.shape[0], k, n, qweight, qzeros, scales, group_size, nl, r, threads, out)
+
+
+def _launch(
+    name: str,
+    x: torch.Tensor,
+    m: int,
+    k: int,
+    n: int,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    nl: int,
+    r: int,
+    threads: int,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """Kernel ``name`` of variant ``(nl, r, threads)`` over ``x`` (checked operands of a ``[1, K] @
+    [K, N]`` product): its fit, its buffers and the launch."""
+    why = fits(m, n, k, group_size, x.dtype, nl, r, threads)
     if why is not None:
         raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}, {threads}) {why}")
-    kernels = cuda_jit.load(SOURCE, x2.device, _names())
+    kernels = cuda_jit.load(SOURCE, x.device, _names())
     if kernels is None:
         raise cuda_jit.CudaError("the CUDA W4A16 kernels are not available on this machine")
     bn, kb = tile(nl, r, threads)
     split = k // kb
     tiles = n // bn
-    out, ws, cnt = launch_buffers(x2, n, split, tiles, "w4a16_cuda", out)
-    kernels[kernel_name(x2.dtype, nl, r, threads, early_rows(r), early_coherent())](
+    out, ws, cnt = launch_buffers(x, n, split, tiles, "w4a16_cuda", out)
+    kernels[name](
         (tiles, split),
         threads,
-        (x2, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),
-        pdl=pdl(x2.device),
+        (x, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),
+        pdl=pdl(x.device),
     )
     return out
 
@@ -228,7 +249,11 @@ SILU_ENV = "HOTLOOP_W4A16_FUSED_SILU"
 def silu_fusion() -> bool:
     """``HOTLOOP_W4A16_FUSED_SILU=1``: at batch 1 the down projection folds the SiLU-and-mul into its
     loads of x (``gemv_silu_mul``), one launch a layer fewer. Opt-in: not yet run on a GPU."""
-    return os.environ.get(SILU_ENV, "0") == "1"
+    value = os.environ.get(SILU_ENV, "0")
+    if value not in ("0", "1") and f"{SILU_ENV}={value}" not in _warned_values:
+        _warned_values.add(f"{SILU_ENV}={value}")
+        logger.warning("%s=%r: use 0 or 1; taking 0", SILU_ENV, value)
+    return value == "1"
 
 
 def gemv_silu_mul(
@@ -256,20 +281,5 @@ def gemv_silu_mul(
     if not gate_up.is_contiguous():
         raise ValueError("gate_up must be contiguous")
     k, n = check_operands(gate_up[:, :k], qweight, qzeros, scales, group_size)
-    why = fits(1, n, k, group_size, gate_up.dtype, nl, r, threads)
-    if why is not None:
-        raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}, {threads}) {why}")
-    kernels = cuda_jit.load(SOURCE, gate_up.device, _names())
-    if kernels is None:
-        raise cuda_jit.CudaError("the CUDA W4A16 kernels are not available on this machine")
-    bn, kb = tile(nl, r, threads)
-    split = k // kb
-    tiles = n // bn
-    out, ws, cnt = launch_buffers(gate_up, n, split, tiles, "w4a16_cuda", out)
-    kernels[kernel_name(gate_up.dtype, nl, r, threads, EARLY_ROWS, True, silu=True)](
-        (tiles, split),
-        threads,
-        (gate_up, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),
-        pdl=pdl(gate_up.device),
-    )
-    return out
+    name = kernel_name(gate_up.dtype, nl, r, threads, EARLY_ROWS, True, silu=True)
+    return _launch(name, gate_up, 1, k, n, qweight, qzeros, scales, group_size, nl, r, threads, out)

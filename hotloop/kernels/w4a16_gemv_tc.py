@@ -24,6 +24,7 @@ import torch
 
 from hotloop.kernels import counters, cuda_jit
 from hotloop.kernels.pdl import pdl
+from hotloop.kernels.w4a16_one_row import DTYPE_TAGS as _DTYPES
 from hotloop.kernels.w4a16_one_row import check_operands, launch_buffers
 
 SOURCE = "w4a16_gemv_tc.cu"
@@ -36,7 +37,6 @@ VARIANTS: tuple[tuple[int, int, int], ...] = (
     (2, 16, 8),
     (2, 32, 4),
 )
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 def kernel_name(dtype: torch.dtype, wpl: int, it: int, warps: int) -> str:

@@ -13,6 +13,9 @@ import torch
 from hotloop.kernels import counters
 from hotloop.kernels.w4a16_layout import check_awq_shapes
 
+# the activation dtypes the one-row CUDA GEMVs take, as their kernel names spell them
+DTYPE_TAGS: dict[torch.dtype, str] = {torch.bfloat16: "bf16", torch.float16: "f16"}
+
 
 def check_operands(
     x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int

@@ -246,6 +246,12 @@ def test_silu_fusion_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.delenv(w4a16_cuda.SILU_ENV, raising=False)
     assert not w4a16_cuda.silu_fusion()
+    monkeypatch.setenv(w4a16_cuda.SILU_ENV, "yes")  # a wrong value: said once, read as off
+    said: list[str] = []
+    monkeypatch.setattr(w4a16_cuda, "_warned_values", set())
+    monkeypatch.setattr(w4a16_cuda.logger, "warning", lambda msg, *args: said.append(msg % args))
+    assert not w4a16_cuda.silu_fusion() and not w4a16_cuda.silu_fusion()
+    assert said == ["HOTLOOP_W4A16_FUSED_SILU='yes': use 0 or 1; taking 0"]
     monkeypatch.setenv(w4a16_cuda.SILU_ENV, "1")
     assert w4a16_cuda.silu_fusion()
     qweight, qzeros, scales = random_awq(256, 128, 128, torch.bfloat16, "cpu", seed=1)
