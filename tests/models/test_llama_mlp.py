@@ -68,7 +68,7 @@ def test_gpu_w4a16_mlp_folds_the_silu_at_one_row(dtype: torch.dtype, monkeypatch
 
     if not w4a16_cuda.available(torch.device("cuda")):
         pytest.skip("the CUDA W4A16 kernels cannot be built here")
-    gen = torch.Generator().manual_seed(5)
+    gen = torch.Generator().manual_seed(5)  # on the CPU: the tensors below are drawn there explicitly
     with torch.device("cuda"):
         mlp = LlamaMLP(
             cast(Any, SimpleNamespace(hidden_size=4096, intermediate_size=14336, mlp_bias=False)), dtype
@@ -76,9 +76,9 @@ def test_gpu_w4a16_mlp_folds_the_silu_at_one_row(dtype: torch.dtype, monkeypatch
         for layer in (mlp.gate_up_proj, mlp.down_proj):
             set_quant_method(layer, AWQLinearMethod(128))
             k, n = layer.in_features, layer.out_features
-            layer.qweight.data = pack_int4(torch.randint(0, 16, (k, n), generator=gen)).cuda()
-            layer.qzeros.data = pack_int4(torch.randint(0, 16, (k // 128, n), generator=gen)).cuda()
-            layer.scales.data = (torch.rand(k // 128, n, generator=gen) * 0.02 + 0.001).to("cuda", dtype)
+            layer.qweight.data = pack_int4(torch.randint(0, 16, (k, n), generator=gen, device="cpu")).cuda()
+            layer.qzeros.data = pack_int4(torch.randint(0, 16, (k // 128, n), generator=gen, device="cpu")).cuda()
+            layer.scales.data = (torch.rand(k // 128, n, generator=gen, device="cpu") * 0.02 + 0.001).to("cuda", dtype)
             layer.quant_method.process_weights_after_loading(layer)
     x = (torch.randn(4, 4096, generator=gen) * 0.5).to("cuda", dtype)
     # the one-row launches pinned to the CUDA GEMV (4 lanes, 32 rows, 256 threads), not left to timing
