@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from hotloop.executor.gpu_inputs import InputBuffers
-from hotloop.kernels import ops
+from hotloop.kernels import dense_tune, ops
 from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -189,7 +189,8 @@ class DecodeGraphs:
             for key in keys:
                 b, cap = key
                 self.buffers.reset_for_capture(b)
-                self._forward(b, cap)  # warm-up: compiles kernels, settles the allocator
+                with dense_tune.tuning():  # the dense projections' cuBLASLt algorithms are timed here
+                    self._forward(b, cap)  # warm-up: compiles kernels, settles the allocator
                 stream.synchronize()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=self.pool, stream=stream):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hotloop.kernels import ops, reference
+from hotloop.kernels import dense_tune, ops, reference
 from hotloop.kernels.w4a16_layout import PACK_FACTOR
 
 ShardId = str | int
@@ -64,7 +64,8 @@ class UnquantizedLinearMethod:
         layer.register_parameter("weight", weight)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, cast(torch.Tensor, layer.weight), layer.bias)
+        # F.linear, or inside a CUDA graph capture the cuBLASLt algorithm timed for this shape
+        return dense_tune.linear(x, cast(torch.Tensor, layer.weight), layer.bias)
 
 
 class AWQLinearMethod:

@@ -1,0 +1,143 @@
+"""cuBLASLt with a chosen algorithm (``kernels/cublaslt.py``) and the per-shape choice for captured
+decode graphs (``kernels/dense_tune.py``), against ``F.linear`` and a float32 matmul."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hotloop.kernels import cublaslt, dense_tune
+
+
+def _operands(m: int, n: int, k: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(m * 131 + n * 7 + k)
+    x = torch.randn(m, k, generator=gen).to(dtype).to(device)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(device)
+    return x, w
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_cpu_linear_is_f_linear_even_while_tuning(bias: bool) -> None:
+    x, w = _operands(5, 24, 16, torch.float32, "cpu")
+    b = torch.randn(24) if bias else None
+    with dense_tune.tuning():
+        got = dense_tune.linear(x, w, b)
+    assert torch.equal(got, F.linear(x, w, b))
+    assert not dense_tune.choices()
+
+
+def test_tuning_block_nests_and_resets() -> None:
+    assert dense_tune._state["tuning"] == 0
+    with dense_tune.tuning():
+        with dense_tune.tuning():
+            assert dense_tune._state["tuning"] == 2
+        assert dense_tune._state["tuning"] == 1
+    assert dense_tune._state["tuning"] == 0
+    with pytest.raises(RuntimeError), dense_tune.tuning():
+        raise RuntimeError("boom")
+    assert dense_tune._state["tuning"] == 0
+
+
+def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(dense_tune.ENV, raising=False)
+    assert dense_tune.enabled()
+    for off in ("0", "false"):
+        monkeypatch.setenv(dense_tune.ENV, off)
+        assert not dense_tune.enabled()
+
+
+def test_operand_errors_name_the_operand() -> None:
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        cublaslt.heuristics(torch.device("cpu"), torch.float32, 4, 8, 8)
+    with pytest.raises(ValueError, match="m=0"):
+        cublaslt.heuristics(torch.device("cpu"), torch.bfloat16, 0, 8, 8)
+    a = cublaslt.Algo((0,) * 8, 0, 1.0, 66, 1, 1, 1)
+    x, w = _operands(4, 8, 16, torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="weight \\[N, K\\]"):
+        cublaslt.matmul(x, w[:, :8].contiguous(), a)
+    with pytest.raises(ValueError, match="one dtype"):
+        cublaslt.matmul(x, w.half(), a)
+    assert not cublaslt.available(torch.device("cpu"))
+    assert "algo 66" in a.describe()
+
+
+def _gpu() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if not cublaslt.available(torch.device("cuda")):
+        pytest.skip("libcublasLt does not load here")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("m", [1, 16, 256])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (6144, 4096), (4096, 14336), (1000, 200)])
+def test_gpu_every_offered_algorithm_matches_float32(m: int, n: int, k: int, dtype: torch.dtype) -> None:
+    """Each algorithm the heuristic offers computes x @ W^T: within 16-bit rounding of float32."""
+    _gpu()
+    x, w = _operands(m, n, k, dtype, "cuda")
+    ref = x.float() @ w.float().t()
+    algos = cublaslt.heuristics(torch.device("cuda"), dtype, m, n, k)
+    assert algos, "the heuristic offered no algorithm"
+    scale = float(ref.abs().max())
+    for a in algos:
+        y = cublaslt.matmul(x, w, a)
+        assert y.shape == (m, n) and y.dtype == dtype
+        err = float((y.float() - ref).abs().max())
+        assert err <= 8e-3 * scale + 1e-3, (a.describe(), err, scale)
+
+
+@pytest.mark.gpu
+def test_gpu_captured_launch_takes_the_chosen_algorithm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every offered algorithm acceptable (MIN_GAIN -1: even a 2x slower one), the warm-up
+    chooses one, and the captured launch replays exactly what that algorithm computes eagerly."""
+    _gpu()
+    monkeypatch.setenv(dense_tune.ENV, "1")
+    monkeypatch.setenv("HOTLOOP_TUNING_CACHE", "0")
+    monkeypatch.setattr(dense_tune, "MIN_GAIN", -1.0)
+    monkeypatch.setattr(dense_tune, "_choices", {})
+    x, w = _operands(64, 4096, 4096, torch.bfloat16, "cuda")
+    assert torch.equal(dense_tune.linear(x, w), F.linear(x, w))  # eager, outside a warm-up: F.linear
+    assert not dense_tune.choices()
+    with dense_tune.tuning():
+        warm = dense_tune.linear(x, w)
+    ((key, choice),) = dense_tune.choices().items()
+    assert key[2:] == (64, 4096, 4096) and choice.algo is not None
+    assert torch.equal(warm, cublaslt.matmul(x, w, choice.algo))
+    xs = x.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        out = dense_tune.linear(xs, w)
+    torch.cuda.current_stream().wait_stream(s)
+    xs.copy_(x * 0.5)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, cublaslt.matmul(x * 0.5, w, choice.algo))
+    ref = F.linear(x * 0.5, w).float()
+    assert float((out.float() - ref).abs().max()) <= 1e-2 * float(ref.abs().max())
+
+
+@pytest.mark.gpu
+def test_gpu_unknown_shape_in_a_capture_and_switch_off_keep_f_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shape not timed in a warm-up is never timed inside a capture: F.linear is captured. With
+    the switch off nothing is timed at all."""
+    _gpu()
+    monkeypatch.setattr(dense_tune, "_choices", {})
+    x, w = _operands(48, 1024, 512, torch.float16, "cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        out = dense_tune.linear(x, w)
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, F.linear(x, w))
+    assert not dense_tune.choices()
+    monkeypatch.setenv(dense_tune.ENV, "0")
+    with dense_tune.tuning():
+        assert torch.equal(dense_tune.linear(x, w), F.linear(x, w))
+    assert not dense_tune.choices()
