@@ -118,7 +118,7 @@ class AWQLinearMethod:
 
     def apply_silu_mul(self, layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
         """``layer(silu_and_mul(gate_up))`` in one launch where the W4A16 kernels can fold the SiLU in
-        (one row on CUDA, ``HOTLOOP_W4A16_FUSED_SILU=1``: ``w4a16_gemm.w4a16_silu_mul_gemm``), else
+        (one row on CUDA, unless ``HOTLOOP_W4A16_FUSED_SILU=0``: ``w4a16_gemm.w4a16_silu_mul_gemm``), else
         None (the caller runs the two)."""
         from hotloop.kernels import w4a16_cuda
 

@@ -240,18 +240,20 @@ def test_silu_mul_gemv_refuses_wrong_operands() -> None:
         w4a16_cuda.gemv_silu_mul(strided, qweight, qzeros, scales, 128, 4, 16)
 
 
-def test_silu_fusion_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``HOTLOOP_W4A16_FUSED_SILU`` (off unless 1); the engine-level helper declines on the CPU."""
+def test_silu_fusion_is_on_unless_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HOTLOOP_W4A16_FUSED_SILU`` (on unless 0); the engine-level helper declines on the CPU."""
     from hotloop.kernels.w4a16_gemm import w4a16_silu_mul_gemm
 
     monkeypatch.delenv(w4a16_cuda.SILU_ENV, raising=False)
+    assert w4a16_cuda.silu_fusion()
+    monkeypatch.setenv(w4a16_cuda.SILU_ENV, "0")
     assert not w4a16_cuda.silu_fusion()
-    monkeypatch.setenv(w4a16_cuda.SILU_ENV, "yes")  # a wrong value: said once, read as off
+    monkeypatch.setenv(w4a16_cuda.SILU_ENV, "yes")  # a wrong value: said once, read as on
     said: list[str] = []
     monkeypatch.setattr(w4a16_cuda, "_warned_values", set())
     monkeypatch.setattr(w4a16_cuda.logger, "warning", lambda msg, *args: said.append(msg % args))
-    assert not w4a16_cuda.silu_fusion() and not w4a16_cuda.silu_fusion()
-    assert said == ["HOTLOOP_W4A16_FUSED_SILU='yes': use 0 or 1; taking 0"]
+    assert w4a16_cuda.silu_fusion() and w4a16_cuda.silu_fusion()
+    assert said == ["HOTLOOP_W4A16_FUSED_SILU='yes': use 0 or 1; taking 1"]
     monkeypatch.setenv(w4a16_cuda.SILU_ENV, "1")
     assert w4a16_cuda.silu_fusion()
     qweight, qzeros, scales = random_awq(256, 128, 128, torch.bfloat16, "cpu", seed=1)

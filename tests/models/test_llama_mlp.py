@@ -58,7 +58,7 @@ def test_the_two_launches_run_where_it_declines() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_gpu_w4a16_mlp_folds_the_silu_at_one_row(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Llama-3-8B's MLP shape with random int4 weights: with ``HOTLOOP_W4A16_FUSED_SILU=1`` one row
+    """Llama-3-8B's MLP shape with random int4 weights: with the folded SiLU (the default) one row
     takes the folded launch and gives the two launches' output; more rows keep the two launches."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -77,8 +77,12 @@ def test_gpu_w4a16_mlp_folds_the_silu_at_one_row(dtype: torch.dtype, monkeypatch
             set_quant_method(layer, AWQLinearMethod(128))
             k, n = layer.in_features, layer.out_features
             layer.qweight.data = pack_int4(torch.randint(0, 16, (k, n), generator=gen, device="cpu")).cuda()
-            layer.qzeros.data = pack_int4(torch.randint(0, 16, (k // 128, n), generator=gen, device="cpu")).cuda()
-            layer.scales.data = (torch.rand(k // 128, n, generator=gen, device="cpu") * 0.02 + 0.001).to("cuda", dtype)
+            layer.qzeros.data = pack_int4(
+                torch.randint(0, 16, (k // 128, n), generator=gen, device="cpu")
+            ).cuda()
+            layer.scales.data = (torch.rand(k // 128, n, generator=gen, device="cpu") * 0.02 + 0.001).to(
+                "cuda", dtype
+            )
             layer.quant_method.process_weights_after_loading(layer)
     x = (torch.randn(4, 4096, generator=gen) * 0.5).to("cuda", dtype)
     # the one-row launches pinned to the CUDA GEMV (4 lanes, 32 rows, 256 threads), not left to timing
@@ -89,7 +93,7 @@ def test_gpu_w4a16_mlp_folds_the_silu_at_one_row(dtype: torch.dtype, monkeypatch
     tuned = {(index, dtype, 1, n, k, 128): cuda_gemv for k, n in ((4096, 28672), (14336, 4096))}
     monkeypatch.setattr(g, "_tuned", tuned)
     monkeypatch.setattr(g, "_plans", {})
-    monkeypatch.delenv(w4a16_cuda.SILU_ENV, raising=False)
+    monkeypatch.setenv(w4a16_cuda.SILU_ENV, "0")
     two = mlp(x[:1])
     calls: list[int] = []
     folded = w4a16_cuda.gemv_silu_mul
@@ -122,7 +126,7 @@ def test_awq_layers_decline_unless_they_can_fold(monkeypatch: pytest.MonkeyPatch
     set_quant_method(layer, AWQLinearMethod(128))
     method = cast(AWQLinearMethod, layer.quant_method)
     gate_up = torch.zeros(1, 512)
-    monkeypatch.delenv(w4a16_cuda.SILU_ENV, raising=False)
+    monkeypatch.setenv(w4a16_cuda.SILU_ENV, "0")
     assert method.apply_silu_mul(layer, gate_up) is None
     monkeypatch.setenv(w4a16_cuda.SILU_ENV, "1")
     assert method.apply_silu_mul(layer, gate_up) is None  # packed, but on the CPU
