@@ -218,6 +218,9 @@ class DecodeGraphs:
             short,
             time.perf_counter() - t0,
         )
+        tuned = dense_tune.summary() if dense_tune.enabled() else None
+        if tuned:
+            logger.info("%s", tuned)
 
     def key_for(self, bucket: int, context: int | None = None) -> tuple[int, int | None]:
         """The graph that runs ``bucket`` rows whose longest context (tokens in the cache, this

@@ -13,7 +13,12 @@ pay for a timing. A launch with a bias, in another dtype than fp16 / bf16, or on
 and its output on random inputs is within rounding of ``F.linear``'s; otherwise the shape keeps
 ``F.linear``. Choices are kept on disk (``kernels/tuning_cache.py``, family ``dense_cublaslt``).
 
-``HOTLOOP_DENSE_TUNE=0`` turns it off (every launch ``F.linear``).
+Status: opt-in, ``HOTLOOP_DENSE_TUNE=1`` (off: every launch ``F.linear``). In the engine on an H100
+(2026-12-06, BENCHMARKS "thirty-fifth session") the batch-256 decode step ran 19.7 / 19.7 ms with
+it against 19.7 / 19.8 without (``run_gpu.py`` rows, two pairs): within noise, not the 0.23 ms the
+sweep's down projection promised. It costs about 1.4 s more at the first start (the timings are
+kept on disk). Not yet measured on an H200, where cuBLAS' own choice for the down projection
+differed (split-K with a separate reduce).
 
 State: per process, the choices per key; a flag set by ``tuning()``. The cuBLASLt workspace is one
 per device (``kernels/cublaslt.py``), so captured graphs that use it must not run concurrently on two
@@ -34,7 +39,7 @@ import torch.nn.functional as F
 
 from hotloop.kernels import cublaslt, tuning_cache
 
-__all__ = ["ENV", "MIN_GAIN", "Choice", "choices", "enabled", "linear", "tuning"]
+__all__ = ["ENV", "MIN_GAIN", "Choice", "choices", "enabled", "linear", "summary", "tuning"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +64,8 @@ _disk: dict[str, dict] | None = None
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") not in ("0", "", "false", "False")
+    """``HOTLOOP_DENSE_TUNE=1`` turns it on; off by default (see the module docstring's status)."""
+    return os.environ.get(ENV, "0") not in ("0", "", "false", "False")
 
 
 def choices() -> dict[tuple, Choice]:
@@ -69,12 +75,14 @@ def choices() -> dict[tuple, Choice]:
 
 @contextlib.contextmanager
 def tuning() -> Iterator[None]:
-    """Within this block, eager ``linear`` launches of a new shape are timed (the graph warm-up)."""
-    _state["tuning"] += 1
+    """Within this block, eager ``linear`` launches of a new shape are timed (the graph warm-up);
+    a no-op unless ``enabled()``."""
+    on = enabled()
+    _state["tuning"] += on
     try:
         yield
     finally:
-        _state["tuning"] -= 1
+        _state["tuning"] -= on
 
 
 def _key(x2: torch.Tensor, weight: torch.Tensor) -> tuple:
@@ -133,7 +141,6 @@ def _tune(x2: torch.Tensor, weight: torch.Tensor) -> Choice:
     xr = torch.randn(m, k, device=x2.device, dtype=x2.dtype)
     ref = F.linear(xr, weight).float()
     base = graph_time_us(lambda: F.linear(x2, weight), x2.device)
-    best: tuple[cublaslt.Algo | None, float] = (None, base)
     try:
         algos = cublaslt.heuristics(x2.device, x2.dtype, m, weight.shape[0], k)
     except cublaslt.CublasLtError as e:
@@ -142,6 +149,7 @@ def _tune(x2: torch.Tensor, weight: torch.Tensor) -> Choice:
         )
         return Choice(None, base, base)
     out = torch.empty(m, weight.shape[0], device=x2.device, dtype=x2.dtype)
+    best: tuple[cublaslt.Algo | None, float] = (None, float("inf"))  # the fastest acceptable algorithm
     for cand in algos:
         try:
             if not _close(cublaslt.matmul(xr, weight, cand).float(), ref):
@@ -153,9 +161,21 @@ def _tune(x2: torch.Tensor, weight: torch.Tensor) -> Choice:
         if us < best[1]:
             best = (cand, us)
     chosen, us = best
-    if chosen is not None and us > base * (1 - MIN_GAIN):
-        chosen = None
-    return Choice(chosen, base, us if chosen is not None else base)
+    if chosen is None or us > base * (1 - MIN_GAIN):
+        return Choice(None, base, base)
+    return Choice(chosen, base, us)
+
+
+def summary() -> str | None:
+    """One line on the choices made in this process (None before any): for the capture's log."""
+    if not _choices:
+        return None
+    taken = [c for c in _choices.values() if c.algo is not None]
+    saved = sum(c.flinear_us - c.best_us for c in taken)
+    return (
+        f"dense GEMMs: a timed cuBLASLt algorithm for {len(taken)} of {len(_choices)} shapes "
+        f"({saved:.1f} us less per launch of each, summed)"
+    )
 
 
 def _choice(x2: torch.Tensor, weight: torch.Tensor) -> Choice | None:
@@ -184,13 +204,14 @@ def _choice(x2: torch.Tensor, weight: torch.Tensor) -> Choice | None:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, with the timed cuBLASLt algorithm where one was chosen for this
     shape and the launch is being captured into a CUDA graph (see the module docstring)."""
+    if not (_state["tuning"] or _choices):  # first: the common case (off, or nothing tuned) costs nothing
+        return F.linear(x, weight, bias)
     if (
         bias is not None
         or not x.is_cuda
         or x.dtype not in _DTYPES
         or weight.dtype != x.dtype
         or not (_state["tuning"] or torch.cuda.is_current_stream_capturing())
-        or not enabled()
         or not x.is_contiguous()
         or not weight.is_contiguous()
         or x.numel() == 0

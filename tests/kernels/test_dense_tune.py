@@ -18,7 +18,8 @@ def _operands(m: int, n: int, k: int, dtype: torch.dtype, device: str) -> tuple[
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_cpu_linear_is_f_linear_even_while_tuning(bias: bool) -> None:
+def test_cpu_linear_is_f_linear_even_while_tuning(bias: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(dense_tune.ENV, "1")
     x, w = _operands(5, 24, 16, torch.float32, "cpu")
     b = torch.randn(24) if bias else None
     with dense_tune.tuning():
@@ -27,7 +28,11 @@ def test_cpu_linear_is_f_linear_even_while_tuning(bias: bool) -> None:
     assert not dense_tune.choices()
 
 
-def test_tuning_block_nests_and_resets() -> None:
+def test_tuning_block_nests_and_resets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(dense_tune.ENV, "0")
+    with dense_tune.tuning():
+        assert dense_tune._state["tuning"] == 0  # off: the block times nothing
+    monkeypatch.setenv(dense_tune.ENV, "1")
     assert dense_tune._state["tuning"] == 0
     with dense_tune.tuning():
         with dense_tune.tuning():
@@ -40,11 +45,31 @@ def test_tuning_block_nests_and_resets() -> None:
 
 
 def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opt-in: on only with ``HOTLOOP_DENSE_TUNE=1``."""
     monkeypatch.delenv(dense_tune.ENV, raising=False)
-    assert dense_tune.enabled()
+    assert not dense_tune.enabled()
     for off in ("0", "false"):
         monkeypatch.setenv(dense_tune.ENV, off)
         assert not dense_tune.enabled()
+    monkeypatch.setenv(dense_tune.ENV, "1")
+    assert dense_tune.enabled()
+
+
+def test_summary_counts_the_shapes_that_took_an_algorithm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dense_tune, "_choices", {})
+    assert dense_tune.summary() is None
+    a = cublaslt.Algo((0,) * 8, 0, 1.0, 66, 1, 1, 1)
+    monkeypatch.setattr(
+        dense_tune,
+        "_choices",
+        {
+            (0, torch.bfloat16, 256, 4096, 14336): dense_tune.Choice(a, 60.0, 52.5),
+            (0, torch.bfloat16, 256, 4096, 4096): dense_tune.Choice(None, 17.8, 17.8),
+        },
+    )
+    assert dense_tune.summary() == (
+        "dense GEMMs: a timed cuBLASLt algorithm for 1 of 2 shapes (7.5 us less per launch of each, summed)"
+    )
 
 
 def test_operand_errors_name_the_operand() -> None:
@@ -125,6 +150,7 @@ def test_gpu_unknown_shape_in_a_capture_and_switch_off_keep_f_linear(monkeypatch
     """A shape not timed in a warm-up is never timed inside a capture: F.linear is captured. With
     the switch off nothing is timed at all."""
     _gpu()
+    monkeypatch.setenv(dense_tune.ENV, "1")
     monkeypatch.setattr(dense_tune, "_choices", {})
     x, w = _operands(48, 1024, 512, torch.float16, "cuda")
     s = torch.cuda.Stream()
