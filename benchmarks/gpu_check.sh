@@ -103,6 +103,12 @@
 #   s34b     one GPU: the W4A16 kernel and GEMM GPU tests (every early-load form, all included), then W4A16 batch 1
 #            with the default early loads (8 rows through ld.global) and with every row early in the 16-row
 #            variants (HOTLOOP_W4A16_EARLY=all), alternating, twice (each form tuned in its first run).
+#   s35a     one GPU: the dense-tune GPU tests, then issue 4's batch-256 row with F.linear (default) and with the
+#            timed cuBLASLt algorithms (HOTLOOP_DENSE_TUNE=1), alternating, twice; then profile_step.py's batch-256
+#            and batch-16 steps both ways (which GEMM kernels run), and cublaslt_sweep.py at M = 256, 16.
+#   s35b     one GPU: issue 3's serving run with today's defaults (the piecewise graphs' one q/k/v copy and the
+#            folded W4A16 SiLU are in since the last H200 run), then with HOTLOOP_DENSE_TUNE=1; then W4A16
+#            batch 1 with the folded SiLU (default) and without (HOTLOOP_W4A16_FUSED_SILU=0).
 #   s32e     one GPU: the batch-1 GPU tests now pinned to one step a launch, the multi-step GPU tests, then
 #            run_gpu.py's batch-256 row with the final full-batch rule.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
@@ -1259,6 +1265,33 @@ if [ "$what" = s33c ]; then  # one GPU, in turn
   echo "W4A16 GPU tests rc=$?"
   grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/w4_tests.log" | cut -c1-200 | head -30
   what=ncu
+fi
+if [ "$what" = s35a ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 120 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_dense_tune.py \
+    >"$out/dense_tests.log" 2>&1
+  echo "dense-tune GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/dense_tests.log" | cut -c1-200 | head -12
+  for i in 1 2; do
+    for t in 0 1; do
+      HOTLOOP_DENSE_TUNE=$t timeout 200 python3 "$here/run_gpu.py" --out "$out/b256_t${t}_$i" --skip-hf \
+        --only llama3_b256_1k 2>&1 | grep -E "b256|4,229" | sed "s/^/[HOTLOOP_DENSE_TUNE=$t] /"
+      grep -h "dense GEMMs" "$out/b256_t${t}_$i/"*.log 2>/dev/null | tail -1
+    done
+  done
+  profile_ab HOTLOOP_DENSE_TUNE dense "decode 256@,decode 16@" 0 1
+  timeout 120 python3 "$here/cublaslt_sweep.py" --m 256,16 --out "$out/sweep.json" 2>&1 | tail -12
+  exit 0
+fi
+if [ "$what" = s35b ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  serve 0 default
+  HOTLOOP_DENSE_TUNE=1 serve 0 dense
+  for i in 1 2; do
+    bs1 awq_silu$i llama3-8b --model-format awq
+    HOTLOOP_W4A16_FUSED_SILU=0 bs1 awq_two$i llama3-8b --model-format awq
+  done
+  exit 0
 fi
 if [ "$what" = s34c ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
