@@ -115,6 +115,7 @@ def _decode_kernel(
     PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
     MERGE: tl.constexpr,  # with splits: the last split of a (sequence, KV head) to finish merges
     EARLY: tl.constexpr = False,  # (a float cache, no window) the first tile requested before the wait
+    HEADS_FIRST: tl.constexpr = False,  # the grid is (KV, B, splits): a sequence's heads run side by side
 ):
     # EARLY: the first tile's K and V rows are requested before the wait for the kernel before (which
     # may write this step's new token, and nothing else of the cache: the module doc), all but the
@@ -123,8 +124,12 @@ def _decode_kernel(
     if PDL and not PRE:
         gdc_wait()
         gdc_launch_dependents()
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    if HEADS_FIRST:
+        kvh = tl.program_id(0)
+        b = tl.program_id(1)
+    else:
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
     lo = 0
@@ -277,7 +282,7 @@ def _decode_kernel(
             )
     else:
         # partial output [B, H, S, D] and its log2-sum-exp [B, H, S], both contiguous
-        row = (b * (G * tl.num_programs(1)) + heads) * NUM_SPLITS + split  # [BLOCK_G]
+        row = (b * (G * KV) + heads) * NUM_SPLITS + split  # [BLOCK_G]
         if EO:
             dst = out_ptr + row[:, None] * D + 2 * offs_h[None, :]
             tl.store(dst, acc_even / safe_l[:, None], mask=mask_h)
@@ -287,7 +292,7 @@ def _decode_kernel(
         lse = tl.where(l_i > 0.0, m_i + tl.log2(safe_l), float("-inf"))
         tl.store(lse_ptr + row, lse, mask=mask_g)
         if MERGE:
-            _merge_last(out_ptr, lse_ptr, fin_ptr, cnt_ptr, b, kvh, heads, row - split, mask_g, offs_d,
+            _merge_last(out_ptr, lse_ptr, fin_ptr, cnt_ptr, b, kvh, KV, heads, row - split, mask_g, offs_d,
                         mask_d, stride_fb, stride_fh, D, NUM_SPLITS, BLOCK_G, BLOCK_D)  # fmt: skip
 
 
@@ -314,6 +319,7 @@ def _merge_last(
     cnt_ptr,
     b,
     kvh,
+    nkv,  # KV heads (the grid's order varies: HOTLOOP_DECODE_GRID)
     heads,
     row0,  # [BLOCK_G]: the group's rows of split 0 in the partials
     mask_g,
@@ -330,7 +336,7 @@ def _merge_last(
     arrive merges the group's partials (as ``_merge_kernel``, splits in order), writes the output and
     resets the counter. Saves the merge kernel's launch."""
     tl.debug_barrier()  # every thread's partial and lse are stored before the release below
-    cnt = cnt_ptr + b * tl.num_programs(1) + kvh
+    cnt = cnt_ptr + b * nkv + kvh
     arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
     if arrived == NUM_SPLITS - 1:
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -413,6 +419,23 @@ def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
             f"{name}: a quantized cache's blocks must be dense (strides {c.stride()})",
         )
     return policy, kv_quant.packed_bytes(D, policy)
+
+
+# HOTLOOP_DECODE_GRID: the launch order of this kernel's (sequence, KV head, split) programs. "seq"
+# (the default: sequences fastest, so the programs resident together read one KV head of many
+# sequences: 256-byte rows 2 KB apart in the [block, token, head, dim] cache) or "heads" (a sequence's
+# KV heads side by side: together they read whole 2 KB token rows, as the CUDA int8 kernel's default
+# order does, where it gained 1-4%, its read probe 6-13%, at batch 128-300; not yet timed here).
+GRID_ENV = "HOTLOOP_DECODE_GRID"
+GRIDS = ("seq", "heads")
+
+
+def grid_order() -> str:
+    """The grid order HOTLOOP_DECODE_GRID names ("seq" when unset or empty); read at each launch."""
+    raw = os.environ.get(GRID_ENV, "") or "seq"
+    if raw not in GRIDS:
+        raise ValueError(f"{GRID_ENV}={raw!r} must be one of {list(GRIDS)}")
+    return raw
 
 
 def num_decode_splits(batch: int, num_kv_heads: int, quant: int = 0) -> int:
@@ -753,7 +776,8 @@ def decode_attention_partials(
     arrivals = counters.counters(q.device, "decode_merge", B * kv) if fused and not launched else None
     merge = arrivals is not None
     if not launched:
-        _decode_kernel[(B, kv, splits)](
+        heads_first = grid_order() == "heads" and B <= kv_int8_decode_cuda.MAX_GRID_Y
+        _decode_kernel[(kv, B, splits) if heads_first else (B, kv, splits)](
             q,
             k_cache,
             v_cache,
@@ -794,6 +818,7 @@ def decode_attention_partials(
             # (with splits only: the early tile holds 213 registers a thread against 96, which only
             # a small batch's grid, one wave at 2 blocks an SM, can afford; ptxas, sm_90)
             EARLY=EARLY and quant == 0 and not sliding_window and splits > 1,
+            HEADS_FIRST=heads_first,
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=maxnreg,

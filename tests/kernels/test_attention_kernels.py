@@ -118,6 +118,19 @@ def test_decode_gpu(d: int, h: int, kv: int, bs: int, dtype: torch.dtype) -> Non
     for splits in (2, 16):  # the last split merges, every launch leaving its counters at zero
         _decode_case(lens, h, kv, d, bs, dtype, "cuda", None, splits, fuse_merge=True)
     _decode_case(lens, h, kv, d, bs, dtype, "cuda", 200, 4, fuse_merge=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,h,kv,bs,dtype", GRID[:4])
+def test_decode_heads_first_grid_gpu(
+    d: int, h: int, kv: int, bs: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HOTLOOP_DECODE_GRID=heads`` on the GPU: one split, splits merged by a launch, fused merge."""
+    monkeypatch.setenv("HOTLOOP_DECODE_GRID", "heads")
+    lens = [1, 17, 300, 1031, 64 * 40 + 5]
+    for splits in (1, None, 7):
+        _decode_case(lens, h, kv, d, bs, dtype, "cuda", None, splits)
+    _decode_case(lens, h, kv, d, bs, dtype, "cuda", None, 4, fuse_merge=True)
     from hotloop.kernels import counters
 
     torch.cuda.synchronize()
@@ -226,6 +239,29 @@ def test_decode_early_tile_interpreted(splits: int, monkeypatch: pytest.MonkeyPa
     _decode_case([1, 0, 37, 70, 130], 8, 2, 32, 16, torch.float32, "cpu", None, splits)
     _decode_case([1, 0, 37, 70, 130], 6, 3, 16, 16, torch.float32, "cpu", None, splits, fuse_merge=True)
     _decode_case([1, 37, 70], 8, 2, 32, 16, torch.float32, "cpu", 20, splits)
+
+
+@interpret
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_heads_first_grid_interpreted(splits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HOTLOOP_DECODE_GRID=heads``: the grid (KV, B, splits); the same attention, the partials and
+    the fused merge's counters still indexed by sequence and KV head."""
+    monkeypatch.setenv("HOTLOOP_DECODE_GRID", "heads")
+    _decode_case([1, 0, 37, 70], 8, 2, 32, 16, torch.float32, "cpu", None, splits)
+    _decode_case([1, 37, 70], 6, 3, 16, 16, torch.float32, "cpu", 20, splits)
+    if splits > 1:
+        _decode_case([1, 0, 37, 70], 6, 3, 16, 16, torch.float32, "cpu", None, splits, fuse_merge=True)
+
+
+def test_decode_grid_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hotloop.kernels import paged_decode_attention as mod
+
+    for raw, value in (("", "seq"), ("seq", "seq"), ("heads", "heads")):
+        monkeypatch.setenv(mod.GRID_ENV, raw)
+        assert mod.grid_order() == value
+    monkeypatch.setenv(mod.GRID_ENV, "rows")
+    with pytest.raises(ValueError, match="HOTLOOP_DECODE_GRID='rows' must be one of"):
+        mod.grid_order()
 
 
 def test_decode_early_env(monkeypatch: pytest.MonkeyPatch) -> None:
