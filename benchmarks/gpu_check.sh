@@ -109,6 +109,9 @@
 #   s35b     one GPU: issue 3's serving run with today's defaults (the piecewise graphs' one q/k/v copy and the
 #            folded W4A16 SiLU are in since the last H200 run), then with HOTLOOP_DENSE_TUNE=1; then W4A16
 #            batch 1 with the folded SiLU (default) and without (HOTLOOP_W4A16_FUSED_SILU=0).
+#   s35c     one GPU: the Triton decode kernel's heads-first grid (HOTLOOP_DECODE_GRID=heads): its GPU tests, the
+#            bf16 decode sweep at batch 256 x 1k and 128 x 4k with seq and heads, alternating, twice, then issue 4's
+#            batch-256 row both ways, twice.
 #   s32e     one GPU: the batch-1 GPU tests now pinned to one step a launch, the multi-step GPU tests, then
 #            run_gpu.py's batch-256 row with the final full-batch rule.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
@@ -1290,6 +1293,27 @@ if [ "$what" = s35b ]; then  # one GPU, in turn
   for i in 1 2; do
     bs1 awq_silu$i llama3-8b --model-format awq
     HOTLOOP_W4A16_FUSED_SILU=0 bs1 awq_two$i llama3-8b --model-format awq
+  done
+  exit 0
+fi
+if [ "$what" = s35c ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 150 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_attention_kernels.py \
+    >"$out/attn_tests.log" 2>&1
+  echo "attention GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/attn_tests.log" | cut -c1-200 | head -12
+  for i in 1 2; do
+    for g in seq heads; do
+      HOTLOOP_DECODE_GRID=$g timeout 90 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_${g}_$i.json" \
+        --policies 0 --no-prefill --decode-shapes 256x1024,128x4096 --decode-configs "64,4,3" 2>&1 \
+        | grep -E "decode B=" | cut -c1-180 | sed "s/^/[HOTLOOP_DECODE_GRID=$g] /"
+    done
+  done
+  for i in 1 2; do
+    for g in seq heads; do
+      HOTLOOP_DECODE_GRID=$g timeout 200 python3 "$here/run_gpu.py" --out "$out/b256_${g}_$i" --skip-hf \
+        --only llama3_b256_1k 2>&1 | grep -E "b256|4,229" | sed "s/^/[HOTLOOP_DECODE_GRID=$g] /"
+    done
   done
   exit 0
 fi
