@@ -185,7 +185,7 @@ class DecodeGraphs:
             bar = tqdm(total=len(keys), desc="capturing CUDA graphs", unit="graph", leave=False)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), dense_tune.decode_capture():
             for key in keys:
                 b, cap = key
                 self.buffers.reset_for_capture(b)

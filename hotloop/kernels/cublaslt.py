@@ -37,6 +37,9 @@ _DTYPES = {torch.float16: 2, torch.bfloat16: 14}
 _OP_N, _OP_T = 0, 1
 _DESC_TRANSA, _DESC_TRANSB = 3, 4
 _PREF_MAX_WORKSPACE_BYTES = 1
+_PREF_REDUCTION_SCHEME_MASK = 3
+_REDUCTION_SCHEME_COMPUTE_TYPE = 2  # split-K partials added in float32 (not in place, not in 16 bits)
+ALIGNMENT = 256  # the heuristic's default assumption for every buffer (cublasLt.h, MIN_ALIGNMENT)
 _ALGO_CONFIG_ID, _ALGO_CONFIG_TILE_ID, _ALGO_CONFIG_SPLITK_NUM, _ALGO_CONFIG_STAGES_ID = 0, 1, 2, 6
 WORKSPACE_BYTES = 32 << 20  # per device; what torch gives cuBLASLt on Hopper
 
@@ -85,7 +88,12 @@ _ZERO = ctypes.c_float(0.0)
 
 
 def _candidates() -> list[str]:
-    names = ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]
+    # the soname of the CUDA torch was built with first: dlopen then returns the copy torch loaded
+    major = (torch.version.cuda or "13").split(".")[0]
+    names = [f"libcublasLt.so.{major}"] + [
+        n for n in ("libcublasLt.so.13", "libcublasLt.so.12") if major not in n
+    ]
+    names.append("libcublasLt.so")
     here = os.path.dirname(torch.__file__)
     found: list[str] = []
     for sub in ("nvidia/cu13/lib", "nvidia/cublas/lib"):
@@ -220,6 +228,14 @@ def heuristics(
             ),
             "PreferenceSetAttribute",
         )
+        # split-K only with float32 partials, as torch's default (no reduced-precision reductions)
+        mask = ctypes.c_uint32(_REDUCTION_SCHEME_COMPUTE_TYPE)
+        _check(
+            lib.cublasLtMatmulPreferenceSetAttribute(
+                pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.byref(mask), ctypes.c_size_t(4)
+            ),
+            "PreferenceSetAttribute",
+        )
         results = (_Heuristic * count)()
         returned = ctypes.c_int(0)
         _check(
@@ -264,10 +280,18 @@ def matmul(
         raise ValueError(f"x {x.dtype}, weight {weight.dtype}: want one dtype, float16 or bfloat16")
     if not (x.is_contiguous() and weight.is_contiguous()):
         raise ValueError("x and weight must be contiguous")
+    if not x.is_cuda or weight.device != x.device:
+        raise ValueError(f"x ({x.device}) and weight ({weight.device}) must be on one CUDA device")
     m, k = x.shape
     n = weight.shape[0]
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    elif out.shape != (m, n) or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{m}, {n}] {x.dtype} tensor on {x.device}")
+    if any(t.data_ptr() % ALIGNMENT for t in (x, weight, out)):
+        raise ValueError(
+            f"x, weight and out must start at multiples of {ALIGNMENT} bytes (the heuristic's assumption)"
+        )
     lib = _lib()
     h, ws = _handle(x.device)
     desc, wl, xl, yl = _problem(x.device, x.dtype, m, n, k)

@@ -6,7 +6,8 @@ on an H100 (``benchmarks/cublaslt_sweep.py``) Llama-3-8B's down projection at 12
 the offered algorithms against ``F.linear`` once per (GPU, dtype, M, N, K) and keeps the fastest.
 
 Where it acts (``linear``): only for launches captured into a CUDA graph, and only for shapes timed
-in the warm-up of that capture (``with tuning():`` around it, ``executor/cuda_graph.py``). Eager
+in the warm-up of that capture (``with decode_capture():`` around the capture, ``with tuning():``
+around each warm-up, ``executor/cuda_graph.py``). Eager
 launches keep ``F.linear``, so prefill and the serving mix's eager steps are unchanged and never
 pay for a timing. A launch with a bias, in another dtype than fp16 / bf16, or on the CPU keeps
 ``F.linear`` too. An algorithm is kept only if it is at least ``MIN_GAIN`` faster than ``F.linear``
@@ -39,7 +40,7 @@ import torch.nn.functional as F
 
 from hotloop.kernels import cublaslt, tuning_cache
 
-__all__ = ["ENV", "MIN_GAIN", "Choice", "choices", "enabled", "linear", "summary", "tuning"]
+__all__ = ["ENV", "MIN_GAIN", "Choice", "choices", "decode_capture", "enabled", "linear", "summary", "tuning"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class Choice:
 
 
 _choices: dict[tuple, Choice] = {}
-_state = {"tuning": 0}
+_state = {"tuning": 0, "active": 0}  # tuning: a warm-up is running; active: the decode graphs' capture
 _disk: dict[str, dict] | None = None
 
 
@@ -71,6 +72,19 @@ def enabled() -> bool:
 def choices() -> dict[tuple, Choice]:
     """Every choice made in this process: ``(device index, dtype, M, N, K) -> Choice``."""
     return dict(_choices)
+
+
+@contextlib.contextmanager
+def decode_capture() -> Iterator[None]:
+    """The decode graphs' capture (``executor/cuda_graph.py``): only within this block does ``linear``
+    take a chosen algorithm (other captures, e.g. the piecewise graphs of prefill, keep ``F.linear``);
+    a no-op unless ``enabled()``."""
+    on = enabled()
+    _state["active"] += on
+    try:
+        yield
+    finally:
+        _state["active"] -= on
 
 
 @contextlib.contextmanager
@@ -134,11 +148,22 @@ def _close(y: torch.Tensor, ref: torch.Tensor) -> bool:
     )
 
 
+def _still_close(x2: torch.Tensor, weight: torch.Tensor, algo: cublaslt.Algo) -> bool:
+    """One eager check of a choice read from disk against ``F.linear``."""
+    gen = torch.Generator(device=x2.device).manual_seed(0)
+    xr = torch.randn(x2.shape, device=x2.device, dtype=x2.dtype, generator=gen)
+    try:
+        return _close(cublaslt.matmul(xr, weight, algo).float(), F.linear(xr, weight).float())
+    except (cublaslt.CublasLtError, ValueError):
+        return False
+
+
 def _tune(x2: torch.Tensor, weight: torch.Tensor) -> Choice:
     from hotloop.kernels.w4a16_gemm import graph_time_us  # cold-L2 graph timing, shared with the W4A16 tuner
 
     m, k = x2.shape
-    xr = torch.randn(m, k, device=x2.device, dtype=x2.dtype)
+    gen = torch.Generator(device=x2.device).manual_seed(0)  # not the global RNG: sampling stays as seeded
+    xr = torch.randn(m, k, device=x2.device, dtype=x2.dtype, generator=gen)
     ref = F.linear(xr, weight).float()
     base = graph_time_us(lambda: F.linear(x2, weight), x2.device)
     try:
@@ -186,6 +211,8 @@ def _choice(x2: torch.Tensor, weight: torch.Tensor) -> Choice | None:
     if torch.cuda.is_current_stream_capturing() or not _state["tuning"]:
         return None  # time only in a graph warm-up, never inside a capture
     c = _from_disk(key)
+    if c is not None and c.algo is not None and not _still_close(x2, weight, c.algo):
+        c = None  # a stored choice this library no longer computes right: time again
     if c is None:
         c = _tune(x2, weight)
         _to_disk(key, c)
@@ -204,7 +231,7 @@ def _choice(x2: torch.Tensor, weight: torch.Tensor) -> Choice | None:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, with the timed cuBLASLt algorithm where one was chosen for this
     shape and the launch is being captured into a CUDA graph (see the module docstring)."""
-    if not (_state["tuning"] or _choices):  # first: the common case (off, or nothing tuned) costs nothing
+    if not _state["active"]:  # first: the common case (off, or outside the decode capture) costs nothing
         return F.linear(x, weight, bias)
     if (
         bias is not None
@@ -215,10 +242,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         or not x.is_contiguous()
         or not weight.is_contiguous()
         or x.numel() == 0
+        or x.data_ptr() % cublaslt.ALIGNMENT
+        or weight.data_ptr() % cublaslt.ALIGNMENT
     ):
         return F.linear(x, weight, bias)
     x2 = x.view(-1, x.shape[-1])
     c = _choice(x2, weight)
     if c is None or c.algo is None or not cublaslt.available(x.device):
         return F.linear(x, weight, bias)
-    return cublaslt.matmul(x2, weight, c.algo).view(*x.shape[:-1], weight.shape[0])
+    try:
+        y = cublaslt.matmul(x2, weight, c.algo)
+    except (cublaslt.CublasLtError, ValueError):  # a failed call launched nothing: safe inside a capture
+        return F.linear(x, weight, bias)
+    return y.view(*x.shape[:-1], weight.shape[0])

@@ -123,10 +123,15 @@ def kernel_name(
     early_rows: int = 0,
     coherent: bool = False,
     silu: bool = False,
+    norm: bool = False,
 ) -> str:
     t = "" if threads == THREADS else f"_t{threads}"
     e = f"_e{early_rows}" + ("ld" if coherent else "") if early_rows else ""
-    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}{t}{e}" + ("_silu" if silu else "")
+    return (
+        f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}{t}{e}"
+        + ("_silu" if silu else "")
+        + ("_norm" if norm else "")
+    )
 
 
 def tile(nl: int, r: int, threads: int = THREADS) -> tuple[int, int]:
@@ -185,6 +190,11 @@ def _names() -> list[str]:
             for dt in _DTYPES
             for v in VARIANTS
         ]
+        + [
+            kernel_name(dt, *v, early_rows=EARLY_ROWS, coherent=True, norm=True)
+            for dt in _DTYPES
+            for v in VARIANTS
+        ]
     )
 
 
@@ -221,9 +231,11 @@ def _launch(
     r: int,
     threads: int,
     out: torch.Tensor | None,
+    extra: tuple[torch.Tensor | float, ...] = (),
 ) -> torch.Tensor:
     """Kernel ``name`` of variant ``(nl, r, threads)`` over ``x`` (checked operands of a ``[1, K] @
-    [K, N]`` product): its fit, its buffers and the launch."""
+    [K, N]`` product): its fit, its buffers and the launch (``extra``: the arguments after the
+    common ones, for the folded prologues)."""
     why = fits(m, n, k, group_size, x.dtype, nl, r, threads)
     if why is not None:
         raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}, {threads}) {why}")
@@ -237,7 +249,7 @@ def _launch(
     kernels[name](
         (tiles, split),
         threads,
-        (x, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),
+        (x, qweight, qzeros, scales, ws, out, cnt, n, k, group_size, *extra),
         pdl=pdl(x.device),
     )
     return out
@@ -285,3 +297,62 @@ def gemv_silu_mul(
     k, n = check_operands(gate_up[:, :k], qweight, qzeros, scales, group_size)
     name = kernel_name(gate_up.dtype, nl, r, threads, EARLY_ROWS, True, silu=True)
     return _launch(name, gate_up, 1, k, n, qweight, qzeros, scales, group_size, nl, r, threads, out)
+
+
+NORM_ENV = "HOTLOOP_W4A16_FUSED_NORM"
+
+
+def norm_fusion() -> bool:
+    """``HOTLOOP_W4A16_FUSED_NORM=1``: at batch 1 the q/k/v and gate/up projections fold the residual
+    add and RMSNorm before them into their loads of x (``gemv_add_norm``), two launches a layer
+    fewer. Opt-in: not yet run on a GPU."""
+    value = os.environ.get(NORM_ENV, "0")
+    if value not in ("0", "1") and f"{NORM_ENV}={value}" not in _warned_values:
+        _warned_values.add(f"{NORM_ENV}={value}")
+        logger.warning("%s=%r: use 0 or 1; taking 0", NORM_ENV, value)
+    return value == "1"
+
+
+def gemv_add_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    nl: int,
+    r: int,
+    threads: int = THREADS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual) * norm_weight @ W, x + residual)`` for one row: ``x``, ``residual``
+    ``[1, K]`` and ``norm_weight [K]`` in one 16-bit dtype, with ``kernels/rms_norm.py``'s roundings
+    (the sum to 16 bits, the normalised value to 16 bits, then the product with the weight; the sum
+    of squares in float32 in another order, so ``rstd`` may differ in its last bit). Variant
+    ``(nl, r, threads)`` with the default early loads (``_e8ld_norm``). The sum is a new tensor
+    (``residual`` is read by every block while the first column tile writes it). Raises
+    ``ValueError`` naming a wrong operand or a variant that does not fit, ``cuda_jit.CudaError``
+    where the kernels cannot be built."""
+    k = int(qweight.shape[0])
+    for name, t in (("x", x), ("residual", residual)):
+        if t.dim() != 2 or tuple(t.shape) != (1, k):
+            raise ValueError(f"{name} must be [1, {k}]; got {tuple(t.shape)}")
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            raise ValueError(f"{name} must be contiguous and 16-byte aligned")
+    if residual.dtype != x.dtype or norm_weight.dtype != x.dtype:
+        raise ValueError(
+            f"residual {residual.dtype} and norm_weight {norm_weight.dtype} must be x's {x.dtype}"
+        )
+    if tuple(norm_weight.shape) != (k,) or not norm_weight.is_contiguous() or norm_weight.data_ptr() % 16:
+        raise ValueError(
+            f"norm_weight must be [{k}], contiguous and 16-byte aligned; got {tuple(norm_weight.shape)}"
+        )
+    k, n = check_operands(x, qweight, qzeros, scales, group_size)
+    res_out = torch.empty_like(residual)
+    name = kernel_name(x.dtype, nl, r, threads, EARLY_ROWS, True, norm=True)
+    y = _launch(
+        name, x, 1, k, n, qweight, qzeros, scales, group_size, nl, r, threads, None,
+        extra=(residual, norm_weight, res_out, float(eps)),
+    )  # fmt: skip
+    return y, res_out

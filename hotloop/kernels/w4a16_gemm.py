@@ -1047,3 +1047,47 @@ def w4a16_silu_mul_gemm(
         )
     except (cuda_jit.CudaError, ValueError):
         return None
+
+
+def w4a16_add_norm_gemm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(rms_norm(x + residual) * norm_weight @ W, x + residual)`` for one row in one launch
+    (``w4a16_cuda.gemv_add_norm``, with the variant the tuner chose for the plain ``[1, K]`` product),
+    or None where that does not apply: off (``HOTLOOP_W4A16_FUSED_NORM``), not one 16-bit row on
+    CUDA, the tuned launch not the CUDA GEMV, or a launch that cannot run here. The caller then runs
+    the add + RMSNorm and :func:`w4a16_gemm`."""
+    from hotloop.kernels import cuda_jit, w4a16_cuda
+
+    if not w4a16_cuda.norm_fusion() or x.device.type != "cuda" or x.dim() != 2 or x.shape[0] != 1:
+        return None
+    k = qweight.shape[0]
+    if (
+        x.dtype not in (torch.float16, torch.bfloat16)
+        or tuple(x.shape) != (1, k)
+        or residual.shape != x.shape
+        or residual.dtype != x.dtype
+        or norm_weight.dtype != x.dtype
+        or scales.dtype != x.dtype
+    ):
+        return None
+    if any(not t.is_contiguous() or t.data_ptr() % 16 for t in (x, residual, norm_weight)):
+        return None
+    qweight, qzeros, scales = (_aligned(t) for t in (qweight, qzeros, scales))
+    cfg = _plan(x, qweight, qzeros, scales, group_size, "auto")
+    if cfg.kind != "cuda":
+        return None
+    try:
+        return w4a16_cuda.gemv_add_norm(
+            x, residual, norm_weight, eps, qweight, qzeros, scales, group_size,
+            cfg.block_n // 32, cfg.block_k, cfg.num_warps * 32,
+        )  # fmt: skip
+    except (cuda_jit.CudaError, ValueError):
+        return None

@@ -3,6 +3,8 @@ decode graphs (``kernels/dense_tune.py``), against ``F.linear`` and a float32 ma
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -87,6 +89,61 @@ def test_operand_errors_name_the_operand() -> None:
     assert "algo 66" in a.describe()
 
 
+def test_choice_times_only_in_a_warm_up_and_keeps_what_beats_f_linear(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``_choice`` (CPU, with the timing and the capture state stubbed): nothing is timed outside a
+    warm-up or inside a capture; a timed choice is remembered and stored; an algorithm is kept only
+    when it beats ``F.linear`` by ``MIN_GAIN``."""
+    a = cublaslt.Algo((1,) * 8, 0, 1.0, 66, 7, 1, 3)
+    stored: dict[tuple, dense_tune.Choice] = {}
+    monkeypatch.setattr(dense_tune, "_choices", {})
+    monkeypatch.setattr(dense_tune, "_key", lambda x2, w: ("k", x2.shape[0]))
+    monkeypatch.setattr(dense_tune, "_from_disk", lambda key: None)
+    monkeypatch.setattr(dense_tune, "_to_disk", lambda key, c: stored.__setitem__(key, c))
+    timed: list[int] = []
+    monkeypatch.setattr(dense_tune, "_tune", lambda x2, w: timed.append(1) or dense_tune.Choice(a, 10.0, 9.0))
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setenv(dense_tune.ENV, "1")
+    x, w = torch.zeros(4, 8), torch.zeros(16, 8)
+    assert dense_tune._choice(x, w) is None and not timed  # not in a warm-up
+    with dense_tune.tuning():
+        capturing[0] = True
+        assert dense_tune._choice(x, w) is None and not timed  # inside a capture
+        capturing[0] = False
+        c = dense_tune._choice(x, w)
+    assert c is not None and c.algo == a and timed == [1] and stored == {("k", 4): c}
+    assert dense_tune._choice(x, w) is c and timed == [1]  # remembered, also outside the warm-up
+
+
+def test_tune_keeps_f_linear_unless_an_algorithm_wins_by_min_gain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_tune``'s decision with the times stubbed: 3% faster is needed; a wrong output is skipped."""
+    from hotloop.kernels import w4a16_gemm
+
+    algos = [cublaslt.Algo((i,) * 8, 0, 1.0, 66, i, 1, 3) for i in (1, 2)]
+    times = {"F": 10.0, 1: 9.8, 2: 9.0}
+    wrong: set[int] = set()
+
+    def fake_time(fn: object, device: object) -> float:
+        d = getattr(fn, "args", None)
+        return times["F"] if d is None else times[d[2].tile_id]
+
+    monkeypatch.setattr(w4a16_gemm, "graph_time_us", fake_time)
+    monkeypatch.setattr(cublaslt, "heuristics", lambda *a, **kw: algos)
+    monkeypatch.setattr(
+        cublaslt,
+        "matmul",
+        lambda x, w, a, out=None: F.linear(x, w) + (1.0 if a.tile_id in wrong else 0.0),
+    )
+    x, w = _operands(4, 8, 16, torch.float32, "cpu")
+    c = dense_tune._tune(x, w)
+    assert c.algo == algos[1] and (c.flinear_us, c.best_us) == (10.0, 9.0)
+    wrong.add(2)  # the fastest computes something else: the next one wins by only 2%, so F.linear
+    c = dense_tune._tune(x, w)
+    assert c.algo is None and c.best_us == 10.0
+
+
 def _gpu() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -116,33 +173,59 @@ def test_gpu_every_offered_algorithm_matches_float32(m: int, n: int, k: int, dty
 @pytest.mark.gpu
 def test_gpu_captured_launch_takes_the_chosen_algorithm(monkeypatch: pytest.MonkeyPatch) -> None:
     """With every offered algorithm acceptable (MIN_GAIN -1: even a 2x slower one), the warm-up
-    chooses one, and the captured launch replays exactly what that algorithm computes eagerly."""
+    chooses one, and the decode capture's launch runs it (counted) and replays what it computes
+    eagerly; a capture outside ``decode_capture`` keeps F.linear."""
     _gpu()
     monkeypatch.setenv(dense_tune.ENV, "1")
     monkeypatch.setenv("HOTLOOP_TUNING_CACHE", "0")
     monkeypatch.setattr(dense_tune, "MIN_GAIN", -1.0)
     monkeypatch.setattr(dense_tune, "_choices", {})
+    monkeypatch.setattr(dense_tune, "_disk", None)
     x, w = _operands(64, 4096, 4096, torch.bfloat16, "cuda")
-    assert torch.equal(dense_tune.linear(x, w), F.linear(x, w))  # eager, outside a warm-up: F.linear
-    assert not dense_tune.choices()
-    with dense_tune.tuning():
-        warm = dense_tune.linear(x, w)
+    assert torch.equal(dense_tune.linear(x, w), F.linear(x, w))  # outside the decode capture: F.linear
+    with dense_tune.decode_capture():
+        assert torch.equal(dense_tune.linear(x, w), F.linear(x, w))  # eager, outside a warm-up
+        assert not dense_tune.choices()
+        with dense_tune.tuning():
+            warm = dense_tune.linear(x, w)
     ((key, choice),) = dense_tune.choices().items()
     assert key[2:] == (64, 4096, 4096) and choice.algo is not None
     assert torch.equal(warm, cublaslt.matmul(x, w, choice.algo))
-    xs = x.clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-        out = dense_tune.linear(xs, w)
-    torch.cuda.current_stream().wait_stream(s)
+    real = cublaslt.matmul
+    calls: list[int] = []
+
+    def spy(*a: object, **kw: object) -> torch.Tensor:
+        calls.append(1)
+        return real(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cublaslt, "matmul", spy)
+
+    def capture(active: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        xs = x.clone()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s), contextlib.ExitStack() as stack:
+            if active:
+                stack.enter_context(dense_tune.decode_capture())
+            with torch.cuda.graph(g, stream=s):
+                out = dense_tune.linear(xs, w)
+        torch.cuda.current_stream().wait_stream(s)
+        return g, xs, out
+
+    g, xs, out = capture(active=True)
+    assert len(calls) == 1
     xs.copy_(x * 0.5)
     g.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, cublaslt.matmul(x * 0.5, w, choice.algo))
+    assert torch.equal(out, real(x * 0.5, w, choice.algo))
     ref = F.linear(x * 0.5, w).float()
     assert float((out.float() - ref).abs().max()) <= 1e-2 * float(ref.abs().max())
+    g, xs, out = capture(active=False)  # e.g. the piecewise graphs: F.linear
+    assert len(calls) == 1
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, F.linear(x, w))
 
 
 @pytest.mark.gpu
@@ -156,7 +239,7 @@ def test_gpu_unknown_shape_in_a_capture_and_switch_off_keep_f_linear(monkeypatch
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+    with torch.cuda.stream(s), dense_tune.decode_capture(), torch.cuda.graph(g, stream=s):
         out = dense_tune.linear(x, w)
     torch.cuda.current_stream().wait_stream(s)
     g.replay()
@@ -164,6 +247,6 @@ def test_gpu_unknown_shape_in_a_capture_and_switch_off_keep_f_linear(monkeypatch
     assert torch.equal(out, F.linear(x, w))
     assert not dense_tune.choices()
     monkeypatch.setenv(dense_tune.ENV, "0")
-    with dense_tune.tuning():
+    with dense_tune.decode_capture(), dense_tune.tuning():
         assert torch.equal(dense_tune.linear(x, w), F.linear(x, w))
     assert not dense_tune.choices()

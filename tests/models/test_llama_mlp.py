@@ -1,5 +1,7 @@
-"""``LlamaMLP``: the down projection may fold the SiLU-and-mul in (W4A16 at one row, opt-in), and
-the MLP falls back to the two launches wherever it declines."""
+"""``LlamaMLP``: the down projection may fold the SiLU-and-mul in (W4A16 at one row), and the MLP
+falls back to the two launches wherever it declines. The decoder layer's q/k/v and gate/up
+projections may fold the residual add and RMSNorm before them in (``_add_norm_project``: W4A16 at one
+row, opt-in)."""
 
 from __future__ import annotations
 
@@ -135,3 +137,99 @@ def test_awq_layers_decline_unless_they_can_fold(monkeypatch: pytest.MonkeyPatch
     biased = Linear(256, 128, bias=True)
     set_quant_method(biased, AWQLinearMethod(128))
     assert cast(AWQLinearMethod, biased.quant_method).apply_silu_mul(biased, gate_up) is None
+
+
+def _awq_layer(k: int, n: int, dtype: torch.dtype, gen: torch.Generator) -> Any:
+    from hotloop.kernels.w4a16_layout import pack_int4
+    from hotloop.layers.linear import AWQLinearMethod, Linear, set_quant_method
+
+    with torch.device("cuda"):
+        layer = Linear(k, n, dtype=dtype)
+    set_quant_method(layer, AWQLinearMethod(128))
+    layer.qweight.data = pack_int4(torch.randint(0, 16, (k, n), generator=gen, device="cpu")).cuda()
+    layer.qzeros.data = pack_int4(torch.randint(0, 16, (k // 128, n), generator=gen, device="cpu")).cuda()
+    layer.scales.data = (torch.rand(k // 128, n, generator=gen, device="cpu") * 0.02 + 0.001).to(
+        "cuda", dtype
+    )
+    layer.quant_method.process_weights_after_loading(layer)
+    return layer
+
+
+def test_add_norm_projection_declines_where_it_cannot_fold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_add_norm_project`` answers None (the layer runs the add + RMSNorm launch, then the
+    projection) for a dense layer, a norm other than ``RMSNorm``, more than one row, a CPU AWQ layer,
+    and with the switch off."""
+    from hotloop.kernels import w4a16_cuda
+    from hotloop.layers.linear import AWQLinearMethod, Linear, set_quant_method
+    from hotloop.layers.norm import RMSNorm
+    from hotloop.models.llama import _add_norm_project
+
+    monkeypatch.setenv(w4a16_cuda.NORM_ENV, "1")
+    norm = RMSNorm(256, 1e-5)
+    h, res = torch.zeros(1, 256), torch.zeros(1, 256)
+    assert _add_norm_project(Linear(256, 128), h, res, norm) is None  # dense
+    awq = Linear(256, 128)
+    set_quant_method(awq, AWQLinearMethod(128))
+
+    class OffsetNorm(RMSNorm):
+        pass
+
+    assert _add_norm_project(awq, h, res, OffsetNorm(256)) is None
+    assert _add_norm_project(awq, torch.zeros(2, 256), torch.zeros(2, 256), norm) is None
+    assert _add_norm_project(awq, h, res, norm) is None  # packed, but on the CPU
+    monkeypatch.setenv(w4a16_cuda.NORM_ENV, "0")
+    assert _add_norm_project(awq, h, res, norm) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_w4a16_projection_folds_the_add_and_norm_at_one_row(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Llama-3-8B's q/k/v and gate/up shapes with random int4 weights: with
+    ``HOTLOOP_W4A16_FUSED_NORM=1`` one row takes the folded launch; the new residual is the add +
+    RMSNorm launch's exactly and the projection within an output rounding or two of the two launches
+    (the sum of squares is added in another order)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from hotloop.kernels import w4a16_cuda
+    from hotloop.kernels import w4a16_gemm as g
+    from hotloop.layers.norm import RMSNorm
+    from hotloop.models.llama import _add_norm_project
+
+    if not w4a16_cuda.available(torch.device("cuda")):
+        pytest.skip("the CUDA W4A16 kernels cannot be built here")
+    gen = torch.Generator().manual_seed(7)
+    index = torch.cuda.current_device()
+    cuda_gemv = g.GemmConfig("cuda", 1, 128, 16, num_warps=8, num_stages=1)
+    monkeypatch.setattr(g, "_tuned", {(index, dtype, 1, n, 4096, 128): cuda_gemv for n in (6144, 28672)})
+    monkeypatch.setattr(g, "_plans", {})
+    calls: list[int] = []
+    folded = w4a16_cuda.gemv_add_norm
+
+    def spy(*a: Any, **kw: Any) -> Any:
+        y = folded(*a, **kw)
+        calls.append(1)
+        return y
+
+    monkeypatch.setattr(w4a16_cuda, "gemv_add_norm", spy)
+    for n in (6144, 28672):
+        proj = _awq_layer(4096, n, dtype, gen)
+        with torch.device("cuda"):
+            norm = RMSNorm(4096, 1e-5, dtype)
+        norm.weight.data = (1.0 + 0.2 * torch.randn(4096, generator=gen)).to("cuda", dtype)
+        h = (torch.randn(1, 4096, generator=gen) * 2).to("cuda", dtype)
+        res = (torch.randn(1, 4096, generator=gen) * 4).to("cuda", dtype)
+        monkeypatch.setenv(w4a16_cuda.NORM_ENV, "0")
+        assert _add_norm_project(proj, h, res, norm) is None
+        normed, summed = norm(h, res)
+        two = proj(normed)
+        monkeypatch.setenv(w4a16_cuda.NORM_ENV, "1")
+        got = _add_norm_project(proj, h, res, norm)
+        torch.cuda.synchronize()
+        assert got is not None and calls, "the folded launch did not run"
+        y, new_res = got
+        assert torch.equal(new_res, summed)
+        err = float((y.float() - two.float()).abs().max()) / float(two.float().abs().max())
+        assert err < (1e-3 if dtype == torch.float16 else 8e-3), err  # two output roundings
+        calls.clear()
