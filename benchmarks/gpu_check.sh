@@ -112,6 +112,9 @@
 #   s35c     one GPU: the Triton decode kernel's heads-first grid (HOTLOOP_DECODE_GRID=heads): its GPU tests, the
 #            bf16 decode sweep at batch 256 x 1k and 128 x 4k with seq and heads, alternating, twice, then issue 4's
 #            batch-256 row both ways, twice.
+#   s35d     one GPU: the add + RMSNorm folded into the W4A16 q/k/v and gate/up GEMVs (HOTLOOP_W4A16_FUSED_NORM=1):
+#            the W4A16 kernel and Llama MLP / fold GPU tests, then W4A16 batch 1 without and with it, alternating,
+#            twice.
 #   s32e     one GPU: the batch-1 GPU tests now pinned to one step a launch, the multi-step GPU tests, then
 #            run_gpu.py's batch-256 row with the final full-batch rule.
 #   mw1k8    one GPU: the same three with --num-scheduler-steps 8 (int8 with HOTLOOP_KV_MERGE_WRITE=0 and =1, now
@@ -1314,6 +1317,18 @@ if [ "$what" = s35c ]; then  # one GPU, in turn
       HOTLOOP_DECODE_GRID=$g timeout 200 python3 "$here/run_gpu.py" --out "$out/b256_${g}_$i" --skip-hf \
         --only llama3_b256_1k 2>&1 | grep -E "b256|4,229" | sed "s/^/[HOTLOOP_DECODE_GRID=$g] /"
     done
+  done
+  exit 0
+fi
+if [ "$what" = s35d ]; then  # one GPU, in turn
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 180 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
+    tests/models/test_llama_mlp.py >"$out/norm_tests.log" 2>&1
+  echo "W4A16 kernel and fold GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/norm_tests.log" | cut -c1-200 | head -20
+  for i in 1 2; do
+    bs1 awq$i llama3-8b --model-format awq
+    HOTLOOP_W4A16_FUSED_NORM=1 bs1 awq_norm$i llama3-8b --model-format awq
   done
   exit 0
 fi
