@@ -325,13 +325,15 @@ def gemv_add_norm(
     nl: int,
     r: int,
     threads: int = THREADS,
+    res_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x + residual) * norm_weight @ W, x + residual)`` for one row: ``x``, ``residual``
     ``[1, K]`` and ``norm_weight [K]`` in one 16-bit dtype, with ``kernels/rms_norm.py``'s roundings
-    (the sum to 16 bits, the normalised value to 16 bits, then the product with the weight; the sum
-    of squares in float32 in another order, so ``rstd`` may differ in its last bit). Variant
-    ``(nl, r, threads)`` with the default early loads (``_e8ld_norm``). The sum is a new tensor
-    (``residual`` is read by every block while the first column tile writes it). Raises
+    (the sum to 16 bits, the normalised value to 16 bits, then the product with the weight; ``rstd``
+    with Triton's instructions, but the squares summed in another order, so it may differ in its last
+    bit and a normalised element by one 16-bit ulp). Variant ``(nl, r, threads)`` with the default
+    early loads (``_e8ld_norm``). The sum goes to ``res_out`` (a new tensor by default; never
+    ``residual``, which every block reads while the first column tile writes the sum). Raises
     ``ValueError`` naming a wrong operand or a variant that does not fit, ``cuda_jit.CudaError``
     where the kernels cannot be built."""
     k = int(qweight.shape[0])
@@ -340,6 +342,10 @@ def gemv_add_norm(
             raise ValueError(f"{name} must be [1, {k}]; got {tuple(t.shape)}")
         if not t.is_contiguous() or t.data_ptr() % 16:
             raise ValueError(f"{name} must be contiguous and 16-byte aligned")
+    if residual.device != x.device or norm_weight.device != x.device:
+        raise ValueError(
+            f"residual ({residual.device}) and norm_weight ({norm_weight.device}) must be on x's {x.device}"
+        )
     if residual.dtype != x.dtype or norm_weight.dtype != x.dtype:
         raise ValueError(
             f"residual {residual.dtype} and norm_weight {norm_weight.dtype} must be x's {x.dtype}"
@@ -349,7 +355,19 @@ def gemv_add_norm(
             f"norm_weight must be [{k}], contiguous and 16-byte aligned; got {tuple(norm_weight.shape)}"
         )
     k, n = check_operands(x, qweight, qzeros, scales, group_size)
-    res_out = torch.empty_like(residual)
+    if res_out is None:
+        res_out = torch.empty_like(residual)
+    elif (
+        res_out.shape != residual.shape
+        or res_out.dtype != x.dtype
+        or res_out.device != x.device
+        or not res_out.is_contiguous()
+        or res_out.data_ptr() % 16
+        or res_out.data_ptr() == residual.data_ptr()
+    ):
+        raise ValueError(
+            f"res_out must be a new contiguous, 16-byte aligned [1, {k}] {x.dtype} tensor on {x.device}"
+        )
     name = kernel_name(x.dtype, nl, r, threads, EARLY_ROWS, True, norm=True)
     y = _launch(
         name, x, 1, k, n, qweight, qzeros, scales, group_size, nl, r, threads, None,

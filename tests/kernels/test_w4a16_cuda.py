@@ -268,7 +268,7 @@ def test_gpu_add_norm_gemv_against_the_two_launches(shape: tuple[int, int], dtyp
 
     k, n = shape
     qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=k + 5 * n)
-    gen = torch.Generator().manual_seed(k + 1)
+    gen = torch.Generator().manual_seed(k + 7 * n)
     x = (torch.randn(1, k, generator=gen) * 2).to(dtype).cuda()
     res = (torch.randn(1, k, generator=gen) * 4).to(dtype).cuda()
     w = (1.0 + 0.2 * torch.randn(k, generator=gen)).to(dtype).cuda()
@@ -283,14 +283,18 @@ def test_gpu_add_norm_gemv_against_the_two_launches(shape: tuple[int, int], dtyp
     for v in w4a16_cuda.VARIANTS:
         if w4a16_cuda.fits(1, n, k, 128, dtype, *v) is not None:
             continue
-        got, new_res = w4a16_cuda.gemv_add_norm(x, res, w, eps, qweight, qzeros, scales, 128, *v)
+        poisoned = torch.full_like(res, float("nan"))  # a row the kernel leaves unwritten stays NaN
+        got, new_res = w4a16_cuda.gemv_add_norm(
+            x, res, w, eps, qweight, qzeros, scales, 128, *v, res_out=poisoned
+        )
+        assert new_res is poisoned
         two = w4a16_cuda.gemv(normed, qweight, qzeros, scales, 128, *v)
         torch.cuda.synchronize()
         assert got.dtype == dtype and got.shape == (1, n) and new_res.shape == (1, k)
         assert torch.equal(new_res, summed), v
         assert new_res.data_ptr() != res.data_ptr()
         assert _rel_max_err(got, want) < tol, (v, _rel_max_err(got, want))
-        ulps2 = 1e-3 if dtype == torch.float16 else 8e-3  # two output roundings, at most
+        ulps2 = 2e-3 if dtype == torch.float16 else 8e-3  # two output roundings, at most
         assert _rel_max_err(got, two.float()) < ulps2, (v, _rel_max_err(got, two.float()))
         assert int(counters.buffer(x.device, "w4a16_cuda").abs().sum()) == 0
         ran += 1
@@ -312,6 +316,8 @@ def test_add_norm_gemv_refuses_wrong_operands() -> None:
         )
     with pytest.raises(ValueError, match="must be x's"):
         w4a16_cuda.gemv_add_norm(x, x.half(), w, 1e-5, qweight, qzeros, scales, 128, 4, 16)
+    with pytest.raises(ValueError, match="res_out must be a new"):
+        w4a16_cuda.gemv_add_norm(x, x, w, 1e-5, qweight, qzeros, scales, 128, 4, 16, res_out=x)
     with pytest.raises(ValueError, match=r"norm_weight must be \[256\]"):
         w4a16_cuda.gemv_add_norm(x, x, w[:128], 1e-5, qweight, qzeros, scales, 128, 4, 16)
 

@@ -155,6 +155,67 @@ def _awq_layer(k: int, n: int, dtype: torch.dtype, gen: torch.Generator) -> Any:
     return layer
 
 
+class _NormFolding:
+    """A quant method that wraps the real one and answers ``apply_add_norm`` with ``answer``."""
+
+    def __init__(self, inner: Any, answer: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        self.inner, self.answer, self.seen = inner, answer, []
+
+    def apply(self, layer: Any, x: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self.inner.apply(layer, x))
+
+    def apply_add_norm(
+        self, layer: Any, x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        self.seen.append((x.clone(), residual.clone(), w, eps))
+        return self.answer
+
+
+def test_decoder_layer_takes_the_folded_projections_at_one_row() -> None:
+    """``pre_attention`` / ``post_attention`` with projections that fold (stubs answering fixed
+    tensors): one row takes their answers (q, k, v split from it; the new residual; the MLP from
+    the gate/up row), and gives them the layer's own h, residual and norm; two rows never ask."""
+    from hotloop.layers.rotary import RopeConfig
+    from hotloop.models.llama import DecoderArgs, LlamaDecoderLayer
+
+    torch.manual_seed(0)
+    args = DecoderArgs(64, 96, 1, 4, 2, 16, 100, 1e-5, RopeConfig())
+    layer = LlamaDecoderLayer(args, 0, torch.float32)
+    for m in layer.modules():
+        for p in m.parameters(recurse=False):
+            p.data.normal_(0, 0.1)
+    qkv_ans = (torch.randn(1, (4 + 2 * 2) * 16), torch.randn(1, 64))
+    gu_ans = (torch.randn(1, 2 * 96), torch.randn(1, 64))
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv_stub = _NormFolding(attn.qkv_proj.quant_method, qkv_ans)
+    gu_stub = _NormFolding(mlp.gate_up_proj.quant_method, gu_ans)
+    attn.qkv_proj.quant_method = qkv_stub  # type: ignore[assignment]
+    mlp.gate_up_proj.quant_method = gu_stub  # type: ignore[assignment]
+    h, res = torch.randn(1, 64), torch.randn(1, 64)
+    q, k, v, new_res = layer.pre_attention(h, res)
+    want = attn.split_heads(qkv_ans[0])
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), want, strict=True))
+    assert new_res is qkv_ans[1]
+    (seen,) = qkv_stub.seen
+    assert torch.equal(seen[0], h) and torch.equal(seen[1], res)
+    assert seen[2] is layer.input_layernorm.weight and seen[3] == layer.input_layernorm.eps
+    o = torch.randn(1, 4 * 16)
+    out, res2 = layer.post_attention(o, new_res)
+    assert res2 is gu_ans[1]
+    assert torch.equal(out, mlp.forward_gate_up(gu_ans[0]))
+    (seen,) = gu_stub.seen
+    assert torch.equal(seen[0], attn.o_proj(o)) and torch.equal(seen[1], new_res)
+    assert seen[2] is layer.post_attention_layernorm.weight
+    qkv_stub.seen.clear()
+    gu_stub.seen.clear()
+    h2, res2r = torch.randn(2, 64), torch.randn(2, 64)
+    q, k, v, r = layer.pre_attention(h2, res2r)  # two rows: the add + RMSNorm launch, then the projection
+    normed, summed = layer.input_layernorm(h2, res2r)
+    assert torch.equal(r, summed) and torch.equal(q, attn.project(normed)[0])
+    layer.post_attention(torch.randn(2, 64), r)
+    assert not qkv_stub.seen and not gu_stub.seen
+
+
 def test_add_norm_projection_declines_where_it_cannot_fold(monkeypatch: pytest.MonkeyPatch) -> None:
     """``_add_norm_project`` answers None (the layer runs the add + RMSNorm launch, then the
     projection) for a dense layer, a norm other than ``RMSNorm``, more than one row, a CPU AWQ layer,
@@ -174,9 +235,14 @@ def test_add_norm_projection_declines_where_it_cannot_fold(monkeypatch: pytest.M
     class OffsetNorm(RMSNorm):
         pass
 
+    assert _add_norm_project(awq, h, res, norm) is None  # packed, but on the CPU
+    stub = _NormFolding(awq.quant_method, (torch.ones(1, 128), torch.ones(1, 256)))
+    awq.quant_method = stub  # type: ignore[assignment]
     assert _add_norm_project(awq, h, res, OffsetNorm(256)) is None
     assert _add_norm_project(awq, torch.zeros(2, 256), torch.zeros(2, 256), norm) is None
-    assert _add_norm_project(awq, h, res, norm) is None  # packed, but on the CPU
+    assert not stub.seen  # declined before asking the layer
+    assert _add_norm_project(awq, h, res, norm) is stub.answer and len(stub.seen) == 1
+    awq.quant_method = stub.inner
     monkeypatch.setenv(w4a16_cuda.NORM_ENV, "0")
     assert _add_norm_project(awq, h, res, norm) is None
 

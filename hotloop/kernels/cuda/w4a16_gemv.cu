@@ -162,9 +162,13 @@ __device__ __forceinline__ void norm_prologue(u32 (&xv)[R / 2], const u32* __res
     float t = 0.0f;
 #pragma unroll
     for (int w = 0; w < THREADS / 32; ++w) t += warp_sq[w];
-    float mean, inv;
-    asm("div.full.f32 %0, %1, %2;" : "=f"(mean) : "f"(t), "f"((float)K));
-    asm("div.full.f32 %0, %1, %2;" : "=f"(inv) : "f"(1.0f), "f"(sqrtf(mean + eps)));
+    // as Triton lowers rms_norm.py's 1 / sqrt(sum / C + eps) (its PTX, sm_90): 1 / C approximate, one
+    // fma with eps, sqrt.approx.ftz, div.full
+    float inv_k, v, root, inv;
+    asm("div.approx.f32 %0, %1, %2;" : "=f"(inv_k) : "f"(1.0f), "f"((float)K));
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(v) : "f"(t), "f"(inv_k), "f"(eps));
+    asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(root) : "f"(v));
+    asm("div.full.f32 %0, %1, %2;" : "=f"(inv) : "f"(1.0f), "f"(root));
     rstd_s = inv;
   }
   __syncthreads();
