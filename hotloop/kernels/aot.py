@@ -85,9 +85,11 @@ def compile_decode(
     config: tuple[int, ...] | None = None,
     merge: bool | None = None,
     early: bool = False,
+    heads_first: bool = False,
 ) -> Any:
     """The decode kernel for cache policy ``quant``, model ``dtype`` and block size ``bs`` (``merge``:
-    the last split merges, default ``FUSE_MERGE``; ``early``: the first tile before the PDL wait);
+    the last split merges, default ``FUSE_MERGE``; ``early``: the first tile before the PDL wait;
+    ``heads_first``: the (KV, B, splits) grid, ``HOTLOOP_DECODE_GRID=heads``);
     ``block_n`` and ``asm`` (the code-reading bits, ``kv_quant_triton.code_mode_bits``) override
     the launcher's choices on a GPU; ``config`` overrides the whole launch configuration,
     ``(BLOCK_N, num_warps, num_stages[, maxnreg])``."""
@@ -107,7 +109,7 @@ def compile_decode(
     consts = {"G": G, "D": D, "BS": bs, "NUM_SPLITS": splits, "WINDOW": window, "BLOCK_G": 16, "BLOCK_D": D,
               "BLOCK_N": block_n or default_n, "PDL": True,
               "MERGE": bool(dec.FUSE_MERGE if merge is None else merge) and splits > 1, "EARLY": early,
-              **_cache_consts(quant, dtype, asm)}  # fmt: skip
+              "HEADS_FIRST": heads_first, **_cache_consts(quant, dtype, asm)}  # fmt: skip
     aligned = [n for n in sig if n.endswith("_ptr")]
     # a quantized cache's token and head strides (rows of 132 bytes) are not divisible by 16; its
     # kernels use only the block stride
@@ -301,6 +303,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "decode-q8-bfloat16-merge": ("decode", {"quant": 8, "dtype": "bfloat16", "splits": 16, "merge": True}),
     # the first tile before the PDL wait (HOTLOOP_DECODE_EARLY)
     "decode-q0-bfloat16-early": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 16, "early": True}),
+    # the (KV, B, splits) grid (HOTLOOP_DECODE_GRID=heads), with the fused merge
+    "decode-q0-bfloat16-heads": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 4, "merge": True,
+                                            "heads_first": True}),
     "dense-gemv-staged-bfloat16": ("dense", {"mode": "staged"}),
     **{f"dense-gemv-{m}-bfloat16": ("dense", {"mode": m}) for m in ("plain", "norm", "res", "silu", "rope")},
     "dense-gemv-rope-float32": ("dense", {"mode": "rope", "dtype": "float32"}),
