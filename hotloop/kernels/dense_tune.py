@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -39,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from hotloop.kernels import cublaslt, tuning_cache
+from hotloop.utils.env import switch
 
 __all__ = ["ENV", "MIN_GAIN", "Choice", "choices", "decode_capture", "enabled", "linear", "summary", "tuning"]
 
@@ -66,7 +66,7 @@ _disk: dict[str, dict] | None = None
 
 def enabled() -> bool:
     """``HOTLOOP_DENSE_TUNE=1`` turns it on; off by default (see the module docstring's status)."""
-    return os.environ.get(ENV, "0") not in ("0", "", "false", "False")
+    return switch(ENV, False, logger)
 
 
 def choices() -> dict[tuple, Choice]:
@@ -75,28 +75,26 @@ def choices() -> dict[tuple, Choice]:
 
 
 @contextlib.contextmanager
-def decode_capture() -> Iterator[None]:
+def _counted(flag: str) -> Iterator[None]:
+    on = enabled()
+    _state[flag] += on
+    try:
+        yield
+    finally:
+        _state[flag] -= on
+
+
+def decode_capture() -> contextlib.AbstractContextManager[None]:
     """The decode graphs' capture (``executor/cuda_graph.py``): only within this block does ``linear``
     take a chosen algorithm (other captures, e.g. the piecewise graphs of prefill, keep ``F.linear``);
     a no-op unless ``enabled()``."""
-    on = enabled()
-    _state["active"] += on
-    try:
-        yield
-    finally:
-        _state["active"] -= on
+    return _counted("active")
 
 
-@contextlib.contextmanager
-def tuning() -> Iterator[None]:
+def tuning() -> contextlib.AbstractContextManager[None]:
     """Within this block, eager ``linear`` launches of a new shape are timed (the graph warm-up);
     a no-op unless ``enabled()``."""
-    on = enabled()
-    _state["tuning"] += on
-    try:
-        yield
-    finally:
-        _state["tuning"] -= on
+    return _counted("tuning")
 
 
 def _key(x2: torch.Tensor, weight: torch.Tensor) -> tuple:

@@ -36,6 +36,7 @@ from hotloop.kernels import counters, cuda_jit
 from hotloop.kernels.pdl import pdl
 from hotloop.kernels.w4a16_one_row import DTYPE_TAGS as _DTYPES
 from hotloop.kernels.w4a16_one_row import check_operands, launch_buffers
+from hotloop.utils.env import switch
 
 logger = logging.getLogger(__name__)
 
@@ -263,11 +264,7 @@ def silu_fusion() -> bool:
     one launch a layer fewer: the default (403.5 against 394.8-398.0 tokens/s at W4A16 batch 1 on an
     H100, BENCHMARKS "thirty-fifth session"; the same output as the two launches).
     ``HOTLOOP_W4A16_FUSED_SILU=0`` runs the two launches."""
-    value = os.environ.get(SILU_ENV, "1")
-    if value not in ("0", "1") and f"{SILU_ENV}={value}" not in _warned_values:
-        _warned_values.add(f"{SILU_ENV}={value}")
-        logger.warning("%s=%r: use 0 or 1; taking 1", SILU_ENV, value)
-    return value != "0"
+    return switch(SILU_ENV, True, logger)
 
 
 def gemv_silu_mul(
@@ -306,11 +303,7 @@ def norm_fusion() -> bool:
     """``HOTLOOP_W4A16_FUSED_NORM=1``: at batch 1 the q/k/v and gate/up projections fold the residual
     add and RMSNorm before them into their loads of x (``gemv_add_norm``), two launches a layer
     fewer. Opt-in: not yet run on a GPU."""
-    value = os.environ.get(NORM_ENV, "0")
-    if value not in ("0", "1") and f"{NORM_ENV}={value}" not in _warned_values:
-        _warned_values.add(f"{NORM_ENV}={value}")
-        logger.warning("%s=%r: use 0 or 1; taking 0", NORM_ENV, value)
-    return value == "1"
+    return switch(NORM_ENV, False, logger)
 
 
 def gemv_add_norm(

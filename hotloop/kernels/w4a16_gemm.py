@@ -1037,16 +1037,27 @@ def w4a16_silu_mul_gemm(
         return None
     if scales.dtype != gate_up.dtype or not gate_up.is_contiguous() or gate_up.data_ptr() % 16 or k % 8:
         return None
-    qweight, qzeros, scales = (_aligned(t) for t in (qweight, qzeros, scales))
-    cfg = _plan(gate_up[:, :k], qweight, qzeros, scales, group_size, "auto")
-    if cfg.kind != "cuda":
+    plan = _one_row_cuda(gate_up[:, :k], qweight, qzeros, scales, group_size)
+    if plan is None:
         return None
+    (qweight, qzeros, scales), variant = plan
     try:
-        return w4a16_cuda.gemv_silu_mul(
-            gate_up, qweight, qzeros, scales, group_size, cfg.block_n // 32, cfg.block_k, cfg.num_warps * 32
-        )
+        return w4a16_cuda.gemv_silu_mul(gate_up, qweight, qzeros, scales, group_size, *variant)
     except (cuda_jit.CudaError, ValueError):
         return None
+
+
+def _one_row_cuda(
+    x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[int, int, int]] | None:
+    """For the folded one-row launches: the aligned packed tensors and the CUDA GEMV variant
+    ``(nl, r, threads)`` the tuner chose for the plain ``x [1, K] @ W``, or None where it chose
+    another kernel."""
+    qweight, qzeros, scales = (_aligned(t) for t in (qweight, qzeros, scales))
+    cfg = _plan(x, qweight, qzeros, scales, group_size, "auto")
+    if cfg.kind != "cuda":
+        return None
+    return (qweight, qzeros, scales), (cfg.block_n // 32, cfg.block_k, cfg.num_warps * 32)
 
 
 def w4a16_add_norm_gemm(
@@ -1080,14 +1091,13 @@ def w4a16_add_norm_gemm(
         return None
     if any(not t.is_contiguous() or t.data_ptr() % 16 for t in (x, residual, norm_weight)):
         return None
-    qweight, qzeros, scales = (_aligned(t) for t in (qweight, qzeros, scales))
-    cfg = _plan(x, qweight, qzeros, scales, group_size, "auto")
-    if cfg.kind != "cuda":
+    plan = _one_row_cuda(x, qweight, qzeros, scales, group_size)
+    if plan is None:
         return None
+    (qweight, qzeros, scales), variant = plan
     try:
         return w4a16_cuda.gemv_add_norm(
-            x, residual, norm_weight, eps, qweight, qzeros, scales, group_size,
-            cfg.block_n // 32, cfg.block_k, cfg.num_warps * 32,
-        )  # fmt: skip
+            x, residual, norm_weight, eps, qweight, qzeros, scales, group_size, *variant
+        )
     except (cuda_jit.CudaError, ValueError):
         return None

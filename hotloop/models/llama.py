@@ -129,8 +129,10 @@ def _add_norm_project(
     """``(proj(norm(h + residual)), h + residual)`` in one launch where the projection's method folds
     the add and a plain ``RMSNorm`` in (``AWQLinearMethod.apply_add_norm``: W4A16, one row, opt-in),
     else None."""
+    if h.dim() != 2 or h.shape[0] != 1:  # first: every batched step passes here
+        return None
     fused = getattr(getattr(proj, "quant_method", None), "apply_add_norm", None)
-    if fused is None or type(norm) is not RMSNorm or h.dim() != 2 or h.shape[0] != 1:
+    if fused is None or type(norm) is not RMSNorm:
         return None
     return cast("tuple[torch.Tensor, torch.Tensor] | None", fused(proj, h, residual, norm.weight, norm.eps))
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hotloop.kernels import cublaslt, dense_tune
+from hotloop.utils import env as env_mod
 
 
 def _operands(m: int, n: int, k: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,11 +51,16 @@ def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Opt-in: on only with ``HOTLOOP_DENSE_TUNE=1``."""
     monkeypatch.delenv(dense_tune.ENV, raising=False)
     assert not dense_tune.enabled()
-    for off in ("0", "false"):
-        monkeypatch.setenv(dense_tune.ENV, off)
-        assert not dense_tune.enabled()
+    monkeypatch.setenv(dense_tune.ENV, "0")
+    assert not dense_tune.enabled()
     monkeypatch.setenv(dense_tune.ENV, "1")
     assert dense_tune.enabled()
+    said: list[str] = []
+    monkeypatch.setattr(env_mod, "_warned", set())
+    monkeypatch.setattr(dense_tune.logger, "warning", lambda msg, *args: said.append(msg % args))
+    monkeypatch.setenv(dense_tune.ENV, "off")  # a wrong value: said once, read as off (the default)
+    assert not dense_tune.enabled() and not dense_tune.enabled()
+    assert said == ["HOTLOOP_DENSE_TUNE='off': use 0 or 1; taking 0"]
 
 
 def test_summary_counts_the_shapes_that_took_an_algorithm(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,6 +17,7 @@ from test_w4a16_gemm import _assert_rounds_like, _half2_emulated, _rel_max_err
 
 from hotloop.kernels import counters, cuda_jit, reference, w4a16_cuda
 from hotloop.kernels.w4a16_layout import pack_int4
+from hotloop.utils import env as env_mod
 
 pytest.importorskip("triton")
 
@@ -331,7 +332,7 @@ def test_norm_fusion_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not w4a16_cuda.norm_fusion()
     monkeypatch.setenv(w4a16_cuda.NORM_ENV, "on")  # a wrong value: said once, read as off
     said: list[str] = []
-    monkeypatch.setattr(w4a16_cuda, "_warned_values", set())
+    monkeypatch.setattr(env_mod, "_warned", set())
     monkeypatch.setattr(w4a16_cuda.logger, "warning", lambda msg, *args: said.append(msg % args))
     assert not w4a16_cuda.norm_fusion() and not w4a16_cuda.norm_fusion()
     assert said == ["HOTLOOP_W4A16_FUSED_NORM='on': use 0 or 1; taking 0"]
@@ -360,7 +361,7 @@ def test_silu_fusion_is_on_unless_0(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not w4a16_cuda.silu_fusion()
     monkeypatch.setenv(w4a16_cuda.SILU_ENV, "yes")  # a wrong value: said once, read as on
     said: list[str] = []
-    monkeypatch.setattr(w4a16_cuda, "_warned_values", set())
+    monkeypatch.setattr(env_mod, "_warned", set())
     monkeypatch.setattr(w4a16_cuda.logger, "warning", lambda msg, *args: said.append(msg % args))
     assert w4a16_cuda.silu_fusion() and w4a16_cuda.silu_fusion()
     assert said == ["HOTLOOP_W4A16_FUSED_SILU='yes': use 0 or 1; taking 1"]
