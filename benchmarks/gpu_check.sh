@@ -59,6 +59,9 @@
 #            HOTLOOP_DENSE_TUNE=1, and the defaults again; W4A16 batch 1 without and with
 #            HOTLOOP_W4A16_FUSED_NORM=1; then the GPU tests of those three changes (last: a call cut short
 #            keeps the timed rows).
+#   s36a     one GPU: issue 4's batch-256 row with HOTLOOP_DECODE_GRID=seq (default) and heads, alternating, twice;
+#            W4A16 batch 1 without and with HOTLOOP_W4A16_FUSED_NORM=1; then the attention and W4A16 CUDA GPU
+#            tests (s35e less the timed cuBLASLt algorithms, for a call of at most ~10 minutes).
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -379,6 +382,26 @@ if [ "$what" = s35d ]; then  # one GPU, in turn
     bs1 awq$i llama3-8b --model-format awq
     HOTLOOP_W4A16_FUSED_NORM=1 bs1 awq_norm$i llama3-8b --model-format awq
   done
+  exit 0
+fi
+if [ "$what" = s36a ]; then  # one GPU, in turn; the timed rows first (a call cut short keeps them)
+  export CUDA_VISIBLE_DEVICES=0
+  row() {  # tag env...: issue 4's batch-256 row
+    local tag=$1
+    shift
+    env "$@" timeout 170 python3 "$here/run_gpu.py" --out "$out/b256_$tag" --skip-hf --only llama3_b256_1k 2>&1 \
+      | grep -E "b256|4,229" | sed "s/^/[$tag] /"
+  }
+  row seq1 HOTLOOP_DECODE_GRID=seq
+  row heads1 HOTLOOP_DECODE_GRID=heads
+  row seq2 HOTLOOP_DECODE_GRID=seq
+  row heads2 HOTLOOP_DECODE_GRID=heads
+  bs1 awq llama3-8b --model-format awq
+  HOTLOOP_W4A16_FUSED_NORM=1 bs1 awq_norm llama3-8b --model-format awq
+  timeout 150 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_attention_kernels.py \
+    tests/kernels/test_w4a16_cuda.py tests/models/test_llama_mlp.py >"$out/tests.log" 2>&1
+  echo "GPU tests rc=$?"
+  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/tests.log" | cut -c1-200 | head -20
   exit 0
 fi
 if [ "$what" = s35e ]; then  # one GPU, in turn; the timed rows first (a call cut short keeps them)
