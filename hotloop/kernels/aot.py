@@ -85,11 +85,11 @@ def compile_decode(
     config: tuple[int, ...] | None = None,
     merge: bool | None = None,
     early: bool = False,
-    heads_first: bool = False,
+    heads_first: bool = True,
 ) -> Any:
     """The decode kernel for cache policy ``quant``, model ``dtype`` and block size ``bs`` (``merge``:
     the last split merges, default ``FUSE_MERGE``; ``early``: the first tile before the PDL wait;
-    ``heads_first``: the (KV, B, splits) grid, ``HOTLOOP_DECODE_GRID=heads``);
+    ``heads_first``: the (KV, B, splits) grid, the default ``HOTLOOP_DECODE_GRID=heads``; False: ``seq``);
     ``block_n`` and ``asm`` (the code-reading bits, ``kv_quant_triton.code_mode_bits``) override
     the launcher's choices on a GPU; ``config`` overrides the whole launch configuration,
     ``(BLOCK_N, num_warps, num_stages[, maxnreg])``."""
@@ -303,9 +303,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "decode-q8-bfloat16-merge": ("decode", {"quant": 8, "dtype": "bfloat16", "splits": 16, "merge": True}),
     # the first tile before the PDL wait (HOTLOOP_DECODE_EARLY)
     "decode-q0-bfloat16-early": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 16, "early": True}),
-    # the (KV, B, splits) grid (HOTLOOP_DECODE_GRID=heads), with the fused merge
-    "decode-q0-bfloat16-heads": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 4, "merge": True,
-                                            "heads_first": True}),
+    # the (B, KV, splits) grid (HOTLOOP_DECODE_GRID=seq), with the fused merge
+    "decode-q0-bfloat16-seq": ("decode", {"quant": 0, "dtype": "bfloat16", "splits": 4, "merge": True,
+                                          "heads_first": False}),
     "dense-gemv-staged-bfloat16": ("dense", {"mode": "staged"}),
     **{f"dense-gemv-{m}-bfloat16": ("dense", {"mode": m}) for m in ("plain", "norm", "res", "silu", "rope")},
     "dense-gemv-rope-float32": ("dense", {"mode": "rope", "dtype": "float32"}),

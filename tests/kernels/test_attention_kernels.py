@@ -125,12 +125,14 @@ def test_decode_gpu(d: int, h: int, kv: int, bs: int, dtype: torch.dtype) -> Non
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("grid", ["heads", "seq"])
 @pytest.mark.parametrize("d,h,kv,bs,dtype", [g for g in GRID if g.values[0] == 128])
-def test_decode_heads_first_grid_gpu(
-    d: int, h: int, kv: int, bs: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+def test_decode_grid_order_gpu(
+    d: int, h: int, kv: int, bs: int, dtype: torch.dtype, grid: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``HOTLOOP_DECODE_GRID=heads`` on the GPU: one split, splits merged by a launch, fused merge."""
-    monkeypatch.setenv("HOTLOOP_DECODE_GRID", "heads")
+    """Either ``HOTLOOP_DECODE_GRID`` order on the GPU ("heads", the default, and "seq"): one split,
+    splits merged by a launch, fused merge."""
+    monkeypatch.setenv("HOTLOOP_DECODE_GRID", grid)
     lens = [1, 17, 300, 1031, 64 * 40 + 5]
     for splits in (1, None, 7):
         _decode_case(lens, h, kv, d, bs, dtype, "cuda", None, splits)
@@ -246,11 +248,13 @@ def test_decode_early_tile_interpreted(splits: int, monkeypatch: pytest.MonkeyPa
 
 
 @interpret
+@pytest.mark.parametrize("grid", ["heads", "seq"])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_decode_heads_first_grid_interpreted(splits: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``HOTLOOP_DECODE_GRID=heads``: the grid (KV, B, splits); the same attention, the partials and
-    the fused merge's counters still indexed by sequence and KV head."""
-    monkeypatch.setenv("HOTLOOP_DECODE_GRID", "heads")
+def test_decode_grid_order_interpreted(splits: int, grid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Either ``HOTLOOP_DECODE_GRID`` order: "heads" (the default) launches (KV, B, splits), "seq"
+    (B, KV, splits); the same attention, the partials and the fused merge's counters still indexed by
+    sequence and KV head."""
+    monkeypatch.setenv("HOTLOOP_DECODE_GRID", grid)
     _decode_case([1, 0, 37, 70], 8, 2, 32, 16, torch.float32, "cpu", None, splits)
     _decode_case([1, 37, 70], 6, 3, 16, 16, torch.float32, "cpu", 20, splits)
     if splits > 1:
@@ -260,7 +264,7 @@ def test_decode_heads_first_grid_interpreted(splits: int, monkeypatch: pytest.Mo
 def test_decode_grid_env(monkeypatch: pytest.MonkeyPatch) -> None:
     from hotloop.kernels import paged_decode_attention as mod
 
-    for raw, value in (("", "seq"), ("seq", "seq"), ("heads", "heads")):
+    for raw, value in (("", "heads"), ("seq", "seq"), ("heads", "heads")):
         monkeypatch.setenv(mod.GRID_ENV, raw)
         assert mod.grid_order() == value
     monkeypatch.setenv(mod.GRID_ENV, "rows")
