@@ -55,8 +55,8 @@
 #   s35d     one GPU: the add + RMSNorm folded into the W4A16 q/k/v and gate/up GEMVs (HOTLOOP_W4A16_FUSED_NORM=1):
 #            the W4A16 kernel and Llama MLP / fold GPU tests, then W4A16 batch 1 without and with it, alternating,
 #            twice.
-#   s35e     one GPU: issue 4's batch-256 row with the defaults, HOTLOOP_DECODE_GRID=heads, heads plus
-#            HOTLOOP_DENSE_TUNE=1, and the defaults again; W4A16 batch 1 without and with
+#   s35e     one GPU: issue 4's batch-256 row with HOTLOOP_DECODE_GRID=seq, heads (the default since s36a),
+#            heads plus HOTLOOP_DENSE_TUNE=1, and heads again; W4A16 batch 1 without and with
 #            HOTLOOP_W4A16_FUSED_NORM=1; then the GPU tests of those three changes (last: a call cut short
 #            keeps the timed rows).
 #   s36a     one GPU: issue 4's batch-256 row with HOTLOOP_DECODE_GRID=seq (default) and heads, alternating, twice;
@@ -412,10 +412,10 @@ if [ "$what" = s35e ]; then  # one GPU, in turn; the timed rows first (a call cu
     env "$@" timeout 170 python3 "$here/run_gpu.py" --out "$out/b256_$tag" --skip-hf --only llama3_b256_1k 2>&1 \
       | grep -E "b256|4,229" | sed "s/^/[$tag] /"
   }
-  row default HOTLOOP_DECODE_GRID=seq
+  row seq HOTLOOP_DECODE_GRID=seq
   row heads HOTLOOP_DECODE_GRID=heads
   row heads_tune HOTLOOP_DECODE_GRID=heads HOTLOOP_DENSE_TUNE=1
-  row default2 HOTLOOP_DECODE_GRID=seq
+  row heads2 HOTLOOP_DECODE_GRID=heads
   bs1 awq llama3-8b --model-format awq
   HOTLOOP_W4A16_FUSED_NORM=1 bs1 awq_norm llama3-8b --model-format awq
   timeout 150 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_attention_kernels.py \
