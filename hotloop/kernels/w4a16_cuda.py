@@ -302,7 +302,9 @@ NORM_ENV = "HOTLOOP_W4A16_FUSED_NORM"
 def norm_fusion() -> bool:
     """``HOTLOOP_W4A16_FUSED_NORM=1``: at batch 1 the q/k/v and gate/up projections fold the residual
     add and RMSNorm before them into their loads of x (``gemv_add_norm``), two launches a layer
-    fewer. Opt-in: not yet run on a GPU."""
+    fewer. Opt-in: slower on an H100 (377.8 against 396.0 tokens/s at W4A16 batch 1, one run each,
+    benchmarks/results/gpu_2026-12-06g): every block re-reads and reduces the row before its weights
+    can be used."""
     return switch(NORM_ENV, False, logger)
 
 
