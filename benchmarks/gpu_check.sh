@@ -65,6 +65,8 @@
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
+#   table4   one GPU: issue 4's rows of the table (batch 1 with and without 8 steps a launch, SmolLM2, batch 256,
+#            offline) and their transformers baselines, in one run_gpu.py run of about 8 minutes.
 #   table    the whole issue-4 table (`run_gpu.py --gpus 2`, transformers baseline included), less the
 #            256-sequence offline, host-embedding and multi-step offline rows (measured in other calls).
 #   verify   the engine's GPU tests (multi-step decode's included), then the 8B batch-256 host profile
@@ -502,6 +504,14 @@ if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kerne
     python3 "$here/ncu_w4a16.py" >"$out/ncu.txt" 2>&1
   echo "ncu rc=$?"
   grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|Registers Per|Block Limit" "$out/ncu.txt" | cut -c1-160 | head -120
+  exit 0
+fi
+if [ "$what" = table4 ]; then  # one GPU: issue 4's rows and their transformers baselines (~8 minutes)
+  timeout 590 python3 "$here/run_gpu.py" --out "$out/table" \
+    --only llama3_bs1,llama3_bs1_ms8,smollm2_bs1,smollm2_bs1_ms8,llama3_b256_1k,hf_llama3_bs1,hf_smollm2_bs1,hf_llama3_b64,llama3_offline \
+    >"$out/table.txt" 2>&1
+  echo "run_gpu rc=$?"
+  cat "$out/table.txt"
   exit 0
 fi
 if [ "$what" = table ]; then
