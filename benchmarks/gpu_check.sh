@@ -66,7 +66,9 @@
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
 #   table4   one GPU: issue 4's rows of the table (batch 1 with and without 8 steps a launch, SmolLM2, batch 256,
-#            offline) and their transformers baselines, in one run_gpu.py run of about 8 minutes.
+#            offline) and their transformers baselines, in one run_gpu.py run of about 8 minutes; then, until
+#            TABLE4_BUDGET_S (default 560) seconds into the script, the batch-256 row with HOTLOOP_DENSE_TUNE=1
+#            and with HOTLOOP_DECODE_GRID=seq.
 #   table    the whole issue-4 table (`run_gpu.py --gpus 2`, transformers baseline included), less the
 #            256-sequence offline, host-embedding and multi-step offline rows (measured in other calls).
 #   verify   the engine's GPU tests (multi-step decode's included), then the 8B batch-256 host profile
@@ -88,6 +90,7 @@
 set -u
 out=${1:?OUT_DIR}
 what=${2:-tests}
+TABLE4_BUDGET_S=${TABLE4_BUDGET_S:-560}
 mkdir -p "$out"
 # The device tool brings back at most 8 files, two folders deep: past that, pack OUT_DIR into one
 # OUT_DIR.tar.gz on exit (unpack it with `tar -xzf`), so that no log is left behind.
@@ -512,6 +515,13 @@ if [ "$what" = table4 ]; then  # one GPU: issue 4's rows and their transformers 
     >"$out/table.txt" 2>&1
   echo "run_gpu rc=$?"
   cat "$out/table.txt"
+  # then the batch-256 row with the timed cuBLASLt algorithms and with the old grid order, while time is left
+  for v in HOTLOOP_DENSE_TUNE=1 HOTLOOP_DECODE_GRID=seq; do
+    left=$((TABLE4_BUDGET_S - SECONDS))
+    [ "$left" -gt 60 ] || break
+    env "$v" timeout "$left" python3 "$here/run_gpu.py" --out "$out/b256_${v%%=*}" --skip-hf --only llama3_b256_1k \
+      2>&1 | grep -E "b256|4,229" | sed "s/^/[$v] /"
+  done
   exit 0
 fi
 if [ "$what" = table ]; then
