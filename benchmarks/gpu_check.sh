@@ -510,7 +510,7 @@ if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kerne
   exit 0
 fi
 if [ "$what" = table4 ]; then  # one GPU: issue 4's rows and their transformers baselines (~8 minutes)
-  timeout 590 python3 "$here/run_gpu.py" --out "$out/table" \
+  timeout $((TABLE4_BUDGET_S + 30)) python3 "$here/run_gpu.py" --out "$out/table" \
     --only llama3_bs1,llama3_bs1_ms8,smollm2_bs1,smollm2_bs1_ms8,llama3_b256_1k,hf_llama3_bs1,hf_smollm2_bs1,hf_llama3_b64,llama3_offline \
     >"$out/table.txt" 2>&1
   echo "run_gpu rc=$?"
