@@ -99,7 +99,10 @@ def run(name: str, cmd: list[str], out: Path, timeout: int, gpu: int | None = No
     res = json.loads(js.read_text())
     keys = ("decode_tokens_per_s", "output_tokens_per_s", "decode_ms_p50", "host_ms_per_step_p50")
     # each row's figures as it ends, so that a run cut short still reports the rows it finished
-    print(f"[{name}] " + ", ".join(f"{k} {res[k]:.3f}" for k in keys if isinstance(res.get(k), float)), flush=True)
+    print(
+        f"[{name}] " + ", ".join(f"{k} {res[k]:.3f}" for k in keys if isinstance(res.get(k), float)),
+        flush=True,
+    )
     return res
 
 
