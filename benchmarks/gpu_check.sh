@@ -65,6 +65,8 @@
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
+#   b256     one GPU: issue 4's batch-256 row with the defaults, HOTLOOP_DENSE_TUNE=1, HOTLOOP_DECODE_GRID=seq and the
+#            defaults again, until TABLE4_BUDGET_S seconds into the script.
 #   table4   one GPU: issue 4's rows of the table (batch 1 with and without 8 steps a launch, SmolLM2, batch 256,
 #            offline) and their transformers baselines, in one run_gpu.py run of about 8 minutes; then, until
 #            TABLE4_BUDGET_S (default 560) seconds into the script, the batch-256 row with HOTLOOP_DENSE_TUNE=1
@@ -507,6 +509,15 @@ if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kerne
     python3 "$here/ncu_w4a16.py" >"$out/ncu.txt" 2>&1
   echo "ncu rc=$?"
   grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|Registers Per|Block Limit" "$out/ncu.txt" | cut -c1-160 | head -120
+  exit 0
+fi
+if [ "$what" = b256 ]; then  # one GPU: issue 4's batch-256 row, default / timed cuBLASLt / seq grid / default
+  for v in HOTLOOP_DECODE_GRID=heads HOTLOOP_DENSE_TUNE=1 HOTLOOP_DECODE_GRID=seq HOTLOOP_DECODE_GRID=heads; do
+    left=$((TABLE4_BUDGET_S - SECONDS))
+    [ "$left" -gt 50 ] || break
+    env "$v" timeout "$left" python3 "$here/run_gpu.py" --out "$out/b256_${v%%=*}_$SECONDS" --skip-hf \
+      --only llama3_b256_1k 2>&1 | grep -E "ceilings|b256|4,229|llama3_b256_1k\]" | sed "s/^/[$v] /"
+  done
   exit 0
 fi
 if [ "$what" = table4 ]; then  # one GPU: issue 4's rows and their transformers baselines (~8 minutes)
