@@ -4,6 +4,7 @@
 # lane1.txt (printed at the end); the logs and JSON stay under OUT_DIR.
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR [MODE]
+#   REQUIRE_H200=1 bash benchmarks/gpu_check.sh OUT_DIR [MODE]   # exit 3 at once unless the card is an H200
 #
 # Wheels: ../shared/tools/device-wheels.sh fills .whl with the server's packages; the JSON-mode GPU test
 # also needs `bash ../shared/tools/device-wheels.sh xgrammar` (keep xgrammar and apache_tvm_ffi, drop
@@ -93,6 +94,18 @@ set -u
 out=${1:?OUT_DIR}
 what=${2:-tests}
 TABLE4_BUDGET_S=${TABLE4_BUDGET_S:-560}
+# REQUIRE_H200=1: stop at once (exit 3) on any other card. A call for `nvidia-h200` may be served by an
+# H100, and the issues' targets are H200 figures: this spends only the machine's start on the wrong card.
+if [ "${REQUIRE_H200:-0}" = 1 ]; then
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  case $card in
+    *H200*) ;;
+    *)
+      echo "REQUIRE_H200=1: this card is '${card:-none found}'; nothing run"
+      exit 3
+      ;;
+  esac
+fi
 mkdir -p "$out"
 # The device tool brings back at most 8 files, two folders deep: past that, pack OUT_DIR into one
 # OUT_DIR.tar.gz on exit (unpack it with `tar -xzf`), so that no log is left behind.
