@@ -53,16 +53,8 @@
 #   s35c     one GPU: the Triton decode kernel's heads-first grid (HOTLOOP_DECODE_GRID=heads): its GPU tests, the
 #            bf16 decode sweep at batch 256 x 1k and 128 x 4k with seq and heads, alternating, twice, then issue 4's
 #            batch-256 row both ways, twice.
-#   s35d     one GPU: the add + RMSNorm folded into the W4A16 q/k/v and gate/up GEMVs (HOTLOOP_W4A16_FUSED_NORM=1):
-#            the W4A16 kernel and Llama MLP / fold GPU tests, then W4A16 batch 1 without and with it, alternating,
-#            twice.
-#   s35e     one GPU: issue 4's batch-256 row with HOTLOOP_DECODE_GRID=seq, heads (the default since s36a),
-#            heads plus HOTLOOP_DENSE_TUNE=1, and heads again; W4A16 batch 1 without and with
-#            HOTLOOP_W4A16_FUSED_NORM=1; then the GPU tests of those three changes (last: a call cut short
-#            keeps the timed rows).
-#   s36a     one GPU: issue 4's batch-256 row with HOTLOOP_DECODE_GRID=seq (default) and heads, alternating, twice;
-#            W4A16 batch 1 without and with HOTLOOP_W4A16_FUSED_NORM=1; then the attention and W4A16 CUDA GPU
-#            tests (s35e less the timed cuBLASLt algorithms, for a call of at most ~10 minutes).
+#   (s35d, s35e, s36a: the thirty-fifth and thirty-sixth sessions' A/B calls of the folded W4A16 add + RMSNorm,
+#            since removed, and of the decode grid orders; each ran at the commit its results README names)
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -128,6 +120,17 @@ bs1() {  # name model extra-flags...
     --batch-size 1 --input-len 128 --output-len 512 --num-iters 3 --session-len 2048 --max-batch-size 8 \
     --output-json "$out/bs1_$name.json" "$@" >"$out/bs1_$name.log" 2>&1
   echo "[bs1 $name] rc=$? $(grep -o '"decode_ms_p50": [0-9.]*\|"decode_tokens_per_s": [0-9.]*' "$out/bs1_$name.json" 2>/dev/null | tr '\n' ' ')"
+}
+b256_rows() {  # setting...: issue 4's batch-256 row once per environment setting (NAME=VALUE), in turn,
+  # while TABLE4_BUDGET_S seconds into the script leave time for one
+  local v left i=0
+  for v in "$@"; do
+    i=$((i + 1))
+    left=$((TABLE4_BUDGET_S - SECONDS))
+    [ "$left" -gt 50 ] || break
+    env "$v" timeout "$left" python3 "$here/run_gpu.py" --out "$out/b256_${i}_${v%%=*}" --skip-hf \
+      --only llama3_b256_1k 2>&1 | grep -E "ceilings|b256|4,229|llama3_b256_1k\]" | sed "s/^/[$v] /"
+  done
 }
 profile_ab() {  # VAR tag cases value...: profile_step.py's cases once per value of the environment variable VAR
   local var=$1 tag=$2 cases=$3 v
@@ -392,59 +395,6 @@ if [ "$what" = s35c ]; then  # one GPU, in turn
   done
   exit 0
 fi
-if [ "$what" = s35d ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 180 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
-    tests/models/test_llama_mlp.py >"$out/norm_tests.log" 2>&1
-  echo "W4A16 kernel and fold GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/norm_tests.log" | cut -c1-200 | head -20
-  for i in 1 2; do
-    bs1 awq$i llama3-8b --model-format awq
-    HOTLOOP_W4A16_FUSED_NORM=1 bs1 awq_norm$i llama3-8b --model-format awq
-  done
-  exit 0
-fi
-if [ "$what" = s36a ]; then  # one GPU, in turn; the timed rows first (a call cut short keeps them)
-  export CUDA_VISIBLE_DEVICES=0
-  row() {  # tag env...: issue 4's batch-256 row
-    local tag=$1
-    shift
-    env "$@" timeout 170 python3 "$here/run_gpu.py" --out "$out/b256_$tag" --skip-hf --only llama3_b256_1k 2>&1 \
-      | grep -E "b256|4,229" | sed "s/^/[$tag] /"
-  }
-  row seq1 HOTLOOP_DECODE_GRID=seq
-  row heads1 HOTLOOP_DECODE_GRID=heads
-  row seq2 HOTLOOP_DECODE_GRID=seq
-  row heads2 HOTLOOP_DECODE_GRID=heads
-  bs1 awq llama3-8b --model-format awq
-  HOTLOOP_W4A16_FUSED_NORM=1 bs1 awq_norm llama3-8b --model-format awq
-  timeout 150 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_attention_kernels.py \
-    tests/kernels/test_w4a16_cuda.py tests/models/test_llama_mlp.py >"$out/tests.log" 2>&1
-  echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/tests.log" | cut -c1-200 | head -20
-  exit 0
-fi
-if [ "$what" = s35e ]; then  # one GPU, in turn; the timed rows first (a call cut short keeps them)
-  export CUDA_VISIBLE_DEVICES=0
-  row() {  # tag env...: issue 4's batch-256 row
-    local tag=$1
-    shift
-    env "$@" timeout 170 python3 "$here/run_gpu.py" --out "$out/b256_$tag" --skip-hf --only llama3_b256_1k 2>&1 \
-      | grep -E "b256|4,229" | sed "s/^/[$tag] /"
-  }
-  row seq HOTLOOP_DECODE_GRID=seq
-  row heads HOTLOOP_DECODE_GRID=heads
-  row heads_tune HOTLOOP_DECODE_GRID=heads HOTLOOP_DENSE_TUNE=1
-  row heads2 HOTLOOP_DECODE_GRID=heads
-  bs1 awq llama3-8b --model-format awq
-  HOTLOOP_W4A16_FUSED_NORM=1 bs1 awq_norm llama3-8b --model-format awq
-  timeout 150 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_attention_kernels.py \
-    tests/kernels/test_dense_tune.py tests/kernels/test_w4a16_cuda.py tests/models/test_llama_mlp.py \
-    >"$out/tests.log" 2>&1
-  echo "GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/tests.log" | cut -c1-200 | head -20
-  exit 0
-fi
 if [ "$what" = s34c ]; then  # one GPU, in turn
   export CUDA_VISIBLE_DEVICES=0
   for i in 1 2; do
@@ -525,12 +475,8 @@ if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kerne
   exit 0
 fi
 if [ "$what" = b256 ]; then  # one GPU: issue 4's batch-256 row, default / timed cuBLASLt / seq grid / default
-  for v in HOTLOOP_DECODE_GRID=heads HOTLOOP_DENSE_TUNE=1 HOTLOOP_DECODE_GRID=seq HOTLOOP_DECODE_GRID=heads; do
-    left=$((TABLE4_BUDGET_S - SECONDS))
-    [ "$left" -gt 50 ] || break
-    env "$v" timeout "$left" python3 "$here/run_gpu.py" --out "$out/b256_${v%%=*}_$SECONDS" --skip-hf \
-      --only llama3_b256_1k 2>&1 | grep -E "ceilings|b256|4,229|llama3_b256_1k\]" | sed "s/^/[$v] /"
-  done
+  export CUDA_VISIBLE_DEVICES=0
+  b256_rows HOTLOOP_DECODE_GRID=heads HOTLOOP_DENSE_TUNE=1 HOTLOOP_DECODE_GRID=seq HOTLOOP_DECODE_GRID=heads
   exit 0
 fi
 if [ "$what" = table4 ]; then  # one GPU: issue 4's rows and their transformers baselines (~8 minutes)
@@ -540,12 +486,7 @@ if [ "$what" = table4 ]; then  # one GPU: issue 4's rows and their transformers 
   echo "run_gpu rc=$?"
   cat "$out/table.txt"
   # then the batch-256 row with the timed cuBLASLt algorithms and with the old grid order, while time is left
-  for v in HOTLOOP_DENSE_TUNE=1 HOTLOOP_DECODE_GRID=seq; do
-    left=$((TABLE4_BUDGET_S - SECONDS))
-    [ "$left" -gt 60 ] || break
-    env "$v" timeout "$left" python3 "$here/run_gpu.py" --out "$out/b256_${v%%=*}" --skip-hf --only llama3_b256_1k \
-      2>&1 | grep -E "b256|4,229" | sed "s/^/[$v] /"
-  done
+  b256_rows HOTLOOP_DENSE_TUNE=1 HOTLOOP_DECODE_GRID=seq
   exit 0
 fi
 if [ "$what" = table ]; then

@@ -17,9 +17,10 @@ and its output on random inputs is within rounding of ``F.linear``'s; otherwise 
 Status: opt-in, ``HOTLOOP_DENSE_TUNE=1`` (off: every launch ``F.linear``). In the engine on an H100
 (2026-12-06, BENCHMARKS "thirty-fifth session") the batch-256 decode step ran 19.7 / 19.7 ms with
 it against 19.7 / 19.8 without (``run_gpu.py`` rows, two pairs): within noise, not the 0.23 ms the
-sweep's down projection promised. It costs about 1.4 s more at the first start (the timings are
-kept on disk). Not yet measured on an H200, where cuBLAS' own choice for the down projection
-differed (split-K with a separate reduce).
+sweep's down projection promised. The decode graphs' capture logged 2.6 s with it against 2.2 s
+without (one run each, benchmarks/results/gpu_2026-12-06f/call4; the timings are kept on disk).
+Not yet measured on an H200, where cuBLAS' own choice for the down projection differed (split-K
+with a separate reduce).
 
 State: per process, the choices per key; a flag set by ``tuning()``. The cuBLASLt workspace is one
 per device (``kernels/cublaslt.py``), so captured graphs that use it must not run concurrently on two

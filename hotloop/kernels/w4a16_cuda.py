@@ -124,15 +124,10 @@ def kernel_name(
     early_rows: int = 0,
     coherent: bool = False,
     silu: bool = False,
-    norm: bool = False,
 ) -> str:
     t = "" if threads == THREADS else f"_t{threads}"
     e = f"_e{early_rows}" + ("ld" if coherent else "") if early_rows else ""
-    return (
-        f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}{t}{e}"
-        + ("_silu" if silu else "")
-        + ("_norm" if norm else "")
-    )
+    return f"w4a16_gemv_{_DTYPES[dtype]}_nl{nl}_r{r}{t}{e}" + ("_silu" if silu else "")
 
 
 def tile(nl: int, r: int, threads: int = THREADS) -> tuple[int, int]:
@@ -191,11 +186,6 @@ def _names() -> list[str]:
             for dt in _DTYPES
             for v in VARIANTS
         ]
-        + [
-            kernel_name(dt, *v, early_rows=EARLY_ROWS, coherent=True, norm=True)
-            for dt in _DTYPES
-            for v in VARIANTS
-        ]
     )
 
 
@@ -232,11 +222,9 @@ def _launch(
     r: int,
     threads: int,
     out: torch.Tensor | None,
-    extra: tuple[torch.Tensor | float, ...] = (),
 ) -> torch.Tensor:
     """Kernel ``name`` of variant ``(nl, r, threads)`` over ``x`` (checked operands of a ``[1, K] @
-    [K, N]`` product): its fit, its buffers and the launch (``extra``: the arguments after the
-    common ones, for the folded prologues)."""
+    [K, N]`` product): its fit, its buffers and the launch."""
     why = fits(m, n, k, group_size, x.dtype, nl, r, threads)
     if why is not None:
         raise ValueError(f"the CUDA W4A16 GEMV ({nl}, {r}, {threads}) {why}")
@@ -250,7 +238,7 @@ def _launch(
     kernels[name](
         (tiles, split),
         threads,
-        (x, qweight, qzeros, scales, ws, out, cnt, n, k, group_size, *extra),
+        (x, qweight, qzeros, scales, ws, out, cnt, n, k, group_size),
         pdl=pdl(x.device),
     )
     return out
@@ -294,78 +282,3 @@ def gemv_silu_mul(
     k, n = check_operands(gate_up[:, :k], qweight, qzeros, scales, group_size)
     name = kernel_name(gate_up.dtype, nl, r, threads, EARLY_ROWS, True, silu=True)
     return _launch(name, gate_up, 1, k, n, qweight, qzeros, scales, group_size, nl, r, threads, out)
-
-
-NORM_ENV = "HOTLOOP_W4A16_FUSED_NORM"
-
-
-def norm_fusion() -> bool:
-    """``HOTLOOP_W4A16_FUSED_NORM=1``: at batch 1 the q/k/v and gate/up projections fold the residual
-    add and RMSNorm before them into their loads of x (``gemv_add_norm``), two launches a layer
-    fewer. Opt-in: slower on an H100 (377.8 against 396.0 tokens/s at W4A16 batch 1, one run each,
-    benchmarks/results/gpu_2026-12-06g): every block re-reads and reduces the row before its weights
-    can be used."""
-    return switch(NORM_ENV, False, logger)
-
-
-def gemv_add_norm(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    qweight: torch.Tensor,
-    qzeros: torch.Tensor,
-    scales: torch.Tensor,
-    group_size: int,
-    nl: int,
-    r: int,
-    threads: int = THREADS,
-    res_out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rms_norm(x + residual) * norm_weight @ W, x + residual)`` for one row: ``x``, ``residual``
-    ``[1, K]`` and ``norm_weight [K]`` in one 16-bit dtype, with ``kernels/rms_norm.py``'s roundings
-    (the sum to 16 bits, the normalised value to 16 bits, then the product with the weight; ``rstd``
-    with Triton's instructions, but the squares summed in another order, so it may differ in its last
-    bit and a normalised element by one 16-bit ulp). Variant ``(nl, r, threads)`` with the default
-    early loads (``_e8ld_norm``). The sum goes to ``res_out`` (a new tensor by default; never
-    ``residual``, which every block reads while the first column tile writes the sum). Raises
-    ``ValueError`` naming a wrong operand or a variant that does not fit, ``cuda_jit.CudaError``
-    where the kernels cannot be built."""
-    k = int(qweight.shape[0])
-    for name, t in (("x", x), ("residual", residual)):
-        if t.dim() != 2 or tuple(t.shape) != (1, k):
-            raise ValueError(f"{name} must be [1, {k}]; got {tuple(t.shape)}")
-        if not t.is_contiguous() or t.data_ptr() % 16:
-            raise ValueError(f"{name} must be contiguous and 16-byte aligned")
-    if residual.device != x.device or norm_weight.device != x.device:
-        raise ValueError(
-            f"residual ({residual.device}) and norm_weight ({norm_weight.device}) must be on x's {x.device}"
-        )
-    if residual.dtype != x.dtype or norm_weight.dtype != x.dtype:
-        raise ValueError(
-            f"residual {residual.dtype} and norm_weight {norm_weight.dtype} must be x's {x.dtype}"
-        )
-    if tuple(norm_weight.shape) != (k,) or not norm_weight.is_contiguous() or norm_weight.data_ptr() % 16:
-        raise ValueError(
-            f"norm_weight must be [{k}], contiguous and 16-byte aligned; got {tuple(norm_weight.shape)}"
-        )
-    k, n = check_operands(x, qweight, qzeros, scales, group_size)
-    if res_out is None:
-        res_out = torch.empty_like(residual)
-    elif (
-        res_out.shape != residual.shape
-        or res_out.dtype != x.dtype
-        or res_out.device != x.device
-        or not res_out.is_contiguous()
-        or res_out.data_ptr() % 16
-        or res_out.data_ptr() == residual.data_ptr()
-    ):
-        raise ValueError(
-            f"res_out must be a new contiguous, 16-byte aligned [1, {k}] {x.dtype} tensor on {x.device}"
-        )
-    name = kernel_name(x.dtype, nl, r, threads, EARLY_ROWS, True, norm=True)
-    y = _launch(
-        name, x, 1, k, n, qweight, qzeros, scales, group_size, nl, r, threads, None,
-        extra=(residual, norm_weight, res_out, float(eps)),
-    )  # fmt: skip
-    return y, res_out

@@ -1037,67 +1037,13 @@ def w4a16_silu_mul_gemm(
         return None
     if scales.dtype != gate_up.dtype or not gate_up.is_contiguous() or gate_up.data_ptr() % 16 or k % 8:
         return None
-    plan = _one_row_cuda(gate_up[:, :k], qweight, qzeros, scales, group_size)
-    if plan is None:
-        return None
-    (qweight, qzeros, scales), variant = plan
-    try:
-        return w4a16_cuda.gemv_silu_mul(gate_up, qweight, qzeros, scales, group_size, *variant)
-    except (cuda_jit.CudaError, ValueError):
-        return None
-
-
-def _one_row_cuda(
-    x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
-) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[int, int, int]] | None:
-    """For the folded one-row launches: the aligned packed tensors and the CUDA GEMV variant
-    ``(nl, r, threads)`` the tuner chose for the plain ``x [1, K] @ W``, or None where it chose
-    another kernel."""
     qweight, qzeros, scales = (_aligned(t) for t in (qweight, qzeros, scales))
-    cfg = _plan(x, qweight, qzeros, scales, group_size, "auto")
+    cfg = _plan(gate_up[:, :k], qweight, qzeros, scales, group_size, "auto")
     if cfg.kind != "cuda":
         return None
-    return (qweight, qzeros, scales), (cfg.block_n // 32, cfg.block_k, cfg.num_warps * 32)
-
-
-def w4a16_add_norm_gemm(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    qweight: torch.Tensor,
-    qzeros: torch.Tensor,
-    scales: torch.Tensor,
-    group_size: int,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(rms_norm(x + residual) * norm_weight @ W, x + residual)`` for one row in one launch
-    (``w4a16_cuda.gemv_add_norm``, with the variant the tuner chose for the plain ``[1, K]`` product),
-    or None where that does not apply: off (``HOTLOOP_W4A16_FUSED_NORM``), not one 16-bit row on
-    CUDA, the tuned launch not the CUDA GEMV, or a launch that cannot run here. The caller then runs
-    the add + RMSNorm and :func:`w4a16_gemm`."""
-    from hotloop.kernels import cuda_jit, w4a16_cuda
-
-    if not w4a16_cuda.norm_fusion() or x.device.type != "cuda" or x.dim() != 2 or x.shape[0] != 1:
-        return None
-    k = qweight.shape[0]
-    if (
-        x.dtype not in (torch.float16, torch.bfloat16)
-        or tuple(x.shape) != (1, k)
-        or residual.shape != x.shape
-        or residual.dtype != x.dtype
-        or norm_weight.dtype != x.dtype
-        or scales.dtype != x.dtype
-    ):
-        return None
-    if any(not t.is_contiguous() or t.data_ptr() % 16 for t in (x, residual, norm_weight)):
-        return None
-    plan = _one_row_cuda(x, qweight, qzeros, scales, group_size)
-    if plan is None:
-        return None
-    (qweight, qzeros, scales), variant = plan
     try:
-        return w4a16_cuda.gemv_add_norm(
-            x, residual, norm_weight, eps, qweight, qzeros, scales, group_size, *variant
+        return w4a16_cuda.gemv_silu_mul(
+            gate_up, qweight, qzeros, scales, group_size, cfg.block_n // 32, cfg.block_k, cfg.num_warps * 32
         )
     except (cuda_jit.CudaError, ValueError):
         return None

@@ -135,23 +135,6 @@ class AWQLinearMethod:
         qweight, qzeros, scales = (cast(torch.Tensor, getattr(layer, n)) for n in AWQ_PARAM_NAMES)
         return w4a16_silu_mul_gemm(gate_up, qweight, qzeros, scales, self.group_size)
 
-    def apply_add_norm(
-        self, layer: Linear, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``(layer(rms_norm(x + residual) * norm_weight), x + residual)`` in one launch where the W4A16
-        kernels can fold the add and the norm in (one row on CUDA, ``HOTLOOP_W4A16_FUSED_NORM=1``:
-        ``w4a16_gemm.w4a16_add_norm_gemm``), else None (the caller runs the two)."""
-        from hotloop.kernels import w4a16_cuda
-
-        if not w4a16_cuda.norm_fusion():  # first: the common case costs one environment read
-            return None
-        if layer._parameters.get("weight") is not None or layer.bias is not None or not ops.use_triton(x):
-            return None
-        from hotloop.kernels.w4a16_gemm import w4a16_add_norm_gemm
-
-        qweight, qzeros, scales = (cast(torch.Tensor, getattr(layer, n)) for n in AWQ_PARAM_NAMES)
-        return w4a16_add_norm_gemm(x, residual, norm_weight, eps, qweight, qzeros, scales, self.group_size)
-
     def process_weights_after_loading(self, layer: Linear) -> None:
         """On the CPU, replace the packed tensors by the dequantized dense weight ``[out, in]``; on
         CUDA, cast the scales to the model dtype (the kernels' activation dtype)."""

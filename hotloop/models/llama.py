@@ -123,20 +123,6 @@ class LlamaAttention(nn.Module):
         return q.reshape(T, -1), k.reshape(T, -1), v
 
 
-def _add_norm_project(
-    proj: nn.Module, h: torch.Tensor, residual: torch.Tensor, norm: nn.Module
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(proj(norm(h + residual)), h + residual)`` in one launch where the projection's method folds
-    the add and a plain ``RMSNorm`` in (``AWQLinearMethod.apply_add_norm``: W4A16, one row, opt-in),
-    else None."""
-    if h.dim() != 2 or h.shape[0] != 1:  # first: every batched step passes here
-        return None
-    fused = getattr(getattr(proj, "quant_method", None), "apply_add_norm", None)
-    if fused is None or type(norm) is not RMSNorm:
-        return None
-    return cast("tuple[torch.Tensor, torch.Tensor] | None", fused(proj, h, residual, norm.weight, norm.eps))
-
-
 class LlamaMLP(nn.Module):
     def __init__(self, args: DecoderArgs, dtype: torch.dtype) -> None:
         super().__init__()
@@ -146,10 +132,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(inter, args.hidden_size, args.mlp_bias, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_gate_up(self.gate_up_proj(x))
-
-    def forward_gate_up(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The MLP after its gate/up projection: SiLU-and-mul and the down projection."""
+        gate_up = self.gate_up_proj(x)
         fused = getattr(self.down_proj.quant_method, "apply_silu_mul", None)  # W4A16, one row
         if fused is not None:
             y = fused(self.down_proj, gate_up)
@@ -189,11 +172,6 @@ class LlamaDecoderLayer(nn.Module):
             residual = h
             h = self.input_layernorm(h)
         else:
-            folded = _add_norm_project(self.self_attn.qkv_proj, h, residual, self.input_layernorm)
-            if folded is not None:  # W4A16, one row: the add and the norm in the projection's launch
-                qkv, residual = folded
-                q, k, v = self.self_attn.split_heads(qkv)
-                return q, k, v, residual
             h, residual = self.input_layernorm(h, residual)
         q, k, v = self.self_attn.project(h)
         return q, k, v, residual
@@ -201,10 +179,6 @@ class LlamaDecoderLayer(nn.Module):
     def post_attention(self, o: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention output ``o [T, H*D]`` -> (MLP output, residual stream before it)."""
         h = self.self_attn.o_proj(o)
-        folded = _add_norm_project(self.mlp.gate_up_proj, h, residual, self.post_attention_layernorm)
-        if folded is not None:  # W4A16, one row: the add and the norm in the gate/up launch
-            gate_up, residual = folded
-            return self.mlp.forward_gate_up(gate_up), residual
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 

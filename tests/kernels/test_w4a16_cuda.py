@@ -35,10 +35,6 @@ def test_tile_and_fits() -> None:
         == "w4a16_gemv_f16_nl4_r32_t128_e8ld"
     )
     assert (
-        w4a16_cuda.kernel_name(torch.bfloat16, 4, 32, 256, 8, coherent=True, norm=True)
-        == "w4a16_gemv_bf16_nl4_r32_e8ld_norm"
-    )
-    assert (
         w4a16_cuda.kernel_name(torch.bfloat16, 4, 32, 256, 8, coherent=True, silu=True)
         == "w4a16_gemv_bf16_nl4_r32_e8ld_silu"
     )
@@ -245,112 +241,6 @@ def test_silu_mul_gemv_refuses_wrong_operands() -> None:
         w4a16_cuda.gemv_silu_mul(strided, qweight, qzeros, scales, 128, 4, 16)
 
 
-def _add_norm_like_triton(
-    x: torch.Tensor, res: torch.Tensor, w: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``kernels/rms_norm.py``'s roundings in torch: the sum to 16 bits, the normalised value to 16
-    bits, then the product with the weight."""
-    s = (x.float() + res.float()).to(x.dtype)
-    rstd = torch.rsqrt(s.float().pow(2).mean(-1, keepdim=True) + eps)
-    return ((s.float() * rstd).to(x.dtype).float() * w.float()).to(x.dtype), s
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("shape", [(4096, 6144), (4096, 28672), (1024, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_gpu_add_norm_gemv_against_the_two_launches(shape: tuple[int, int], dtype: torch.dtype) -> None:
-    """``gemv_add_norm`` (the residual add and RMSNorm folded into the q/k/v or gate/up projection's
-    loads of x), every variant: the new residual equals the add + RMSNorm launch's exactly; the
-    output is within bf16 / fp16 tolerance of float32 dequantize-then-matmul of the normed row, and
-    within an output rounding or two of the two launches (the sum of squares is added in another
-    order, so the normalised row may differ in a last bit)."""
-    _require_cuda_kernels()
-    from hotloop.kernels import ops
-
-    k, n = shape
-    qweight, qzeros, scales = random_awq(k, n, 128, dtype, "cuda", seed=k + 5 * n)
-    gen = torch.Generator().manual_seed(k + 7 * n)
-    x = (torch.randn(1, k, generator=gen) * 2).to(dtype).cuda()
-    res = (torch.randn(1, k, generator=gen) * 4).to(dtype).cuda()
-    w = (1.0 + 0.2 * torch.randn(k, generator=gen)).to(dtype).cuda()
-    eps = 1e-5
-    normed, summed = ops.add_rms_norm(x, res, w, eps)
-    like_normed, like_sum = _add_norm_like_triton(x, res, w, eps)
-    assert torch.equal(summed, like_sum)
-    assert _rel_max_err(normed, like_normed.float()) < 1e-2
-    want = reference.w4a16_matmul(normed.float(), qweight, qzeros, scales.float(), 128)
-    tol = 2e-3 if dtype == torch.float16 else 1e-2
-    ran = 0
-    for v in w4a16_cuda.VARIANTS:
-        if w4a16_cuda.fits(1, n, k, 128, dtype, *v) is not None:
-            continue
-        poisoned = torch.full_like(res, float("nan"))  # a row the kernel leaves unwritten stays NaN
-        got, new_res = w4a16_cuda.gemv_add_norm(
-            x, res, w, eps, qweight, qzeros, scales, 128, *v, res_out=poisoned
-        )
-        assert new_res is poisoned
-        two = w4a16_cuda.gemv(normed, qweight, qzeros, scales, 128, *v)
-        torch.cuda.synchronize()
-        assert got.dtype == dtype and got.shape == (1, n) and new_res.shape == (1, k)
-        assert torch.equal(new_res, summed), v
-        assert new_res.data_ptr() != res.data_ptr()
-        assert _rel_max_err(got, want) < tol, (v, _rel_max_err(got, want))
-        ulps2 = 2e-3 if dtype == torch.float16 else 8e-3  # two output roundings, at most
-        assert _rel_max_err(got, two.float()) < ulps2, (v, _rel_max_err(got, two.float()))
-        assert int(counters.buffer(x.device, "w4a16_cuda").abs().sum()) == 0
-        ran += 1
-    assert ran >= 3
-
-
-def test_add_norm_gemv_refuses_wrong_operands() -> None:
-    """The fused launch's operand checks, which run before any GPU work."""
-    qweight, qzeros, scales = random_awq(256, 128, 128, torch.bfloat16, "cpu", seed=1)
-    x = torch.zeros(1, 256, dtype=torch.bfloat16)
-    w = torch.ones(256, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"residual must be \[1, 256\]"):
-        w4a16_cuda.gemv_add_norm(
-            x, torch.zeros(2, 256, dtype=torch.bfloat16), w, 1e-5, qweight, qzeros, scales, 128, 4, 16
-        )
-    with pytest.raises(ValueError, match=r"x must be \[1, 256\]"):
-        w4a16_cuda.gemv_add_norm(
-            torch.zeros(1, 128, dtype=torch.bfloat16), x, w, 1e-5, qweight, qzeros, scales, 128, 4, 16
-        )
-    with pytest.raises(ValueError, match="must be x's"):
-        w4a16_cuda.gemv_add_norm(x, x.half(), w, 1e-5, qweight, qzeros, scales, 128, 4, 16)
-    with pytest.raises(ValueError, match="res_out must be a new"):
-        w4a16_cuda.gemv_add_norm(x, x, w, 1e-5, qweight, qzeros, scales, 128, 4, 16, res_out=x)
-    with pytest.raises(ValueError, match=r"norm_weight must be \[256\]"):
-        w4a16_cuda.gemv_add_norm(x, x, w[:128], 1e-5, qweight, qzeros, scales, 128, 4, 16)
-
-
-def test_norm_fusion_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``HOTLOOP_W4A16_FUSED_NORM`` (off unless 1); the engine-level helpers decline on the CPU."""
-    from hotloop.kernels.w4a16_gemm import w4a16_add_norm_gemm
-    from hotloop.layers.linear import AWQLinearMethod, Linear, set_quant_method
-
-    monkeypatch.delenv(w4a16_cuda.NORM_ENV, raising=False)
-    assert not w4a16_cuda.norm_fusion()
-    monkeypatch.setenv(w4a16_cuda.NORM_ENV, "on")  # a wrong value: said once, read as off
-    said: list[str] = []
-    monkeypatch.setattr(env_mod, "_warned", set())
-    monkeypatch.setattr(w4a16_cuda.logger, "warning", lambda msg, *args: said.append(msg % args))
-    assert not w4a16_cuda.norm_fusion() and not w4a16_cuda.norm_fusion()
-    assert said == ["HOTLOOP_W4A16_FUSED_NORM='on': use 0 or 1; taking 0"]
-    monkeypatch.setenv(w4a16_cuda.NORM_ENV, "1")
-    assert w4a16_cuda.norm_fusion()
-    qweight, qzeros, scales = random_awq(256, 128, 128, torch.bfloat16, "cpu", seed=1)
-    x = torch.zeros(1, 256, dtype=torch.bfloat16)
-    w = torch.ones(256, dtype=torch.bfloat16)
-    assert w4a16_add_norm_gemm(x, x, w, 1e-5, qweight, qzeros, scales, 128) is None
-    layer = Linear(256, 128, dtype=torch.bfloat16)
-    set_quant_method(layer, AWQLinearMethod(128))
-    method = layer.quant_method
-    assert isinstance(method, AWQLinearMethod)
-    assert method.apply_add_norm(layer, x, x, w, 1e-5) is None  # packed, but on the CPU
-    monkeypatch.setenv(w4a16_cuda.NORM_ENV, "0")
-    assert method.apply_add_norm(layer, x, x, w, 1e-5) is None
-
-
 def test_silu_fusion_is_on_unless_0(monkeypatch: pytest.MonkeyPatch) -> None:
     """``HOTLOOP_W4A16_FUSED_SILU`` (on unless 0); the engine-level helper declines on the CPU."""
     from hotloop.kernels.w4a16_gemm import w4a16_silu_mul_gemm
@@ -468,19 +358,19 @@ def test_loads_meant_to_precede_the_wait_are_not_nc(tmp_path: Path) -> None:
         bodies = re.findall(r"\.entry (\w+)\((.*?)\n}\n", ptx, flags=re.S)
         checked = 0
         for name, body in bodies:
-            if not (re.search(r"_e\d+ld(_silu|_norm)?$", name) or name.startswith("w4a16_gemv_tc_")):
+            if not (re.search(r"_e\d+ld(_silu)?$", name) or name.startswith("w4a16_gemv_tc_")):
                 continue
             before, after = body.split("griddepcontrol.wait", 1)
             assert "ld.global" in before, name  # the early loads are there
             assert "ld.global.nc" not in before, name
-            m = re.search(r"_r(\d+)(?:_t\d+)?_e(\d+)ld(?:_silu|_norm)?$", name)
+            m = re.search(r"_r(\d+)(?:_t\d+)?_e(\d+)ld(?:_silu)?$", name)
             if m:  # the weight rows: 16-byte loads past L1, early or streamed
                 rows, early = int(m.group(1)), int(m.group(2))
                 assert before.count("ld.global.L1::no_allocate.v4") == early, name
                 assert after.count("ld.global.nc.L1::no_allocate.v4") == rows - early, name
             checked += 1
         want = (
-            len([n for n in w4a16_cuda._names() if n.endswith(("ld", "ld_silu", "ld_norm"))])
+            len([n for n in w4a16_cuda._names() if n.endswith(("ld", "ld_silu"))])
             if source == w4a16_cuda.SOURCE
             else 10
         )

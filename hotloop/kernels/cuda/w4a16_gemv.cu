@@ -123,95 +123,13 @@ __device__ __forceinline__ u32 silu_mul2(u32 g, u32 u) {
   return (u32)to16<BF16>(a0 * u0) | ((u32)to16<BF16>(a1 * u1) << 16);
 }
 
-// two floats rounded to 16 bits, packed (low, high)
-template <bool BF16>
-__device__ __forceinline__ u32 pack16(float lo, float hi) {
-  return (u32)to16<BF16>(lo) | ((u32)to16<BF16>(hi) << 16);
-}
-
-// NORM's prologue (gemv_body): xv = rms_norm(x + res) * nw for this thread's rows k0 .. k0 + R, the
-// row's sum of squares reduced over the block; column tile 0 writes x + res to res_out
-template <bool BF16, int R, int THREADS>
-__device__ __forceinline__ void norm_prologue(u32 (&xv)[R / 2], const u32* __restrict__ x,
-                                              const u32* __restrict__ res, const u32* __restrict__ nw,
-                                              u32* __restrict__ res_out, float eps, int K, int k0,
-                                              bool writer) {
-  const int tid = threadIdx.x;
-  // the sum of squares of the whole row x + res (each block: the row is a few KB, from L2)
-  __shared__ float warp_sq[THREADS / 32];
-  __shared__ float rstd_s;
-  float sq = 0.0f;
-  for (int e = tid * 8; e < K; e += THREADS * 8) {
-    u32 a[4], b[4];
-    ldg4(x + e / 2, a[0], a[1], a[2], a[3]);
-    ldg4(res + e / 2, b[0], b[1], b[2], b[3]);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      float x0, x1, r0, r1, s0, s1;
-      halves<BF16>(a[c], x0, x1);
-      halves<BF16>(b[c], r0, r1);
-      halves<BF16>(pack16<BF16>(x0 + r0, x1 + r1), s0, s1);
-      sq += s0 * s0 + s1 * s1;
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-  if ((tid & 31) == 0) warp_sq[tid >> 5] = sq;
-  __syncthreads();
-  if (tid == 0) {
-    float t = 0.0f;
-#pragma unroll
-    for (int w = 0; w < THREADS / 32; ++w) t += warp_sq[w];
-    // as Triton lowers rms_norm.py's 1 / sqrt(sum / C + eps) (its PTX, sm_90): 1 / C approximate, one
-    // fma with eps, sqrt.approx.ftz, div.full
-    float inv_k, v, root, inv;
-    asm("div.approx.f32 %0, %1, %2;" : "=f"(inv_k) : "f"(1.0f), "f"((float)K));
-    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(v) : "f"(t), "f"(inv_k), "f"(eps));
-    asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(root) : "f"(v));
-    asm("div.full.f32 %0, %1, %2;" : "=f"(inv) : "f"(1.0f), "f"(root));
-    rstd_s = inv;
-  }
-  __syncthreads();
-  const float rstd = rstd_s;
-#pragma unroll
-  for (int j = 0; j < R / 8; ++j) {
-    u32 a[4], b[4], wv[4], sum[4];
-    ldg4(x + (k0 + 8 * j) / 2, a[0], a[1], a[2], a[3]);
-    ldg4(res + (k0 + 8 * j) / 2, b[0], b[1], b[2], b[3]);
-    ldg4(nw + (k0 + 8 * j) / 2, wv[0], wv[1], wv[2], wv[3]);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      float x0, x1, r0, r1, s0, s1, n0, n1, w0, w1;
-      halves<BF16>(a[c], x0, x1);
-      halves<BF16>(b[c], r0, r1);
-      sum[c] = pack16<BF16>(x0 + r0, x1 + r1);
-      halves<BF16>(sum[c], s0, s1);
-      halves<BF16>(pack16<BF16>(s0 * rstd, s1 * rstd), n0, n1);
-      halves<BF16>(wv[c], w0, w1);
-      xv[4 * j + c] = pack16<BF16>(n0 * w0, n1 * w1);
-    }
-    if (writer) {
-      *reinterpret_cast<uint4*>(res_out + (k0 + 8 * j) / 2) = make_uint4(sum[0], sum[1], sum[2], sum[3]);
-    }
-  }
-}
-
 // SILU: x is the gate/up projection's row [gate (K) | up (K)] and the product's input is
-// silu(gate) * up (the separate silu_and_mul launch folded into this one's loads of x).
-// NORM: the product's input is rms_norm(x + res) * nw, rounded as kernels/rms_norm.py rounds (the sum
-// to 16 bits; its sum of squares in float32, over the whole row, by every block; the normalised value
-// to 16 bits, then the product with the weight); the blocks of column tile 0 write the sum x + res to
-// res_out (a tensor other than res, which every block reads). The separate add + RMSNorm launch
-// folded into this one.
-template <bool BF16, int NL, int R, int THREADS, int EARLY, bool LD_EARLY, bool SILU = false, bool NORM = false>
+// silu(gate) * up (the separate silu_and_mul launch folded into this one's loads of x)
+template <bool BF16, int NL, int R, int THREADS, int EARLY, bool LD_EARLY, bool SILU = false>
 __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* __restrict__ qw,
                                           const u32* __restrict__ qz, const u32* __restrict__ sc,
                                           float* __restrict__ ws, unsigned short* __restrict__ out,
-                                          int* __restrict__ cnt, int N, int K, int G,
-                                          const u32* __restrict__ res = nullptr,
-                                          const u32* __restrict__ nw = nullptr,
-                                          u32* __restrict__ res_out = nullptr, float eps = 0.0f) {
-  static_assert(!(SILU && NORM), "one prologue at a time");
+                                          int* __restrict__ cnt, int N, int K, int G) {
   constexpr int TK = THREADS / NL;
   constexpr int BN = 32 * NL;
   constexpr int PER = THREADS / BN;  // threads per column in the block's reduction
@@ -251,20 +169,12 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
 
-  u32 xv[R / 2];
-  if (NORM && R > 16) {  // before the late weight loads: with all R rows in flight across its barriers,
-    // ptxas needs 255 registers and spills (sm_90)
-    norm_prologue<BF16, R, THREADS>(xv, x, res, nw, res_out, eps, K, k0, blockIdx.x == 0 && lane_n == 0);
-  }
 #pragma unroll
   for (int r = EARLY; r < R; ++r) {
     ldg_stream4(qw + (size_t)(k0 + r) * n8 + w0, w[r][0], w[r][1], w[r][2], w[r][3]);
   }
-  if (NORM) {
-    if (R <= 16) {  // while this thread's late weight loads are in flight
-      norm_prologue<BF16, R, THREADS>(xv, x, res, nw, res_out, eps, K, k0, blockIdx.x == 0 && lane_n == 0);
-    }
-  } else if (SILU) {
+  u32 xv[R / 2];
+  if (SILU) {
 #pragma unroll
     for (int j = 0; j < R / 8; ++j) {
       u32 gv[4], uv[4];
@@ -411,23 +321,6 @@ __device__ __forceinline__ void gemv_body(const u32* __restrict__ x, const u32* 
   DEFINE_GEMV_SILU(w4a16_gemv_bf16_nl##NL##_r##R##_t##T##_e8ld_silu, true, NL, R, T)      \
   DEFINE_GEMV_SILU(w4a16_gemv_f16_nl##NL##_r##R##_t##T##_e8ld_silu, false, NL, R, T)
 
-// the add + RMSNorm folded in (w4a16_cuda.gemv_add_norm), with the default early loads: _e8ld_norm
-#define DEFINE_GEMV_NORM(NAME, BF16, NL, R, T)                                                        \
-  extern "C" __global__ void __launch_bounds__(T, 65536 / (128 * T)) /* at most 128 registers */    \
-      NAME(GEMV_ARGS, const u32* __restrict__ res, const u32* __restrict__ nw, u32* __restrict__ res_out, \
-           float eps) {                                                                               \
-    gemv_body<BF16, NL, R, T, 8, true, false, true>(x, qw, qz, sc, ws, out, cnt, N, K, G, res, nw, res_out, \
-                                                    eps);                                             \
-  }
-
-#define DEFINE_NORM(NL, R)                                                        \
-  DEFINE_GEMV_NORM(w4a16_gemv_bf16_nl##NL##_r##R##_e8ld_norm, true, NL, R, 256)   \
-  DEFINE_GEMV_NORM(w4a16_gemv_f16_nl##NL##_r##R##_e8ld_norm, false, NL, R, 256)
-
-#define DEFINE_NORM_T(NL, R, T)                                                           \
-  DEFINE_GEMV_NORM(w4a16_gemv_bf16_nl##NL##_r##R##_t##T##_e8ld_norm, true, NL, R, T)      \
-  DEFINE_GEMV_NORM(w4a16_gemv_f16_nl##NL##_r##R##_t##T##_e8ld_norm, false, NL, R, T)
-
 // every row of the thread's weights before the wait (HOTLOOP_W4A16_EARLY=all): _e<R>ld, for R = 16 (at
 // R = 8 that is _e8ld). Not for R = 32: holding 32 rows across the wait takes 255 registers (ptxas),
 // one 256-thread block per SM, against 128 and two blocks with 8 rows early
@@ -458,10 +351,3 @@ DEFINE_SILU(4, 32)
 DEFINE_SILU_T(2, 16, 128)
 DEFINE_SILU_T(4, 16, 128)
 DEFINE_SILU_T(4, 32, 128)
-DEFINE_NORM(2, 16)
-DEFINE_NORM(4, 8)
-DEFINE_NORM(4, 16)
-DEFINE_NORM(4, 32)
-DEFINE_NORM_T(2, 16, 128)
-DEFINE_NORM_T(4, 16, 128)
-DEFINE_NORM_T(4, 32, 128)
