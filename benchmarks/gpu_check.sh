@@ -86,6 +86,12 @@ set -u
 out=${1:?OUT_DIR}
 what=${2:-tests}
 TABLE4_BUDGET_S=${TABLE4_BUDGET_S:-560}
+case $TABLE4_BUDGET_S in
+  '' | *[!0-9]*)
+    echo "TABLE4_BUDGET_S=$TABLE4_BUDGET_S: want whole seconds (default 560)" >&2
+    exit 2
+    ;;
+esac
 # REQUIRE_H200=1: stop at once (exit 3) on any other card. A call for `nvidia-h200` may be served by an
 # H100, and the issues' targets are H200 figures: this spends only the machine's start on the wrong card.
 if [ "${REQUIRE_H200:-0}" = 1 ]; then
