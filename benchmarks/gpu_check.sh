@@ -23,38 +23,10 @@
 #   chunks   the issue-3 serving run by prefill chunk (--max-prefill-token-num 8192 / 512 / 256), the
 #            serving-mix steps of profile_step.py (decode 16, mixed 16 + 256 / 512 / 1024), then the
 #            engine's GPU tests.
-#   (s33b, s33d-s33h: the thirty-third session's other calls, removed; each ran at the commit that
-#            benchmarks/results/gpu_2026-12-06d/README.md names)
-#   s33a     one GPU: the tensor-core GEMV on the AutoAWQ layout (w4a16_gemv_tc): its GPU tests, the read probe
-#            (every variant, the decode chain), then W4A16 batch 1 with and without it (HOTLOOP_W4A16_TC).
-#   s33c     one GPU: the W4A16 GPU tests (kernels, the tuner with the tensor-core GEMV, quantize-and-serve), then
-#            the ncu mode (Nsight Compute on each one-row kernel and read probe).
-#   s33i     one GPU: W4A16 batch 1 with the CUDA-core GEMV's early loads through ld.global.nc (the default,
-#            where ptxas issues the wait first) and through ld.global (HOTLOOP_W4A16_EARLY=ld), twice, then
-#            the tensor-core GEMV's GPU tests and batch 1 with it (HOTLOOP_W4A16_TC=1).
-#   s34a     one GPU: issue 3's serving run by prefill chunk (8,192, 256, 384, 256 with --jit-schedule), then
-#            profile_step.py's serving-mix steps (16 decodes at 1k plus 128-1,024 prompt tokens, and alone).
-#   s34c     one GPU: issue 4's batch-256 row with torch's default BLAS (cuBLAS) and with cuBLASLt preferred
-#            (TORCH_BLAS_PREFER_CUBLASLT=1: other GEMM kernels may be chosen, e.g. tiles that fill the 132 SMs for
-#            gate/up, whose 224 tiles of 256x128 take 1.7 waves), alternating, twice; then profile_step.py's
-#            batch-256, batch-16 and serving-mix steps both ways (the GEMM kernels chosen).
-#   s34d     one GPU: the W4A16 kernel GPU tests (the SiLU folded into the down projection's GEMV among them) and
-#            the MLP's, then W4A16 batch 1 with the two launches (default) and with HOTLOOP_W4A16_FUSED_SILU=1,
-#            alternating, twice.
-#   s34b     one GPU: the W4A16 kernel and GEMM GPU tests (every early-load form, all included), then W4A16 batch 1
-#            with the default early loads (8 rows through ld.global) and with every row early in the 16-row
-#            variants (HOTLOOP_W4A16_EARLY=all), alternating, twice (each form tuned in its first run).
-#   s35a     one GPU: the dense-tune GPU tests, then issue 4's batch-256 row with F.linear (default) and with the
-#            timed cuBLASLt algorithms (HOTLOOP_DENSE_TUNE=1), alternating, twice; then profile_step.py's batch-256
-#            and batch-16 steps both ways (which GEMM kernels run), and cublaslt_sweep.py at M = 256, 16.
-#   s35b     one GPU: issue 3's serving run with today's defaults (the piecewise graphs' one q/k/v copy and the
-#            folded W4A16 SiLU are in since the last H200 run), then with HOTLOOP_DENSE_TUNE=1; then W4A16
-#            batch 1 with the folded SiLU (default) and without (HOTLOOP_W4A16_FUSED_SILU=0).
-#   s35c     one GPU: the Triton decode kernel's heads-first grid (HOTLOOP_DECODE_GRID=heads): its GPU tests, the
-#            bf16 decode sweep at batch 256 x 1k and 128 x 4k with seq and heads, alternating, twice, then issue 4's
-#            batch-256 row both ways, twice.
-#   (s35d, s35e, s36a: the thirty-fifth and thirty-sixth sessions' A/B calls of the folded W4A16 add + RMSNorm,
-#            since removed, and of the decode grid orders; each ran at the commit its results README names)
+#   (s33a-s35e, s36a: the thirty-third to thirty-sixth sessions' one-off A/B calls, removed; each ran at the
+#            commit its results README under benchmarks/results/ names)
+#   open     one GPU: the other open rows with today's defaults: issue 3's serving run, plain and with
+#            HOTLOOP_DENSE_TUNE=1, then W4A16 batch 1 twice (issue 5).
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -136,16 +108,6 @@ b256_rows() {  # setting...: issue 4's batch-256 row once per environment settin
     [ "$left" -gt 50 ] || break
     env "$v" timeout "$left" python3 "$here/run_gpu.py" --out "$out/b256_${i}_${v%%=*}" --skip-hf \
       --only llama3_b256_1k 2>&1 | grep -E "ceilings|b256|4,229|llama3_b256_1k\]" | sed "s/^/[$v] /"
-  done
-}
-profile_ab() {  # VAR tag cases value...: profile_step.py's cases once per value of the environment variable VAR
-  local var=$1 tag=$2 cases=$3 v
-  shift 3
-  for v in "$@"; do
-    env "$var=$v" timeout 150 python3 "$here/profile_step.py" --out "$out/profile_$tag$v.json" \
-      --cases "$cases" >"$out/profile_$tag$v.log" 2>&1
-    echo "profile_step $var=$v rc=$?"
-    grep -E "floor" "$out/profile_$tag$v.log"
   done
 }
 gpu_tests() {  # [tag [seconds [pytest paths and options...]]]: the GPU tests, every one by default
@@ -317,155 +279,18 @@ if [ "$what" = verify ]; then  # the engine's GPU tests (multi-step ones include
   [ "${VERIFY_K1:-1}" = 1 ] && hostprof llama3-8b 8b_k1
   exit 0
 fi
-cuda_gemv_checks() {  # the CUDA GEMV's GPU tests, then awq_gemm.py at M = 1 (every tuner candidate's time)
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
-    >"$out/cuda_tests.log" 2>&1
-  echo "CUDA GEMV GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/cuda_tests.log" | cut -c1-300 | head -20
-  timeout 200 python3 "$here/awq_gemm.py" "$out/awq_gemm.json" --m 1 >"$out/awq_gemm.log" 2>&1
-  echo "awq_gemm rc=$?"
-  sed -n '/^tuner/,$p' "$out/awq_gemm.log" | cut -c1-600
-}
 if [ "$what" = all ]; then  # one GPU: every GPU test (tests/cli too: it needs pexpect from .whl)
   export CUDA_VISIBLE_DEVICES=0
   gpu_tests all_gpu_tests 540 tests
   exit 0
 fi
-if [ "$what" = s33a ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 120 python3 -m pytest -m gpu -q -s -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemv_tc.py \
-    >"$out/tc_tests.log" 2>&1
-  echo "tc tests rc=$?"
-  grep -E "rel max err|^(E  |FAILED|ERROR)|passed|failed" "$out/tc_tests.log" | cut -c1-200 | head -90
-  timeout 170 python3 "$here/w4a16_read_probe.py" "$out/read_probe.json" >"$out/read_probe.log" 2>&1
-  echo "read probe rc=$?"
-  grep -E '"tc_|chain|best us|stream_u4_b4"' "$out/read_probe.log" | cut -c1-220
-  HOTLOOP_W4A16_TC=1 bs1 awq_tc llama3-8b --model-format awq
-  HOTLOOP_W4A16_TC=0 bs1 awq_notc llama3-8b --model-format awq
-  exit 0
-fi
-if [ "$what" = s33c ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 240 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemv_tc.py \
-    tests/kernels/test_w4a16_gemm.py tests/kernels/test_w4a16_cuda.py tests/lite/test_auto_awq.py >"$out/w4_tests.log" 2>&1
-  echo "W4A16 GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/w4_tests.log" | cut -c1-200 | head -30
-  what=ncu
-fi
-if [ "$what" = s35a ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 120 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_dense_tune.py \
-    >"$out/dense_tests.log" 2>&1
-  echo "dense-tune GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/dense_tests.log" | cut -c1-200 | head -12
-  for i in 1 2; do
-    for t in 0 1; do
-      HOTLOOP_DENSE_TUNE=$t timeout 200 python3 "$here/run_gpu.py" --out "$out/b256_t${t}_$i" --skip-hf \
-        --only llama3_b256_1k 2>&1 | grep -E "b256|4,229" | sed "s/^/[HOTLOOP_DENSE_TUNE=$t] /"
-      grep -h "dense GEMMs" "$out/b256_t${t}_$i/"*.log 2>/dev/null | tail -1
-    done
-  done
-  profile_ab HOTLOOP_DENSE_TUNE dense "decode 256@,decode 16@" 0 1
-  timeout 120 python3 "$here/cublaslt_sweep.py" --m 256,16 --out "$out/sweep.json" 2>&1 | tail -12
-  exit 0
-fi
-if [ "$what" = s35b ]; then  # one GPU, in turn
+if [ "$what" = open ]; then  # one GPU, in turn: issues 3 and 5's open rows
   export CUDA_VISIBLE_DEVICES=0
   serve 0 default
   HOTLOOP_DENSE_TUNE=1 serve 0 dense
   for i in 1 2; do
-    bs1 awq_silu$i llama3-8b --model-format awq
-    HOTLOOP_W4A16_FUSED_SILU=0 bs1 awq_two$i llama3-8b --model-format awq
-  done
-  exit 0
-fi
-if [ "$what" = s35c ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 150 python3 -m pytest -m gpu -n 4 -q -rfE -p no:cacheprovider tests/kernels/test_attention_kernels.py \
-    >"$out/attn_tests.log" 2>&1
-  echo "attention GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/attn_tests.log" | cut -c1-200 | head -12
-  for i in 1 2; do
-    for g in seq heads; do
-      HOTLOOP_DECODE_GRID=$g timeout 90 python3 "$here/kv_attention_sweep.py" --out "$out/sweep_${g}_$i.json" \
-        --policies 0 --no-prefill --decode-shapes 256x1024,128x4096 --decode-configs "64,4,3;64,8,3;32,4,4;128,8,2" 2>&1 \
-        | grep -E "decode B=" | cut -c1-180 | sed "s/^/[HOTLOOP_DECODE_GRID=$g] /"
-    done
-  done
-  for i in 1 2; do
-    for g in seq heads; do
-      HOTLOOP_DECODE_GRID=$g timeout 200 python3 "$here/run_gpu.py" --out "$out/b256_${g}_$i" --skip-hf \
-        --only llama3_b256_1k 2>&1 | grep -E "b256|4,229" | sed "s/^/[HOTLOOP_DECODE_GRID=$g] /"
-    done
-  done
-  exit 0
-fi
-if [ "$what" = s34c ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  for i in 1 2; do
-    for lt in 0 1; do
-      TORCH_BLAS_PREFER_CUBLASLT=$lt timeout 200 python3 "$here/run_gpu.py" --out "$out/b256_lt${lt}_$i" --skip-hf \
-        --only llama3_b256_1k 2>&1 | grep -E "b256" | sed "s/^/[TORCH_BLAS_PREFER_CUBLASLT=$lt] /"
-    done
-  done
-  for lt in 0 1; do
-    TORCH_BLAS_PREFER_CUBLASLT=$lt timeout 150 python3 "$here/profile_step.py" --out "$out/profile_lt$lt.json" \
-      --cases "decode 256@,decode 16@,16 decodes@1k + 1x1024" >"$out/profile_lt$lt.log" 2>&1
-    echo "profile_step TORCH_BLAS_PREFER_CUBLASLT=$lt rc=$?"
-    grep -E "floor|nvjet|gemm|Gemm|splitK" "$out/profile_lt$lt.log" | head -24
-  done
-  exit 0
-fi
-if [ "$what" = s34d ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 150 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
-    tests/models/test_llama_mlp.py >"$out/silu_tests.log" 2>&1
-  echo "W4A16 kernel and MLP GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/silu_tests.log" | cut -c1-200 | head -20
-  for i in 1 2; do
     bs1 awq$i llama3-8b --model-format awq
-    HOTLOOP_W4A16_FUSED_SILU=1 bs1 awq_silu$i llama3-8b --model-format awq
   done
-  exit 0
-fi
-if [ "$what" = s34b ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 150 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/kernels/test_w4a16_cuda.py \
-    tests/kernels/test_w4a16_gemm.py >"$out/w4_tests.log" 2>&1
-  echo "W4A16 GPU tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed" "$out/w4_tests.log" | cut -c1-200 | head -20
-  # each form is tuned in its first run: the tuner's stored one-row key holds the early form
-  for i in 1 2; do
-    bs1 awq_ld$i llama3-8b --model-format awq
-    HOTLOOP_W4A16_EARLY=all bs1 awq_all$i llama3-8b --model-format awq
-  done
-  exit 0
-fi
-if [ "$what" = s34a ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  serve 0 c8192
-  serve 0 c256 --max-prefill-token-num 256
-  serve 0 c384 --max-prefill-token-num 384
-  serve 0 c256j --max-prefill-token-num 256 --jit-schedule
-  timeout 150 python3 "$here/profile_step.py" --out "$out/profile.json" --cases "16 decodes,decode 16@" \
-    >"$out/profile.log" 2>&1
-  echo "profile_step rc=$?"
-  grep -E "floor" "$out/profile.log"
-  exit 0
-fi
-if [ "$what" = s33i ]; then  # one GPU, in turn
-  export CUDA_VISIBLE_DEVICES=0
-  for i in 1 2; do
-    HOTLOOP_W4A16_EARLY=1 bs1 awq_early$i llama3-8b --model-format awq
-    HOTLOOP_W4A16_EARLY=ld bs1 awq_early_ld$i llama3-8b --model-format awq
-  done
-  timeout 90 python3 -m pytest -m gpu -n 4 -q -s -rfE -p no:cacheprovider tests/kernels/test_w4a16_gemv_tc.py \
-    tests/kernels/test_w4a16_cuda.py >"$out/tc_tests.log" 2>&1
-  echo "tc tests rc=$?"
-  grep -E "^(E  |FAILED|ERROR)|passed|failed|tuner, float32" "$out/tc_tests.log" | cut -c1-200 | head -20
-  HOTLOOP_CACHE=$out/cache_tc HOTLOOP_W4A16_TC=1 bs1 awq_tc llama3-8b --model-format awq
-  HOTLOOP_CACHE=$out/cache_tc HOTLOOP_W4A16_TC=1 HOTLOOP_W4A16_EARLY=ld bs1 awq_tc_ld llama3-8b --model-format awq
   exit 0
 fi
 if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kernels
