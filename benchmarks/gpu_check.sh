@@ -66,6 +66,13 @@ case $TABLE4_BUDGET_S in
 esac
 # REQUIRE_H200=1: stop at once (exit 3) on any other card. A call for `nvidia-h200` may be served by an
 # H100, and the issues' targets are H200 figures: this spends only the machine's start on the wrong card.
+case ${REQUIRE_H200:-0} in
+  0 | 1) ;;
+  *)
+    echo "REQUIRE_H200=$REQUIRE_H200: want 0 or 1" >&2
+    exit 2
+    ;;
+esac
 if [ "${REQUIRE_H200:-0}" = 1 ]; then
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   case $card in
