@@ -27,6 +27,9 @@
 #            commit its results README under benchmarks/results/ names)
 #   open     one GPU: the other open rows with today's defaults: issue 3's serving run, plain and with
 #            HOTLOOP_DENSE_TUNE=1, then W4A16 batch 1 twice (issue 5).
+#   buckets  one GPU: the serving mix's padding to the prefill buckets: the 8B GEMMs at M = 1,008-1,152
+#            (dense_gemm.py), profile_step.py's 1,024 + 16 mixed step with 8 / 16 / 32 buckets per octave
+#            (HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE), then issue 3's serving run with 8, 32 and 16.
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -298,6 +301,23 @@ if [ "$what" = open ]; then  # one GPU, in turn: issues 3 and 5's open rows
   for i in 1 2; do
     bs1 awq$i llama3-8b --model-format awq
   done
+  exit 0
+fi
+if [ "$what" = buckets ]; then  # one GPU: the serving mix's padding (1,024 + 16 tokens) by prefill buckets
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 120 python3 "$here/dense_gemm.py" "$out/gemm_m.json" --m 1008,1024,1040,1056,1088,1152 \
+    >"$out/gemm_m.log" 2>&1
+  echo "dense_gemm rc=$?"
+  grep -E "ceilings|M=" "$out/gemm_m.log" | grep -v lm_head
+  for po in 8 16 32; do
+    HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE=$po timeout 150 python3 "$here/profile_step.py" --out "$out/profile_$po.json" \
+      --cases "16 decodes@1k + 1x1024,16 decodes@1k + 1x1008,prefill 1x1040" >"$out/profile_$po.log" 2>&1
+    echo "[profile_step, $po per octave] rc=$?"
+    grep -E "floor|prefill graph pieces" "$out/profile_$po.log"
+  done
+  serve 0 po8
+  HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE=32 serve 0 po32
+  HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE=16 serve 0 po16
   exit 0
 fi
 if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kernels

@@ -36,14 +36,37 @@ from hotloop.utils.logging import get_logger
 logger = get_logger(__name__)
 
 
-def token_buckets(max_tokens: int, smallest: int = 16) -> list[int]:
-    """Padded token counts: 16, 32, 48, ... with eight steps per power of two (at most 12.5%
-    padding past 128 tokens), ending at ``max_tokens``."""
+# Buckets per doubling of the token count (``HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE``: 8, 16 or 32). A
+# step pads to the next bucket, so a step's GEMMs do at most 1/PER_OCTAVE more rows than it has tokens
+# (past 16 x PER_OCTAVE tokens; below that, buckets are 16 apart). More buckets cost capture time at
+# start (each is L + 1 graphs). The serving mix's steps are a prompt plus the running decodes: 1,024
+# + 16 tokens padded to 1,152 with 8 per octave, 1,088 with 16.
+PER_OCTAVE_ENV = "HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE"
+PER_OCTAVE_CHOICES = (8, 16, 32)
+PER_OCTAVE_DEFAULT = 8
+
+
+def per_octave_from_env() -> int:
+    """``HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE`` read now; unset or empty gives the default, another value
+    than 8, 16 or 32 raises ``ValueError`` naming the variable."""
+    import os
+
+    raw = os.environ.get(PER_OCTAVE_ENV, "").strip()
+    if not raw:
+        return PER_OCTAVE_DEFAULT
+    if raw not in {str(c) for c in PER_OCTAVE_CHOICES}:
+        raise ValueError(f"{PER_OCTAVE_ENV}={raw!r}: use one of {', '.join(map(str, PER_OCTAVE_CHOICES))}")
+    return int(raw)
+
+
+def token_buckets(max_tokens: int, smallest: int = 16, per_octave: int = PER_OCTAVE_DEFAULT) -> list[int]:
+    """Padded token counts: 16, 32, 48, ... with ``per_octave`` steps per power of two (at most
+    ``1/per_octave`` padding past ``smallest * per_octave`` tokens), ending at ``max_tokens``."""
     sizes = []
     b = smallest
     while b < max_tokens:
         sizes.append(b)
-        step = max(smallest, (1 << (b.bit_length() - 1)) // 8)
+        step = max(smallest, (1 << (b.bit_length() - 1)) // per_octave)
         b += step
     sizes.append(max_tokens)
     return sizes
@@ -109,7 +132,8 @@ class PiecewiseGraphs:
         self.q_size = qkv.num_heads * qkv.head_dim
         self.kv_size = qkv.num_kv_heads * qkv.head_dim
         self.max_tokens = min(max_tokens, input_ids.shape[0])
-        self.buckets = token_buckets(self.max_tokens)
+        self.per_octave = per_octave_from_env()
+        self.buckets = token_buckets(self.max_tokens, per_octave=self.per_octave)
         ref = self.inner.embed_tokens.weight
         hidden = ref.shape[1]
         dev, dtype = input_ids.device, ref.dtype
@@ -187,10 +211,11 @@ class PiecewiseGraphs:
         if bar is not None:
             bar.close()
         logger.info(
-            "captured %d prefill graph pieces (%d token buckets up to %d) in %.1f s",
+            "captured %d prefill graph pieces (%d token buckets up to %d, %d per octave) in %.1f s",
             len(sizes) * self.num_pieces,
             len(sizes),
             self.max_tokens,
+            self.per_octave,
             time.perf_counter() - t0,
         )
 
