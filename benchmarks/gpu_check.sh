@@ -27,7 +27,8 @@
 #            commit its results README under benchmarks/results/ names)
 #   open     one GPU: the other open rows with today's defaults: issue 3's serving run, plain and with
 #            HOTLOOP_DENSE_TUNE=1, then W4A16 batch 1 twice (issue 5).
-#   buckets  one GPU: the serving mix's padding to the prefill buckets: the 8B GEMMs at M = 1,008-1,152
+#   buckets  one GPU: the attention GPU tests; the prefill kernel's tiles at 128-1,024 tokens
+#            (kv_attention_sweep.py); the serving mix's padding to the prefill buckets: the 8B GEMMs at M = 1,008-1,152
 #            (dense_gemm.py), profile_step.py's 1,024 + 16 mixed step with 8 and 32 buckets per octave
 #            (HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE), then issue 3's serving run with 8 and 32.
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
@@ -305,6 +306,12 @@ if [ "$what" = open ]; then  # one GPU, in turn: issues 3 and 5's open rows
 fi
 if [ "$what" = buckets ]; then  # one GPU: the serving mix's padding (1,024 + 16 tokens) by prefill buckets
   export CUDA_VISIBLE_DEVICES=0
+  gpu_tests attention_tests 120 tests/kernels/test_attention_kernels.py
+  timeout 120 python3 "$here/kv_attention_sweep.py" --out "$out/prefill_short.json" --no-decode --policies 0,8 \
+    --prefill-lens 128,256,512,1008,1024 --prefill-configs "64,64,4,2;64,64,8,2;128,64,8,2;64,32,4,2" \
+    >"$out/prefill_short.log" 2>&1
+  echo "prefill sweep rc=$?"
+  grep -vE "^\s*$" "$out/prefill_short.log" | tail -40
   timeout 120 python3 "$here/dense_gemm.py" "$out/gemm_m.json" --m 1008,1024,1040,1056,1088,1152 \
     >"$out/gemm_m.log" 2>&1
   echo "dense_gemm rc=$?"

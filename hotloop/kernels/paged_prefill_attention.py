@@ -57,7 +57,7 @@ DIAG_SPLIT = os.environ.get("HOTLOOP_PREFILL_DIAG_SPLIT", "1") != "0"
 
 
 # One longest-query length per launch configuration ``prefill_config`` can choose (its thresholds are
-# 16, 1,024 and 4,096 tokens): the engine's warm-up runs a prompt of each (capped at what a request
+# 16, 256 and 4,096 tokens): the engine's warm-up runs a prompt of each (capped at what a request
 # may hold), so that no configuration compiles while serving (tests/kernels: every length maps to
 # the configuration of one of these).
 CONFIG_LENGTHS = (8, 64, 1024, 4096)
@@ -81,8 +81,10 @@ def prefill_config(
 
     (The int8 rows read the prompt back from the cache. With its own keys from ``k_new`` / ``v_new``
     and no cached prefix, the same tiles took 0.040 / 0.413 ms for int8 and 0.056 / 0.412 for int4,
-    2026-12-01.) int4 keeps its earlier tiles (not timed with the split), and shorter prompts theirs
-    (not timed).
+    2026-12-01.) int4 keeps its earlier tiles (not timed with the split). Prompts of 256 to 1,023
+    tokens take the same tiles (thirty-ninth session: below 1,024 they took (64, 64, 8, 2), and a
+    1,008-token prompt's attention took 2.86 ms a step against 1.58 for 1,024 on an H100,
+    ``profile_step.py``); shorter prompts keep theirs (not timed: under a wave of programs).
     Without the split (``diag_split`` False; default ``DIAG_SPLIT``) a 16-bit cache keeps (128, 32,
     8, 2) from 4,096 tokens: 0.552 against 0.573 ms there."""
     if diag_split is None:
@@ -91,7 +93,7 @@ def prefill_config(
         return 16, 64 if block_d <= 128 else 32, 4 if block_d <= 64 else 8, 2
     if block_d == 128 and max_query_len >= 4096 and quant == 0 and not diag_split:
         return 128, 32, 8, 2
-    if block_d == 128 and max_query_len >= 1024 and quant in (0, 8):
+    if block_d == 128 and max_query_len >= 256 and quant in (0, 8):
         return 64, 64, 4, 2
     if block_d == 128 and max_query_len >= 4096:
         return 64, 64, 4, 2  # int4
