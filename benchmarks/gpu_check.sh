@@ -28,9 +28,10 @@
 #   open     one GPU: the other open rows with today's defaults: issue 3's serving run, plain and with
 #            HOTLOOP_DENSE_TUNE=1, then W4A16 batch 1 twice (issue 5).
 #   buckets  one GPU: the attention GPU tests; the prefill kernel's tiles at 128-1,024 tokens
-#            (kv_attention_sweep.py); the serving mix's padding to the prefill buckets: the 8B GEMMs at M = 1,008-1,152
-#            (dense_gemm.py), profile_step.py's 1,024 + 16 mixed step with 8 and 32 buckets per octave
-#            (HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE), then issue 3's serving run with 8 and 32.
+#            (kv_attention_sweep.py); the 8B GEMMs at M = 1,008-1,152 (dense_gemm.py: the serving mix's
+#            1,024 + 16 rows and the prefill buckets around them); profile_step.py's 1,024 + 16 mixed step.
+#            (At 8d0d537 it also ran the mixed step and issue 3's serving run with 8 and 32 buckets per
+#            octave, an environment switch since removed: results/gpu_2026-12-06j.)
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -316,14 +317,10 @@ if [ "$what" = buckets ]; then  # one GPU: the serving mix's padding (1,024 + 16
     >"$out/gemm_m.log" 2>&1
   echo "dense_gemm rc=$?"
   grep -E "ceilings|M=" "$out/gemm_m.log" | grep -v lm_head
-  for po in 8 32; do
-    HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE=$po timeout 150 python3 "$here/profile_step.py" --out "$out/profile_$po.json" \
-      --cases "16 decodes@1k + 1x1024,16 decodes@1k + 1x1008,prefill 1x1040" >"$out/profile_$po.log" 2>&1
-    echo "[profile_step, $po per octave] rc=$?"
-    grep -E "floor|prefill graph pieces" "$out/profile_$po.log"
-  done
-  serve 0 po8
-  HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE=32 serve 0 po32
+  timeout 150 python3 "$here/profile_step.py" --out "$out/profile.json" \
+    --cases "16 decodes@1k + 1x1024,16 decodes@1k + 1x1008,prefill 1x1040" >"$out/profile.log" 2>&1
+  echo "[profile_step] rc=$?"
+  grep -E "floor" "$out/profile.log"
   exit 0
 fi
 if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kernels

@@ -36,27 +36,14 @@ from hotloop.utils.logging import get_logger
 logger = get_logger(__name__)
 
 
-# Buckets per doubling of the token count (``HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE``: 8, 16 or 32). A
-# step pads to the next bucket, so a step's GEMMs do at most 1/PER_OCTAVE more rows than it has tokens
-# (past 16 x PER_OCTAVE tokens; below that, buckets are 16 apart). More buckets cost capture time at
-# start (each is L + 1 graphs). The serving mix's steps are a prompt plus the running decodes: 1,024
-# + 16 tokens padded to 1,152 with 8 per octave, 1,088 with 16.
-PER_OCTAVE_ENV = "HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE"
-PER_OCTAVE_CHOICES = (8, 16, 32)
+# Buckets per doubling of the token count. A step pads to the next bucket: its GEMMs do at most
+# 1/PER_OCTAVE more rows than it has tokens (past 16 x PER_OCTAVE tokens; below, buckets are 16 apart).
+# 32 per octave was timed against 8 on an H100 (thirty-ninth session, benchmarks/results/gpu_2026-12-06j):
+# the serving mix's 1,024 + 16 tokens pad to 1,056 instead of 1,152, but cuBLAS ran the 8B GEMMs at
+# 1,056 rows no faster than at 1,152 (660 against 645 us a layer; 600 at exactly 1,040), the mixed step
+# took 29.37 against 29.58 ms, serving's median TPOT 10.98 against 11.14 ms (one run each), and the
+# capture took 16.3 s against 5.0. So 8 stays.
 PER_OCTAVE_DEFAULT = 8
-
-
-def per_octave_from_env() -> int:
-    """``HOTLOOP_PREFILL_BUCKETS_PER_OCTAVE`` read now; unset or empty gives the default, another value
-    than 8, 16 or 32 raises ``ValueError`` naming the variable."""
-    import os
-
-    raw = os.environ.get(PER_OCTAVE_ENV, "").strip()
-    if not raw:
-        return PER_OCTAVE_DEFAULT
-    if raw not in {str(c) for c in PER_OCTAVE_CHOICES}:
-        raise ValueError(f"{PER_OCTAVE_ENV}={raw!r}: use one of {', '.join(map(str, PER_OCTAVE_CHOICES))}")
-    return int(raw)
 
 
 def token_buckets(max_tokens: int, smallest: int = 16, per_octave: int = PER_OCTAVE_DEFAULT) -> list[int]:
@@ -132,8 +119,7 @@ class PiecewiseGraphs:
         self.q_size = qkv.num_heads * qkv.head_dim
         self.kv_size = qkv.num_kv_heads * qkv.head_dim
         self.max_tokens = min(max_tokens, input_ids.shape[0])
-        self.per_octave = per_octave_from_env()
-        self.buckets = token_buckets(self.max_tokens, per_octave=self.per_octave)
+        self.buckets = token_buckets(self.max_tokens)
         ref = self.inner.embed_tokens.weight
         hidden = ref.shape[1]
         dev, dtype = input_ids.device, ref.dtype
@@ -211,11 +197,10 @@ class PiecewiseGraphs:
         if bar is not None:
             bar.close()
         logger.info(
-            "captured %d prefill graph pieces (%d token buckets up to %d, %d per octave) in %.1f s",
+            "captured %d prefill graph pieces (%d token buckets up to %d) in %.1f s",
             len(sizes) * self.num_pieces,
             len(sizes),
             self.max_tokens,
-            self.per_octave,
             time.perf_counter() - t0,
         )
 

@@ -18,13 +18,7 @@ import pytest
 from hotloop.api.build import build_engine
 from hotloop.config import EngineConfig
 from hotloop.executor.gpu_runner import GpuModelRunner
-from hotloop.executor.piecewise_graph import (
-    PER_OCTAVE_ENV,
-    PiecewiseGraphs,
-    per_octave_from_env,
-    supports,
-    token_buckets,
-)
+from hotloop.executor.piecewise_graph import PiecewiseGraphs, supports, token_buckets
 from hotloop.messages import GenerationConfig
 
 
@@ -59,17 +53,6 @@ def test_token_buckets_pad_by_at_most_one_step(per_octave: int) -> None:
         assert pad - n < max(16, n // per_octave + 16), (n, per_octave, pad)
     # the serving mix: a 1,024-token prompt and 16 decodes
     assert next(x for x in b if x >= 1040) == {8: 1152, 16: 1088, 32: 1056}[per_octave]
-
-
-def test_per_octave_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(PER_OCTAVE_ENV, raising=False)
-    assert per_octave_from_env() == 8
-    monkeypatch.setenv(PER_OCTAVE_ENV, "16")
-    assert per_octave_from_env() == 16
-    for bad in ("12", "x", "-8"):
-        monkeypatch.setenv(PER_OCTAVE_ENV, bad)
-        with pytest.raises(ValueError, match=PER_OCTAVE_ENV):
-            per_octave_from_env()
 
 
 @pytest.mark.parametrize(
