@@ -36,24 +36,20 @@ from hotloop.utils.logging import get_logger
 logger = get_logger(__name__)
 
 
-# Buckets per doubling of the token count. A step pads to the next bucket: its GEMMs do at most
-# 1/PER_OCTAVE more rows than it has tokens (past 16 x PER_OCTAVE tokens; below, buckets are 16 apart).
-# 32 per octave was timed against 8 on an H100 (thirty-ninth session, benchmarks/results/gpu_2026-12-06j):
-# the serving mix's 1,024 + 16 tokens pad to 1,056 instead of 1,152, but cuBLAS ran the 8B GEMMs at
-# 1,056 rows no faster than at 1,152 (660 against 645 us a layer; 600 at exactly 1,040), the mixed step
-# took 29.37 against 29.58 ms, serving's median TPOT 10.98 against 11.14 ms (one run each), and the
-# capture took 16.3 s against 5.0. So 8 stays.
-PER_OCTAVE_DEFAULT = 8
+def token_buckets(max_tokens: int, smallest: int = 16) -> list[int]:
+    """Padded token counts: 16, 32, 48, ... with eight steps per power of two (at most 12.5%
+    padding past 128 tokens), ending at ``max_tokens``.
 
-
-def token_buckets(max_tokens: int, smallest: int = 16, per_octave: int = PER_OCTAVE_DEFAULT) -> list[int]:
-    """Padded token counts: 16, 32, 48, ... with ``per_octave`` steps per power of two (at most
-    ``1/per_octave`` padding past ``smallest * per_octave`` tokens), ending at ``max_tokens``."""
+    32 steps per power of two were timed against 8 on an H100 (thirty-ninth session,
+    benchmarks/results/gpu_2026-12-06j): the serving mix's 1,024 + 16 tokens then pad to 1,056 rows
+    instead of 1,152, but cuBLAS ran the 8B GEMMs no faster at 1,056 rows than at 1,152 (660 against
+    645 us a layer; 600 at exactly 1,040); the mixed step took 29.37 against 29.58 ms, serving's median
+    TPOT was 10.98 against 11.14 ms (one run each), and the capture took 16.3 s against 5.0."""
     sizes = []
     b = smallest
     while b < max_tokens:
         sizes.append(b)
-        step = max(smallest, (1 << (b.bit_length() - 1)) // per_octave)
+        step = max(smallest, (1 << (b.bit_length() - 1)) // 8)
         b += step
     sizes.append(max_tokens)
     return sizes

@@ -82,9 +82,10 @@ def prefill_config(
     (The int8 rows read the prompt back from the cache. With its own keys from ``k_new`` / ``v_new``
     and no cached prefix, the same tiles took 0.040 / 0.413 ms for int8 and 0.056 / 0.412 for int4,
     2026-12-01.) int4 keeps its earlier tiles (not timed with the split). Prompts of 256 to 1,023
-    tokens take the same tiles (thirty-ninth session: below 1,024 they took (64, 64, 8, 2), and a
-    1,008-token prompt's attention took 2.86 ms a step against 1.58 for 1,024 on an H100,
-    ``profile_step.py``); shorter prompts keep theirs (not timed: under a wave of programs).
+    tokens take the same tiles since the thirty-ninth session (before, (64, 64, 8, 2)); on an H100,
+    bf16, ms per layer: 0.0084 against 0.0092 at 256 tokens, 0.0153 against 0.0265 at 512, 0.0415
+    against 0.0715 at 1,008 (benchmarks/results/gpu_2026-12-06j). Shorter prompts keep theirs (at 128
+    tokens the two were within 4%).
     Without the split (``diag_split`` False; default ``DIAG_SPLIT``) a 16-bit cache keeps (128, 32,
     8, 2) from 4,096 tokens: 0.552 against 0.573 ms there."""
     if diag_split is None:

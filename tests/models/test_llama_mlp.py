@@ -1,5 +1,5 @@
-"""``LlamaMLP``: the down projection may fold the SiLU-and-mul in (W4A16 at one row, opt-in), and
-the MLP falls back to the two launches wherever it declines."""
+"""``LlamaMLP``: the down projection may fold the SiLU-and-mul in (W4A16 at one row, on by default),
+and the MLP falls back to the two launches wherever it declines."""
 
 from __future__ import annotations
 
