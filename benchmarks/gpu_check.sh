@@ -32,6 +32,9 @@
 #            1,024 + 16 rows and the prefill buckets around them); profile_step.py's 1,024 + 16 mixed step.
 #            (At 8d0d537 it also ran the mixed step and issue 3's serving run with 8 and 32 buckets per
 #            octave, an environment switch since removed: results/gpu_2026-12-06j.)
+#   exact    one GPU: the executor / parity GPU tests; profile_step.py's serving-mix steps and issue 3's
+#            serving run with HOTLOOP_PIECEWISE_EAGER_FROM=off (padded graphs) and auto (the default:
+#            large steps eagerly over their exact rows).
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -302,6 +305,21 @@ if [ "$what" = open ]; then  # one GPU, in turn: issues 3 and 5's open rows
   HOTLOOP_DENSE_TUNE=1 serve 0 dense
   for i in 1 2; do
     bs1 awq$i llama3-8b --model-format awq
+  done
+  exit 0
+fi
+if [ "$what" = exact ]; then  # one GPU: large prefill / mixed steps eagerly over their exact rows, or padded
+  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests exec_tests 120 tests/executor tests/api/test_gpu_parity.py tests/api/test_prompt_logprobs.py
+  for v in off auto; do
+    HOTLOOP_PIECEWISE_EAGER_FROM=$v timeout 150 python3 "$here/profile_step.py" --out "$out/profile_$v.json" \
+      --cases "16 decodes@1k + 1x1024,16 decodes@1k + 1x1008,16 decodes@1k + 1x600,prefill 1x1040,decode 16@1k" \
+      >"$out/profile_$v.log" 2>&1
+    echo "[profile_step $v] rc=$?"
+    grep -E "floor|eager pieces|host launch" "$out/profile_$v.log"
+  done
+  for v in auto off; do
+    HOTLOOP_PIECEWISE_EAGER_FROM=$v serve 0 "eager_$v"
   done
   exit 0
 fi

@@ -73,7 +73,13 @@ class GpuModelRunner(ModelRunner):
         if use_cuda_graph:
             self.graphs = DecodeGraphs(model, kv_caches, self.buffers, max_batch_size)
             if piecewise_graph.supports(model):
-                self.piecewise = PiecewiseGraphs(model, kv_caches, self.buffers.input_ids, max_num_tokens)
+                self.piecewise = PiecewiseGraphs(
+                    model,
+                    kv_caches,
+                    self.buffers.input_ids,
+                    max_num_tokens,
+                    eager_from=piecewise_graph.eager_from_env(),
+                )
         self.num_piecewise_steps = 0
         self._staged = False  # whether this step's inputs went through self.buffers
         self.num_graph_steps = 0

@@ -19,10 +19,19 @@ launch instead of tens); the padding rows of the buffers hold stale values that 
 they were captured (largest bucket first), which lets a piece reuse the previous one's scratch.
 
 ``capture=False`` runs the same pieces over the same buffers without graphs (for the CPU tests).
+
+Large steps at their exact count (``eager_from``): a graph runs its bucket's padded rows, up to 12.5%
+more GEMM work than the step's tokens need. Where a step's GPU time is well above the host time of
+launching its pieces eagerly, the pieces run eagerly over the step's own rows instead (attention is
+still replayed). On an H100 the 8B projections took 600 us a layer at 1,040 rows against 645 at the
+1,152-row bucket (benchmarks/results/gpu_2026-12-06j). The smallest such bucket is measured after the
+capture (``_measure_eager_from``: each bucket's replay time against the eager pieces' host time,
+``EAGER_MARGIN``); ``HOTLOOP_PIECEWISE_EAGER_FROM`` sets it (a token count, or ``off``).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -34,6 +43,31 @@ from hotloop.layers.attention import AttentionMetadata, PagedAttention
 from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)
+
+EAGER_ENV = "HOTLOOP_PIECEWISE_EAGER_FROM"
+# a step runs its pieces eagerly only where its bucket's replay takes this many times the host time
+# of launching the pieces eagerly (so that the host stays ahead of the GPU with time to spare)
+EAGER_MARGIN = 2.5
+
+
+def eager_from_env() -> int | str | None:
+    """``HOTLOOP_PIECEWISE_EAGER_FROM``: ``"auto"`` (unset or empty: measured after the capture),
+    None (``off``: every step replays its bucket's graphs) or a token count >= 1."""
+    raw = os.environ.get(EAGER_ENV, "").strip().lower()
+    if raw in ("", "auto"):
+        return "auto"
+    if raw in ("off", "0", "none"):
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(
+            f"{EAGER_ENV}={raw!r} must be a token count >= 1 (steps of that many tokens or more run "
+            "eagerly at their exact count), 'off' or 'auto' (measured at start)"
+        )
+    return value
 
 
 def token_buckets(max_tokens: int, smallest: int = 16) -> list[int]:
@@ -103,7 +137,13 @@ class PiecewiseGraphs:
         max_tokens: int,
         capture: bool = True,
         progress: bool = True,
+        eager_from: int | str | None = "auto",
     ) -> None:
+        """``eager_from``: steps of at least this many tokens (whose count is not a bucket) run the
+        pieces eagerly over their exact rows; ``"auto"`` measures it after the capture (None without
+        one), None never."""
+        if eager_from not in ("auto", None) and (not isinstance(eager_from, int) or eager_from < 1):
+            raise ValueError(f"eager_from={eager_from!r} must be a token count >= 1, 'auto' or None")
         self.model = model
         self.inner = model.model
         self.layers = list(self.inner.layers)
@@ -130,8 +170,14 @@ class PiecewiseGraphs:
         # replay: it keeps the launchers. (By default only the decode graphs fuse it.)
         self.replay_attention = capture and FUSE_MERGE is not True and launch_replay.available(dev)
         self.attention_keys = [_attention_key(layer.self_attn.attn) for layer in self.layers]
+        self.eager_from: int | None = None
+        self.num_exact_steps = 0  # steps run eagerly at their exact count
         if capture:
             self._capture(progress)
+        if eager_from == "auto":
+            self.eager_from = self._measure_eager_from() if capture else None
+        elif isinstance(eager_from, int):
+            self.eager_from = eager_from
 
     # -- the pieces ---------------------------------------------------------------------------
     def _store(self, tp: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, res: torch.Tensor) -> None:
@@ -200,7 +246,63 @@ class PiecewiseGraphs:
             time.perf_counter() - t0,
         )
 
+    @torch.inference_mode()
+    def _measure_eager_from(self) -> int | None:
+        """The smallest bucket from which every bucket's replay takes at least ``EAGER_MARGIN`` times
+        the host time of the eager pieces (None: none does). The host time is the launch loop's at
+        the smallest bucket (its kernels queue behind it); the replay times are CUDA-event times,
+        found by bisection (they grow with the bucket). Replays touch no KV cache (no attention)."""
+        t0 = time.perf_counter()
+        small = self.buckets[0]
+        host = float("inf")
+        for _ in range(3):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for i in range(self.num_pieces):
+                self._piece(i, small)
+            host = min(host, time.perf_counter() - start)
+        torch.cuda.synchronize()
+
+        def gpu_s(tp: int) -> float:
+            graphs = self.graphs[tp]
+            best = float("inf")
+            for _ in range(2):
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                for g in graphs:
+                    g.replay()
+                end.record()
+                end.synchronize()
+                best = min(best, begin.elapsed_time(end) / 1e3)
+            return best
+
+        lo, hi = 0, len(self.buckets)  # the answer's index lies in [lo, hi]; hi: none
+        times: dict[int, float] = {}
+        while lo < hi:
+            mid = (lo + hi) // 2
+            tp = self.buckets[mid]
+            times[tp] = gpu_s(tp)
+            if times[tp] >= EAGER_MARGIN * host:
+                hi = mid
+            else:
+                lo = mid + 1
+        found = self.buckets[lo] if lo < len(self.buckets) else None
+        shown = ", ".join(f"{tp}: {1e3 * s:.2f}" for tp, s in sorted(times.items()))
+        logger.info(
+            "eager pieces from %s tokens (their host time %.2f ms; bucket replays, ms: %s; %.1f s)",
+            found if found is not None else "none",
+            1e3 * host,
+            shown,
+            time.perf_counter() - t0,
+        )
+        return found
+
     # -- a step -------------------------------------------------------------------------------
+    def exact(self, num_tokens: int) -> bool:
+        """Whether a step of ``num_tokens`` runs the pieces eagerly over its exact rows."""
+        tp = self.bucket_for(num_tokens)
+        return self.eager_from is not None and num_tokens >= self.eager_from and tp != num_tokens
+
     def bucket_for(self, num_tokens: int) -> int | None:
         for b in self.buckets:
             if b >= num_tokens:
@@ -213,16 +315,19 @@ class PiecewiseGraphs:
         tp = self.bucket_for(num_tokens)
         assert tp is not None, f"{num_tokens} tokens exceed the largest bucket {self.max_tokens}"
         t = num_tokens
-        graphs = self.graphs.get(tp) if self.capture else None
+        if self.exact(t):
+            tp = t
+            self.num_exact_steps += 1
+            graphs = None
+        else:
+            graphs = self.graphs.get(tp) if self.capture else None
         cos_sin = self.inner.rotary_emb.cos_sin(positions[:t])
         qs, ks = self.q_size, self.kv_size
         qkv = self.qkv[:t]
         q, k, v = qkv[:, :qs], qkv[:, qs : qs + ks], qkv[:, qs + ks :]
         out = self.attn_out[:t]
         # One layer's attention launches are recorded, the others' replayed onto their caches.
-        plans: dict[tuple[Any, ...], launch_replay.LaunchPlan] | None = (
-            {} if graphs is not None and self.replay_attention else None
-        )
+        plans: dict[tuple[Any, ...], launch_replay.LaunchPlan] | None = {} if self.replay_attention else None
         for i in range(self.num_pieces):
             if graphs is not None:
                 graphs[i].replay()

@@ -116,6 +116,30 @@ def test_greedy_parity_bf16_gpu(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["plain", "preempt"])
+def test_exact_piecewise_steps_parity_gpu(
+    variant: str, make_tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefill and mixed steps of 17 tokens or more whose count is not a bucket run their pieces
+    eagerly over their exact rows (``HOTLOOP_PIECEWISE_EAGER_FROM``, piecewise_graph.py) between
+    replayed attention launches: greedy tokens still follow transformers' (the near-tie rule)."""
+    from hotloop.executor.piecewise_graph import EAGER_ENV
+
+    monkeypatch.setenv(EAGER_ENV, "17")
+    path = make_tiny_model("llama_gqa_llama3rope")
+    prompts = make_prompts(seed=23)
+    expected = hf_greedy_with_margins(path, prompts, MAX_NEW)
+    cfg = EngineConfig(device="cuda", dtype="bfloat16", max_batch_size=8, **VARIANTS[variant])
+    built = build_engine(str(path), cfg)
+    pw = built.engine.executor.runner.piecewise
+    assert pw is not None and pw.eager_from == 17
+    got, _stats = run_engine_built(built, prompts, MAX_NEW)
+    assert pw.num_exact_steps > 0
+    compared = check_parity(got, expected)
+    assert compared >= len(prompts) * MAX_NEW // 2, "too many near-ties: the test would check little"
+
+
+@pytest.mark.gpu
 def test_wide_graphs_greedy_equals_eager(make_tiny_model: Callable[[str], Path]) -> None:
     """Above 16 rows the decode graphs keep bf16 logits and take the argmax on them (no float32
     cast): 28 greedy requests (up to about 28 at once: one joins every 2/3 step, each runs 30

@@ -18,7 +18,13 @@ import pytest
 from hotloop.api.build import build_engine
 from hotloop.config import EngineConfig
 from hotloop.executor.gpu_runner import GpuModelRunner
-from hotloop.executor.piecewise_graph import PiecewiseGraphs, supports, token_buckets
+from hotloop.executor.piecewise_graph import (
+    EAGER_ENV,
+    PiecewiseGraphs,
+    eager_from_env,
+    supports,
+    token_buckets,
+)
 from hotloop.messages import GenerationConfig
 
 
@@ -85,6 +91,58 @@ def test_pieces_equal_the_model(
     assert built.engine.num_free_blocks == built.engine.num_total_blocks
     # q/k-normed models store the three slices; the others their fused projection's output whole
     assert packed and all(p == (arch != "qwen3_qknorm") for p in packed), (arch, packed)
+
+
+def test_exact_steps_equal_the_model(make_tiny_model: Callable[[str], Path]) -> None:
+    """``eager_from``: steps of at least that many tokens whose count is not a bucket run the pieces
+    over their exact rows (no padding); the tokens still equal the plain runner's, and steps whose
+    count is a bucket, or below ``eager_from``, keep the padded path."""
+    path = make_tiny_model("llama_gqa_llama3rope")
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(2, 30))] for _ in range(6)]
+    cfg = EngineConfig(
+        device="cpu",
+        dtype="float32",
+        max_batch_size=4,
+        cache_block_seq_len=4,
+        cache_max_entry_count=128,
+        max_prefill_token_num=40,
+    )
+    expected = _generate(build_engine(str(path), cfg).engine, prompts, 6)
+    built = build_engine(str(path), cfg)
+    ex: Any = built.engine.executor
+    runner = GpuModelRunner(ex.model, ex.kv_caches, 4, ex.device, 4, 44, 128, use_cuda_graph=False)
+    pw = PiecewiseGraphs(ex.model, ex.kv_caches, runner.buffers.input_ids, 44, capture=False, eager_from=17)
+    runner.piecewise = pw
+    seen: list[tuple[int, bool]] = []
+    run = pw.run
+
+    def spy(n: int, pos: Any, meta: Any) -> Any:
+        seen.append((n, pw.exact(n)))
+        return run(n, pos, meta)
+
+    pw.run = spy  # type: ignore[method-assign, assignment]
+    ex.runner = runner
+    got = _generate(built.engine, prompts, 6)
+    assert got == expected
+    assert built.engine.num_free_blocks == built.engine.num_total_blocks
+    assert pw.buckets[:3] == [16, 32, 44]
+    for n, exact in seen:
+        assert exact == (n >= 17 and n not in pw.buckets), (n, exact)
+    assert pw.num_exact_steps == sum(e for _, e in seen) > 0, seen
+    assert any(not e for _, e in seen)
+
+
+def test_eager_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for raw, want in (("", "auto"), ("auto", "auto"), ("off", None), ("0", None), ("512", 512)):
+        monkeypatch.setenv(EAGER_ENV, raw)
+        assert eager_from_env() == want, raw
+    for bad in ("-3", "many", "1.5"):
+        monkeypatch.setenv(EAGER_ENV, bad)
+        with pytest.raises(ValueError, match=EAGER_ENV):
+            eager_from_env()
+    with pytest.raises(ValueError, match="eager_from"):
+        PiecewiseGraphs.__new__(PiecewiseGraphs).__init__(None, [], None, 16, capture=False, eager_from=0)  # type: ignore[misc, arg-type]
 
 
 def test_packed_qkv_finds_the_fused_output_and_nothing_else() -> None:
