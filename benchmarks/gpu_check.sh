@@ -34,7 +34,7 @@
 #            octave, an environment switch since removed: results/gpu_2026-12-06j.)
 #   exact    one GPU: the executor / parity GPU tests; profile_step.py's serving-mix steps and issue 3's
 #            serving run with HOTLOOP_PIECEWISE_EAGER_FROM=off (padded graphs) and auto (the default:
-#            large steps eagerly over their exact rows).
+#            large steps eagerly over their exact rows); the profile also with HOTLOOP_MIXED_DECODE_PLAN=1.
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -311,12 +311,14 @@ fi
 if [ "$what" = exact ]; then  # one GPU: large prefill / mixed steps eagerly over their exact rows, or padded
   export CUDA_VISIBLE_DEVICES=0
   gpu_tests exec_tests 120 tests/executor tests/api/test_gpu_parity.py tests/api/test_prompt_logprobs.py
-  for v in off auto; do
-    HOTLOOP_PIECEWISE_EAGER_FROM=$v timeout 150 python3 "$here/profile_step.py" --out "$out/profile_$v.json" \
+  for v in off auto plan; do
+    HOTLOOP_MIXED_DECODE_PLAN=$([ $v = plan ] && echo 1 || echo 0) \
+      HOTLOOP_PIECEWISE_EAGER_FROM=$([ $v = plan ] && echo auto || echo $v) \
+      timeout 150 python3 "$here/profile_step.py" --out "$out/profile_$v.json" \
       --cases "16 decodes@1k + 1x1024,16 decodes@1k + 1x1008,16 decodes@1k + 1x600,prefill 1x1040,decode 16@1k" \
       >"$out/profile_$v.log" 2>&1
     echo "[profile_step $v] rc=$?"
-    grep -E "floor|eager pieces|host launch" "$out/profile_$v.log"
+    grep -E "floor|eager pieces|host launch|_kernel" "$out/profile_$v.log" | grep -v "^ *[0-9.]* ms *[0-9]*x *[0-9]*%  nvjet"
   done
   for v in auto off; do
     HOTLOOP_PIECEWISE_EAGER_FROM=$v serve 0 "eager_$v"
