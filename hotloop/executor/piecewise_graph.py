@@ -22,8 +22,8 @@ they were captured (largest bucket first), which lets a piece reuse the previous
 
 Large steps at their exact count (``eager_from``): a graph runs its bucket's padded rows, up to 12.5%
 more GEMM work than the step's tokens need. Where a step's GPU time is well above the host time of
-launching its pieces eagerly, the pieces run eagerly over the step's own rows instead (attention is
-still replayed). On an H100 the 8B projections took 600 us a layer at 1,040 rows against 645 at the
+launching its pieces eagerly, the pieces run eagerly over the step's own rows instead, rounded up to
+a multiple of 16 (attention is still replayed). On an H100 the 8B projections took 600 us a layer at 1,040 rows against 645 at the
 1,152-row bucket (benchmarks/results/gpu_2026-12-06j). The smallest such bucket is measured after the
 capture (``_measure_eager_from``: each bucket's replay time against the eager pieces' host time,
 ``EAGER_MARGIN``); ``HOTLOOP_PIECEWISE_EAGER_FROM`` sets it (a token count, or ``off``).
@@ -139,8 +139,8 @@ class PiecewiseGraphs:
         progress: bool = True,
         eager_from: int | str | None = "auto",
     ) -> None:
-        """``eager_from``: steps of at least this many tokens (whose count is not a bucket) run the
-        pieces eagerly over their exact rows; ``"auto"`` measures it after the capture (None without
+        """``eager_from``: steps of at least this many tokens run the pieces eagerly over their
+        exact rows (``exact_rows``); ``"auto"`` measures it after the capture (None without
         one), None never."""
         if eager_from not in ("auto", None) and (not isinstance(eager_from, int) or eager_from < 1):
             raise ValueError(f"eager_from={eager_from!r} must be a token count >= 1, 'auto' or None")
@@ -298,10 +298,16 @@ class PiecewiseGraphs:
         return found
 
     # -- a step -------------------------------------------------------------------------------
-    def exact(self, num_tokens: int) -> bool:
-        """Whether a step of ``num_tokens`` runs the pieces eagerly over its exact rows."""
+    def exact_rows(self, num_tokens: int) -> int | None:
+        """The rows a step of ``num_tokens`` runs its pieces eagerly over, or None (its bucket's
+        graphs): from ``eager_from`` tokens, the count rounded up to a multiple of 16 where that is
+        below the bucket. (Multiples of 16 keep the Triton kernels' row-count specializations the
+        warm-up compiled, as the buckets are.)"""
+        if self.eager_from is None or num_tokens < self.eager_from:
+            return None
+        rows = -(-num_tokens // 16) * 16
         tp = self.bucket_for(num_tokens)
-        return self.eager_from is not None and num_tokens >= self.eager_from and tp != num_tokens
+        return rows if tp is not None and rows < tp else None
 
     def bucket_for(self, num_tokens: int) -> int | None:
         for b in self.buckets:
@@ -315,8 +321,9 @@ class PiecewiseGraphs:
         tp = self.bucket_for(num_tokens)
         assert tp is not None, f"{num_tokens} tokens exceed the largest bucket {self.max_tokens}"
         t = num_tokens
-        if self.exact(t):
-            tp = t
+        rows = self.exact_rows(t)
+        if rows is not None:
+            tp = rows
             self.num_exact_steps += 1
             graphs = None
         else:

@@ -12,6 +12,7 @@ though bf16's gap looked safe). A real case: a tiny Qwen2 whose float32 gap was 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,7 +21,7 @@ import pytest
 import torch
 from launch_spies import spy_int8_decode_launches
 from test_engine_parity import MAX_NEW, VARIANTS, make_prompts, run_engine, run_engine_built
-from tiny_archs import TINY_ARCHS
+from tiny_archs import TINY_ARCHS, TINY_VOCAB
 
 from hotloop.api.build import build_engine
 from hotloop.config import EngineConfig
@@ -116,20 +117,24 @@ def test_greedy_parity_bf16_gpu(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["plain", "preempt"])
+@pytest.mark.parametrize("chunk", [8192, 200])
 def test_exact_piecewise_steps_parity_gpu(
-    variant: str, make_tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+    chunk: int, make_tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Prefill and mixed steps of 17 tokens or more whose count is not a bucket run their pieces
-    eagerly over their exact rows (``HOTLOOP_PIECEWISE_EAGER_FROM``, piecewise_graph.py) between
-    replayed attention launches: greedy tokens still follow transformers' (the near-tie rule)."""
+    """Prefill and mixed steps from 17 tokens whose count rounded up to 16 is below their bucket run
+    their pieces eagerly over those rows (``HOTLOOP_PIECEWISE_EAGER_FROM``, piecewise_graph.py)
+    between replayed attention launches: greedy tokens still follow transformers' (the near-tie
+    rule), whole prompts or in 200-token chunks."""
     from hotloop.executor.piecewise_graph import EAGER_ENV
 
     monkeypatch.setenv(EAGER_ENV, "17")
     path = make_tiny_model("llama_gqa_llama3rope")
-    prompts = make_prompts(seed=23)
+    rng = random.Random(23)
+    prompts = [[rng.randrange(3, TINY_VOCAB) for _ in range(rng.randrange(90, 220))] for _ in range(8)]
     expected = hf_greedy_with_margins(path, prompts, MAX_NEW)
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", max_batch_size=8, **VARIANTS[variant])
+    cfg = EngineConfig(
+        device="cuda", dtype="bfloat16", max_batch_size=8, cache_block_seq_len=16, max_prefill_token_num=chunk
+    )
     built = build_engine(str(path), cfg)
     pw = built.engine.executor.runner.piecewise
     assert pw is not None and pw.eager_from == 17

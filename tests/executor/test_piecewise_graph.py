@@ -94,43 +94,48 @@ def test_pieces_equal_the_model(
 
 
 def test_exact_steps_equal_the_model(make_tiny_model: Callable[[str], Path]) -> None:
-    """``eager_from``: steps of at least that many tokens whose count is not a bucket run the pieces
-    over their exact rows (no padding); the tokens still equal the plain runner's, and steps whose
-    count is a bucket, or below ``eager_from``, keep the padded path."""
+    """``eager_from``: steps of at least that many tokens run the pieces over their own rows rounded
+    up to a multiple of 16, where that is below their bucket (no padding to it); the tokens still
+    equal the plain runner's, and the other steps keep the padded path."""
     path = make_tiny_model("llama_gqa_llama3rope")
     rng = random.Random(5)
-    prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(2, 30))] for _ in range(6)]
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(90, 200))] for _ in range(6)]
     cfg = EngineConfig(
         device="cpu",
         dtype="float32",
         max_batch_size=4,
-        cache_block_seq_len=4,
+        session_len=256,
+        cache_block_seq_len=16,
         cache_max_entry_count=128,
-        max_prefill_token_num=40,
+        max_prefill_token_num=400,
     )
-    expected = _generate(build_engine(str(path), cfg).engine, prompts, 6)
+    expected = _generate(build_engine(str(path), cfg).engine, prompts, 4)
     built = build_engine(str(path), cfg)
     ex: Any = built.engine.executor
-    runner = GpuModelRunner(ex.model, ex.kv_caches, 4, ex.device, 4, 44, 128, use_cuda_graph=False)
-    pw = PiecewiseGraphs(ex.model, ex.kv_caches, runner.buffers.input_ids, 44, capture=False, eager_from=17)
+    runner = GpuModelRunner(ex.model, ex.kv_caches, 16, ex.device, 4, 404, 256, use_cuda_graph=False)
+    pw = PiecewiseGraphs(ex.model, ex.kv_caches, runner.buffers.input_ids, 404, capture=False, eager_from=17)
     runner.piecewise = pw
-    seen: list[tuple[int, bool]] = []
+    assert pw.exact_rows(16) is None and pw.exact_rows(17) is None  # 32 rows: its bucket
+    assert pw.buckets[15:18] == [256, 288, 320] and pw.exact_rows(260) == 272 and pw.exact_rows(280) is None
+    seen: list[tuple[int, int | None]] = []
     run = pw.run
 
     def spy(n: int, pos: Any, meta: Any) -> Any:
-        seen.append((n, pw.exact(n)))
+        seen.append((n, pw.exact_rows(n)))
         return run(n, pos, meta)
 
     pw.run = spy  # type: ignore[method-assign, assignment]
     ex.runner = runner
-    got = _generate(built.engine, prompts, 6)
+    got = _generate(built.engine, prompts, 4)
     assert got == expected
     assert built.engine.num_free_blocks == built.engine.num_total_blocks
-    assert pw.buckets[:3] == [16, 32, 44]
-    for n, exact in seen:
-        assert exact == (n >= 17 and n not in pw.buckets), (n, exact)
-    assert pw.num_exact_steps == sum(e for _, e in seen) > 0, seen
-    assert any(not e for _, e in seen)
+    for n, rows in seen:
+        bucket = pw.bucket_for(n)
+        assert bucket is not None
+        want = -(-n // 16) * 16
+        assert rows == (want if n >= 17 and want < bucket else None), (n, rows)
+    assert pw.num_exact_steps == sum(r is not None for _, r in seen) > 0, seen
+    assert any(r is None for _, r in seen), seen
 
 
 def test_eager_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
