@@ -310,12 +310,12 @@ if [ "$what" = open ]; then  # one GPU, in turn: issues 3 and 5's open rows
 fi
 if [ "$what" = exact ]; then  # one GPU: large prefill / mixed steps eagerly over their exact rows, or padded
   export CUDA_VISIBLE_DEVICES=0
-  gpu_tests exec_tests 120 tests/executor tests/api/test_gpu_parity.py tests/api/test_prompt_logprobs.py
+  gpu_tests exec_tests 100 tests/executor tests/api/test_gpu_parity.py tests/api/test_prompt_logprobs.py
   for v in off auto plan; do
     HOTLOOP_MIXED_DECODE_PLAN=$([ $v = plan ] && echo 1 || echo 0) \
       HOTLOOP_PIECEWISE_EAGER_FROM=$([ $v = plan ] && echo auto || echo $v) \
       timeout 150 python3 "$here/profile_step.py" --out "$out/profile_$v.json" \
-      --cases "16 decodes@1k + 1x1024,16 decodes@1k + 1x1008,16 decodes@1k + 1x600,prefill 1x1040,decode 16@1k" \
+      --cases "16 decodes@1k + 1x1024,16 decodes@1k + 1x600,prefill 1x1040" --iters 6 \
       >"$out/profile_$v.log" 2>&1
     echo "[profile_step $v] rc=$?"
     grep -E "floor|eager pieces|host launch|_kernel" "$out/profile_$v.log" | grep -v "^ *[0-9.]* ms *[0-9]*x *[0-9]*%  nvjet"
