@@ -33,8 +33,8 @@
 #            (At 8d0d537 it also ran the mixed step and issue 3's serving run with 8 and 32 buckets per
 #            octave, an environment switch since removed: results/gpu_2026-12-06j.)
 #   exact    one GPU: the executor / parity GPU tests; profile_step.py's serving-mix steps and issue 3's
-#            serving run with HOTLOOP_PIECEWISE_EAGER_FROM=off (padded graphs) and auto (the default:
-#            large steps eagerly over their exact rows); the profile also with HOTLOOP_MIXED_DECODE_PLAN=1.
+#            serving run with HOTLOOP_PIECEWISE_EAGER_FROM=off (padded graphs, the default) and auto
+#            (large steps eagerly over their exact rows); the profile also with HOTLOOP_MIXED_DECODE_PLAN=1.
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).

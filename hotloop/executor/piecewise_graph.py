@@ -24,9 +24,10 @@ Large steps at their exact count (``eager_from``): a graph runs its bucket's pad
 more GEMM work than the step's tokens need. Where a step's GPU time is well above the host time of
 launching its pieces eagerly, the pieces run eagerly over the step's own rows instead, rounded up to
 a multiple of 16 (attention is still replayed). On an H100 the 8B projections took 600 us a layer at 1,040 rows against 645 at the
-1,152-row bucket (benchmarks/results/gpu_2026-12-06j). The smallest such bucket is measured after the
-capture (``_measure_eager_from``: each bucket's replay time against the eager pieces' host time,
-``EAGER_MARGIN``); ``HOTLOOP_PIECEWISE_EAGER_FROM`` sets it (a token count, or ``off``).
+1,152-row bucket (benchmarks/results/gpu_2026-12-06j), but 660 at 1,056 and 659 at 1,088 rows: the
+gain depends on cuBLAS' choice per row count, so this is opt-in (``HOTLOOP_PIECEWISE_EAGER_FROM``: a
+token count, or ``auto``: the smallest bucket whose replay takes ``EAGER_MARGIN`` times the eager
+pieces' host time, measured after the capture by ``_measure_eager_from``).
 """
 
 from __future__ import annotations
@@ -51,12 +52,17 @@ EAGER_MARGIN = 2.5
 
 
 def eager_from_env() -> int | str | None:
-    """``HOTLOOP_PIECEWISE_EAGER_FROM``: ``"auto"`` (unset or empty: measured after the capture),
-    None (``off``: every step replays its bucket's graphs) or a token count >= 1."""
+    """``HOTLOOP_PIECEWISE_EAGER_FROM``: None (unset, empty or ``off``: every step replays its
+    bucket's graphs, the default), ``"auto"`` (measured after the capture) or a token count >= 1.
+
+    Off by default: not yet timed in the engine, and cuBLAS is not faster at every row count below
+    a bucket. On an H100 (benchmarks/results/gpu_2026-12-06j, ``gemm_m.log``) the 8B layer's four
+    projections took 600 us at 1,040 rows but 660 at 1,056 and 659 at 1,088, against 645 at the
+    1,152-row bucket they pad to."""
     raw = os.environ.get(EAGER_ENV, "").strip().lower()
-    if raw in ("", "auto"):
+    if raw == "auto":
         return "auto"
-    if raw in ("off", "0", "none"):
+    if raw in ("", "off", "0", "none"):
         return None
     try:
         value = int(raw)

@@ -139,7 +139,16 @@ def test_exact_steps_equal_the_model(make_tiny_model: Callable[[str], Path]) -> 
 
 
 def test_eager_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for raw, want in (("", "auto"), ("auto", "auto"), ("off", None), ("0", None), ("512", 512)):
+    monkeypatch.delenv(EAGER_ENV, raising=False)
+    assert eager_from_env() is None  # off unless asked for
+    for raw, want in (
+        ("", None),
+        ("auto", "auto"),
+        ("AUTO", "auto"),
+        ("off", None),
+        ("0", None),
+        ("512", 512),
+    ):
         monkeypatch.setenv(EAGER_ENV, raw)
         assert eager_from_env() == want, raw
     for bad in ("-3", "many", "1.5"):
