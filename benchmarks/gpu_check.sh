@@ -310,7 +310,11 @@ if [ "$what" = open ]; then  # one GPU, in turn: issues 3 and 5's open rows
 fi
 if [ "$what" = exact ]; then  # one GPU: large prefill / mixed steps eagerly over their exact rows, or padded
   export CUDA_VISIBLE_DEVICES=0
-  gpu_tests exec_tests 100 tests/executor tests/api/test_gpu_parity.py tests/api/test_prompt_logprobs.py
+  if [ "${EXACT_SHORT:-0}" = 1 ]; then  # (little device time: the exact steps' own GPU tests only)
+    gpu_tests exec_tests 60 tests/executor tests/api/test_gpu_parity.py -k "exact or piecewise"
+  else
+    gpu_tests exec_tests 100 tests/executor tests/api/test_gpu_parity.py tests/api/test_prompt_logprobs.py
+  fi
   for v in off auto plan; do
     HOTLOOP_MIXED_DECODE_PLAN=$([ $v = plan ] && echo 1 || echo 0) \
       HOTLOOP_PIECEWISE_EAGER_FROM=$([ $v = plan ] && echo auto || echo $v) \
