@@ -42,7 +42,7 @@ PROFILE_HOST = (
     "mixed 32 decodes@1k + 1x256",
     "mixed 16 decodes@1k + 1x256",
     "mixed 16 decodes@1k + 1x512",
-    "mixed 16 decodes@1k + 1x1024",  # (1,040 rows: its pieces run eagerly over them, piecewise_graph.py)
+    "mixed 16 decodes@1k + 1x1024",  # (1,040 rows: eager pieces over them with HOTLOOP_PIECEWISE_EAGER_FROM)
     "decode 256@1k (graph)",
 )
 
@@ -181,7 +181,7 @@ def main() -> int:
         # the issue-3 serving mix: ~16 running decodes, one arriving 1,024-token prompt, chunked or not
         "mixed 16 decodes@1k + 1x1024": ([1024], 16, 1024),
         "mixed 16 decodes@1k + 1x1008": ([1008], 16, 1024),
-        "mixed 16 decodes@1k + 1x600": ([600], 16, 1024),  # 616 rows, a 640-row bucket
+        "mixed 16 decodes@1k + 1x600": ([600], 16, 1024),  # 616 tokens: 624 rows eagerly, or the 640 bucket
         "mixed 16 decodes@1k + 1x512": ([512], 16, 1024),
         "mixed 16 decodes@1k + 1x384": ([384], 16, 1024),
         "mixed 16 decodes@1k + 1x256": ([256], 16, 1024),
@@ -225,7 +225,7 @@ def main() -> int:
             "floor_ms": floor_ms,
             "of_floor": floor_ms / med,
             "graph_steps": runner.num_graph_steps,
-            "exact_steps": getattr(runner.piecewise, "num_exact_steps", None),
+            "exact_steps_so_far": getattr(runner.piecewise, "num_exact_steps", None),  # (a running total)
             "kernels": kernel_table(runner, out),
         }
         if name in PROFILE_HOST:

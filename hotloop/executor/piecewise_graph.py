@@ -143,7 +143,7 @@ class PiecewiseGraphs:
         max_tokens: int,
         capture: bool = True,
         progress: bool = True,
-        eager_from: int | str | None = "auto",
+        eager_from: int | str | None = None,
     ) -> None:
         """``eager_from``: steps of at least this many tokens run the pieces eagerly over their
         exact rows (``exact_rows``); ``"auto"`` measures it after the capture (None without
@@ -254,10 +254,11 @@ class PiecewiseGraphs:
 
     @torch.inference_mode()
     def _measure_eager_from(self) -> int | None:
-        """The smallest bucket from which every bucket's replay takes at least ``EAGER_MARGIN`` times
-        the host time of the eager pieces (None: none does). The host time is the launch loop's at
-        the smallest bucket (its kernels queue behind it); the replay times are CUDA-event times,
-        found by bisection (they grow with the bucket). Replays touch no KV cache (no attention)."""
+        """The smallest bucket whose replay takes at least ``EAGER_MARGIN`` times the host time of the
+        eager pieces (None: none does), found by bisection over the buckets on the assumption that
+        replay times grow with the bucket (about log2 of their number are timed). The host time is
+        the pieces' launch loop at the smallest bucket, attention not included (its kernels queue
+        behind it); the replay times are CUDA-event times. Replays touch no KV cache (no attention)."""
         t0 = time.perf_counter()
         small = self.buckets[0]
         host = float("inf")

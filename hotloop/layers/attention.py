@@ -25,10 +25,6 @@ if TYPE_CHECKING:  # (the modules import Triton: the CPU path must not)
 # k_new / v_new). HOTLOOP_KV_FRESH_PREFILL=0 reads them back from the cache instead, as before, for
 # comparisons (GPU path only; the CPU reference always takes this step's own keys).
 FRESH_PREFILL = os.environ.get("HOTLOOP_KV_FRESH_PREFILL", "1") != "0"
-# HOTLOOP_MIXED_DECODE_PLAN=1: a mixed step's decode rows take the decode graphs' split plan
-# (``decode_plan``: at 8-16 decodes of 8 KV heads, twice the splits, merged in the launch) instead of
-# ``num_decode_splits`` and a merge launch. Under measurement (off by default).
-MIXED_DECODE_PLAN = os.environ.get("HOTLOOP_MIXED_DECODE_PLAN", "0") == "1"
 
 
 @dataclass
@@ -335,7 +331,6 @@ class PagedAttention(nn.Module):
                 self.scale,
                 self.sliding_window,
                 out=o[:nd],
-                graph_plan=MIXED_DECODE_PLAN,
             )
             paged_prefill_attention(
                 q[nd:],

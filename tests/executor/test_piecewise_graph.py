@@ -117,25 +117,31 @@ def test_exact_steps_equal_the_model(make_tiny_model: Callable[[str], Path]) -> 
     runner.piecewise = pw
     assert pw.exact_rows(16) is None and pw.exact_rows(17) is None  # 32 rows: its bucket
     assert pw.buckets[15:18] == [256, 288, 320] and pw.exact_rows(260) == 272 and pw.exact_rows(280) is None
-    seen: list[tuple[int, int | None]] = []
-    run = pw.run
+    seen: list[tuple[int, int | None, set[int]]] = []  # per step: tokens, exact rows, rows the pieces ran
+    run, piece = pw.run, pw._piece
 
-    def spy(n: int, pos: Any, meta: Any) -> Any:
-        seen.append((n, pw.exact_rows(n)))
+    def spy_run(n: int, pos: Any, meta: Any) -> Any:
+        seen.append((n, pw.exact_rows(n), set()))
         return run(n, pos, meta)
 
-    pw.run = spy  # type: ignore[method-assign, assignment]
+    def spy_piece(i: int, tp: int) -> None:
+        seen[-1][2].add(tp)
+        piece(i, tp)
+
+    pw.run = spy_run  # type: ignore[method-assign, assignment]
+    pw._piece = spy_piece  # type: ignore[method-assign]
     ex.runner = runner
     got = _generate(built.engine, prompts, 4)
     assert got == expected
     assert built.engine.num_free_blocks == built.engine.num_total_blocks
-    for n, rows in seen:
+    for n, rows, ran in seen:
         bucket = pw.bucket_for(n)
         assert bucket is not None
         want = -(-n // 16) * 16
         assert rows == (want if n >= 17 and want < bucket else None), (n, rows)
-    assert pw.num_exact_steps == sum(r is not None for _, r in seen) > 0, seen
-    assert any(r is None for _, r in seen), seen
+        assert ran == {rows if rows is not None else bucket}, (n, rows, ran)  # what the pieces ran over
+    assert pw.num_exact_steps == sum(r is not None for _, r, _ in seen) > 0, seen
+    assert any(r is None for _, r, _ in seen), seen
 
 
 def test_eager_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
