@@ -42,6 +42,32 @@ def _generate(engine: Any, prompts: list[list[int]], max_new: int) -> list[list[
     return [out[str(i)] for i in range(len(prompts))]
 
 
+def _reference_and_engine(
+    path: Path, prompts: list[list[int]], max_new: int, **cfg: Any
+) -> tuple[list[list[int]], Any]:
+    """The plain CPU runner's tokens for ``prompts``, and a second engine built the same way (float32
+    on the CPU, batch 4, 128 cache blocks; ``cfg`` adds or overrides ``EngineConfig`` fields)."""
+    config = EngineConfig(
+        **{"device": "cpu", "dtype": "float32", "max_batch_size": 4, "cache_max_entry_count": 128, **cfg}
+    )
+    expected = _generate(build_engine(str(path), config).engine, prompts, max_new)
+    return expected, build_engine(str(path), config)
+
+
+def _piecewise_runner(built: Any, block: int, max_tokens: int, session: int, **kwargs: Any) -> GpuModelRunner:
+    """Swap ``built``'s runner for a ``GpuModelRunner`` whose steps run uncaptured piecewise graphs
+    over ``max_tokens`` static rows (``kwargs`` go to ``PiecewiseGraphs``)."""
+    ex: Any = built.engine.executor
+    runner = GpuModelRunner(
+        ex.model, ex.kv_caches, block, ex.device, 4, max_tokens, session, use_cuda_graph=False
+    )
+    runner.piecewise = PiecewiseGraphs(
+        ex.model, ex.kv_caches, runner.buffers.input_ids, max_tokens, capture=False, **kwargs
+    )
+    ex.runner = runner
+    return runner
+
+
 def test_token_buckets_pad_by_at_most_an_eighth() -> None:
     b = token_buckets(8448)
     assert b[0] == 16 and b[-1] == 8448 and b == sorted(set(b))
@@ -60,19 +86,8 @@ def test_pieces_equal_the_model(
     path = make_tiny_model(arch)
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(2, 30))] for _ in range(6)]
-    cfg = EngineConfig(
-        device="cpu",
-        dtype="float32",
-        max_batch_size=4,
-        cache_block_seq_len=4,
-        cache_max_entry_count=128,
-        max_prefill_token_num=16,
-    )
-    expected = _generate(build_engine(str(path), cfg).engine, prompts, 6)
-
-    built = build_engine(str(path), cfg)
-    ex: Any = built.engine.executor
-    assert supports(ex.model)
+    expected, built = _reference_and_engine(path, prompts, 6, cache_block_seq_len=4, max_prefill_token_num=16)
+    assert supports(built.engine.executor.model)
     import hotloop.executor.piecewise_graph as piecewise_graph
 
     packed: list[bool] = []  # per stored layer: one copy of the fused output, or the three slices'
@@ -82,9 +97,7 @@ def test_pieces_equal_the_model(
         "packed_qkv",
         lambda q, k, v: packed.append(find(q, k, v) is not None) or find(q, k, v),
     )
-    runner = GpuModelRunner(ex.model, ex.kv_caches, 4, ex.device, 4, 20, 128, use_cuda_graph=False)
-    runner.piecewise = PiecewiseGraphs(ex.model, ex.kv_caches, runner.buffers.input_ids, 20, capture=False)
-    ex.runner = runner
+    runner = _piecewise_runner(built, 4, 20, 128)
     got = _generate(built.engine, prompts, 6)
     assert runner.num_piecewise_steps > 3
     assert got == expected
@@ -100,21 +113,11 @@ def test_exact_steps_equal_the_model(make_tiny_model: Callable[[str], Path]) -> 
     path = make_tiny_model("llama_gqa_llama3rope")
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(90, 200))] for _ in range(6)]
-    cfg = EngineConfig(
-        device="cpu",
-        dtype="float32",
-        max_batch_size=4,
-        session_len=256,
-        cache_block_seq_len=16,
-        cache_max_entry_count=128,
-        max_prefill_token_num=400,
+    expected, built = _reference_and_engine(
+        path, prompts, 4, session_len=256, cache_block_seq_len=16, max_prefill_token_num=400
     )
-    expected = _generate(build_engine(str(path), cfg).engine, prompts, 4)
-    built = build_engine(str(path), cfg)
-    ex: Any = built.engine.executor
-    runner = GpuModelRunner(ex.model, ex.kv_caches, 16, ex.device, 4, 404, 256, use_cuda_graph=False)
-    pw = PiecewiseGraphs(ex.model, ex.kv_caches, runner.buffers.input_ids, 404, capture=False, eager_from=17)
-    runner.piecewise = pw
+    pw = _piecewise_runner(built, 16, 404, 256, eager_from=17).piecewise
+    assert pw is not None
     assert pw.exact_rows(16) is None and pw.exact_rows(17) is None  # 32 rows: its bucket
     assert pw.buckets[15:18] == [256, 288, 320] and pw.exact_rows(260) == 272 and pw.exact_rows(280) is None
     seen: list[tuple[int, int | None, set[int]]] = []  # per step: tokens, exact rows, rows the pieces ran
@@ -130,7 +133,6 @@ def test_exact_steps_equal_the_model(make_tiny_model: Callable[[str], Path]) -> 
 
     pw.run = spy_run  # type: ignore[method-assign, assignment]
     pw._piece = spy_piece  # type: ignore[method-assign]
-    ex.runner = runner
     got = _generate(built.engine, prompts, 4)
     assert got == expected
     assert built.engine.num_free_blocks == built.engine.num_total_blocks
