@@ -36,6 +36,8 @@
 #            HOTLOOP_PIECEWISE_EAGER_FROM=off (padded graphs, the default) and auto (large steps eagerly
 #            over their exact rows); issue 3's serving run with off and 1024, while TABLE4_BUDGET_S
 #            seconds into the script leave 120 s. EXACT_SHORT=1: only the exact steps' GPU tests.
+#   exact2   one GPU: profile_step.py's 1,024 and 2 x 1,024 mixed steps with the switch off, at 1024 and auto; then
+#            issue 3's serving run alternating off / auto / off / auto until TABLE4_BUDGET_S.
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -328,6 +330,25 @@ if [ "$what" = exact ]; then  # one GPU: large prefill / mixed steps eagerly ove
     left=$((TABLE4_BUDGET_S - SECONDS))
     [ "$left" -gt 120 ] || break
     HOTLOOP_PIECEWISE_EAGER_FROM=$v serve 0 "eager_$v"
+  done
+  exit 0
+fi
+if [ "$what" = exact2 ]; then  # one GPU: the exact steps' second A/B (the first, mode exact, chose 1,408 under auto)
+  export CUDA_VISIBLE_DEVICES=0
+  for v in off 1024 auto; do
+    HOTLOOP_PIECEWISE_EAGER_FROM=$v timeout 150 python3 "$here/profile_step.py" --out "$out/profile_$v.json" \
+      --cases "16 decodes@1k + 1x1024,16 decodes@1k + 2x1024" --iters 6 >"$out/profile_$v.log" 2>&1
+    echo "[profile_step $v] rc=$?"
+    grep -E "floor|eager pieces|  [0-9.]+ ms +[0-9]+x" "$out/profile_$v.log" | head -24
+  done
+  # serving, alternating: the default (padded graphs) and auto (only steps from the threshold measured at
+  # start, which the server logs at info level only: the profile_step run above logs it for the same card)
+  i=0
+  for v in off auto off auto; do
+    left=$((TABLE4_BUDGET_S - SECONDS))
+    [ "$left" -gt 90 ] || break
+    i=$((i + 1))
+    HOTLOOP_PIECEWISE_EAGER_FROM=$v serve 0 "eager_${v}_$i"
   done
   exit 0
 fi

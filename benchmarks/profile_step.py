@@ -180,6 +180,8 @@ def main() -> int:
         "mixed 32 decodes@1k + 1x256": ([256], 32, 1024),
         # the issue-3 serving mix: ~16 running decodes, one arriving 1,024-token prompt, chunked or not
         "mixed 16 decodes@1k + 1x1024": ([1024], 16, 1024),
+        # two prompts arriving together: 2,064 rows, padded to the 2,304 bucket
+        "mixed 16 decodes@1k + 2x1024": ([1024] * 2, 16, 1024),
         "mixed 16 decodes@1k + 1x1008": ([1008], 16, 1024),
         "mixed 16 decodes@1k + 1x600": ([600], 16, 1024),  # 616 tokens: 624 rows eagerly, or the 640 bucket
         "mixed 16 decodes@1k + 1x512": ([512], 16, 1024),
