@@ -55,10 +55,12 @@ def eager_from_env() -> int | str | None:
     """``HOTLOOP_PIECEWISE_EAGER_FROM``: None (unset, empty or ``off``: every step replays its
     bucket's graphs, the default), ``"auto"`` (measured after the capture) or a token count >= 1.
 
-    Off by default: not yet timed in the engine, and cuBLAS is not faster at every row count below
-    a bucket. On an H100 (benchmarks/results/gpu_2026-12-06j, ``gemm_m.log``) the 8B layer's four
-    projections took 600 us at 1,040 rows but 660 at 1,056 and 659 at 1,088, against 645 at the
-    1,152-row bucket they pad to."""
+    Off by default. On an H100 with Llama-3-8B (benchmarks/results/gpu_2026-12-06k) an eager step's
+    launches take about 12 ms of host time against 4 for a replay; at 1,024 tokens issue 3's serving
+    run had its median TTFT 6 ms higher (the launches precede the first token) and its p99 ITL 16 ms
+    lower; ``auto`` chose 1,408. And cuBLAS is not faster at every row count below a bucket
+    (benchmarks/results/gpu_2026-12-06j, ``gemm_m.log``: the 8B layer's four projections took 600 us
+    at 1,040 rows but 660 at 1,056 and 659 at 1,088, against 645 at the 1,152-row bucket)."""
     raw = os.environ.get(EAGER_ENV, "").strip().lower()
     if raw == "auto":
         return "auto"
