@@ -20,14 +20,13 @@ they were captured (largest bucket first), which lets a piece reuse the previous
 
 ``capture=False`` runs the same pieces over the same buffers without graphs (for the CPU tests).
 
-Large steps at their exact count (``eager_from``): a graph runs its bucket's padded rows, up to 12.5%
-more GEMM work than the step's tokens need. Where a step's GPU time is well above the host time of
-launching its pieces eagerly, the pieces can run eagerly over the step's own rows instead, rounded up
-to a multiple of 16 (attention is still replayed). On an H100 the 8B projections took 600 us a layer
-at 1,040 rows against 645 at the 1,152-row bucket (benchmarks/results/gpu_2026-12-06j), but 660 at
-1,056 and 659 at 1,088 rows: the gain depends on cuBLAS' choice per row count, so this is opt-in (``HOTLOOP_PIECEWISE_EAGER_FROM``: a
+Large steps at their exact count (``eager_from``, opt-in through ``HOTLOOP_PIECEWISE_EAGER_FROM``: a
 token count, or ``auto``: the smallest bucket whose replay takes ``EAGER_MARGIN`` times the eager
-pieces' host time, measured after the capture by ``_measure_eager_from``).
+pieces' host time, measured after the capture by ``_measure_eager_from``): a graph runs its bucket's
+padded rows, up to 12.5% more GEMM work than the step's tokens need. Where a step's GPU time is well
+above the host time of launching its pieces eagerly, the pieces can run eagerly over the step's own
+rows instead, rounded up to a multiple of 16 (attention is still replayed). Why it is off by default
+(the measurements): ``eager_from_env``.
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ def test_eager_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(ValueError, match=EAGER_ENV):
             eager_from_env()
     with pytest.raises(ValueError, match="eager_from"):
-        PiecewiseGraphs.__new__(PiecewiseGraphs).__init__(None, [], None, 16, capture=False, eager_from=0)  # type: ignore[misc, arg-type]
+        PiecewiseGraphs(None, [], None, 16, capture=False, eager_from=0)  # type: ignore[arg-type]
 
 
 def test_packed_qkv_finds_the_fused_output_and_nothing_else() -> None:
