@@ -6,7 +6,13 @@ per shape and M, the ways of issuing the same product:
 
 - ``linear``: ``F.linear(x, W)``, ``W [N, K]`` (what ``layers/linear.py`` does);
 - ``mm_t``: ``torch.mm(x, Wt)`` with the weight stored transposed, ``Wt [K, N]`` contiguous;
-- ``linear_lt`` / ``mm_t_lt``: the same with ``torch.backends.cuda.preferred_blas_library("cublaslt")``.
+- ``linear_lt`` / ``mm_t_lt``: the same with ``torch.backends.cuda.preferred_blas_library("cublaslt")``;
+- ``swap``: ``torch.mm(W, x.t())``, the transposed product ``y^T [N, M]`` (cuBLAS sees the problem
+  with M and N exchanged, so its heuristic picks other tiles: at M = 256 the untransposed gate/up
+  projection runs 224 tiles of 256x128 on 132 multiprocessors);
+- ``swap_xt``: the same with ``x^T [K, M]`` contiguous (as a producer that writes it so would give).
+
+``--variants`` picks some (default: all).
 
 Times are GPU times with a cold L2 (``w4a16_gemm.graph_time_us``). Floors: the weight bytes over
 the copy bandwidth and the FLOPs over the bf16 matmul rate, both measured in the same run.
@@ -70,30 +76,41 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--m", default="256,384,512")
+    ap.add_argument("--variants", default="linear,mm_t,linear_lt,mm_t_lt,swap,swap_xt")
     args = ap.parse_args()
     dev = torch.device("cuda")
     bw, fl = _ceilings(dev)
     print(f"ceilings: copy {bw / 1e9:.0f} GB/s, bf16 matmul {fl / 1e12:.0f} TFLOP/s", flush=True)
+    wanted = [v for v in args.variants.split(",") if v]
     rows = []
     for name, (k, n) in SHAPES.items():
         w = torch.randn(n, k, dtype=torch.bfloat16, device=dev) * 0.02
         wt = w.t().contiguous()
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+            xt = x.t().contiguous()
             ref = (x.float() @ w.float().t()).to(torch.bfloat16)
-            variants = {"linear": partial(F.linear, x, w), "mm_t": partial(torch.mm, x, wt)}
+            variants = {
+                "linear": partial(F.linear, x, w),
+                "mm_t": partial(torch.mm, x, wt),
+                "swap": partial(torch.mm, w, x.t()),
+                "swap_xt": partial(torch.mm, w, xt),
+            }
             row: dict[str, Any] = {"shape": name, "M": m, "K": k, "N": n}
             for lib in ("default", "cublaslt"):
                 torch.backends.cuda.preferred_blas_library("cublaslt" if lib == "cublaslt" else "cublas")
                 for vname, fn in variants.items():
                     key = vname if lib == "default" else f"{vname}_lt"
-                    err = (fn().float() - ref.float()).abs().max().item()
+                    if key not in wanted:
+                        continue
+                    y = fn()
+                    y = y.t() if vname.startswith("swap") else y
                     row[key] = round(graph_time_us(fn, dev), 2)
-                    row[key + "_maxerr"] = err
+                    row[key + "_maxerr"] = (y.float() - ref.float()).abs().max().item()
             torch.backends.cuda.preferred_blas_library("cublas")
             floor = max(2 * k * n / bw, 2 * m * k * n / fl) * 1e6
             row["floor_us"] = round(floor, 2)
-            times = {v: row[v] for v in ("linear", "mm_t", "linear_lt", "mm_t_lt")}
+            times = {v: row[v] for v in wanted if v in row}
             best = min(times, key=lambda v: times[v])
             print(f"{name:13s} M={m:4d}  " + "  ".join(f"{v} {t:7.1f}" for v, t in times.items())
                   + f"  floor {floor:6.1f}  best {best}", flush=True)  # fmt: skip
