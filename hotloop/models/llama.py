@@ -18,7 +18,15 @@ from hotloop.kernels import ops
 from hotloop.layers.activation import SiluAndMul
 from hotloop.layers.attention import AttentionMetadata, PagedAttention
 from hotloop.layers.embedding import LMHead, VocabEmbedding
-from hotloop.layers.linear import Linear, MergedLinear, QKVLinear, ShardId, default_weight_loader, shard_key
+from hotloop.layers.linear import (
+    Linear,
+    MergedLinear,
+    QKVLinear,
+    ShardId,
+    UnquantizedLinearMethod,
+    default_weight_loader,
+    shard_key,
+)
 from hotloop.layers.norm import RMSNorm
 from hotloop.layers.rotary import RopeConfig, RotaryEmbedding
 from hotloop.utils.logging import get_logger
@@ -132,6 +140,15 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(inter, args.hidden_size, args.mlp_bias, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gu = self.gate_up_proj
+        if (
+            gu.bias is None
+            and gu.is_dense
+            and type(gu.quant_method) is UnquantizedLinearMethod
+            and ops.mlp_swap(x)
+        ):
+            # the product transposed, [2I, M] (cuBLAS tiles it differently), read as such by the SiLU
+            return self.down_proj(ops.silu_and_mul_t(torch.mm(cast(torch.Tensor, gu.weight), x.t())))
         gate_up = self.gate_up_proj(x)
         fused = getattr(self.down_proj.quant_method, "apply_silu_mul", None)  # W4A16, one row
         if fused is not None:

@@ -135,3 +135,59 @@ def test_awq_layers_decline_unless_they_can_fold(monkeypatch: pytest.MonkeyPatch
     biased = Linear(256, 128, bias=True)
     set_quant_method(biased, AWQLinearMethod(128))
     assert cast(AWQLinearMethod, biased.quant_method).apply_silu_mul(biased, gate_up) is None
+
+
+def test_mlp_swap_rows_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hotloop.kernels import ops
+
+    monkeypatch.setenv("HOTLOOP_MLP_SWAP", "128:512")
+    assert ops._rows_range("HOTLOOP_MLP_SWAP") == (128, 512)
+    for bad in ("256", "a:b", "512:128", "0:4"):
+        monkeypatch.setenv("HOTLOOP_MLP_SWAP", bad)
+        with pytest.raises(ValueError, match="HOTLOOP_MLP_SWAP"):
+            ops._rows_range("HOTLOOP_MLP_SWAP")
+    monkeypatch.setenv("HOTLOOP_MLP_SWAP", "0")
+    assert ops._rows_range("HOTLOOP_MLP_SWAP") is None
+    # never on the CPU, whatever the range
+    monkeypatch.setattr(ops, "_mlp_swap", {"rows": (1, 1024)})
+    assert not ops.mlp_swap(torch.zeros(4, 8, dtype=torch.bfloat16))
+    assert torch.equal(_mlp()(torch.ones(3, 8)), _mlp()(torch.ones(3, 8)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [16, 256])
+def test_gpu_mlp_swap_matches_the_plain_mlp(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transposed gate/up product and ``silu_and_mul_t`` give the plain MLP's output within bf16
+    rounding (cuBLAS may sum in another order), and the swapped path is the one that ran."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from hotloop.kernels import ops
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        mlp = LlamaMLP(
+            cast(Any, SimpleNamespace(hidden_size=1024, intermediate_size=3584, mlp_bias=False)),
+            torch.bfloat16,
+        )
+        for p in mlp.parameters():
+            p.data.normal_(std=0.03)
+        x = torch.randn(rows, 1024, dtype=torch.bfloat16)
+    monkeypatch.setattr(ops, "_mlp_swap", {"rows": None})
+    plain = mlp(x)
+    monkeypatch.setattr(ops, "_mlp_swap", {"rows": (rows, rows)})
+    seen: list[tuple[int, ...]] = []
+    real = ops.silu_and_mul_t
+
+    def spy(xt: torch.Tensor) -> torch.Tensor:
+        seen.append(tuple(xt.shape))
+        return real(xt)
+
+    monkeypatch.setattr(ops, "silu_and_mul_t", spy)
+    swapped = mlp(x)
+    assert seen == [(2 * 3584, rows)]
+    w = mlp.gate_up_proj.weight.float()
+    h = torch.nn.functional.silu(x.float() @ w[:3584].t()) * (x.float() @ w[3584:].t())
+    ref = h @ mlp.down_proj.weight.float().t()
+    err_plain = (plain.float() - ref.float()).abs().max().item()
+    err_swap = (swapped.float() - ref.float()).abs().max().item()
+    assert err_swap <= 2 * err_plain + 1e-2, (err_swap, err_plain)
