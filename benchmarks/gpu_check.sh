@@ -42,8 +42,8 @@
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
 #   swap     one GPU: dense_gemm.py's transposed products (W @ x^T) against F.linear at M = 16-512; the MLP-swap
-#            GPU tests; profile_step.py at batch 256 with HOTLOOP_MLP_SWAP=256:256; then issue 4's batch-256 row
-#            with the swap off / on / off / on until TABLE4_BUDGET_S.
+#            GPU tests; profile_step.py at batch 256 with HOTLOOP_MLP_SWAP=256:256 and HOTLOOP_MLP_SWAP_DOWN=1;
+#            then issue 4's batch-256 row with the swap off / gate/up / both, twice, until TABLE4_BUDGET_S.
 #   b256     one GPU: issue 4's batch-256 row with the defaults, HOTLOOP_DENSE_TUNE=1, HOTLOOP_DECODE_GRID=seq and the
 #            defaults again, until TABLE4_BUDGET_S seconds into the script.
 #   table4   one GPU: issue 4's rows of the table (batch 1 with and without 8 steps a launch, SmolLM2, batch 256,
@@ -127,7 +127,8 @@ b256_rows() {  # setting...: issue 4's batch-256 row once per environment settin
     i=$((i + 1))
     left=$((TABLE4_BUDGET_S - SECONDS))
     [ "$left" -gt 50 ] || break
-    env "$v" timeout "$left" python3 "$here/run_gpu.py" --out "$out/b256_${i}_${v%%=*}" --skip-hf \
+    # shellcheck disable=SC2086  # (a setting may be several NAME=VALUE words)
+    env $v timeout "$left" python3 "$here/run_gpu.py" --out "$out/b256_${i}_${v%%=*}" --skip-hf \
       --only llama3_b256_1k 2>&1 | grep -E "ceilings|b256|4,229|llama3_b256_1k\]" | sed "s/^/[$v] /"
   done
 }
@@ -385,18 +386,17 @@ if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kerne
   grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|Registers Per|Block Limit" "$out/ncu.txt" | cut -c1-160 | head -120
   exit 0
 fi
-if [ "$what" = swap ]; then  # one GPU: the transposed gate/up product (HOTLOOP_MLP_SWAP)
+if [ "$what" = swap ]; then  # one GPU: the transposed gate/up (and down) products (HOTLOOP_MLP_SWAP)
   export CUDA_VISIBLE_DEVICES=0
-  timeout 150 python3 "$here/dense_gemm.py" "$out/swap_gemm.json" --m 16,64,128,256,512 \
+  timeout 150 python3 "$here/dense_gemm.py" "$out/swap_gemm.json" --m 16,64,256,512 \
     --variants linear,swap,swap_xt 2>&1 | grep -v -i warning
-  gpu_tests swap_tests 120 tests/models/test_llama_mlp.py tests/kernels/test_elementwise_kernels.py
-  for v in 0 256:256; do
-    HOTLOOP_MLP_SWAP=$v timeout 120 python3 "$here/profile_step.py" --out "$out/profile_swap_${v%%:*}.json" \
-      --cases "decode 256@1k" --iters 6 >"$out/profile_swap_${v%%:*}.log" 2>&1
-    echo "[profile_step HOTLOOP_MLP_SWAP=$v] rc=$?"
-    grep -E "floor|^ +[0-9.]+ ms +[0-9]+x" "$out/profile_swap_${v%%:*}.log" | head -12
-  done
-  b256_rows HOTLOOP_MLP_SWAP=0 HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP=0 HOTLOOP_MLP_SWAP=256:256
+  gpu_tests swap_tests 120 tests/models/test_llama_mlp.py tests/kernels/test_elementwise_kernels.py -k "swap or silu"
+  HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1 timeout 120 python3 "$here/profile_step.py" \
+    --out "$out/profile_swap.json" --cases "decode 256@1k" --iters 6 >"$out/profile_swap.log" 2>&1
+  echo "[profile_step HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1] rc=$?"
+  grep -E "floor|^ +[0-9.]+ ms +[0-9]+x" "$out/profile_swap.log" | head -14
+  b256_rows HOTLOOP_MLP_SWAP=0 HOTLOOP_MLP_SWAP=256:256 "HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1" \
+    HOTLOOP_MLP_SWAP=0 HOTLOOP_MLP_SWAP=256:256 "HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1"
   exit 0
 fi
 if [ "$what" = b256 ]; then  # one GPU: issue 4's batch-256 row, default / timed cuBLASLt / seq grid / default

@@ -14,7 +14,8 @@ reference everywhere (parity debugging). The environment switches read here:
   o projection, where the partials are small (``one_row_merge``);
 - ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``);
 - ``HOTLOOP_MLP_SWAP=LO:HI`` runs a dense gate/up projection of LO to HI rows as ``W @ x^T``
-  (``mlp_swap``; off by default).
+  (``mlp_swap``; off by default); with ``HOTLOOP_MLP_SWAP_DOWN=1`` the down projection too
+  (``mlp_swap_down``).
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ def _rows_range(name: str) -> tuple[int, int] | None:
 
 
 _mlp_swap: dict[str, tuple[int, int] | None] = {"rows": _rows_range("HOTLOOP_MLP_SWAP")}
+_mlp_swap_down = {"on": os.environ.get("HOTLOOP_MLP_SWAP_DOWN", "0") == "1"}
+
+
+def mlp_swap_down() -> bool:
+    """Whether a swapped MLP also runs its down projection transposed (``h^T`` from the SiLU, one
+    transposing copy of the output): ``HOTLOOP_MLP_SWAP_DOWN=1``."""
+    return _mlp_swap_down["on"]
 
 
 def set_mlp_swap(rows: tuple[int, int] | None) -> None:

@@ -155,8 +155,9 @@ def test_mlp_swap_rows_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("down", [False, True], ids=["gate_up", "both"])
 @pytest.mark.parametrize("rows", [16, 256])
-def test_gpu_mlp_swap_matches_the_plain_mlp(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_mlp_swap_matches_the_plain_mlp(rows: int, down: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The transposed gate/up product and ``silu_and_mul_t`` give the plain MLP's output within bf16
     rounding (cuBLAS may sum in another order), and the swapped path is the one that ran."""
     if not torch.cuda.is_available():
@@ -175,6 +176,7 @@ def test_gpu_mlp_swap_matches_the_plain_mlp(rows: int, monkeypatch: pytest.Monke
     monkeypatch.setattr(ops, "_mlp_swap", {"rows": None})
     plain = mlp(x)
     monkeypatch.setattr(ops, "_mlp_swap", {"rows": (rows, rows)})
+    monkeypatch.setattr(ops, "_mlp_swap_down", {"on": down})
     seen: list[tuple[int, ...]] = []
     real = ops.silu_and_mul_t
 
@@ -184,7 +186,8 @@ def test_gpu_mlp_swap_matches_the_plain_mlp(rows: int, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(ops, "silu_and_mul_t", spy)
     swapped = mlp(x)
-    assert seen == [(2 * 3584, rows)]
+    assert seen == ([] if down else [(2 * 3584, rows)])
+    assert swapped.shape == (rows, 1024) and swapped.is_contiguous()
     w = mlp.gate_up_proj.weight.float()
     h = torch.nn.functional.silu(x.float() @ w[:3584].t()) * (x.float() @ w[3584:].t())
     ref = h @ mlp.down_proj.weight.float().t()
