@@ -41,9 +41,9 @@
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
-#   swap     one GPU: dense_gemm.py's transposed products (W @ x^T) against F.linear at M = 16-512; the MLP-swap
-#            GPU tests; profile_step.py at batch 256 with HOTLOOP_MLP_SWAP=256:256 and HOTLOOP_MLP_SWAP_DOWN=1;
-#            then issue 4's batch-256 row with the swap off / gate/up / both, twice, until TABLE4_BUDGET_S.
+#   swap     one GPU: dense_gemm.py's transposed products (W @ x^T) against F.linear at M = 16 and 256; the
+#            MLP-swap GPU tests; issue 4's batch-256 row with HOTLOOP_MLP_SWAP off / both projections / gate/up
+#            only / off / both until TABLE4_BUDGET_S; then, if 90 s are left, profile_step.py with both.
 #   b256     one GPU: issue 4's batch-256 row with the defaults, HOTLOOP_DENSE_TUNE=1, HOTLOOP_DECODE_GRID=seq and the
 #            defaults again, until TABLE4_BUDGET_S seconds into the script.
 #   table4   one GPU: issue 4's rows of the table (batch 1 with and without 8 steps a launch, SmolLM2, batch 256,
@@ -388,15 +388,18 @@ if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kerne
 fi
 if [ "$what" = swap ]; then  # one GPU: the transposed gate/up (and down) products (HOTLOOP_MLP_SWAP)
   export CUDA_VISIBLE_DEVICES=0
-  timeout 150 python3 "$here/dense_gemm.py" "$out/swap_gemm.json" --m 16,64,256,512 \
+  timeout 120 python3 "$here/dense_gemm.py" "$out/swap_gemm.json" --m 16,256 \
     --variants linear,swap,swap_xt 2>&1 | grep -v -i warning
-  gpu_tests swap_tests 120 tests/models/test_llama_mlp.py tests/kernels/test_elementwise_kernels.py -k "swap or silu"
-  HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1 timeout 120 python3 "$here/profile_step.py" \
-    --out "$out/profile_swap.json" --cases "decode 256@1k" --iters 6 >"$out/profile_swap.log" 2>&1
-  echo "[profile_step HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1] rc=$?"
-  grep -E "floor|^ +[0-9.]+ ms +[0-9]+x" "$out/profile_swap.log" | head -14
-  b256_rows HOTLOOP_MLP_SWAP=0 HOTLOOP_MLP_SWAP=256:256 "HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1" \
-    HOTLOOP_MLP_SWAP=0 HOTLOOP_MLP_SWAP=256:256 "HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1"
+  gpu_tests swap_tests 90 tests/models/test_llama_mlp.py tests/kernels/test_elementwise_kernels.py -k "swap or silu"
+  b256_rows HOTLOOP_MLP_SWAP=0 "HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1" HOTLOOP_MLP_SWAP=256:256 \
+    HOTLOOP_MLP_SWAP=0 "HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1"
+  if [ $((TABLE4_BUDGET_S - SECONDS)) -gt 90 ]; then
+    HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1 timeout $((TABLE4_BUDGET_S - SECONDS)) python3 \
+      "$here/profile_step.py" --out "$out/profile_swap.json" --cases "decode 256@1k" --iters 6 \
+      >"$out/profile_swap.log" 2>&1
+    echo "[profile_step HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1] rc=$?"
+    grep -E "floor|^ +[0-9.]+ ms +[0-9]+x" "$out/profile_swap.log" | head -14
+  fi
   exit 0
 fi
 if [ "$what" = b256 ]; then  # one GPU: issue 4's batch-256 row, default / timed cuBLASLt / seq grid / default
