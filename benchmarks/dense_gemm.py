@@ -11,6 +11,7 @@ per shape and M, the ways of issuing the same product:
   with M and N exchanged, so its heuristic picks other tiles: at M = 256 the untransposed gate/up
   projection runs 224 tiles of 256x128 on 132 multiprocessors);
 - ``swap_xt``: the same with ``x^T [K, M]`` contiguous (as a producer that writes it so would give).
+  On an H100 (benchmarks/results/gpu_2026-12-07a) neither moved gate/up at M = 256 (108 us either way).
 
 ``--variants`` picks some (default: all).
 

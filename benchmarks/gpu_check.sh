@@ -24,7 +24,8 @@
 #            serving-mix steps of profile_step.py (decode 16, mixed 16 + 256 / 512 / 1024), then the
 #            engine's GPU tests.
 #   (s33a-s35e, s36a: the thirty-third to thirty-sixth sessions' one-off A/B calls, removed; each ran at the
-#            commit its results README under benchmarks/results/ names)
+#            commit its results README under benchmarks/results/ names; swap, the forty-second session's
+#            transposed MLP products, is at 387bb4d)
 #   open     one GPU: the other open rows with today's defaults: issue 3's serving run, plain and with
 #            HOTLOOP_DENSE_TUNE=1, then W4A16 batch 1 twice (issue 5).
 #   buckets  one GPU: the attention GPU tests; the prefill kernel's tiles at 128-1,024 tokens
@@ -41,9 +42,6 @@
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
-#   swap     one GPU: dense_gemm.py's transposed products (W @ x^T) against F.linear at M = 16 and 256; the
-#            MLP-swap GPU tests; issue 4's batch-256 row with HOTLOOP_MLP_SWAP off / both projections / gate/up
-#            only / off / both until TABLE4_BUDGET_S; then, if 90 s are left, profile_step.py with both.
 #   b256     one GPU: issue 4's batch-256 row with the defaults, HOTLOOP_DENSE_TUNE=1, HOTLOOP_DECODE_GRID=seq and the
 #            defaults again, until TABLE4_BUDGET_S seconds into the script.
 #   table4   one GPU: issue 4's rows of the table (batch 1 with and without 8 steps a launch, SmolLM2, batch 256,
@@ -127,8 +125,7 @@ b256_rows() {  # setting...: issue 4's batch-256 row once per environment settin
     i=$((i + 1))
     left=$((TABLE4_BUDGET_S - SECONDS))
     [ "$left" -gt 50 ] || break
-    # shellcheck disable=SC2086  # (a setting may be several NAME=VALUE words)
-    env $v timeout "$left" python3 "$here/run_gpu.py" --out "$out/b256_${i}_${v%%=*}" --skip-hf \
+    env "$v" timeout "$left" python3 "$here/run_gpu.py" --out "$out/b256_${i}_${v%%=*}" --skip-hf \
       --only llama3_b256_1k 2>&1 | grep -E "ceilings|b256|4,229|llama3_b256_1k\]" | sed "s/^/[$v] /"
   done
 }
@@ -384,22 +381,6 @@ if [ "$what" = ncu ]; then  # one GPU: Nsight Compute on the W4A16 one-row kerne
     python3 "$here/ncu_w4a16.py" >"$out/ncu.txt" 2>&1
   echo "ncu rc=$?"
   grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|Registers Per|Block Limit" "$out/ncu.txt" | cut -c1-160 | head -120
-  exit 0
-fi
-if [ "$what" = swap ]; then  # one GPU: the transposed gate/up (and down) products (HOTLOOP_MLP_SWAP)
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 120 python3 "$here/dense_gemm.py" "$out/swap_gemm.json" --m 16,256 \
-    --variants linear,swap,swap_xt 2>&1 | grep -v -i warning
-  gpu_tests swap_tests 90 tests/models/test_llama_mlp.py tests/kernels/test_elementwise_kernels.py -k "swap or silu"
-  b256_rows HOTLOOP_MLP_SWAP=0 "HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1" HOTLOOP_MLP_SWAP=256:256 \
-    HOTLOOP_MLP_SWAP=0 "HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1"
-  if [ $((TABLE4_BUDGET_S - SECONDS)) -gt 90 ]; then
-    HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1 timeout $((TABLE4_BUDGET_S - SECONDS)) python3 \
-      "$here/profile_step.py" --out "$out/profile_swap.json" --cases "decode 256@1k" --iters 6 \
-      >"$out/profile_swap.log" 2>&1
-    echo "[profile_step HOTLOOP_MLP_SWAP=256:256 HOTLOOP_MLP_SWAP_DOWN=1] rc=$?"
-    grep -E "floor|^ +[0-9.]+ ms +[0-9]+x" "$out/profile_swap.log" | head -14
-  fi
   exit 0
 fi
 if [ "$what" = b256 ]; then  # one GPU: issue 4's batch-256 row, default / timed cuBLASLt / seq grid / default

@@ -12,10 +12,7 @@ reference everywhere (parity debugging). The environment switches read here:
 - ``HOTLOOP_ONE_ROW_LM_HEAD=0`` keeps its LM head on cuBLAS (``lm_head_logits``);
 - ``HOTLOOP_ONE_ROW_MERGE=0`` keeps its decode splits' merge in a launch of its own instead of in the
   o projection, where the partials are small (``one_row_merge``);
-- ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``);
-- ``HOTLOOP_MLP_SWAP=LO:HI`` runs a dense gate/up projection of LO to HI rows as ``W @ x^T``
-  (``mlp_swap``; off by default); with ``HOTLOOP_MLP_SWAP_DOWN=1`` the down projection too
-  (``mlp_swap_down``).
+- ``HOTLOOP_GREEDY_ARGMAX=0`` keeps ``torch.argmax`` for a few rows (``greedy_argmax``).
 """
 
 from __future__ import annotations
@@ -47,50 +44,6 @@ _state: dict[str, bool] = {
     # the greedy argmax of a few rows in one Triton launch instead of torch.argmax
     "greedy_argmax": os.environ.get("HOTLOOP_GREEDY_ARGMAX", "1") != "0",
 }
-
-
-def _rows_range(name: str) -> tuple[int, int] | None:
-    """``LO:HI`` (inclusive row counts) from the environment, None where unset or ``0``."""
-    raw = os.environ.get(name, "").strip()
-    if raw in ("", "0"):
-        return None
-    try:
-        lo, hi = (int(v) for v in raw.split(":"))
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected LO:HI, two row counts such as 128:512") from None
-    if not 1 <= lo <= hi:
-        raise ValueError(f"{name}={raw!r}: need 1 <= LO <= HI")
-    return lo, hi
-
-
-_mlp_swap: dict[str, tuple[int, int] | None] = {"rows": _rows_range("HOTLOOP_MLP_SWAP")}
-_mlp_swap_down = {"on": os.environ.get("HOTLOOP_MLP_SWAP_DOWN", "0") == "1"}
-
-
-def mlp_swap_down() -> bool:
-    """Whether a swapped MLP also runs its down projection transposed (``h^T`` from the SiLU, one
-    transposing copy of the output): ``HOTLOOP_MLP_SWAP_DOWN=1``."""
-    return _mlp_swap_down["on"]
-
-
-def set_mlp_swap(rows: tuple[int, int] | None) -> None:
-    """Row counts (inclusive range) whose dense gate/up projection runs transposed, or None (off)."""
-    _mlp_swap["rows"] = rows
-
-
-def mlp_swap(x: torch.Tensor) -> bool:
-    """Whether a dense MLP should run ``x [M, hidden]``'s gate/up projection as ``W @ x^T`` and
-    ``silu_and_mul_t``: CUDA, 16-bit, and M inside ``HOTLOOP_MLP_SWAP``'s range. cuBLAS sees the
-    problem with M and N exchanged and picks other tiles (at M = 256 the plain form runs 224 tiles
-    of 256x128 on 132 multiprocessors, two waves, the second 70% full)."""
-    rows = _mlp_swap["rows"]
-    return (
-        rows is not None
-        and rows[0] <= x.shape[0] <= rows[1]
-        and x.dim() == 2
-        and x.dtype in (torch.float16, torch.bfloat16)
-        and use_triton(x)
-    )
 
 
 def set_triton_enabled(enabled: bool) -> None:
@@ -277,13 +230,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if use_triton(x):
         return _kernel("silu_and_mul").silu_and_mul(x)
     return reference.silu_and_mul(x)
-
-
-def silu_and_mul_t(xt: torch.Tensor) -> torch.Tensor:
-    """``xt [2I, T]``, the gate/up projection's output transposed -> ``silu(gate) * up`` ``[T, I]``."""
-    if use_triton(xt):
-        return _kernel("silu_and_mul").silu_and_mul_t(xt)
-    return reference.silu_and_mul_t(xt)
 
 
 def fused_linear(

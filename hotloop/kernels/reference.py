@@ -191,11 +191,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def silu_and_mul_t(xt: torch.Tensor) -> torch.Tensor:
-    """``silu_and_mul`` of ``xt.t()``: ``xt [2I, T]`` -> ``[T, I]``."""
-    return silu_and_mul(xt.t()).contiguous()
-
-
 def fused_linear(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -1,8 +1,4 @@
-"""SiLU-and-mul for the fused gate/up projection, Triton: ``[T, 2I]`` -> ``silu(gate) * up`` ``[T, I]``.
-
-``silu_and_mul_t`` takes the projection's output transposed, ``[2I, T]`` (the product ``W @ x^T``,
-which cuBLAS tiles differently from ``x @ W^T``), and writes the usual ``[T, I]``.
-"""
+"""SiLU-and-mul for the fused gate/up projection, Triton: ``[T, 2I]`` -> ``silu(gate) * up`` ``[T, I]``."""
 
 from __future__ import annotations
 
@@ -53,47 +49,3 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
             **launch_kwargs(x.device),
         )
     return out.view(*x.shape[:-1], inter)
-
-
-@triton.jit
-def _silu_and_mul_t_kernel(
-    x_ptr, out_ptr, stride_o, tokens, inter, BLOCK_I: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr
-):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    offs_i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
-    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    mask = (offs_i[:, None] < inter) & (offs_t[None, :] < tokens)
-    src = offs_i[:, None].to(tl.int64) * tokens + offs_t[None, :]  # [BLOCK_I, BLOCK_T], tokens contiguous
-    gate = tl.load(x_ptr + src, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + inter.to(tl.int64) * tokens + src, mask=mask, other=0.0)
-    act = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty)
-    y = (act.to(tl.float32) * up.to(tl.float32)).to(out_ptr.dtype.element_ty)
-    dst = offs_t[:, None].to(tl.int64) * stride_o + offs_i[None, :]  # [BLOCK_T, BLOCK_I], inter contiguous
-    tl.store(out_ptr + dst, tl.trans(y), mask=(offs_t[:, None] < tokens) & (offs_i[None, :] < inter))
-
-
-def silu_and_mul_t(xt: torch.Tensor) -> torch.Tensor:
-    """``xt [2I, T]`` (gate rows, then up rows; contiguous) -> ``silu(gate) * up`` as ``[T, I]``."""
-    check(xt.dim() == 2 and xt.shape[0] % 2 == 0, f"xt {tuple(xt.shape)} must be [2I, T]")
-    check_dtype("xt", xt, FLOAT_DTYPES)
-    check(xt.is_contiguous(), "xt must be contiguous ([2I, T], tokens fastest)")
-    inter, tokens = xt.shape[0] // 2, xt.shape[1]
-    out = torch.empty(tokens, inter, dtype=xt.dtype, device=xt.device)
-    if tokens:
-        block_t = min(64, next_power_of_2(tokens))
-        block_i = 64
-        _silu_and_mul_t_kernel[(cdiv(inter, block_i), cdiv(tokens, block_t))](
-            xt,
-            out,
-            out.stride(0),
-            tokens,
-            inter,
-            BLOCK_I=block_i,
-            BLOCK_T=block_t,
-            PDL=pdl(xt.device),
-            num_warps=4,
-            **launch_kwargs(xt.device),
-        )
-    return out

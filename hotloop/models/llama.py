@@ -18,15 +18,7 @@ from hotloop.kernels import ops
 from hotloop.layers.activation import SiluAndMul
 from hotloop.layers.attention import AttentionMetadata, PagedAttention
 from hotloop.layers.embedding import LMHead, VocabEmbedding
-from hotloop.layers.linear import (
-    Linear,
-    MergedLinear,
-    QKVLinear,
-    ShardId,
-    UnquantizedLinearMethod,
-    default_weight_loader,
-    shard_key,
-)
+from hotloop.layers.linear import Linear, MergedLinear, QKVLinear, ShardId, default_weight_loader, shard_key
 from hotloop.layers.norm import RMSNorm
 from hotloop.layers.rotary import RopeConfig, RotaryEmbedding
 from hotloop.utils.logging import get_logger
@@ -140,25 +132,6 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(inter, args.hidden_size, args.mlp_bias, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gu = self.gate_up_proj
-        if (
-            gu.bias is None
-            and gu.is_dense
-            and type(gu.quant_method) is UnquantizedLinearMethod
-            and ops.mlp_swap(x)
-        ):
-            # the product transposed, [2I, M] (cuBLAS tiles it differently), read as such by the SiLU
-            gate_up_t = torch.mm(cast(torch.Tensor, gu.weight), x.t())
-            down = self.down_proj
-            if (
-                ops.mlp_swap_down()
-                and down.bias is None
-                and type(down.quant_method) is UnquantizedLinearMethod
-            ):
-                # [2I, M] is [gate rows | up rows]: as one flat row it is silu_and_mul's [gate | up]
-                h_t = ops.silu_and_mul(gate_up_t.view(1, -1)).view(-1, x.shape[0])
-                return torch.mm(cast(torch.Tensor, down.weight), h_t).t().contiguous()
-            return down(ops.silu_and_mul_t(gate_up_t))
         gate_up = self.gate_up_proj(x)
         fused = getattr(self.down_proj.quant_method, "apply_silu_mul", None)  # W4A16, one row
         if fused is not None:
