@@ -47,6 +47,9 @@ SHAPES = {  # name -> (in_features K, out_features N)
 }
 
 
+VARIANTS = ("linear", "mm_t", "linear_lt", "mm_t_lt", "swap", "swap_xt")
+
+
 def _ceilings(dev: torch.device) -> tuple[float, float]:
     """(copy bytes/s, bf16 matmul FLOP/s), medians of 10 CUDA-event timings."""
     x = torch.empty(2**29, dtype=torch.bfloat16, device=dev)
@@ -77,12 +80,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--m", default="256,384,512")
-    ap.add_argument("--variants", default="linear,mm_t,linear_lt,mm_t_lt,swap,swap_xt")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
     args = ap.parse_args()
+    wanted = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(wanted) - set(VARIANTS))
+    if unknown or not wanted:
+        ap.error(
+            f"--variants {args.variants!r}: {', '.join(unknown) or 'none given'}; choose from {', '.join(VARIANTS)}"
+        )
     dev = torch.device("cuda")
     bw, fl = _ceilings(dev)
     print(f"ceilings: copy {bw / 1e9:.0f} GB/s, bf16 matmul {fl / 1e12:.0f} TFLOP/s", flush=True)
-    wanted = [v for v in args.variants.split(",") if v]
     rows = []
     for name, (k, n) in SHAPES.items():
         w = torch.randn(n, k, dtype=torch.bfloat16, device=dev) * 0.02

@@ -92,11 +92,13 @@ def test_pieces_equal_the_model(
 
     packed: list[bool] = []  # per stored layer: one copy of the fused output, or the three slices'
     find = piecewise_graph.packed_qkv
-    monkeypatch.setattr(
-        piecewise_graph,
-        "packed_qkv",
-        lambda q, k, v: packed.append(find(q, k, v) is not None) or find(q, k, v),
-    )
+
+    def spy_packed(q: Any, k: Any, v: Any) -> Any:
+        found = find(q, k, v)
+        packed.append(found is not None)
+        return found
+
+    monkeypatch.setattr(piecewise_graph, "packed_qkv", spy_packed)
     runner = _piecewise_runner(built, 4, 20, 128)
     got = _generate(built.engine, prompts, 6)
     assert runner.num_piecewise_steps > 3
