@@ -13,11 +13,16 @@ launch finds its cache in L2, and printed beside the bytes-over-bandwidth floor 
   the other configurations given;
 - ``page``: the engine kernel's float loop with one block-table entry per tile (the tile lies in one
   page, rows at a constant stride), as the quantized caches already do;
-- ``tma``: K and V tiles through Hopper's tensor memory accelerator (``kernels/paged_decode_tma.py``,
-  the engine's opt-in kernel, ``HOTLOOP_DECODE_TMA=1``), at each configuration given.
+- ``tma``: K and V tiles through Hopper's tensor memory accelerator (a host ``TensorDescriptor`` over
+  the cache as ``[blocks * block_size, kv_heads * head_dim]`` rows), pipelined by Triton.
 
 Every variant's output is checked against the engine kernel's (relative error printed and kept).
-The plain read and the one-page loop are defined here and not used by the engine.
+None of the three is used by the engine. Measured on an H100 (forty-third session,
+``benchmarks/results/gpu_2026-12-07b``): the engine's kernel reads at 3,025 GB/s, 98% of the plain
+read's best 3,095 GB/s, and neither the one-page loop nor TMA tiles are faster (3,035 and 3,029 GB/s
+at best). The TMA kernel ran in the engine's decode graphs as an opt-in switch
+(``HOTLOOP_DECODE_TMA=1``, ``kernels/paged_decode_tma.py`` at commit e93fc00) and was removed after
+it: the batch-256 step took 19.98 ms with it against 19.81 ms without.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ import torch
 import triton
 import triton.language as tl
 
-from hotloop.kernels import paged_decode_tma
 from hotloop.kernels.paged_decode_attention import decode_config, paged_decode_attention
 
 H, KV, D, BS = 32, 8, 128, 64
@@ -102,6 +106,49 @@ def _page_kernel(
              mask=mask_g[:, None])  # fmt: skip
 
 
+@triton.jit
+def _tma_kernel(
+    q_ptr, k_desc, v_desc, tables_ptr, seq_ptr, out_ptr, scale_log2,
+    stride_qb, stride_qh, stride_bt, stride_ob, stride_oh,
+    G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr,
+):  # fmt: skip
+    """As ``_page_kernel``, with each tile's K and V rows loaded through a tensor descriptor."""
+    kvh = tl.program_id(0)
+    b = tl.program_id(1)
+    seq_len = tl.load(seq_ptr + b)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, D)
+    mask_g = offs_g < G
+    heads = kvh * G + offs_g
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=mask_g[:, None], other=0.0
+    )
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    table = tables_ptr + b * stride_bt
+    offs_t = tl.arange(0, BLOCK_N)
+    for n0 in tl.range(0, seq_len, BLOCK_N, num_stages=STAGES):
+        page = tl.load(table + n0 // BS)
+        row = page * BS + n0 % BS
+        k = k_desc.load([row, kvh * D])
+        mask_n = n0 + offs_t < seq_len
+        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = v_desc.load([row, kvh * D])
+        v = tl.where(mask_n[:, None], v, 0.0)  # rows past the end may hold anything, NaN included
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=mask_g[:, None])  # fmt: skip
+
+
 def page_decode(q, k, v, tables, seq, scale, out, block_n: int, warps: int, stages: int) -> torch.Tensor:
     B = q.shape[0]
     _page_kernel[(KV, B)](
@@ -112,8 +159,21 @@ def page_decode(q, k, v, tables, seq, scale, out, block_n: int, warps: int, stag
     return out
 
 
-def tma_decode(q, k, v, tables, seq, scale, out, block_n: int, warps: int, stages: int) -> torch.Tensor:
-    return paged_decode_tma.decode_tma(q, k, v, tables, seq, scale, out, (block_n, warps, stages))
+def make_descs(k: torch.Tensor, v: torch.Tensor, block_n: int) -> tuple[Any, Any]:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    nb = k.shape[0]
+    return tuple(TensorDescriptor.from_tensor(c.view(nb * BS, KV * D), [block_n, D]) for c in (k, v))  # type: ignore[return-value]
+
+
+def tma_decode(q, descs, tables, seq, scale, out, block_n: int, warps: int, stages: int) -> torch.Tensor:
+    B = q.shape[0]
+    _tma_kernel[(KV, B)](
+        q, descs[0], descs[1], tables, seq, out, scale * _LOG2E, q.stride(0), q.stride(1), tables.stride(0),
+        out.stride(0), out.stride(1), G=G, D=D, BS=BS, BLOCK_G=16, BLOCK_N=block_n, STAGES=stages,
+        num_warps=warps,
+    )  # fmt: skip
+    return out
 
 
 def bench(fn: Callable[[], Any]) -> float:
@@ -196,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
 
     sums = torch.empty(1 << 16, device="cuda", dtype=torch.float32)
-    for progs, block, warps in ((1056, 4096, 8), (2112, 2048, 4), (4224, 2048, 8), (528, 8192, 8)):
+    for progs, block, warps in ((1024, 4096, 8), (2048, 2048, 4), (4096, 2048, 8), (512, 8192, 8)):
         n = caches[0][0].numel()
         if n % (progs * block):
             continue
@@ -222,8 +282,16 @@ def main(argv: list[str] | None = None) -> int:
         record("page", [bn, w, st],
                lambda i, bn=bn, w=w, st=st: page_decode(q, *caches[i], tables, seq, scale, outs, bn, w, st), outs, ref)  # fmt: skip
     for bn, w, st in parse_cfgs(args.tma_configs):
+        try:
+            descs = [make_descs(kc, vc, bn) for kc, vc in caches]
+        except Exception as e:  # noqa: BLE001
+            rows.append(
+                {"kind": "tma", "config": [bn, w, st], "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            )
+            print(f"  tma descriptors: {rows[-1]['error']}", flush=True)
+            break
         record("tma", [bn, w, st],
-               lambda i, bn=bn, w=w, st=st: tma_decode(q, *caches[i], tables, seq, scale, outs, bn, w, st), outs, ref)  # fmt: skip
+               lambda i, d=descs, bn=bn, w=w, st=st: tma_decode(q, d[i], tables, seq, scale, outs, bn, w, st), outs, ref)  # fmt: skip
     result = {"device": dev, "batch": B, "ctx": ctx, "bytes": nbytes, "floor_ms": floor_ms,
               "contiguous_pages": args.contiguous, "caches": args.caches, "rows": rows}  # fmt: skip
     with open(args.out, "w") as f:

@@ -43,8 +43,8 @@
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
 #   tma      one GPU: decode_tma_probe.py (batch 256 x 1k: a plain read, the engine's decode kernel, one page a
-#            tile, TMA tiles), the TMA kernel's GPU tests, then issue 4's batch-256 row with HOTLOOP_DECODE_TMA=0
-#            and 1, alternating, while TABLE4_BUDGET_S seconds into the script leave time for one.
+#            tile, TMA tiles). (At e93fc00 it also ran the TMA kernel's GPU tests and issue 4's batch-256 row
+#            with HOTLOOP_DECODE_TMA=0 / 1, an engine switch since removed: results/gpu_2026-12-07b.)
 #   b256     one GPU: issue 4's batch-256 row with the defaults, HOTLOOP_DENSE_TUNE=1, HOTLOOP_DECODE_GRID=seq and the
 #            defaults again, until TABLE4_BUDGET_S seconds into the script.
 #   table4   one GPU: issue 4's rows of the table (batch 1 with and without 8 steps a launch, SmolLM2, batch 256,
@@ -391,12 +391,9 @@ if [ "$what" = b256 ]; then  # one GPU: issue 4's batch-256 row, default / timed
   b256_rows HOTLOOP_DECODE_GRID=heads HOTLOOP_DENSE_TUNE=1 HOTLOOP_DECODE_GRID=seq HOTLOOP_DECODE_GRID=heads
   exit 0
 fi
-if [ "$what" = tma ]; then  # one GPU: the TMA decode kernel (forty-third session): its probe against a plain read
-  # and the engine's kernel at batch 256 x 1k, its GPU tests, then issue 4's batch-256 row without and with it
+if [ "$what" = tma ]; then  # one GPU: batch-256 decode attention against a plain read of its bytes (forty-third session)
   export CUDA_VISIBLE_DEVICES=0
   timeout 170 python3 "$here/decode_tma_probe.py" --out "$out/tma_probe.json" 2>&1 | grep -v Warning | tee "$out/tma_probe.log"
-  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_decode_tma.py -x 2>&1 | tail -15
-  b256_rows HOTLOOP_DECODE_TMA=0 HOTLOOP_DECODE_TMA=1 HOTLOOP_DECODE_TMA=0 HOTLOOP_DECODE_TMA=1
   exit 0
 fi
 if [ "$what" = table4 ]; then  # one GPU: issue 4's rows and their transformers baselines (~8 minutes)

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotloop.kernels import counters, kv_int8_decode_cuda, kv_quant, paged_decode_tma
+from hotloop.kernels import counters, kv_int8_decode_cuda, kv_quant
 from hotloop.kernels.checks import (
     FLOAT_DTYPES,
     check,
@@ -775,18 +775,6 @@ def decode_attention_partials(
         raise RuntimeError("exclude_newest: the CUDA int8 decode kernels could not be built here")
     if write_kv is not None and not launched:  # the CUDA kernels could not be built here
         _write_first(q, k_cache, v_cache, write_kv)
-    if (
-        not launched
-        and graph_plan
-        and config is None
-        and write_kv is None
-        and not exclude_newest
-        and paged_decode_tma.enabled()
-        and paged_decode_tma.why_not(q, k_cache, splits, sliding_window) is None
-    ):
-        # (HOTLOOP_DECODE_TMA=1) a decode graph's one-split launch over a 16-bit cache: TMA tiles
-        paged_decode_tma.decode_tma(q, k_cache, v_cache, block_tables, seq_lens, scale, out)
-        return DecodeResult(out)
     arrivals = counters.counters(q.device, "decode_merge", B * kv) if fused and not launched else None
     merge = arrivals is not None
     if not launched:
