@@ -23,6 +23,9 @@ read's best 3,095 GB/s, and neither the one-page loop nor TMA tiles are faster (
 at best). The TMA kernel ran in the engine's decode graphs as an opt-in switch
 (``HOTLOOP_DECODE_TMA=1``, ``kernels/paged_decode_tma.py`` at commit e93fc00) and was removed after
 it: the batch-256 step took 19.98 ms with it against 19.81 ms without.
+After that run the probe's page and TMA kernels became one kernel (``_probe_kernel``, a constexpr
+``TMA``, a tile's attention through the engine's ``_float_tile``): the same loads and arithmetic as
+measured, checked on the CPU through the interpreter, not yet re-run on a GPU.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotloop.kernels.paged_decode_attention import decode_config, paged_decode_attention
+from hotloop.kernels.paged_decode_attention import _float_tile, decode_config, paged_decode_attention
 
 H, KV, D, BS = 32, 8, 128, 64
 G = H // KV
@@ -66,54 +69,16 @@ def read_probe(
 
 
 @triton.jit
-def _page_kernel(
-    q_ptr, k_ptr, v_ptr, tables_ptr, seq_ptr, out_ptr, scale_log2,
+def _probe_kernel(
+    q_ptr, k_src, v_src, tables_ptr, seq_ptr, out_ptr, scale_log2,
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_bt, stride_ob, stride_oh,
     G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    """One split, heads-first grid (KV, B); a tile of ``BLOCK_N`` (dividing ``BS``) keys lies in one page."""
-    kvh = tl.program_id(0)
-    b = tl.program_id(1)
-    seq_len = tl.load(seq_ptr + b)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, D)
-    mask_g = offs_g < G
-    heads = kvh * G + offs_g
-    q = tl.load(
-        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=mask_g[:, None], other=0.0
-    )
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, D], tl.float32)
-    table = tables_ptr + b * stride_bt
-    offs_t = tl.arange(0, BLOCK_N)
-    for n0 in range(0, seq_len, BLOCK_N):
-        page = tl.load(table + n0 // BS).to(tl.int64)
-        rows = page * stride_kb + (n0 % BS + offs_t) * stride_kt + kvh * stride_kh
-        mask_n = n0 + offs_t < seq_len
-        k = tl.load(k_ptr + rows[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale_log2
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + rows[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
-             mask=mask_g[:, None])  # fmt: skip
-
-
-@triton.jit
-def _tma_kernel(
-    q_ptr, k_desc, v_desc, tables_ptr, seq_ptr, out_ptr, scale_log2,
-    stride_qb, stride_qh, stride_bt, stride_ob, stride_oh,
-    G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    STAGES: tl.constexpr,
-):  # fmt: skip
-    """As ``_page_kernel``, with each tile's K and V rows loaded through a tensor descriptor."""
+    """One split, heads-first grid (KV, B); a tile of ``BLOCK_N`` (dividing ``BS``) keys lies in one
+    page, its rows addressed from one block-table entry. ``TMA``: ``k_src`` / ``v_src`` are tensor
+    descriptors over the caches as ``[NB * BS, KV * D]`` rows (boxes ``[BLOCK_N, D]``), else pointers
+    to the caches with the given strides. The tile's attention is the engine's ``_float_tile``."""
     kvh = tl.program_id(0)
     b = tl.program_id(1)
     seq_len = tl.load(seq_ptr + b)
@@ -130,33 +95,37 @@ def _tma_kernel(
     table = tables_ptr + b * stride_bt
     offs_t = tl.arange(0, BLOCK_N)
     for n0 in tl.range(0, seq_len, BLOCK_N, num_stages=STAGES):
-        page = tl.load(table + n0 // BS)
-        row = page * BS + n0 % BS
-        k = k_desc.load([row, kvh * D])
         mask_n = n0 + offs_t < seq_len
-        s = tl.dot(q, tl.trans(k)) * scale_log2
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = v_desc.load([row, kvh * D])
-        v = tl.where(mask_n[:, None], v, 0.0)  # rows past the end may hold anything, NaN included
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        if TMA:
+            row = tl.load(table + n0 // BS) * BS + n0 % BS
+            k = k_src.load([row, kvh * D])
+            # rows past the end may hold anything, NaN included (p is 0 there, but 0 * NaN is not)
+            v = tl.where(mask_n[:, None], v_src.load([row, kvh * D]), 0.0)
+        else:
+            page = tl.load(table + n0 // BS).to(tl.int64)
+            rows = page * stride_kb + (n0 % BS + offs_t) * stride_kt + kvh * stride_kh
+            k = tl.load(k_src + rows[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+            v = tl.load(v_src + rows[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        m_i, l_i, acc = _float_tile(q, k, v, mask_n, m_i, l_i, acc, scale_log2)
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
              mask=mask_g[:, None])  # fmt: skip
 
 
-def page_decode(q, k, v, tables, seq, scale, out, block_n: int, warps: int, stages: int) -> torch.Tensor:
+def _probe(q, k_src, v_src, k, tables, seq, scale, out, block_n: int, warps: int, stages: int, tma: bool):
+    if BS % block_n:
+        raise ValueError(f"BLOCK_N {block_n} must divide the block size {BS} (a tile lies in one page)")
     B = q.shape[0]
-    _page_kernel[(KV, B)](
-        q, k, v, tables, seq, out, scale * _LOG2E, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
-        tables.stride(0), out.stride(0), out.stride(1), G=G, D=D, BS=BS, BLOCK_G=16, BLOCK_N=block_n,
-        num_warps=warps, num_stages=stages,
+    _probe_kernel[(KV, B)](
+        q, k_src, v_src, tables, seq, out, scale * _LOG2E, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        k.stride(2), tables.stride(0), out.stride(0), out.stride(1), G=G, D=D, BS=BS, BLOCK_G=16,
+        BLOCK_N=block_n, STAGES=stages, TMA=tma, num_warps=warps,
     )  # fmt: skip
     return out
+
+
+def page_decode(q, k, v, tables, seq, scale, out, block_n: int, warps: int, stages: int) -> torch.Tensor:
+    return _probe(q, k, v, k, tables, seq, scale, out, block_n, warps, stages, False)
 
 
 def make_descs(k: torch.Tensor, v: torch.Tensor, block_n: int) -> tuple[Any, Any]:
@@ -166,14 +135,10 @@ def make_descs(k: torch.Tensor, v: torch.Tensor, block_n: int) -> tuple[Any, Any
     return tuple(TensorDescriptor.from_tensor(c.view(nb * BS, KV * D), [block_n, D]) for c in (k, v))  # type: ignore[return-value]
 
 
-def tma_decode(q, descs, tables, seq, scale, out, block_n: int, warps: int, stages: int) -> torch.Tensor:
-    B = q.shape[0]
-    _tma_kernel[(KV, B)](
-        q, descs[0], descs[1], tables, seq, out, scale * _LOG2E, q.stride(0), q.stride(1), tables.stride(0),
-        out.stride(0), out.stride(1), G=G, D=D, BS=BS, BLOCK_G=16, BLOCK_N=block_n, STAGES=stages,
-        num_warps=warps,
-    )  # fmt: skip
-    return out
+def tma_decode(q, k, v, tables, seq, scale, out, block_n: int, warps: int, stages: int) -> torch.Tensor:
+    """(A descriptor holds its tensor and is cheap to build: one per launch, at capture time.)"""
+    dk, dv = make_descs(k, v, block_n)
+    return _probe(q, dk, dv, k, tables, seq, scale, out, block_n, warps, stages, True)
 
 
 def bench(fn: Callable[[], Any]) -> float:
@@ -187,12 +152,21 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-9))
 
 
-def parse_cfgs(text: str) -> list[tuple[int, int, int]]:
+def parse_cfgs(text: str, flag: str) -> list[tuple[int, int, int]]:
+    """``'BLOCK_N,warps,stages;...'`` (empty: none); a malformed entry names ``flag`` and the entry."""
     out = []
     for part in text.split(";"):
-        if part.strip():
+        if not part.strip():
+            continue
+        try:
             a, b, c = (int(x) for x in part.split(","))
-            out.append((a, b, c))
+        except ValueError:
+            raise SystemExit(f"{flag}: {part!r} is not BLOCK_N,warps,stages (three integers)") from None
+        if a < 16 or a & (a - 1) or b not in (1, 2, 4, 8, 16) or c < 1:
+            raise SystemExit(
+                f"{flag}: {part!r}: BLOCK_N a power of two >= 16, warps 1-16 (a power of two), stages >= 1"
+            )
+        out.append((a, b, c))
     return out
 
 
@@ -273,25 +247,17 @@ def main(argv: list[str] | None = None) -> int:
         outs,
         ref,
     )
-    for cfg in parse_cfgs(args.engine_configs):
+    for cfg in parse_cfgs(args.engine_configs, "--engine-configs"):
         if list(cfg) == default:
             continue
         record("engine", list(cfg),
                lambda i, c=cfg: paged_decode_attention(q, *caches[i], tables, seq, scale, out=outs, config=c), outs, ref)  # fmt: skip
-    for bn, w, st in parse_cfgs(args.page_configs):
+    for bn, w, st in parse_cfgs(args.page_configs, "--page-configs"):
         record("page", [bn, w, st],
                lambda i, bn=bn, w=w, st=st: page_decode(q, *caches[i], tables, seq, scale, outs, bn, w, st), outs, ref)  # fmt: skip
-    for bn, w, st in parse_cfgs(args.tma_configs):
-        try:
-            descs = [make_descs(kc, vc, bn) for kc, vc in caches]
-        except Exception as e:  # noqa: BLE001
-            rows.append(
-                {"kind": "tma", "config": [bn, w, st], "error": f"{type(e).__name__}: {str(e)[:300]}"}
-            )
-            print(f"  tma descriptors: {rows[-1]['error']}", flush=True)
-            break
+    for bn, w, st in parse_cfgs(args.tma_configs, "--tma-configs"):
         record("tma", [bn, w, st],
-               lambda i, d=descs, bn=bn, w=w, st=st: tma_decode(q, d[i], tables, seq, scale, outs, bn, w, st), outs, ref)  # fmt: skip
+               lambda i, bn=bn, w=w, st=st: tma_decode(q, *caches[i], tables, seq, scale, outs, bn, w, st), outs, ref)  # fmt: skip
     result = {"device": dev, "batch": B, "ctx": ctx, "bytes": nbytes, "floor_ms": floor_ms,
               "contiguous_pages": args.contiguous, "caches": args.caches, "rows": rows}  # fmt: skip
     with open(args.out, "w") as f:
