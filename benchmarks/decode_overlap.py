@@ -1,4 +1,4 @@
-"""Two micro-batches on two streams (``models/overlap.py``) against the whole batch: the decode CUDA
+"""Two micro-batches on two streams (``models/decode_overlap.py``) against the whole batch: the decode CUDA
 graph's step at batch B and 1k context, Llama-3-8B shape, dummy weights, in one process.
 
     PYTHONPATH=$PWD python3 benchmarks/decode_overlap.py --out $OUT/overlap.json [--batches 256,128]

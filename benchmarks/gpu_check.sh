@@ -396,7 +396,7 @@ if [ "$what" = b256 ]; then  # one GPU: issue 4's batch-256 row, default / timed
 fi
 if [ "$what" = overlap ]; then  # one GPU: two micro-batches on two streams (forty-fourth session)
   export CUDA_VISIBLE_DEVICES=0
-  timeout 150 python3 -m pytest -m gpu tests/models/test_overlap.py -q -p no:cacheprovider -rfE --tb=short 2>&1 | tail -15
+  timeout 150 python3 -m pytest -m gpu tests/models/test_decode_overlap.py -q -p no:cacheprovider -rfE --tb=short 2>&1 | tail -15
   timeout 240 python3 "$here/decode_overlap.py" --out "$out/overlap.json" ${OVERLAP_ARGS:-} 2>&1 | grep -v Warning | tee "$out/overlap.log" | grep -E "card|batch|Error|error" 
   b256_rows HOTLOOP_DECODE_OVERLAP=0 HOTLOOP_DECODE_OVERLAP=1 HOTLOOP_DECODE_OVERLAP=0 HOTLOOP_DECODE_OVERLAP=1
   exit 0

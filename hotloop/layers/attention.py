@@ -70,7 +70,7 @@ class AttentionMetadata:
 
     def rows(self, lo: int, hi: int) -> AttentionMetadata:
         """The metadata of rows ``lo:hi`` of a decode-only batch (one token a row), as views: a
-        micro-batch of the same step (``models/overlap.py``). Its ``query_start_t`` is the first
+        micro-batch of the same step (``models/decode_overlap.py``). Its ``query_start_t`` is the first
         ``hi - lo + 1`` entries (a decode batch's cumulative query lengths are 0, 1, 2, ...)."""
         if not self.decode_only:
             raise ValueError("AttentionMetadata.rows splits decode-only batches only")

@@ -21,7 +21,7 @@ from hotloop.layers.embedding import LMHead, VocabEmbedding
 from hotloop.layers.linear import Linear, MergedLinear, QKVLinear, ShardId, default_weight_loader, shard_key
 from hotloop.layers.norm import RMSNorm
 from hotloop.layers.rotary import RopeConfig, RotaryEmbedding
-from hotloop.models import overlap
+from hotloop.models import decode_overlap as overlap
 from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)

@@ -1,4 +1,4 @@
-"""``models/overlap.py``: a decode step run as two micro-batches gives each row what the whole batch
+"""``models/decode_overlap.py``: a decode step run as two micro-batches gives each row what the whole batch
 gives it, writes the same KV cache, and is taken only where ``HOTLOOP_DECODE_OVERLAP`` says.
 
 On the CPU the two micro-batches run in order (no streams); the GPU test runs them on two streams,
@@ -17,7 +17,7 @@ from test_parity import CONFIGS, PagedRunner, _hf_model
 from transformers import LlamaConfig, MistralConfig, Qwen3Config
 
 from hotloop.layers.attention import AttentionMetadata
-from hotloop.models import overlap
+from hotloop.models import decode_overlap as overlap
 from hotloop.models.loader import load_model
 
 # GQA, MHA with q/k norm and biases, a sliding window
