@@ -39,7 +39,7 @@ from run_gpu import measure_ceilings  # noqa: E402
 from hotloop.api.build import build_engine  # noqa: E402
 from hotloop.config import EngineConfig  # noqa: E402
 from hotloop.executor.cuda_graph import DecodeGraphs  # noqa: E402
-from hotloop.models import overlap  # noqa: E402
+from hotloop.models import decode_overlap as overlap  # noqa: E402
 
 
 def capture_bucket(base: DecodeGraphs, bucket: int, env: dict[str, str], setup: Any = None) -> DecodeGraphs:
