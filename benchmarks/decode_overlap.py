@@ -11,8 +11,8 @@ unset). For each batch the script then captures that bucket's graph again per va
 - ``overlap_carve{N}``: the same with cuBLAS told to leave N SMs free
   (``torch._C._set_sm_carveout_experimental``, read when the GEMMs are captured).
 
-Then it replays the variants in turn (``--rounds`` rounds of ``--iters`` steps each, CUDA events, GPU
-time of one replay including the LM head and argmax) through the runner's own step (``execute``), and
+Then it replays the variants in turn (``--rounds`` rounds of ``--iters`` replays each, CUDA events: GPU
+time of one replay, the LM head and argmax included, of the step the runner's ``execute`` staged), and
 prints each variant's median against the floor (max of weight + KV bytes over the copy rate
 measured now, FLOPs over the matmul rate measured now) and against the whole-batch graph. Each
 variant's logits are compared with the whole batch's on the same step (max |diff| and greedy
@@ -89,14 +89,16 @@ def carveout(n: int) -> Any:
     return setup
 
 
-def time_replays(runner: Any, out: Any, iters: int) -> list[float]:
+def time_replays(g: DecodeGraphs, bucket: int, iters: int) -> list[float]:
+    """GPU time of ``iters`` replays of ``bucket``'s graph, one at a time (the inputs the last
+    ``execute`` staged: the same step again, rewriting the same K/V slots with the same values)."""
     times = []
-    runner.execute(out)
+    g.run(bucket, None)
     torch.cuda.synchronize()
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        runner.execute(out)
+        g.run(bucket, None)
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
@@ -158,8 +160,7 @@ def main() -> int:
                 }
         for _ in range(args.rounds):
             for name, g in variants.items():
-                runner.graphs = g
-                times[name] += time_replays(runner, out, args.iters)
+                times[name] += time_replays(g, bucket, args.iters)
         runner.graphs = base
         release(engine, out)
         floor = 1e3 * max(
