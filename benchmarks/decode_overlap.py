@@ -181,6 +181,9 @@ def main() -> int:
                   f"{med / floor:5.3f}x the floor of {floor:.2f} ms, {med / whole:5.3f}x whole{extra}",
                   flush=True)  # fmt: skip
         results["batches"][str(batch)] = {"floor_ms": floor, "rows": rows}
+        best = min(rows, key=lambda k: rows[k]["ms_p50"])
+        print(f"batch {batch}: fastest {best}", flush=True)
+        results["batches"][str(batch)]["fastest"] = best
         for name, g in variants.items():  # free the extra graphs before the next batch
             if name != "whole":
                 g.graphs.clear()
