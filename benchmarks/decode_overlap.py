@@ -33,7 +33,14 @@ import torch
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 
-from profile_step import FLOP_PER_TOKEN, WEIGHT_BYTES, kv_bytes_per_token, make_step, release  # noqa: E402
+from profile_step import (
+    AWQ_WEIGHT_BYTES,
+    FLOP_PER_TOKEN,
+    WEIGHT_BYTES,
+    kv_bytes_per_token,
+    make_step,
+    release,
+)  # noqa: E402
 from run_gpu import measure_ceilings  # noqa: E402
 
 from hotloop.api.build import build_engine  # noqa: E402
@@ -114,6 +121,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--carveouts", default="16,32", help="SMs left free by cuBLAS in the carveout variants")
     ap.add_argument("--no-prio", action="store_true")
+    ap.add_argument("--model-format", default="hf", choices=("hf", "awq"), help="awq: random int4 weights")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     ceil = measure_ceilings()
@@ -127,6 +135,7 @@ def main() -> int:
             session_len=args.ctx + 256,
             max_prefill_token_num=2048,  # (no prompt runs here: fewer piecewise graphs to capture)
             disable_overlap_schedule=True,
+            model_format=args.model_format,
         ),
     )
     engine = built.engine
@@ -164,8 +173,9 @@ def main() -> int:
                 times[name] += time_replays(g, bucket, args.iters)
         runner.graphs = base
         release(engine, out)
+        weight_bytes = WEIGHT_BYTES if args.model_format == "hf" else AWQ_WEIGHT_BYTES
         floor = 1e3 * max(
-            (WEIGHT_BYTES + kv_bytes_per_token(0) * batch * args.ctx) / (ceil["copy_GBps"] * 1e9),
+            (weight_bytes + kv_bytes_per_token(0) * batch * args.ctx) / (ceil["copy_GBps"] * 1e9),
             (FLOP_PER_TOKEN * batch + 4 * 32 * 4096 * batch * args.ctx) / (ceil["bf16_matmul_TFLOPs"] * 1e12),
         )
         whole = statistics.median(times["whole"])

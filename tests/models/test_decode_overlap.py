@@ -29,8 +29,8 @@ def _decode_meta(runner: PagedRunner, seqs: list[str], device: str = "cpu") -> A
     with the device tensors a GPU step carries."""
     slots, seq_lens = [], []
     for s in seqs:
-        pos = runner.lens[s]
-        table = runner.tables[s]
+        pos = runner.lens.get(s, 0)
+        table = runner.tables.setdefault(s, [])
         while len(table) * tp.BLOCK_SIZE <= pos:
             table.append(runner.free.pop())
         slots.append(table[pos // tp.BLOCK_SIZE] * tp.BLOCK_SIZE + pos % tp.BLOCK_SIZE)
