@@ -33,14 +33,14 @@ import torch
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 
-from profile_step import (
+from profile_step import (  # noqa: E402
     AWQ_WEIGHT_BYTES,
     FLOP_PER_TOKEN,
     WEIGHT_BYTES,
     kv_bytes_per_token,
     make_step,
     release,
-)  # noqa: E402
+)
 from run_gpu import measure_ceilings  # noqa: E402
 
 from hotloop.api.build import build_engine  # noqa: E402
