@@ -25,7 +25,9 @@ at best). The TMA kernel ran in the engine's decode graphs as an opt-in switch
 it: the batch-256 step took 19.98 ms with it against 19.81 ms without.
 After that run the probe's page and TMA kernels became one kernel (``_probe_kernel``, a constexpr
 ``TMA``, a tile's attention through the engine's ``_float_tile``): the same loads and arithmetic as
-measured, checked on the CPU through the interpreter, not yet re-run on a GPU.
+measured, except that the page path's stages now come through its loop's ``tl.range`` as the TMA
+path's did (it was measured with the launch's ``num_stages``); checked on the CPU through the
+interpreter, not yet re-run on a GPU.
 """
 
 from __future__ import annotations
