@@ -45,8 +45,10 @@
 #   tma      one GPU: decode_tma_probe.py (batch 256 x 1k: a plain read, the engine's decode kernel, one page a
 #            tile, TMA tiles). (At e93fc00 it also ran the TMA kernel's GPU tests and issue 4's batch-256 row
 #            with HOTLOOP_DECODE_TMA=0 / 1, an engine switch since removed: results/gpu_2026-12-07b.)
-#   (overlap, overlap2: the forty-fourth session's two micro-batches on two streams, removed after they
-#            lost; at 92356a0, results/gpu_2026-12-07c)
+#   (overlap: the forty-fourth session's two micro-batches on two streams at batch 256 / 128, removed after
+#            they lost; at 92356a0, results/gpu_2026-12-07c)
+#   overlap2 one GPU: the two-stream GPU tests, then decode_overlap.py with W4A16 weights at batch 384 and 256 and
+#            with bf16 at 384 (1k context; each half's logits against the whole graph of its rows).
 #   b256     one GPU: issue 4's batch-256 row with the defaults, HOTLOOP_DENSE_TUNE=1, HOTLOOP_DECODE_GRID=seq and the
 #            defaults again, until TABLE4_BUDGET_S seconds into the script.
 #   table4   one GPU: issue 4's rows of the table (batch 1 with and without 8 steps a launch, SmolLM2, batch 256,
@@ -391,6 +393,15 @@ fi
 if [ "$what" = b256 ]; then  # one GPU: issue 4's batch-256 row, default / timed cuBLASLt / seq grid / default
   export CUDA_VISIBLE_DEVICES=0
   b256_rows HOTLOOP_DECODE_GRID=heads HOTLOOP_DENSE_TUNE=1 HOTLOOP_DECODE_GRID=seq HOTLOOP_DECODE_GRID=heads
+  exit 0
+fi
+if [ "$what" = overlap2 ]; then  # one GPU: the two-stream GPU tests, then W4A16 and bf16 at batch 384
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 150 python3 -m pytest -m gpu tests/models/test_decode_overlap.py -q -p no:cacheprovider -rfE --tb=short 2>&1 | tail -15
+  timeout 170 python3 "$here/decode_overlap.py" --out "$out/overlap_awq.json" --model-format awq --batches 384,256 \
+    --carveouts "" --no-prio 2>&1 | grep -v Warning | tee "$out/overlap_awq.log" | grep -E "card|batch|Error|error"
+  timeout 130 python3 "$here/decode_overlap.py" --out "$out/overlap_bf16.json" --batches 384 --carveouts "" --no-prio \
+    2>&1 | grep -v Warning | tee "$out/overlap_bf16.log" | grep -E "card|batch|Error|error"
   exit 0
 fi
 if [ "$what" = tma ]; then  # one GPU: batch-256 decode attention against a plain read of its bytes (forty-third session)
