@@ -50,7 +50,8 @@
 #   overlap2 one GPU: the two-stream GPU tests, then decode_overlap.py with W4A16 weights at batch 384 and 256 and
 #            with bf16 at 384 (1k context; each half's logits against the whole graph of its rows).
 #   awqoff   one GPU: issue 5's offline row (W4A16, 1000 x 1024 / 1024, 384 a step) with HOTLOOP_DECODE_OVERLAP=1,
-#            bf16's offline row, then the W4A16 row with the switch off, until TABLE4_BUDGET_S.
+#            bf16's offline row, then the W4A16 row with the switch off, until TABLE4_BUDGET_S (OFFLINE_ROWS: other
+#            row:NAME=VALUE pairs, space-separated).
 #   b256     one GPU: issue 4's batch-256 row with the defaults, HOTLOOP_DENSE_TUNE=1, HOTLOOP_DECODE_GRID=seq and the
 #            defaults again, until TABLE4_BUDGET_S seconds into the script.
 #   table4   one GPU: issue 4's rows of the table (batch 1 with and without 8 steps a launch, SmolLM2, batch 256,
@@ -420,8 +421,9 @@ if [ "$what" = overlap2 ]; then  # one GPU: the two-stream GPU tests, then W4A16
 fi
 if [ "$what" = awqoff ]; then  # one GPU: W4A16 offline with two micro-batches against bf16 and W4A16 without
   export CUDA_VISIBLE_DEVICES=0
-  offline_rows llama3_awq_offline:HOTLOOP_DECODE_OVERLAP=1 llama3_offline:HOTLOOP_DECODE_OVERLAP=0 \
-    llama3_awq_offline:HOTLOOP_DECODE_OVERLAP=0
+  # shellcheck disable=SC2086  # OFFLINE_ROWS: a space-separated list of row:NAME=VALUE pairs
+  offline_rows ${OFFLINE_ROWS:-llama3_awq_offline:HOTLOOP_DECODE_OVERLAP=1 llama3_offline:HOTLOOP_DECODE_OVERLAP=0 \
+    llama3_awq_offline:HOTLOOP_DECODE_OVERLAP=0}
   exit 0
 fi
 if [ "$what" = tma ]; then  # one GPU: batch-256 decode attention against a plain read of its bytes (forty-third session)
