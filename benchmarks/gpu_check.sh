@@ -45,13 +45,9 @@
 #   tma      one GPU: decode_tma_probe.py (batch 256 x 1k: a plain read, the engine's decode kernel, one page a
 #            tile, TMA tiles). (At e93fc00 it also ran the TMA kernel's GPU tests and issue 4's batch-256 row
 #            with HOTLOOP_DECODE_TMA=0 / 1, an engine switch since removed: results/gpu_2026-12-07b.)
-#   (overlap: the forty-fourth session's two micro-batches on two streams at batch 256 / 128, removed after
-#            they lost; at 92356a0, results/gpu_2026-12-07c)
-#   overlap2 one GPU: the two-stream GPU tests, then decode_overlap.py with W4A16 weights at batch 384 and 256 and
-#            with bf16 at 384 (1k context; each half's logits against the whole graph of its rows).
-#   awqoff   one GPU: issue 5's offline row (W4A16, 1000 x 1024 / 1024, 384 a step) with HOTLOOP_DECODE_OVERLAP=1,
-#            bf16's offline row, then the W4A16 row with the switch off, until TABLE4_BUDGET_S (OFFLINE_ROWS: other
-#            row:NAME=VALUE pairs, space-separated).
+#   (overlap, overlap2, awqoff: two micro-batches on two streams, bf16 at batch 256 / 128 (forty-fourth
+#            session, at 92356a0, results/gpu_2026-12-07c) and W4A16 at 384 / 256 (forty-fifth, at 47d530f,
+#            results/gpu_2026-12-07d); removed after they lost)
 #   b256     one GPU: issue 4's batch-256 row with the defaults, HOTLOOP_DENSE_TUNE=1, HOTLOOP_DECODE_GRID=seq and the
 #            defaults again, until TABLE4_BUDGET_S seconds into the script.
 #   table4   one GPU: issue 4's rows of the table (batch 1 with and without 8 steps a launch, SmolLM2, batch 256,
@@ -137,18 +133,6 @@ b256_rows() {  # setting...: issue 4's batch-256 row once per environment settin
     [ "$left" -gt 50 ] || break
     env "$v" timeout "$left" python3 "$here/run_gpu.py" --out "$out/b256_${i}_${v%%=*}" --skip-hf \
       --only llama3_b256_1k 2>&1 | grep -E "ceilings|b256|4,229|llama3_b256_1k\]" | sed "s/^/[$v] /"
-  done
-}
-offline_rows() {  # row:NAME=VALUE...: run_gpu.py's row once per pair (e.g. llama3_awq_offline:HOTLOOP_DECODE_OVERLAP=1),
-  # in turn, while TABLE4_BUDGET_S seconds into the script leave time for one
-  local p row v left i=0
-  for p in "$@"; do
-    i=$((i + 1))
-    row=${p%%:*} v=${p#*:}
-    left=$((TABLE4_BUDGET_S - SECONDS))
-    [ "$left" -gt 100 ] || break
-    env "$v" timeout "$left" python3 "$here/run_gpu.py" --out "$out/off_${i}_${row}" --skip-hf --only "$row" 2>&1 \
-      | grep -E "ceilings|offline|W4A16" | sed "s/^/[$row $v] /"
   done
 }
 gpu_tests() {  # [tag [seconds [pytest paths and options...]]]: the GPU tests, every one by default
@@ -408,22 +392,6 @@ fi
 if [ "$what" = b256 ]; then  # one GPU: issue 4's batch-256 row, default / timed cuBLASLt / seq grid / default
   export CUDA_VISIBLE_DEVICES=0
   b256_rows HOTLOOP_DECODE_GRID=heads HOTLOOP_DENSE_TUNE=1 HOTLOOP_DECODE_GRID=seq HOTLOOP_DECODE_GRID=heads
-  exit 0
-fi
-if [ "$what" = overlap2 ]; then  # one GPU: the two-stream GPU tests, then W4A16 and bf16 at batch 384
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 150 python3 -m pytest -m gpu tests/models/test_decode_overlap.py -q -p no:cacheprovider -rfE --tb=short 2>&1 | tail -15
-  timeout 170 python3 "$here/decode_overlap.py" --out "$out/overlap_awq.json" --model-format awq --batches 384,256 \
-    --carveouts "" --no-prio 2>&1 | grep -v Warning | tee "$out/overlap_awq.log" | grep -E "card|batch|Error|error"
-  timeout 130 python3 "$here/decode_overlap.py" --out "$out/overlap_bf16.json" --batches 384 --carveouts "" --no-prio \
-    2>&1 | grep -v Warning | tee "$out/overlap_bf16.log" | grep -E "card|batch|Error|error"
-  exit 0
-fi
-if [ "$what" = awqoff ]; then  # one GPU: W4A16 offline with two micro-batches against bf16 and W4A16 without
-  export CUDA_VISIBLE_DEVICES=0
-  # shellcheck disable=SC2086  # OFFLINE_ROWS: a space-separated list of row:NAME=VALUE pairs
-  offline_rows ${OFFLINE_ROWS:-llama3_awq_offline:HOTLOOP_DECODE_OVERLAP=1 llama3_offline:HOTLOOP_DECODE_OVERLAP=0 \
-    llama3_awq_offline:HOTLOOP_DECODE_OVERLAP=0}
   exit 0
 fi
 if [ "$what" = tma ]; then  # one GPU: batch-256 decode attention against a plain read of its bytes (forty-third session)

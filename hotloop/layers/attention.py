@@ -68,28 +68,6 @@ class AttentionMetadata:
     def num_tokens(self) -> int:
         return sum(self.query_lens)
 
-    def rows(self, lo: int, hi: int) -> AttentionMetadata:
-        """The metadata of rows ``lo:hi`` of a decode-only batch (one token a row), as views: a
-        micro-batch of the same step (``models/decode_overlap.py``). Its ``query_start_t`` is the first
-        ``hi - lo + 1`` entries (a decode batch's cumulative query lengths are 0, 1, 2, ...)."""
-        if not self.decode_only:
-            raise ValueError("AttentionMetadata.rows splits decode-only batches only")
-        if not 0 <= lo < hi <= len(self.query_lens):
-            raise ValueError(f"rows {lo}:{hi} are not a non-empty range of the {len(self.query_lens)} rows")
-        return AttentionMetadata(
-            slot_mapping=self.slot_mapping[lo:hi],
-            block_tables=self.block_tables[lo:hi],
-            query_lens=self.query_lens[lo:hi],
-            seq_lens=self.seq_lens[lo:hi],
-            seq_lens_t=None if self.seq_lens_t is None else self.seq_lens_t[lo:hi],
-            query_start_t=None if self.query_start_t is None else self.query_start_t[: hi - lo + 1],
-            max_query_len=1,
-            decode_only=True,
-            num_decodes=hi - lo if self.num_decodes else 0,
-            graph=self.graph,
-            graph_max_splits=self.graph_max_splits,
-        )
-
 
 def _any_cached_prefix(query_lens: list[int], seq_lens: list[int]) -> bool:
     """Whether a prefill launch's rows read anything from the cache: a row with a cached prefix, or a

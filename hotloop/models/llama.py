@@ -21,7 +21,6 @@ from hotloop.layers.embedding import LMHead, VocabEmbedding
 from hotloop.layers.linear import Linear, MergedLinear, QKVLinear, ShardId, default_weight_loader, shard_key
 from hotloop.layers.norm import RMSNorm
 from hotloop.layers.rotary import RopeConfig, RotaryEmbedding
-from hotloop.models import decode_overlap as overlap
 from hotloop.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -280,10 +279,6 @@ class LlamaModel(nn.Module):
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
                 h = cast(LlamaDecoderLayer, layer).forward_one_row(h, cos_sin, kv_cache, meta)
             return self.norm(h)
-        split = overlap.decode_split(meta, h)
-        if split is not None:  # two micro-batches on two streams (HOTLOOP_DECODE_OVERLAP)
-            h, res = overlap.decode_overlapped(list(self.layers), h, cos_sin, kv_caches, meta, split)
-            return self.norm(h, res)[0]
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h, residual = layer(h, residual, cos_sin, kv_cache, meta)
