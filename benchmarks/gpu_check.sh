@@ -348,8 +348,9 @@ if [ "$what" = exact2 ]; then  # one GPU: the exact steps' second A/B (the first
     echo "[profile_step $v] rc=$?"
     grep -E "floor|eager pieces|  [0-9.]+ ms +[0-9]+x" "$out/profile_$v.log" | head -24
   done
-  # serving, alternating: the default (padded graphs) and auto (only steps from the threshold measured at
-  # start, which the server logs at info level only: the profile_step run above logs it for the same card)
+  # serving, alternating: off (padded graphs) and auto (the default since the forty-fifth session: only steps
+  # from the threshold measured at start, which the server logs at info level only: the profile_step run
+  # above logs it for the same card)
   i=0
   for v in off auto off auto; do
     left=$((TABLE4_BUDGET_S - SECONDS))

@@ -20,13 +20,13 @@ they were captured (largest bucket first), which lets a piece reuse the previous
 
 ``capture=False`` runs the same pieces over the same buffers without graphs (for the CPU tests).
 
-Large steps at their exact count (``eager_from``, opt-in through ``HOTLOOP_PIECEWISE_EAGER_FROM``: a
-token count, or ``auto``: the smallest bucket whose replay takes ``EAGER_MARGIN`` times the eager
-pieces' host time, measured after the capture by ``_measure_eager_from``): a graph runs its bucket's
-padded rows, up to 12.5% more GEMM work than the step's tokens need. Where a step's GPU time is well
-above the host time of launching its pieces eagerly, the pieces can run eagerly over the step's own
-rows instead, rounded up to a multiple of 16 (attention is still replayed). Why it is off by default
-(the measurements): ``eager_from_env``.
+Large steps at their exact count (``eager_from``, through ``HOTLOOP_PIECEWISE_EAGER_FROM``: ``auto``
+by default, the smallest bucket whose replay takes ``EAGER_MARGIN`` times the eager pieces' host time,
+measured after the capture by ``_measure_eager_from``; a token count; or ``off``): a graph runs its
+bucket's padded rows, up to 12.5% more GEMM work than the step's tokens need. Where a step's GPU time
+is well above the host time of launching its pieces eagerly, the pieces run eagerly over the step's
+own rows instead, rounded up to a multiple of 16 (attention is still replayed). Why ``auto`` is the
+default (the measurements): ``eager_from_env``.
 """
 
 from __future__ import annotations
@@ -51,19 +51,27 @@ EAGER_MARGIN = 2.5
 
 
 def eager_from_env() -> int | str | None:
-    """``HOTLOOP_PIECEWISE_EAGER_FROM``: None (unset, empty or ``off``: every step replays its
-    bucket's graphs, the default), ``"auto"`` (measured after the capture) or a token count >= 1.
+    """``HOTLOOP_PIECEWISE_EAGER_FROM``: ``"auto"`` (unset or empty: the default; the threshold is
+    measured after the capture, and is None where no bucket's replay is long enough, as for small
+    models, whose steps are host-bound), a token count >= 1, or None (``off``, ``0``, ``none``: every
+    step replays its bucket's graphs).
 
-    Off by default. On an H100 with Llama-3-8B (benchmarks/results/gpu_2026-12-06k) an eager step's
-    launches take about 12 ms of host time against 4 for a replay; at 1,024 tokens issue 3's serving
-    run had its median TTFT 6 ms higher (the launches precede the first token) and its p99 ITL 16 ms
-    lower; ``auto`` chose 1,408. And cuBLAS is not faster at every row count below a bucket
-    (benchmarks/results/gpu_2026-12-06j, ``gemm_m.log``: the 8B layer's four projections took 600 us
-    at 1,040 rows but 660 at 1,056 and 659 at 1,088, against 645 at the 1,152-row bucket)."""
+    ``auto`` is the default since the forty-fifth session: on an H100 with Llama-3-8B it measured
+    1,152 tokens, and issue 3's serving run (1,024-token prompts at 16 requests/s, 128 out) was ahead of
+    ``off`` in both of two alternating pairs on every latency figure: median TTFT 47.79 / 47.44 against
+    48.38 / 48.00 ms, median TPOT 10.73 / 10.71 against 10.77 / 10.83, p99 TTFT 122.5 / 114.9 against
+    139.9 / 139.4, p99 ITL 42.2 / 41.5 against 54.7 / 54.7 (benchmarks/results/gpu_2026-12-07d): the
+    steps carrying two or more prompts run over their own rows (16 decodes + 2 x 1,024 tokens: 51.6
+    against 57.3 ms), while a single prompt's step (1,040 rows) stays on its graphs. Forcing every step
+    from 1,024 tokens exact raised the median TTFT instead (48.6 -> 54.6 ms, gpu_2026-12-06k: an eager
+    step's launches take about 9-12 ms of host time, in front of the first token). cuBLAS is not faster
+    at every row count below a bucket either (gpu_2026-12-06j, ``gemm_m.log``: the 8B layer's four
+    projections took 600 us at 1,040 rows but 660 at 1,056 and 659 at 1,088, against 645 at the
+    1,152-row bucket). Not yet measured on an H200."""
     raw = os.environ.get(EAGER_ENV, "").strip().lower()
-    if raw == "auto":
+    if raw in ("", "auto"):
         return "auto"
-    if raw in ("", "off", "0", "none"):
+    if raw in ("off", "0", "none"):
         return None
     try:
         value = int(raw)

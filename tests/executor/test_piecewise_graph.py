@@ -150,9 +150,10 @@ def test_exact_steps_equal_the_model(make_tiny_model: Callable[[str], Path]) -> 
 
 def test_eager_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(EAGER_ENV, raising=False)
-    assert eager_from_env() is None  # off unless asked for
+    assert eager_from_env() == "auto"  # the default: a threshold measured after the capture
     for raw, want in (
-        ("", None),
+        ("", "auto"),
+        ("none", None),
         ("auto", "auto"),
         ("AUTO", "auto"),
         ("off", None),
