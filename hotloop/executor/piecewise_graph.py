@@ -62,9 +62,8 @@ def eager_from_env() -> int | str | None:
     48.38 / 48.00 ms, median TPOT 10.73 / 10.71 against 10.77 / 10.83, p99 TTFT 122.5 / 114.9 against
     139.9 / 139.4, p99 ITL 42.2 / 41.5 against 54.7 / 54.7 (benchmarks/results/gpu_2026-12-07d; on a
     second H100 host, threshold 1,280: median TTFT 47.45 against 49.99 / 49.40, p99 ITL 43.9 against
-    56.1 / 55.3): the
-    steps carrying two or more prompts run over their own rows (16 decodes + 2 x 1,024 tokens: 51.6
-    against 57.3 ms), while a single prompt's step (1,040 rows) stays on its graphs. Forcing every step
+    56.1 / 55.3): the steps carrying two or more prompts run over their own rows (16 decodes + 2 x
+    1,024 tokens: 51.6 against 57.3 ms), while a single prompt's step (1,040 rows) stays on its graphs. Forcing every step
     from 1,024 tokens exact raised the median TTFT instead (48.6 -> 54.6 ms, gpu_2026-12-06k: an eager
     step's launches take about 9-12 ms of host time, in front of the first token). cuBLAS is not faster
     at every row count below a bucket either (gpu_2026-12-06j, ``gemm_m.log``: the 8B layer's four
