@@ -56,19 +56,14 @@ def eager_from_env() -> int | str | None:
     models, whose steps are host-bound), a token count >= 1, or None (``off``, ``0``, ``none``: every
     step replays its bucket's graphs).
 
-    ``auto`` is the default since the forty-fifth session: on an H100 with Llama-3-8B it measured
-    1,152 tokens, and issue 3's serving run (1,024-token prompts at 16 requests/s, 128 out) was ahead of
-    ``off`` in both of two alternating pairs on every latency figure: median TTFT 47.79 / 47.44 against
-    48.38 / 48.00 ms, median TPOT 10.73 / 10.71 against 10.77 / 10.83, p99 TTFT 122.5 / 114.9 against
-    139.9 / 139.4, p99 ITL 42.2 / 41.5 against 54.7 / 54.7 (benchmarks/results/gpu_2026-12-07d; on a
-    second H100 host, threshold 1,280: median TTFT 47.45 against 49.99 / 49.40, p99 ITL 43.9 against
-    56.1 / 55.3): the steps carrying two or more prompts run over their own rows (16 decodes + 2 x
-    1,024 tokens: 51.6 against 57.3 ms), while a single prompt's step (1,040 rows) stays on its graphs. Forcing every step
-    from 1,024 tokens exact raised the median TTFT instead (48.6 -> 54.6 ms, gpu_2026-12-06k: an eager
-    step's launches take about 9-12 ms of host time, in front of the first token). cuBLAS is not faster
-    at every row count below a bucket either (gpu_2026-12-06j, ``gemm_m.log``: the 8B layer's four
-    projections took 600 us at 1,040 rows but 660 at 1,056 and 659 at 1,088, against 645 at the
-    1,152-row bucket). Not yet measured on an H200."""
+    Why ``auto`` is the default (docs/performance.md; benchmarks/results/gpu_2026-12-07d): on two H100
+    hosts with Llama-3-8B it measured 1,152 and 1,280 tokens, so a single 1,024-token prompt's mixed
+    step keeps its graphs while steps carrying two or more prompts run over their own rows (51.6 against
+    57.3 ms), and issue 3's serving run was ahead of ``off`` in every alternating run on every latency
+    figure (p99 TTFT 115-131 against 139-140 ms, p99 ITL 41.5-43.9 against 54.7-56.1, medians 0.4-5%
+    lower).
+    A fixed 1,024 is worse: an eager step's launches take 9-12 ms of host time in front of the first
+    token (median TTFT 48.6 -> 54.6 ms, gpu_2026-12-06k). Not yet measured on an H200."""
     raw = os.environ.get(EAGER_ENV, "").strip().lower()
     if raw in ("", "auto"):
         return "auto"
@@ -81,7 +76,7 @@ def eager_from_env() -> int | str | None:
     if value < 1:
         raise ValueError(
             f"{EAGER_ENV}={raw!r} must be a token count >= 1 (steps of that many tokens or more run "
-            "eagerly at their exact count), 'off' or 'auto' (measured at start)"
+            "eagerly at their exact count), 'off', or 'auto' (the default: measured at start)"
         )
     return value
 
