@@ -45,9 +45,10 @@
 #   tma      one GPU: decode_tma_probe.py (batch 256 x 1k: a plain read, the engine's decode kernel, one page a
 #            tile, TMA tiles). (At e93fc00 it also ran the TMA kernel's GPU tests and issue 4's batch-256 row
 #            with HOTLOOP_DECODE_TMA=0 / 1, an engine switch since removed: results/gpu_2026-12-07b.)
-#   (overlap, overlap2, awqoff: two micro-batches on two streams, bf16 at batch 256 / 128 (forty-fourth
-#            session, at 92356a0, results/gpu_2026-12-07c) and W4A16 at 384 / 256 (forty-fifth, at 47d530f,
-#            results/gpu_2026-12-07d); removed after they lost)
+#   (overlap, overlap2: two micro-batches on two streams, bf16 at batch 256 / 128 (forty-fourth session, at
+#            92356a0, results/gpu_2026-12-07c) and W4A16 at 384 / 256 (forty-fifth, at 47d530f,
+#            results/gpu_2026-12-07d); removed after they lost. awqoff, the offline rows with the switch, was
+#            written at 47d530f and never run.)
 #   b256     one GPU: issue 4's batch-256 row with the defaults, HOTLOOP_DENSE_TUNE=1, HOTLOOP_DECODE_GRID=seq and the
 #            defaults again, until TABLE4_BUDGET_S seconds into the script.
 #   table4   one GPU: issue 4's rows of the table (batch 1 with and without 8 steps a launch, SmolLM2, batch 256,
