@@ -39,6 +39,9 @@
 #            seconds into the script leave 120 s. EXACT_SHORT=1: only the exact steps' GPU tests.
 #   exact2   one GPU: profile_step.py's 1,024 and 2 x 1,024 mixed steps with the switch off, at 1024 and auto; then
 #            issue 3's serving run alternating off / auto / off / auto until TABLE4_BUDGET_S.
+#   steps    one GPU: step_kernels.py on issue 4's batch-256 bench steps (rounds of 8 and one step a launch: kernel
+#            time by name, GPU busy and idle per step), profile_step.py's graph step at exactly 1k, then issue 3's
+#            serving run alternating auto (the default) / off until TABLE4_BUDGET_S.
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -354,6 +357,29 @@ if [ "$what" = exact2 ]; then  # one GPU: the exact steps' second A/B (the first
   # above logs it for the same card)
   i=0
   for v in off auto off auto; do
+    left=$((TABLE4_BUDGET_S - SECONDS))
+    [ "$left" -gt 90 ] || break
+    i=$((i + 1))
+    HOTLOOP_PIECEWISE_EAGER_FROM=$v serve 0 "eager_${v}_$i"
+  done
+  exit 0
+fi
+if [ "$what" = steps ]; then  # one GPU: issue 4's batch-256 bench steps by kernel and gap, then issue 3's serving run
+  export CUDA_VISIBLE_DEVICES=0
+  for k in 8 1; do  # the default rounds of 8 decode steps a launch, then one a launch
+    timeout 170 python3 "$here/step_kernels.py" --model llama3-8b --load-format dummy --dtype bfloat16 \
+      --batch-size 256 --input-len 1024 --output-len 96 --session-len 2048 --max-batch-size 256 \
+      --max-prefill-token-num 16384 --full-batch-steps "$k" --out "$out/step_kernels_k$k.json" \
+      >"$out/step_kernels_k$k.log" 2>&1
+    echo "[step_kernels k$k] rc=$?"
+    grep -vE "Warning|warn" "$out/step_kernels_k$k.log" | tail -30
+  done
+  timeout 120 python3 "$here/profile_step.py" --out "$out/profile_b256.json" --cases "decode 256@1k" --iters 6 \
+    >"$out/profile_b256.log" 2>&1
+  echo "[profile_step decode 256@1k] rc=$?"
+  grep -E "floor|  [0-9.]+ ms +[0-9]+x" "$out/profile_b256.log" | head -20
+  i=0
+  for v in auto off auto off; do  # issue 3's serving run: the exact-row default against the padded graphs
     left=$((TABLE4_BUDGET_S - SECONDS))
     [ "$left" -gt 90 ] || break
     i=$((i + 1))
