@@ -42,6 +42,8 @@
 #   steps    one GPU: step_kernels.py on issue 4's batch-256 bench steps (rounds of 8 and one step a launch: kernel
 #            time by name, GPU busy and idle per step), profile_step.py's graph step at exactly 1k, then issue 3's
 #            serving run alternating auto (the default) / off until TABLE4_BUDGET_S.
+#   probe    one GPU: overlap_probe.py (a prompt's prefill on one stream, batch-16 decode replays on another), then
+#            issue 3's serving run with auto and off while TABLE4_BUDGET_S allows.
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -380,6 +382,20 @@ if [ "$what" = steps ]; then  # one GPU: issue 4's batch-256 bench steps by kern
   grep -E "floor|  [0-9.]+ ms +[0-9]+x" "$out/profile_b256.log" | head -20
   i=0
   for v in auto off auto off; do  # issue 3's serving run: the exact-row default against the padded graphs
+    left=$((TABLE4_BUDGET_S - SECONDS))
+    [ "$left" -gt 90 ] || break
+    i=$((i + 1))
+    HOTLOOP_PIECEWISE_EAGER_FROM=$v serve 0 "eager_${v}_$i"
+  done
+  exit 0
+fi
+if [ "$what" = probe ]; then  # one GPU: overlap_probe.py (prefill and decode steps on two streams), then serving
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 python3 "$here/overlap_probe.py" --out "$out/overlap_probe.json" >"$out/overlap_probe.log" 2>&1
+  echo "[overlap_probe] rc=$?"
+  grep -vE "Warning|warn|capturing|INFO" "$out/overlap_probe.log" | tail -30
+  i=0
+  for v in auto off; do  # issue 3's serving run: the exact-row default against the padded graphs
     left=$((TABLE4_BUDGET_S - SECONDS))
     [ "$left" -gt 90 ] || break
     i=$((i + 1))
