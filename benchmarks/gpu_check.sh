@@ -44,6 +44,8 @@
 #            serving run alternating auto (the default) / off until TABLE4_BUDGET_S.
 #   probe    one GPU: overlap_probe.py (a prompt's prefill on one stream, batch-16 decode replays on another), then
 #            issue 3's serving run with auto and off while TABLE4_BUDGET_S allows.
+#   h200     one GPU: issue 4's batch-256 row, step_kernels.py on its steps, then issue 3's serving run alternating
+#            auto / off until TABLE4_BUDGET_S (meant for REQUIRE_H200=1).
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -396,6 +398,23 @@ if [ "$what" = probe ]; then  # one GPU: overlap_probe.py (prefill and decode st
   grep -vE "Warning|warn|capturing|INFO" "$out/overlap_probe.log" | tail -30
   i=0
   for v in auto off; do  # issue 3's serving run: the exact-row default against the padded graphs
+    left=$((TABLE4_BUDGET_S - SECONDS))
+    [ "$left" -gt 90 ] || break
+    i=$((i + 1))
+    HOTLOOP_PIECEWISE_EAGER_FROM=$v serve 0 "eager_${v}_$i"
+  done
+  exit 0
+fi
+if [ "$what" = h200 ]; then  # one GPU: issue 4's batch-256 row and its steps by kernel, then issue 3's serving A/B
+  export CUDA_VISIBLE_DEVICES=0
+  b256_rows HOTLOOP_DECODE_GRID=heads
+  timeout 170 python3 "$here/step_kernels.py" --model llama3-8b --load-format dummy --dtype bfloat16 \
+    --batch-size 256 --input-len 1024 --output-len 96 --session-len 2048 --max-batch-size 256 \
+    --max-prefill-token-num 16384 --out "$out/step_kernels_k8.json" >"$out/step_kernels_k8.log" 2>&1
+  echo "[step_kernels k8] rc=$?"
+  grep -vE "Warning|warn" "$out/step_kernels_k8.log" | tail -16
+  i=0
+  for v in auto off auto off; do  # issue 3's serving run: the exact-row default against the padded graphs
     left=$((TABLE4_BUDGET_S - SECONDS))
     [ "$left" -gt 90 ] || break
     i=$((i + 1))
