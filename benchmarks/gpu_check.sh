@@ -46,6 +46,8 @@
 #            issue 3's serving run with auto and off while TABLE4_BUDGET_S allows.
 #   h200     one GPU: issue 4's batch-256 row, step_kernels.py on its steps, then issue 3's serving run alternating
 #            auto / off until TABLE4_BUDGET_S (meant for REQUIRE_H200=1).
+#   cutlass  one GPU: cutlass_probe.py (CUTLASS persistent and stream-K GEMMs against cuBLAS at M = 256 and 1,040;
+#            CUTLASS_M overrides), with build/cutlass_probe/libcutlass_probe.so carried.
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -420,6 +422,13 @@ if [ "$what" = h200 ]; then  # one GPU: issue 4's batch-256 row and its steps by
     i=$((i + 1))
     HOTLOOP_PIECEWISE_EAGER_FROM=$v serve 0 "eager_${v}_$i"
   done
+  exit 0
+fi
+if [ "$what" = cutlass ]; then  # one GPU: CUTLASS persistent / stream-K GEMMs against cuBLAS (cutlass_probe.py)
+  # needs build/cutlass_probe/libcutlass_probe.so (benchmarks/build_cutlass_probe.sh; carry it)
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 300 python3 "$here/cutlass_probe.py" --out "$out/cutlass_probe.json" --m "${CUTLASS_M:-256,1040}" 2>&1 |
+    grep -v Warning | tee "$out/cutlass_probe.log"
   exit 0
 fi
 if [ "$what" = buckets ]; then  # one GPU: the serving mix's padding (1,024 + 16 tokens) by prefill buckets
