@@ -25,15 +25,23 @@ src=benchmarks/cuda/cutlass_gemm_probe.cu
 n=$(sed -n 's/^#define PROBE_NUM \([0-9]*\)/\1/p' "$src")
 JOBS=${JOBS:-$(nproc)}
 objs=()
+pids=()
 for i in $(seq 0 $((n - 1))); do
   objs+=("$out/cfg$i.o")
   if [ ! -f "$out/cfg$i.o" ] || [ "$src" -nt "$out/cfg$i.o" ]; then
+    rm -f "$out/cfg$i.o"  # (a failed compile must not leave an older configuration's object behind)
     (t0=$SECONDS; "$NVCC" "${flags[@]}" -DPROBE_CFG="$i" -c "$src" -o "$out/cfg$i.o" &&
       echo "config $i compiled in $((SECONDS - t0)) s") &
-    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    pids+=($!)
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
   fi
 done
-wait
+failed=0
+for p in "${pids[@]}"; do wait "$p" || failed=1; done
+if [ "$failed" = 1 ]; then
+  echo "a configuration failed to compile (see above)" >&2
+  exit 1
+fi
 "$NVCC" "${flags[@]}" -DPROBE_TABLE -c "$src" -o "$out/table.o"
 "$NVCC" -arch=sm_90a -shared -cudart static "${objs[@]}" "$out/table.o" -o "$out/libcutlass_probe.so"
 ls -la "$out/libcutlass_probe.so"

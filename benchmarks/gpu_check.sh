@@ -46,8 +46,8 @@
 #            issue 3's serving run with auto and off while TABLE4_BUDGET_S allows.
 #   h200     one GPU: issue 4's batch-256 row, step_kernels.py on its steps, then issue 3's serving run alternating
 #            auto / off until TABLE4_BUDGET_S (meant for REQUIRE_H200=1).
-#   cutlass  one GPU: cutlass_probe.py (CUTLASS persistent and stream-K GEMMs against cuBLAS at M = 256 and 1,040;
-#            CUTLASS_M overrides), with build/cutlass_probe/libcutlass_probe.so carried.
+#   cutlass  one GPU: cutlass_probe.py (the CUTLASS configurations of benchmarks/cuda/cutlass_gemm_probe.cu against
+#            cuBLAS at M = 256 and 1,040; CUTLASS_M overrides), with build/cutlass_probe/libcutlass_probe.so carried.
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -376,7 +376,7 @@ if [ "$what" = steps ]; then  # one GPU: issue 4's batch-256 bench steps by kern
   export CUDA_VISIBLE_DEVICES=0
   for k in 8 1; do  # the default rounds of 8 decode steps a launch, then one a launch
     timeout 170 python3 "$here/step_kernels.py" --model llama3-8b --load-format dummy --dtype bfloat16 \
-      --batch-size 256 --input-len 1024 --output-len 96 --session-len 2048 --max-batch-size 256 \
+      --batch-size 256 --input-len 1024 --output-len 160 --session-len 2048 --max-batch-size 256 \
       --max-prefill-token-num 16384 --full-batch-steps "$k" --out "$out/step_kernels_k$k.json" \
       >"$out/step_kernels_k$k.log" 2>&1
     echo "[step_kernels k$k] rc=$?"
@@ -413,7 +413,7 @@ if [ "$what" = h200 ]; then  # one GPU: issue 4's batch-256 row and its steps by
   export CUDA_VISIBLE_DEVICES=0
   b256_rows HOTLOOP_DECODE_GRID=heads
   timeout 170 python3 "$here/step_kernels.py" --model llama3-8b --load-format dummy --dtype bfloat16 \
-    --batch-size 256 --input-len 1024 --output-len 96 --session-len 2048 --max-batch-size 256 \
+    --batch-size 256 --input-len 1024 --output-len 160 --session-len 2048 --max-batch-size 256 \
     --max-prefill-token-num 16384 --out "$out/step_kernels_k8.json" >"$out/step_kernels_k8.log" 2>&1
   echo "[step_kernels k8] rc=$?"
   grep -vE "Warning|warn" "$out/step_kernels_k8.log" | tail -16
@@ -429,8 +429,10 @@ fi
 if [ "$what" = cutlass ]; then  # one GPU: CUTLASS persistent / stream-K GEMMs against cuBLAS (cutlass_probe.py)
   # needs build/cutlass_probe/libcutlass_probe.so (benchmarks/build_cutlass_probe.sh; carry it)
   export CUDA_VISIBLE_DEVICES=0
-  timeout 300 python3 "$here/cutlass_probe.py" --out "$out/cutlass_probe.json" --m "${CUTLASS_M:-256,1040}" 2>&1 |
-    grep -v Warning | tee "$out/cutlass_probe.log"
+  timeout 300 python3 "$here/cutlass_probe.py" --out "$out/cutlass_probe.json" --m "${CUTLASS_M:-256,1040}" \
+    >"$out/cutlass_probe.log" 2>&1
+  echo "[cutlass_probe] rc=$?"
+  grep -v Warning "$out/cutlass_probe.log"
   exit 0
 fi
 if [ "$what" = buckets ]; then  # one GPU: the serving mix's padding (1,024 + 16 tokens) by prefill buckets

@@ -1,7 +1,7 @@
 """Where the GPU time of the latency benchmark's own decode steps goes, kernel by kernel and gap by gap.
 
     python benchmarks/step_kernels.py --model llama3-8b --load-format dummy --dtype bfloat16 \
-        --batch-size 256 --input-len 1024 --output-len 96 --session-len 2048 --max-batch-size 256 \
+        --batch-size 256 --input-len 1024 --output-len 160 --session-len 2048 --max-batch-size 256 \
         --max-prefill-token-num 16384 --out steps.json
 
 ``profile_step.py`` times a hand-made step through the runner; this script profiles the steps that
@@ -35,20 +35,22 @@ from hotloop.bench.offline import _engine, _params, _prompt, add_latency_parser
 LONG_GAP_US = 20.0
 
 
-def _steps(engine: Any, n: int) -> tuple[list[float], int]:
-    """Run until ``n`` decode steps have launched; wall ms per decode step and the steps counted."""
+def _steps(engine: Any, n: int) -> tuple[list[float], int, int]:
+    """Run until ``n`` decode steps have launched; wall ms per decode step, the steps counted and the
+    requests that finished meanwhile (any: some counted steps ran a smaller batch)."""
     wall: list[float] = []
-    done = 0
+    done = finished = 0
     while done < n and engine.has_unfinished():
         n0 = engine.num_steps
         t0 = time.perf_counter()
-        engine.step()
+        outs = engine.step()
         dt = time.perf_counter() - t0
+        finished += sum(1 for o in outs if o.finished)
         k = engine.num_steps - n0
         if k:
             wall += [dt * 1e3 / k] * k
             done += k
-    return wall, done
+    return wall, done, finished
 
 
 def trace_intervals(path: str) -> list[tuple[float, float, str]]:
@@ -87,7 +89,7 @@ def summarize(iv: list[tuple[float, float, str]], steps: int, top: int) -> dict[
         else:
             cur_e = max(cur_e, e)
     busy += cur_e - cur_s
-    span = iv[-1][1] - iv[0][0]
+    span = max(e for _, e, _ in iv) - iv[0][0]
     total = sum(v[0] for v in per.values())
     rows = sorted(per.items(), key=lambda kv: -kv[1][0])[:top]
     return {
@@ -113,9 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=25, help="kernel names listed")
     p.add_argument("--out", default=None, help="write the JSON here as well")
     args = parser.parse_args(["latency", *(argv if argv is not None else sys.argv[1:])])
+    # The prompts are prefilled over several steps (--max-prefill-token-num), so the first requests
+    # run ahead of the last by that many tokens and finish first: the output length leaves room for
+    # the settling steps, both windows and the prefill's stagger, and the result says if a request
+    # finished inside a window anyway (``finished_in_windows``).
     if args.output_len < 2 * args.steps + 24:
         parser.error(
             f"--output-len {args.output_len} must be at least 2 * --steps + 24 = {2 * args.steps + 24}"
+            " (more where the prompts take several prefill steps)"
         )
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -134,12 +141,12 @@ def main(argv: list[str] | None = None) -> int:
             if o.new_token_ids:
                 seen.add(o.request_id)
     _steps(engine, 16)  # settle
-    wall, _ = _steps(engine, args.steps)
+    wall, _, fin_timed = _steps(engine, args.steps)
     sync()
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")
         with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
-            pwall, n = _steps(engine, args.steps)
+            pwall, n, fin_profiled = _steps(engine, args.steps)
             sync()
         prof.export_chrome_trace(path)
         iv = trace_intervals(path)
@@ -150,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         "input_len": args.input_len,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "steps": len(wall),
+        # requests that finished during the timed / profiled windows (not 0: smaller batches counted)
+        "finished_in_windows": [fin_timed, fin_profiled],
         "step_ms_p50": statistics.median(wall),
         "step_ms_mean": statistics.fmean(wall),
         "profiled_steps": n,
@@ -173,6 +182,11 @@ def report(result: dict[str, Any]) -> str:
         f"{result['device']}: batch {result['batch_size']}, wall ms/step p50 {result['step_ms_p50']:.3f} "
         f"(mean {result['step_ms_mean']:.3f})"
     ]
+    if any(result["finished_in_windows"]):
+        lines.append(
+            f"warning: {result['finished_in_windows']} requests finished in the timed / profiled windows, so "
+            "some steps ran a smaller batch: raise --output-len"
+        )
     if "error" in t:
         return "\n".join([*lines, t["error"]])
     lines.append(

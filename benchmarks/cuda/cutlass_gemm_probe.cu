@@ -70,6 +70,12 @@ struct Probe {
                                        hw};
     arguments.epilogue.thread.alpha = 1.0f;
     arguments.epilogue.thread.beta = 0.0f;
+    if constexpr (cute::is_same_v<Scheduler, cutlass::gemm::StreamKScheduler>) {
+      // Force the stream-K decomposition: by default CUTLASS's heuristic keeps plain data-parallel
+      // tiles when the last wave is at least half full (the forty-sixth session's first round never
+      // split K for gate/up's 224 tiles: its "stream-K" launches had no workspace)
+      arguments.scheduler.decomposition_mode = cutlass::gemm::kernel::detail::DecompositionMode::StreamK;
+    }
     return arguments;
   }
 
@@ -96,26 +102,31 @@ using StreamK = cutlass::gemm::StreamKScheduler;
 
 // The configurations: Cfg<i> names a type and a label. Only aliases here, so the table unit
 // instantiates no kernel; the unit built with PROBE_CFG=i instantiates Cfg<i>'s.
-// (The forty-sixth session's first round, `call6` in benchmarks/results/gpu_2026-12-07e, timed
-// cooperative 128x128 / 128x256 / 256x128 tiles, persistent and stream-K, and swapped operands; only
-// pingpong 64x128 beat cuBLAS, on down and o. This round tries tiles that fill the 132 SMs' waves.)
+// Rounds so far (benchmarks/results/gpu_2026-12-07e, H100; the source of each is in git):
+// - `call6` (4d3aae9): cooperative 128x128 / 128x256 persistent and "stream-K", 256x128 c1x2
+//   "stream-K", swapped 128x128 / 128x256 "stream-K", pingpong 64x128. The stream-K launches were
+//   CUTLASS's heuristic, which split K only for the 128x128 tiles (448 tiles at M = 256); the
+//   224-tile ones ran data-parallel.
+// - `call7` (a7c99b3): pingpong 64 x 64 / 96 / 128 / 192 / 224 / 256 and cooperative 128x224 /
+//   128x256, persistent. The wave-filling widths were slower; only pingpong 64x128 beat cuBLAS at
+//   M = 256 (down, o).
+// This round (not yet run): stream-K forced on the 224-tile gate/up shapes, against the same tiles
+// persistent and pingpong 64x128.
 template <int I>
 struct Cfg;
-#define PROBE_CFG_DEF(i, label, ...)         \
-  template <>                                \
-  struct Cfg<i> {                            \
-    using P = __VA_ARGS__;                   \
+#define PROBE_CFG_DEF(i, label, ...)           \
+  template <>                                  \
+  struct Cfg<i> {                              \
+    using P = __VA_ARGS__;                     \
     static constexpr const char* name = label; \
   };
 PROBE_CFG_DEF(0, "ping 64x128 persistent", Probe<Shape<_64, _128, _64>, Shape<_1, _1, _1>, Ping, PingEpi, Persist, false>)
-PROBE_CFG_DEF(1, "ping 64x224 persistent", Probe<Shape<_64, _224, _64>, Shape<_1, _1, _1>, Ping, PingEpi, Persist, false>)
-PROBE_CFG_DEF(2, "ping 64x256 persistent", Probe<Shape<_64, _256, _64>, Shape<_1, _1, _1>, Ping, PingEpi, Persist, false>)
-PROBE_CFG_DEF(3, "coop 128x224 persistent", Probe<Shape<_128, _224, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, Persist, false>)
-PROBE_CFG_DEF(4, "ping 64x96 persistent", Probe<Shape<_64, _96, _64>, Shape<_1, _1, _1>, Ping, PingEpi, Persist, false>)
-PROBE_CFG_DEF(5, "ping 64x192 persistent", Probe<Shape<_64, _192, _64>, Shape<_1, _1, _1>, Ping, PingEpi, Persist, false>)
-PROBE_CFG_DEF(6, "ping 64x64 persistent", Probe<Shape<_64, _64, _64>, Shape<_1, _1, _1>, Ping, PingEpi, Persist, false>)
-PROBE_CFG_DEF(7, "coop 128x256 persistent", Probe<Shape<_128, _256, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, Persist, false>)
-#define PROBE_NUM 8
+PROBE_CFG_DEF(1, "coop 128x256 persistent", Probe<Shape<_128, _256, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, Persist, false>)
+PROBE_CFG_DEF(2, "coop 128x256 streamk forced", Probe<Shape<_128, _256, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, false>)
+PROBE_CFG_DEF(3, "coop 256x128 c1x2 streamk forced", Probe<Shape<_256, _128, _64>, Shape<_1, _2, _1>, Coop, CoopEpi, StreamK, false>)
+PROBE_CFG_DEF(4, "swap coop 128x256 c2x1 streamk forced", Probe<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Coop, CoopEpi, StreamK, true>)
+PROBE_CFG_DEF(5, "coop 128x128 streamk forced", Probe<Shape<_128, _128, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, false>)
+#define PROBE_NUM 6
 
 #define PROBE_PASTE2(a, b) a##b
 #define PROBE_PASTE(a, b) PROBE_PASTE2(a, b)
@@ -140,8 +151,6 @@ PROBE_DECLARE(2)
 PROBE_DECLARE(3)
 PROBE_DECLARE(4)
 PROBE_DECLARE(5)
-PROBE_DECLARE(6)
-PROBE_DECLARE(7)
 
 typedef size_t (*WsFn)(int, int, int, int);
 typedef int (*RunFn)(const void*, const void*, void*, int, int, int, void*, int, cudaStream_t);
@@ -150,8 +159,7 @@ static const struct {
   const char* name;
   WsFn ws;
   RunFn run;
-} kTable[] = {PROBE_ENTRY(0) PROBE_ENTRY(1) PROBE_ENTRY(2) PROBE_ENTRY(3) PROBE_ENTRY(4) PROBE_ENTRY(5)
-                  PROBE_ENTRY(6) PROBE_ENTRY(7)};
+} kTable[] = {PROBE_ENTRY(0) PROBE_ENTRY(1) PROBE_ENTRY(2) PROBE_ENTRY(3) PROBE_ENTRY(4) PROBE_ENTRY(5)};
 static_assert(sizeof(kTable) / sizeof(kTable[0]) == PROBE_NUM, "one table entry per configuration");
 
 extern "C" int probe_num_configs() { return PROBE_NUM; }
