@@ -108,8 +108,8 @@ using StreamK = cutlass::gemm::StreamKScheduler;
 //   CUTLASS's heuristic, which split K only for the 128x128 tiles (448 tiles at M = 256); the
 //   224-tile ones ran data-parallel.
 // - `call7` (a7c99b3): pingpong 64 x 64 / 96 / 128 / 192 / 224 / 256 and cooperative 128x224 /
-//   128x256, persistent. The wave-filling widths were slower; only pingpong 64x128 beat cuBLAS at
-//   M = 256 (down, o).
+//   128x256, persistent. The wave-filling widths were slower; at M = 256 pingpong 64x128 beat cuBLAS
+//   on down and o, cooperative 128x256 on the LM head by 1% (within the spread between hosts).
 // This round (not yet run): stream-K forced on the 224-tile gate/up shapes, against the same tiles
 // persistent and pingpong 64x128.
 template <int I>
