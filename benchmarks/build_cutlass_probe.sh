@@ -10,6 +10,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build/cutlass_probe
+NVCC=${NVCC:-nvcc}
+if ! command -v "$NVCC" >/dev/null; then
+  echo "no nvcc ('$NVCC'): install the CUDA toolkit (12.4 or newer) or set NVCC=/path/to/nvcc" >&2
+  exit 2
+fi
 mkdir -p "$out"
 if [ -z "${CUTLASS_DIR:-}" ]; then
   CUTLASS_DIR=$out/cutlass/cutlass_library/source
@@ -18,7 +23,6 @@ if [ -z "${CUTLASS_DIR:-}" ]; then
     python3 -m zipfile -e "$out"/wheel/nvidia_cutlass-*.whl "$out/cutlass"
   fi
 fi
-NVCC=${NVCC:-nvcc}
 flags=(-std=c++17 -O3 -DNDEBUG -arch=sm_90a -Xcompiler -fPIC --expt-relaxed-constexpr
   -I "$CUTLASS_DIR/include" -I "$CUTLASS_DIR/tools/util/include" -DCUTLASS_ENABLE_TENSOR_CORE_MMA=1)
 src=benchmarks/cuda/cutlass_gemm_probe.cu

@@ -19,22 +19,17 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from cublaslt_sweep import (
+    SHAPES,
+    _time_us,
+)  # benchmarks/cublaslt_sweep.py (this script's folder is on the path)
 
-# (name, N, K, launches per step): Llama-3-8B
-SHAPES = [
-    ("qkv", 6144, 4096, 32),
-    ("o", 4096, 4096, 32),
-    ("gate_up", 28672, 4096, 32),
-    ("down", 4096, 14336, 32),
-    ("lm_head", 128256, 4096, 1),
-]
 DEFAULT_LIB = Path(__file__).resolve().parent.parent / "build" / "cutlass_probe" / "libcutlass_probe.so"
 
 
@@ -51,44 +46,6 @@ def load(path: Path) -> ctypes.CDLL:
     return lib
 
 
-def time_us(launch: Any, reps: int) -> tuple[float, str]:
-    """Median over 5 replays of a CUDA graph of ``reps`` calls of ``launch(i)``, per call; if the
-    capture fails, the same calls launched back to back between two events."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            launch(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    how = "graph"
-    try:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(reps):
-                launch(i)
-        g.replay()
-        torch.cuda.synchronize()
-        run = g.replay
-    except RuntimeError as e:  # (a capture the library's own runtime broke)
-        torch.cuda.synchronize()
-        how = f"events ({str(e)[:60]})"
-
-        def run() -> None:
-            for i in range(reps):
-                launch(i)
-
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(times), how
-
-
 def one(lib: ctypes.CDLL, name: str, n: int, k: int, per_step: int, m: int, reps: int) -> dict[str, Any]:
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -98,7 +55,7 @@ def one(lib: ctypes.CDLL, name: str, n: int, k: int, per_step: int, m: int, reps
     outs = [torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
     ref = F.linear(x, ws[0]).float()
     tol = 0.02 * float(ref.abs().max()) + 1e-3
-    base, _ = time_us(lambda i: torch.matmul(x, ws[i % copies].t(), out=outs[i % copies]), reps)
+    base = _time_us(lambda i: torch.matmul(x, ws[i % copies].t(), out=outs[i % copies]), reps)
     flops = 2 * m * n * k
     cfgs = []
     for c in range(lib.probe_num_configs()):
@@ -120,9 +77,9 @@ def one(lib: ctypes.CDLL, name: str, n: int, k: int, per_step: int, m: int, reps
             cfgs.append({"config": cname, "rc": rc})
             continue
         err = float((outs[0].float() - ref).abs().max())
-        us, how = time_us(launch, reps)
+        us = _time_us(launch, reps)
         cfgs.append({"config": cname, "us": us, "tflops": flops / us / 1e6, "max_abs_diff": err, "ok": err <= tol,
-                     "timed_by": how, "workspace_bytes": wsize})  # fmt: skip
+                     "workspace_bytes": wsize})  # fmt: skip
     good = [c for c in cfgs if c.get("ok")]
     best = min(good, key=lambda c: c["us"]) if good else None
     row = {
@@ -153,6 +110,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
+    if not Path(a.lib).is_file():
+        p.error(
+            f"--lib {a.lib}: no such file; build it with `bash benchmarks/build_cutlass_probe.sh` (nvcc needed)"
+        )
     lib = load(Path(a.lib))
     names = [lib.probe_config_name(c).decode() for c in range(lib.probe_num_configs())]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; configs: {names}", flush=True)

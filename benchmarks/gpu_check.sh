@@ -167,6 +167,23 @@ serve() {  # gpu tag extra-flags...
   echo "[serve_$tag] rc=$?"
   grep -E "Median TTFT|P99 TTFT|Median TPOT|P99 TPOT|Output token throughput|Failed|kernel_compile" "$out/serve_$tag.log"
 }
+serve_eager_ab() {  # setting...: issue 3's serving run once per HOTLOOP_PIECEWISE_EAGER_FROM setting, in turn,
+  # while TABLE4_BUDGET_S seconds into the script leave 90 s for one (GPU 0)
+  local v i=0
+  for v in "$@"; do
+    [ $((TABLE4_BUDGET_S - SECONDS)) -gt 90 ] || break
+    i=$((i + 1))
+    HOTLOOP_PIECEWISE_EAGER_FROM=$v serve 0 "eager_${v}_$i"
+  done
+}
+step_kernels() {  # full-batch-steps: step_kernels.py on issue 4's batch-256 bench steps (GPU 0)
+  timeout 170 python3 "$here/step_kernels.py" --model llama3-8b --load-format dummy --dtype bfloat16 \
+    --batch-size 256 --input-len 1024 --output-len 160 --session-len 2048 --max-batch-size 256 \
+    --max-prefill-token-num 16384 --full-batch-steps "$1" --out "$out/step_kernels_k$1.json" \
+    >"$out/step_kernels_k$1.log" 2>&1
+  echo "[step_kernels k$1] rc=$?"
+  grep -vE "Warning|warn" "$out/step_kernels_k$1.log" | tail -30
+}
 hostprof() {  # model tag extra-flags...: where a batch-256 decode step's host time goes
   local m=$1 tag=$2
   shift 2
@@ -364,36 +381,18 @@ if [ "$what" = exact2 ]; then  # one GPU: the exact steps' second A/B (the first
   # serving, alternating: off (padded graphs) and auto (the default since the forty-fifth session: only steps
   # from the threshold measured at start, which the server logs at info level only: the profile_step run
   # above logs it for the same card)
-  i=0
-  for v in off auto off auto; do
-    left=$((TABLE4_BUDGET_S - SECONDS))
-    [ "$left" -gt 90 ] || break
-    i=$((i + 1))
-    HOTLOOP_PIECEWISE_EAGER_FROM=$v serve 0 "eager_${v}_$i"
-  done
+  serve_eager_ab off auto off auto  # issue 3's serving run: exact-row steps (auto) against padded graphs (off)
   exit 0
 fi
 if [ "$what" = steps ]; then  # one GPU: issue 4's batch-256 bench steps by kernel and gap, then issue 3's serving run
   export CUDA_VISIBLE_DEVICES=0
-  for k in 8 1; do  # the default rounds of 8 decode steps a launch, then one a launch
-    timeout 170 python3 "$here/step_kernels.py" --model llama3-8b --load-format dummy --dtype bfloat16 \
-      --batch-size 256 --input-len 1024 --output-len 160 --session-len 2048 --max-batch-size 256 \
-      --max-prefill-token-num 16384 --full-batch-steps "$k" --out "$out/step_kernels_k$k.json" \
-      >"$out/step_kernels_k$k.log" 2>&1
-    echo "[step_kernels k$k] rc=$?"
-    grep -vE "Warning|warn" "$out/step_kernels_k$k.log" | tail -30
-  done
+  step_kernels 8  # the default rounds of 8 decode steps a launch
+  step_kernels 1
   timeout 120 python3 "$here/profile_step.py" --out "$out/profile_b256.json" --cases "decode 256@1k" --iters 6 \
     >"$out/profile_b256.log" 2>&1
   echo "[profile_step decode 256@1k] rc=$?"
   grep -E "floor|  [0-9.]+ ms +[0-9]+x" "$out/profile_b256.log" | head -20
-  i=0
-  for v in auto off auto off; do  # issue 3's serving run: the exact-row default against the padded graphs
-    left=$((TABLE4_BUDGET_S - SECONDS))
-    [ "$left" -gt 90 ] || break
-    i=$((i + 1))
-    HOTLOOP_PIECEWISE_EAGER_FROM=$v serve 0 "eager_${v}_$i"
-  done
+  serve_eager_ab auto off auto off  # issue 3's serving run: exact-row steps (auto) against padded graphs (off)
   exit 0
 fi
 if [ "$what" = probe ]; then  # one GPU: overlap_probe.py (prefill and decode steps on two streams), then serving
@@ -401,35 +400,19 @@ if [ "$what" = probe ]; then  # one GPU: overlap_probe.py (prefill and decode st
   timeout 240 python3 "$here/overlap_probe.py" --out "$out/overlap_probe.json" >"$out/overlap_probe.log" 2>&1
   echo "[overlap_probe] rc=$?"
   grep -vE "Warning|warn|capturing|INFO" "$out/overlap_probe.log" | tail -30
-  i=0
-  for v in auto off; do  # issue 3's serving run: the exact-row default against the padded graphs
-    left=$((TABLE4_BUDGET_S - SECONDS))
-    [ "$left" -gt 90 ] || break
-    i=$((i + 1))
-    HOTLOOP_PIECEWISE_EAGER_FROM=$v serve 0 "eager_${v}_$i"
-  done
+  serve_eager_ab auto off  # issue 3's serving run: exact-row steps (auto) against padded graphs (off)
   exit 0
 fi
 if [ "$what" = h200 ]; then  # one GPU: issue 4's batch-256 row and its steps by kernel, then issue 3's serving A/B
   export CUDA_VISIBLE_DEVICES=0
   b256_rows HOTLOOP_DECODE_GRID=heads
-  timeout 170 python3 "$here/step_kernels.py" --model llama3-8b --load-format dummy --dtype bfloat16 \
-    --batch-size 256 --input-len 1024 --output-len 160 --session-len 2048 --max-batch-size 256 \
-    --max-prefill-token-num 16384 --out "$out/step_kernels_k8.json" >"$out/step_kernels_k8.log" 2>&1
-  echo "[step_kernels k8] rc=$?"
-  grep -vE "Warning|warn" "$out/step_kernels_k8.log" | tail -16
+  step_kernels 8
   if [ -f build/cutlass_probe/libcutlass_probe.so ]; then  # (carried: benchmarks/build_cutlass_probe.sh)
     timeout 120 python3 "$here/cutlass_probe.py" --out "$out/cutlass_probe.json" --m 256 >"$out/cutlass_probe.log" 2>&1
     echo "[cutlass_probe] rc=$?"
     grep -v Warning "$out/cutlass_probe.log" | tail -8
   fi
-  i=0
-  for v in auto off auto off; do  # issue 3's serving run: the exact-row default against the padded graphs
-    left=$((TABLE4_BUDGET_S - SECONDS))
-    [ "$left" -gt 90 ] || break
-    i=$((i + 1))
-    HOTLOOP_PIECEWISE_EAGER_FROM=$v serve 0 "eager_${v}_$i"
-  done
+  serve_eager_ab auto off auto off  # issue 3's serving run: exact-row steps (auto) against padded graphs (off)
   exit 0
 fi
 if [ "$what" = cutlass ]; then  # one GPU: CUTLASS persistent / stream-K GEMMs against cuBLAS (cutlass_probe.py)

@@ -54,17 +54,9 @@ def _steps(engine: Any, n: int, timer: Any = None) -> tuple[list[float], list[fl
     return wall, host
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="host_profile")
-    sub = parser.add_subparsers(dest="cmd")
-    p = add_latency_parser(sub)
-    p.add_argument("--steps", type=int, default=40, help="decode steps timed per phase")
-    p.add_argument("--out", default=None, help="write the profile tables here")
-    args = parser.parse_args(["latency", *(argv if argv is not None else sys.argv[1:])])
-    if args.output_len < 3 * args.steps + 8:
-        parser.error(
-            f"--output-len {args.output_len} must be at least 3 * --steps + 8 = {3 * args.steps + 8}"
-        )
+def start_batch(args: argparse.Namespace) -> tuple[Any, float]:
+    """Build the engine of ``hotloop bench latency``'s arguments, add its batch of random prompts and
+    step until every request has its first token; the engine and its load time in seconds."""
     built, load_s = _engine(args)
     engine = built.engine
     rng = random.Random(args.bench_seed)
@@ -76,6 +68,21 @@ def main(argv: list[str] | None = None) -> int:
         for o in engine.step():
             if o.new_token_ids:
                 seen.add(o.request_id)
+    return engine, load_s
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="host_profile")
+    sub = parser.add_subparsers(dest="cmd")
+    p = add_latency_parser(sub)
+    p.add_argument("--steps", type=int, default=40, help="decode steps timed per phase")
+    p.add_argument("--out", default=None, help="write the profile tables here")
+    args = parser.parse_args(["latency", *(argv if argv is not None else sys.argv[1:])])
+    if args.output_len < 3 * args.steps + 8:
+        parser.error(
+            f"--output-len {args.output_len} must be at least 3 * --steps + 8 = {3 * args.steps + 8}"
+        )
+    engine, load_s = start_batch(args)
     _steps(engine, 4)  # a few decode steps to settle
     wall, host = _steps(engine, args.steps)
     timer = PhaseTimer.attach(engine)

@@ -29,10 +29,9 @@ import statistics
 from typing import Any
 
 import torch
-from profile_step import (
-    make_step,
-    release,
-)  # benchmarks/profile_step.py (this script's folder is on the path)
+
+# benchmarks/profile_step.py (this script's folder is on the path)
+from profile_step import make_step, release, time_step
 
 from hotloop.api.build import build_engine
 from hotloop.config import EngineConfig
@@ -81,22 +80,6 @@ def run_once(runner: Any, graphs: Any, prefill: Any, k: int, ctx: int, prio: boo
     }
 
 
-def timed(runner: Any, step: Any, iters: int) -> float:
-    """Median ms of ``runner.execute(step)`` on the current stream."""
-    for _ in range(2):
-        runner.execute(step)
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        a.record()
-        runner.execute(step)
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="overlap_probe.json")
@@ -120,12 +103,14 @@ def main() -> int:
     ctx = 1024
     rid = [0]
     dec = make_step(engine, [], 16, ctx, rid)
-    d_ms = timed(runner, dec, args.iters)  # also leaves the decode graph's buffers at 16 x 1k
+    d_ms = statistics.median(
+        time_step(runner, dec, args.iters)
+    )  # also leaves the decode graph's buffers at 16 x 1k
     mixed = make_step(engine, [args.prompt], 16, ctx, rid)
-    mixed_ms = timed(runner, mixed, args.iters)
+    mixed_ms = statistics.median(time_step(runner, mixed, args.iters))
     release(engine, mixed)
     pre = make_step(engine, [args.prompt], 0, 0, rid)
-    prefill_ms = timed(runner, pre, args.iters)
+    prefill_ms = statistics.median(time_step(runner, pre, args.iters))
     runner.execute(dec)  # the decode graph's buffers back at 16 x 1k
     replay = []
     for _ in range(args.iters):  # the decode graph alone, replayed on a side stream as below

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,9 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from hotloop.bench.offline import _engine, _params, _prompt, add_latency_parser
+from host_profile import start_batch  # benchmarks/host_profile.py (this script's folder is on the path)
+
+from hotloop.bench.offline import add_latency_parser
 
 LONG_GAP_US = 20.0
 
@@ -129,17 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    built, load_s = _engine(args)
-    engine = built.engine
-    rng = random.Random(args.bench_seed)
-    vocab = built.model_config.vocab_size
-    for i in range(args.batch_size):
-        engine.add_request(f"r{i}", _prompt(rng, vocab, args.input_len), _params(args, args.output_len))
-    seen: set[str] = set()
-    while len(seen) < args.batch_size:  # prefill: until every request has its first token
-        for o in engine.step():
-            if o.new_token_ids:
-                seen.add(o.request_id)
+    engine, load_s = start_batch(args)
     _steps(engine, 16)  # settle
     wall, _, fin_timed = _steps(engine, args.steps)
     sync()
