@@ -27,6 +27,10 @@ from hotloop.api.build import build_engine
 from hotloop.config import EngineConfig
 
 NOISE = 2**-7  # bf16 has 8 significant bits
+# A fixed KV cache (blocks) where a test would otherwise take its default share of free memory: the
+# GPU tests run in parallel workers on one card, and a cache sized on free memory can find it taken
+# by another worker before it allocates (an out-of-memory error in the forty-seventh session's run)
+GPU_TEST_BLOCKS = 4096
 
 
 def _hf_greedy(path: Path, prompts: list[list[int]], max_new: int, dtype: torch.dtype) -> list[Any]:
@@ -134,7 +138,12 @@ def test_exact_piecewise_steps_parity_gpu(
     prompts = [[rng.randrange(3, TINY_VOCAB) for _ in range(rng.randrange(90, 220))] for _ in range(8)]
     expected = hf_greedy_with_margins(path, prompts, MAX_NEW)
     cfg = EngineConfig(
-        device="cuda", dtype="bfloat16", max_batch_size=8, cache_block_seq_len=16, max_prefill_token_num=chunk
+        device="cuda",
+        dtype="bfloat16",
+        max_batch_size=8,
+        cache_block_seq_len=16,
+        max_prefill_token_num=chunk,
+        cache_max_entry_count=GPU_TEST_BLOCKS,
     )
     built = build_engine(str(path), cfg)
     pw = built.engine.executor.runner.piecewise
@@ -155,7 +164,13 @@ def test_wide_graphs_greedy_equals_eager(make_tiny_model: Callable[[str], Path])
     prompts = make_prompts(seed=11, n=28)
     runs = []
     for eager in (True, False):
-        cfg = EngineConfig(device="cuda", dtype="bfloat16", max_batch_size=32, eager_mode=eager)
+        cfg = EngineConfig(
+            device="cuda",
+            dtype="bfloat16",
+            max_batch_size=32,
+            eager_mode=eager,
+            cache_max_entry_count=GPU_TEST_BLOCKS,
+        )
         got, _stats = run_engine(path, cfg, prompts, 30)
         runs.append(got)
     assert runs[0] == runs[1]
