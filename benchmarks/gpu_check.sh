@@ -8,7 +8,8 @@
 #
 # Wheels: ../shared/tools/device-wheels.sh fills .whl with the server's packages; the JSON-mode GPU test
 # also needs `bash ../shared/tools/device-wheels.sh xgrammar` (keep xgrammar and apache_tvm_ffi, drop
-# the torch / triton / nvidia wheels it pulls in: the device has them).
+# the torch / triton / nvidia wheels it pulls in: the device has them). The VL GPU tests read their photo
+# from PyPI llama-models (`pip download --no-deps llama-models -d .whl`, 6.6 MB); without it they skip.
 #
 #   tests    (default) GPU 0: every GPU test (`pytest -m gpu`, 8 workers; tests/cli needs pexpect).
 #            GPU 1: batch 1 with every default (Llama-3-8B twice, SmolLM2-135M, W4A16 8B), then fp16 /
@@ -152,6 +153,8 @@ gpu_tests() {  # [tag [seconds [pytest paths and options...]]]: the GPU tests, e
   [ $# -eq 0 ] && set -- tests --ignore=tests/cli
   python3 -c "import xgrammar" 2>/dev/null ||
     echo "warning: no xgrammar here, so the JSON-mode GPU test fails (carry it: see this script's header)"
+  python3 -c "import llama_models" 2>/dev/null ||
+    echo "warning: no llama-models here, so the VL GPU tests skip (carry it: see this script's header)"
   # -v: one line per test, so a run cut by the timeout still says which tests failed
   timeout "$secs" python3 -m pytest -m gpu -n 8 "$@" -v --tb=short -rfE -p no:cacheprovider \
     --durations=10 >"$out/$tag.log" 2>&1
