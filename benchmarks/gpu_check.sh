@@ -45,9 +45,9 @@
 #            serving run alternating auto (the default) / off until TABLE4_BUDGET_S.
 #   probe    one GPU: overlap_probe.py (a prompt's prefill on one stream, batch-16 decode replays on another), then
 #            issue 3's serving run with auto and off while TABLE4_BUDGET_S allows.
-#   h200     one GPU: issue 4's batch-256 row, step_kernels.py on its steps, cutlass_probe.py at M = 256 where
-#            build/cutlass_probe/libcutlass_probe.so was carried, then issue 3's serving run alternating auto / off
-#            until TABLE4_BUDGET_S (meant for REQUIRE_H200=1).
+#   h200     one GPU: issue 4's batch-256 row, step_kernels.py on its steps, then issue 3's serving run alternating
+#            auto / off until TABLE4_BUDGET_S (meant for REQUIRE_H200=1). (Until the forty-seventh session it also ran
+#            cutlass_probe.py where the probe's .so was carried; the probe's three rounds lost.)
 #   cutlass  one GPU: cutlass_probe.py (the CUTLASS configurations of benchmarks/cuda/cutlass_gemm_probe.cu against
 #            cuBLAS at M = 256 and 1,040; CUTLASS_M overrides), with build/cutlass_probe/libcutlass_probe.so carried.
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
@@ -410,11 +410,6 @@ if [ "$what" = h200 ]; then  # one GPU: issue 4's batch-256 row and its steps by
   export CUDA_VISIBLE_DEVICES=0
   b256_rows HOTLOOP_DECODE_GRID=heads
   step_kernels 8
-  if [ -f build/cutlass_probe/libcutlass_probe.so ]; then  # (carried: benchmarks/build_cutlass_probe.sh)
-    timeout 120 python3 "$here/cutlass_probe.py" --out "$out/cutlass_probe.json" --m 256 >"$out/cutlass_probe.log" 2>&1
-    echo "[cutlass_probe] rc=$?"
-    grep -v Warning "$out/cutlass_probe.log" | tail -8
-  fi
   serve_eager_ab auto off auto off  # issue 3's serving run: exact-row steps (auto) against padded graphs (off)
   exit 0
 fi

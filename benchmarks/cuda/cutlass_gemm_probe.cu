@@ -110,8 +110,9 @@ using StreamK = cutlass::gemm::StreamKScheduler;
 // - `call7` (a7c99b3): pingpong 64 x 64 / 96 / 128 / 192 / 224 / 256 and cooperative 128x224 /
 //   128x256, persistent. The wave-filling widths were slower; at M = 256 pingpong 64x128 beat cuBLAS
 //   on down and o, cooperative 128x256 on the LM head by 1% (within the spread between hosts).
-// This round (not yet run): stream-K forced on the 224-tile gate/up shapes, against the same tiles
-// persistent and pingpong 64x128.
+// - gpu_2026-12-07f `call1` (6856d92, this source): stream-K forced (`decomposition_mode`), against
+//   the same tiles persistent and pingpong 64x128. Slower than cuBLAS on every shape (gate/up at
+//   M = 256: 109.1-115.4 us against 101.7); the three rounds' best saves 0.17 ms a batch-256 step.
 template <int I>
 struct Cfg;
 #define PROBE_CFG_DEF(i, label, ...)           \
