@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Build benchmarks/cuda/cutlass_gemm_probe.cu into build/cutlass_probe/libcutlass_probe.so (sm_90a) for
-# benchmarks/cutlass_probe.py. Needs nvcc (CUDA 12.4 or newer) and the CUTLASS headers, which the
-# `nvidia-cutlass` wheel carries: CUTLASS_DIR defaults to its unpacked source folder.
+# Build a CUTLASS probe (sm_90a): by default benchmarks/cuda/cutlass_gemm_probe.cu into
+# build/cutlass_probe/libcutlass_probe.so for benchmarks/cutlass_probe.py; with the argument `w4a16`,
+# benchmarks/cuda/w4a16_cutlass_probe.cu into build/cutlass_probe/libw4a16_cutlass_probe.so for
+# benchmarks/w4a16_cutlass_probe.py. Needs nvcc (CUDA 12.4 or newer) and the CUTLASS headers, which
+# the `nvidia-cutlass` wheel carries: CUTLASS_DIR defaults to its unpacked source folder.
 #
-#   bash benchmarks/build_cutlass_probe.sh            # unpacks nvidia-cutlass (pip download) if needed
+#   bash benchmarks/build_cutlass_probe.sh [gemm|w4a16]   # unpacks nvidia-cutlass (pip download) if needed
 #   CUTLASS_DIR=/path/to/cutlass bash benchmarks/build_cutlass_probe.sh
 #
 # Each configuration compiles in its own unit (minutes each), JOBS at a time (default: the cores).
@@ -25,16 +27,32 @@ if [ -z "${CUTLASS_DIR:-}" ]; then
 fi
 flags=(-std=c++17 -O3 -DNDEBUG -arch=sm_90a -Xcompiler -fPIC --expt-relaxed-constexpr
   -I "$CUTLASS_DIR/include" -I "$CUTLASS_DIR/tools/util/include" -DCUTLASS_ENABLE_TENSOR_CORE_MMA=1)
-src=benchmarks/cuda/cutlass_gemm_probe.cu
+case ${1:-gemm} in
+  gemm) src=benchmarks/cuda/cutlass_gemm_probe.cu lib=libcutlass_probe.so tag=cfg ;;
+  w4a16) src=benchmarks/cuda/w4a16_cutlass_probe.cu lib=libw4a16_cutlass_probe.so tag=w4cfg ;;
+  *)
+    echo "unknown probe '$1': want gemm or w4a16" >&2
+    exit 2
+    ;;
+esac
 n=$(sed -n 's/^#define PROBE_NUM \([0-9]*\)/\1/p' "$src")
+# cutlass/util/mixed_dtype_utils.hpp (the w4a16 probe's reorder) includes curand_kernel.h, which a
+# toolkit without cuRAND lacks: take the header from the nvidia-curand wheel then
+if ! echo '#include <curand_kernel.h>' | "$NVCC" -x cu -E - >/dev/null 2>&1; then
+  if [ -z "$(find "$out/curand" -name curand_kernel.h 2>/dev/null | head -1)" ]; then
+    python3 -m pip download -q --no-deps nvidia-curand -d "$out/curand_wheel"
+    python3 -m zipfile -e "$out"/curand_wheel/nvidia_curand-*.whl "$out/curand"
+  fi
+  flags+=(-I "$(dirname "$(find "$out/curand" -name curand_kernel.h | head -1)")")
+fi
 JOBS=${JOBS:-$(nproc)}
 objs=()
 pids=()
 for i in $(seq 0 $((n - 1))); do
-  objs+=("$out/cfg$i.o")
-  if [ ! -f "$out/cfg$i.o" ] || [ "$src" -nt "$out/cfg$i.o" ]; then
-    rm -f "$out/cfg$i.o"  # (a failed compile must not leave an older configuration's object behind)
-    (t0=$SECONDS; "$NVCC" "${flags[@]}" -DPROBE_CFG="$i" -c "$src" -o "$out/cfg$i.o" &&
+  objs+=("$out/$tag$i.o")
+  if [ ! -f "$out/$tag$i.o" ] || [ "$src" -nt "$out/$tag$i.o" ]; then
+    rm -f "$out/$tag$i.o"  # (a failed compile must not leave an older configuration's object behind)
+    (t0=$SECONDS; "$NVCC" "${flags[@]}" -DPROBE_CFG="$i" -c "$src" -o "$out/$tag$i.o" &&
       echo "config $i compiled in $((SECONDS - t0)) s") &
     pids+=($!)
     while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
@@ -46,6 +64,6 @@ if [ "$failed" = 1 ]; then
   echo "a configuration failed to compile (see above)" >&2
   exit 1
 fi
-"$NVCC" "${flags[@]}" -DPROBE_TABLE -c "$src" -o "$out/table.o"
-"$NVCC" -arch=sm_90a -shared -cudart static "${objs[@]}" "$out/table.o" -o "$out/libcutlass_probe.so"
-ls -la "$out/libcutlass_probe.so"
+"$NVCC" "${flags[@]}" -DPROBE_TABLE -c "$src" -o "$out/${tag}table.o"
+"$NVCC" -arch=sm_90a -shared -cudart static "${objs[@]}" "$out/${tag}table.o" -o "$out/$lib"
+ls -la "$out/$lib"

@@ -1,0 +1,184 @@
+// Probe (benchmarks only, not an engine path): CUTLASS 3's Hopper mixed-input GEMM (int4 weights
+// converted to bf16 in registers on the way to `wgmma`, group-wise scales and zero points) for issue
+// 5's offline row, where W4A16 decode steps at M = 256-384 run at 0.84x bf16 because no W4A16 GEMM
+// here reaches bf16 cuBLAS's speed at large M (BENCHMARKS.md, thirtieth session).
+//
+// Y[M, N] = X[M, K] . W[N, K]^T, computed as D^T = W . X^T so that the narrow operand is the MMA's A
+// (which `wgmma` may read from registers):
+//   A = W, int4 (two's complement, q - 8), K-major [N, K], in CUTLASS's reordered ("shuffled") layout
+//       so that a thread's 16 values of one MMA are one 64-bit load, values in [0,2,4,6,1,3,5,7] order;
+//   B = X, bf16 [M, K] row-major (a K x M column-major matrix);
+//   D = Y^T, column-major [N, M], the same bytes as Y [M, N] row-major;
+//   scales and zeros [K / group, N] (N contiguous, AutoAWQ's `scales` layout), so that
+//   W[n, k] = (q - 8) * scale[k / g, n] + zero[k / g, n], with zero = (8 - z) * scale for AutoAWQ's z.
+//
+// Built by benchmarks/build_w4a16_cutlass_probe.sh (nvcc, the nvidia-cutlass wheel's headers). One
+// translation unit per configuration (PROBE_CFG = its index); the one built with PROBE_TABLE holds the
+// C entry points, the table and the reorder helper.
+
+#include <cstdint>
+#include <cstdio>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/mixed_dtype_utils.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+using namespace cute;
+
+using Bf16 = cutlass::bfloat16_t;
+using Acc = float;
+using Quant = cutlass::int4b_t;
+
+// The weight's layout: K-major [N, K] with CUTLASS's reordering atom for a bf16 MMA
+using StrideW = cutlass::detail::TagToStrideA_t<cutlass::layout::RowMajor>;
+using ValueShuffle = Layout<Shape<_2, _4>, Stride<_4, _1>>;  // values [0,2,4,6,1,3,5,7]
+using LayoutAtomQuant = decltype(cutlass::compute_memory_reordering_atom<Bf16, Layout<Shape<_1, _1>>, ValueShuffle>());
+using LayoutW = decltype(cute::tile_to_shape(LayoutAtomQuant{}, Layout<Shape<int, int, int>, StrideW>{}));
+
+static LayoutW weight_layout(int n, int k) { return cute::tile_to_shape(LayoutAtomQuant{}, make_shape(n, k, 1)); }
+
+template <class Tile, class Cluster, class Schedule, class EpiSchedule, class Scale>
+struct Probe {
+  using LayoutX = cutlass::layout::ColumnMajor;  // X [M, K] row-major as a K x M column-major B
+  using LayoutD = cutlass::layout::ColumnMajor;  // D = Y^T [N, M] column-major
+  static constexpr int AlignX = 8;
+  static constexpr int AlignW = 32;  // 16 bytes of int4
+  static constexpr int AlignD = 8;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, Acc, Acc, void, LayoutD, AlignD, Bf16, LayoutD, AlignD,
+      EpiSchedule>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cute::tuple<Quant, Scale, Scale>, LayoutW, AlignW, Bf16,
+      LayoutX, AlignX, Acc, Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      Schedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static typename Gemm::Arguments args(const void* x, const void* w, const void* scales, const void* zeros, void* y,
+                                       int m, int n, int k, int group, int sms) {
+    auto sx = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, make_shape(m, k, 1));
+    auto sd = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, make_shape(n, m, 1));
+    const int scale_k = (k + group - 1) / group;
+    auto ss = cutlass::make_cute_packed_stride(typename Mainloop::StrideScale{}, make_shape(n, scale_k, 1));
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = 0;
+    hw.sm_count = sms;
+    typename Gemm::Arguments arguments{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {n, m, k, 1},
+        {static_cast<const Quant*>(w), weight_layout(n, k), static_cast<const Bf16*>(x), sx,
+         static_cast<const Scale*>(scales), ss, group, static_cast<const Scale*>(zeros)},
+        {{}, nullptr, sd, static_cast<Bf16*>(y), sd},
+        hw};
+    arguments.epilogue.thread.alpha = 1.0f;
+    arguments.epilogue.thread.beta = 0.0f;
+    return arguments;
+  }
+
+  static size_t workspace(int m, int n, int k, int group, int sms) {
+    return Gemm::get_workspace_size(args(nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, group, sms));
+  }
+
+  // 0: launched; 1: cannot implement; 2: initialize failed; 3: launch failed
+  static int run(const void* x, const void* w, const void* scales, const void* zeros, void* y, int m, int n, int k,
+                 int group, void* ws, int sms, cudaStream_t s) {
+    auto arguments = args(x, w, scales, zeros, y, m, n, k, group, sms);
+    Gemm op;
+    if (op.can_implement(arguments) != cutlass::Status::kSuccess) return 1;
+    if (op.initialize(arguments, ws, s) != cutlass::Status::kSuccess) return 2;
+    return op.run(s) == cutlass::Status::kSuccess ? 0 : 3;
+  }
+};
+
+using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using CoopEpi = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using Ping = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using PingEpi = cutlass::epilogue::TmaWarpSpecialized;
+using Half = cutlass::half_t;
+
+// Tile = (weight rows N, token rows M, K); K = 64 (128 bytes of bf16 per row, a TMA box)
+template <int I>
+struct Cfg;
+#define PROBE_CFG_DEF(i, label, ...)           \
+  template <>                                  \
+  struct Cfg<i> {                              \
+    using P = __VA_ARGS__;                     \
+    static constexpr const char* name = label; \
+  };
+PROBE_CFG_DEF(0, "coop 128x128", Probe<Shape<_128, _128, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, Bf16>)
+PROBE_CFG_DEF(1, "coop 128x256", Probe<Shape<_128, _256, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, Bf16>)
+PROBE_CFG_DEF(2, "ping 64x128", Probe<Shape<_64, _128, _64>, Shape<_1, _1, _1>, Ping, PingEpi, Bf16>)
+PROBE_CFG_DEF(3, "ping 64x256", Probe<Shape<_64, _256, _64>, Shape<_1, _1, _1>, Ping, PingEpi, Bf16>)
+PROBE_CFG_DEF(4, "coop 128x128 c2x1", Probe<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Coop, CoopEpi, Bf16>)
+PROBE_CFG_DEF(5, "coop 128x128 fp16 scales", Probe<Shape<_128, _128, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, Half>)
+#define PROBE_NUM 6
+
+#define PROBE_PASTE2(a, b) a##b
+#define PROBE_PASTE(a, b) PROBE_PASTE2(a, b)
+
+#if defined(PROBE_CFG)
+extern "C" size_t PROBE_PASTE(w4probe_workspace_, PROBE_CFG)(int m, int n, int k, int group, int sms) {
+  return Cfg<PROBE_CFG>::P::workspace(m, n, k, group, sms);
+}
+extern "C" int PROBE_PASTE(w4probe_run_, PROBE_CFG)(const void* x, const void* w, const void* sc, const void* z,
+                                                     void* y, int m, int n, int k, int group, void* ws, int sms,
+                                                     cudaStream_t s) {
+  return Cfg<PROBE_CFG>::P::run(x, w, sc, z, y, m, n, k, group, ws, sms, s);
+}
+#endif
+
+#if defined(PROBE_TABLE)
+#define PROBE_DECLARE(i)                                                \
+  extern "C" size_t w4probe_workspace_##i(int, int, int, int, int); \
+  extern "C" int w4probe_run_##i(const void*, const void*, const void*, const void*, void*, int, int, int, int, \
+                                 void*, int, cudaStream_t);
+PROBE_DECLARE(0)
+PROBE_DECLARE(1)
+PROBE_DECLARE(2)
+PROBE_DECLARE(3)
+PROBE_DECLARE(4)
+PROBE_DECLARE(5)
+
+typedef size_t (*WsFn)(int, int, int, int, int);
+typedef int (*RunFn)(const void*, const void*, const void*, const void*, void*, int, int, int, int, void*, int,
+                     cudaStream_t);
+#define PROBE_ENTRY(i) {Cfg<i>::name, w4probe_workspace_##i, w4probe_run_##i},
+static const struct {
+  const char* name;
+  WsFn ws;
+  RunFn run;
+} kTable[] = {PROBE_ENTRY(0) PROBE_ENTRY(1) PROBE_ENTRY(2) PROBE_ENTRY(3) PROBE_ENTRY(4) PROBE_ENTRY(5)};
+static_assert(sizeof(kTable) / sizeof(kTable[0]) == PROBE_NUM, "one table entry per configuration");
+
+extern "C" int w4probe_num_configs() { return PROBE_NUM; }
+extern "C" const char* w4probe_config_name(int i) { return (i >= 0 && i < PROBE_NUM) ? kTable[i].name : ""; }
+extern "C" size_t w4probe_workspace(int i, int m, int n, int k, int group, int sms) {
+  return kTable[i].ws(m, n, k, group, sms);
+}
+extern "C" int w4probe_gemm(int i, const void* x, const void* w, const void* scales, const void* zeros, void* y,
+                            int m, int n, int k, int group, void* ws, int sms, void* stream) {
+  if (i < 0 || i >= PROBE_NUM) return 4;
+  int rc = kTable[i].run(x, w, scales, zeros, y, m, n, k, group, ws, sms, static_cast<cudaStream_t>(stream));
+  if (rc == 0 && cudaPeekAtLastError() != cudaSuccess) return 5;
+  return rc;
+}
+// src: int4 K-major [N, K] packed two per byte (even k in the low nibble); dst: the same bytes in
+// the layout the GEMM reads (weight_layout). Synchronises the device.
+extern "C" int w4probe_reorder(const void* src, void* dst, int n, int k) {
+  auto shape = make_shape(n, k, 1);
+  auto plain = make_layout(shape, cutlass::make_cute_packed_stride(StrideW{}, shape));
+  cutlass::reorder_tensor(static_cast<const Quant*>(src), plain, static_cast<Quant*>(dst), weight_layout(n, k));
+  return cudaGetLastError() == cudaSuccess ? 0 : 1;
+}
+#endif
