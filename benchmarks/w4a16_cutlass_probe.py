@@ -105,6 +105,7 @@ def one(lib: ctypes.CDLL, name: str, n: int, k: int, per_step: int, m: int, reps
     w_lin = w4a16_dequantize(qw, qz, sc, GROUP).t().contiguous()  # [N, K] bf16, for cuBLAS
     flops = 2 * m * n * k
     floor_us = flops / 783e12 * 1e6
+    wbytes = n * k // 2 + 2 * (k // GROUP) * n * 2  # int4 weight, 16-bit scales and zeros
 
     outs = [torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in range(8)]
     lins = copies(w_lin)
@@ -150,15 +151,20 @@ def one(lib: ctypes.CDLL, name: str, n: int, k: int, per_step: int, m: int, reps
             {"config": cname, "us": us, "tflops": flops / us / 1e6, "rel_err": err, "ok": err <= 2e-2}
         )
     prepared.clear()
+    for c in cfgs:
+        if "us" in c:
+            c["weight_gbps"] = wbytes / c["us"] / 1e3
     good = [c for c in cfgs if c.get("ok")]
     best = min(good, key=lambda c: c["us"]) if good else None
     row = {
         "name": name, "m": m, "n": n, "k": k, "per_step": per_step, "bf16_cublas_us": bf16_us,
         "engine_w4a16_us": engine_us, "engine_rel_err": engine_err, "flop_floor_us": floor_us,
+        "weight_bytes": wbytes, "engine_weight_gbps": wbytes / engine_us / 1e3,
         "configs": cfgs, "best": best,
     }  # fmt: skip
     print(
-        f"M={m:5d} {name:8s} bf16 {bf16_us:7.1f} | engine W4A16 {engine_us:7.1f} | floor {floor_us:6.1f} | "
+        f"M={m:5d} {name:8s} bf16 {bf16_us:7.1f} | engine W4A16 {engine_us:7.1f} "
+        f"({wbytes / engine_us / 1e3:.0f} GB/s of weights) | FLOP floor {floor_us:6.1f} | "
         + " | ".join(
             f"{c['config']}: "
             + (
@@ -176,7 +182,7 @@ def one(lib: ctypes.CDLL, name: str, n: int, k: int, per_step: int, m: int, reps
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--m", default="256,384,1040,2048", help="comma-separated row counts")
+    p.add_argument("--m", default="1,16,256,384,1040,2048", help="comma-separated row counts")
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--lib", default=str(DEFAULT_LIB))
     p.add_argument("--out", default=None)

@@ -43,7 +43,8 @@ using LayoutW = decltype(cute::tile_to_shape(LayoutAtomQuant{}, Layout<Shape<int
 
 static LayoutW weight_layout(int n, int k) { return cute::tile_to_shape(LayoutAtomQuant{}, make_shape(n, k, 1)); }
 
-template <class Tile, class Cluster, class Schedule, class EpiSchedule, class Scale>
+template <class Tile, class Cluster, class Schedule, class EpiSchedule, class Scale,
+          class Scheduler = cutlass::gemm::PersistentScheduler>
 struct Probe {
   using LayoutX = cutlass::layout::ColumnMajor;  // X [M, K] row-major as a K x M column-major B
   using LayoutD = cutlass::layout::ColumnMajor;  // D = Y^T [N, M] column-major
@@ -62,7 +63,7 @@ struct Probe {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       Schedule>::CollectiveOp;
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, Scheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Gemm::Arguments args(const void* x, const void* w, const void* scales, const void* zeros, void* y,
@@ -122,7 +123,12 @@ PROBE_CFG_DEF(2, "ping 64x128", Probe<Shape<_64, _128, _64>, Shape<_1, _1, _1>, 
 PROBE_CFG_DEF(3, "ping 64x256", Probe<Shape<_64, _256, _64>, Shape<_1, _1, _1>, Ping, PingEpi, Bf16>)
 PROBE_CFG_DEF(4, "coop 128x128 c2x1", Probe<Shape<_128, _128, _64>, Shape<_2, _1, _1>, Coop, CoopEpi, Bf16>)
 PROBE_CFG_DEF(5, "coop 128x128 fp16 scales", Probe<Shape<_128, _128, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, Half>)
-#define PROBE_NUM 6
+// decode-sized token tiles (16 rows; issue 5's batch 1 and issue 3's batch 16)
+PROBE_CFG_DEF(6, "ping 64x16", Probe<Shape<_64, _16, _64>, Shape<_1, _1, _1>, Ping, PingEpi, Bf16>)
+PROBE_CFG_DEF(7, "coop 128x16", Probe<Shape<_128, _16, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, Bf16>)
+PROBE_CFG_DEF(8, "coop 128x16 stream-K", Probe<Shape<_128, _16, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, Bf16,
+                                                cutlass::gemm::StreamKScheduler>)
+#define PROBE_NUM 9
 
 #define PROBE_PASTE2(a, b) a##b
 #define PROBE_PASTE(a, b) PROBE_PASTE2(a, b)
@@ -149,6 +155,9 @@ PROBE_DECLARE(2)
 PROBE_DECLARE(3)
 PROBE_DECLARE(4)
 PROBE_DECLARE(5)
+PROBE_DECLARE(6)
+PROBE_DECLARE(7)
+PROBE_DECLARE(8)
 
 typedef size_t (*WsFn)(int, int, int, int, int);
 typedef int (*RunFn)(const void*, const void*, const void*, const void*, void*, int, int, int, int, void*, int,
@@ -158,7 +167,8 @@ static const struct {
   const char* name;
   WsFn ws;
   RunFn run;
-} kTable[] = {PROBE_ENTRY(0) PROBE_ENTRY(1) PROBE_ENTRY(2) PROBE_ENTRY(3) PROBE_ENTRY(4) PROBE_ENTRY(5)};
+} kTable[] = {PROBE_ENTRY(0) PROBE_ENTRY(1) PROBE_ENTRY(2) PROBE_ENTRY(3) PROBE_ENTRY(4) PROBE_ENTRY(5) PROBE_ENTRY(6)
+                PROBE_ENTRY(7) PROBE_ENTRY(8)};
 static_assert(sizeof(kTable) / sizeof(kTable[0]) == PROBE_NUM, "one table entry per configuration");
 
 extern "C" int w4probe_num_configs() { return PROBE_NUM; }
