@@ -50,6 +50,9 @@
 #            cutlass_probe.py where the probe's .so was carried; the probe's three rounds lost.)
 #   cutlass  one GPU: cutlass_probe.py (the CUTLASS configurations of benchmarks/cuda/cutlass_gemm_probe.cu against
 #            cuBLAS at M = 256 and 1,040; CUTLASS_M overrides), with build/cutlass_probe/libcutlass_probe.so carried.
+#   w4cutlass one GPU: w4a16_cutlass_probe.py (CUTLASS's mixed-input int4 x bf16 GEMM against bf16 cuBLAS and the
+#            engine's w4a16_gemm at M = 1-2,048; W4_CUTLASS_M overrides), with
+#            build/cutlass_probe/libw4a16_cutlass_probe.so carried (benchmarks/build_cutlass_probe.sh w4a16).
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -420,6 +423,15 @@ if [ "$what" = cutlass ]; then  # one GPU: CUTLASS persistent / stream-K GEMMs a
     >"$out/cutlass_probe.log" 2>&1
   echo "[cutlass_probe] rc=$?"
   grep -v Warning "$out/cutlass_probe.log"
+  exit 0
+fi
+if [ "$what" = w4cutlass ]; then  # one GPU: CUTLASS's mixed-input int4 x bf16 GEMM against bf16 cuBLAS and w4a16_gemm
+  # needs build/cutlass_probe/libw4a16_cutlass_probe.so (benchmarks/build_cutlass_probe.sh w4a16; carry it)
+  export CUDA_VISIBLE_DEVICES=0
+  PYTHONPATH="$PYTHONPATH:$here" timeout 300 python3 "$here/w4a16_cutlass_probe.py" --out "$out/w4a16_cutlass_probe.json" \
+    --m "${W4_CUTLASS_M:-1,16,256,384,1040,2048}" >"$out/w4a16_cutlass_probe.log" 2>&1
+  echo "[w4a16_cutlass_probe] rc=$?"
+  grep -v Warning "$out/w4a16_cutlass_probe.log"
   exit 0
 fi
 if [ "$what" = buckets ]; then  # one GPU: the serving mix's padding (1,024 + 16 tokens) by prefill buckets
