@@ -4,6 +4,7 @@ prefill (Llama-3-8B projections).
 
     bash benchmarks/build_cutlass_probe.sh w4a16   # nvcc + the nvidia-cutlass wheel's headers, minutes
     PYTHONPATH=$PWD python3 benchmarks/w4a16_cutlass_probe.py --out probe.json [--m 256,384,1040,2048]
+    PYTHONPATH=$PWD python3 benchmarks/w4a16_cutlass_probe.py --check-packing   # CPU: the conversion only
 
 Issue 5's offline row (W4A16 throughput no lower than bf16's) is at 0.84x: every W4A16 launch here
 takes 1.4-2.6x bf16 cuBLAS's time at M = 256-2048 (BENCHMARKS.md, thirtieth session), because Triton's
@@ -28,16 +29,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from cublaslt_sweep import _time_us  # benchmarks/cublaslt_sweep.py (this script's folder is on the path)
+
+# (this script's folder is on the path: benchmarks/cublaslt_sweep.py, benchmarks/w4a16_large_sweep.py)
+from cublaslt_sweep import SHAPES as CUBLASLT_SHAPES
+from cublaslt_sweep import _time_us
+from w4a16_large_sweep import _weights as awq_weights  # random AutoAWQ weights, (k, n, dtype, device)
 
 DEFAULT_LIB = Path(__file__).resolve().parent.parent / "build" / "cutlass_probe" / "libw4a16_cutlass_probe.so"
 GROUP = 128
-SHAPES = [  # name, N (out), K (in), launches per decode step (32 layers)
-    ("qkv", 6144, 4096, 32),
-    ("o", 4096, 4096, 32),
-    ("gate_up", 28672, 4096, 32),
-    ("down", 4096, 14336, 32),
-]
+# the four projections of a layer: name, N (out), K (in), launches per decode step (32 layers)
+SHAPES = [row for row in CUBLASLT_SHAPES if row[0] != "lm_head"]
 
 
 def load(path: Path) -> ctypes.CDLL:
@@ -55,34 +56,46 @@ def load(path: Path) -> ctypes.CDLL:
     return lib
 
 
-def awq_weights(n: int, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random AutoAWQ ``qweight`` / ``qzeros`` / bf16 ``scales`` for a [K -> N] linear."""
-    from hotloop.kernels.w4a16_layout import pack_int4
+def signed_k_major(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """AutoAWQ tensors -> (int4 ``q - 8`` K-major [N, K/2] bytes, even k in the low nibble; float32
+    zero term ``(8 - z) * scale`` [K/g, N]), so that ``W[n, k] = (q - 8) * scale + zero``."""
+    from hotloop.kernels.w4a16_layout import unpack_int4
 
-    gen = torch.Generator(device=dev).manual_seed(0)
-    qweight = pack_int4(torch.randint(0, 16, (k, n), device=dev, generator=gen, dtype=torch.int32))
-    qzeros = pack_int4(torch.randint(0, 16, (k // GROUP, n), device=dev, generator=gen, dtype=torch.int32))
-    scales = (torch.rand(k // GROUP, n, device=dev, generator=gen) * 0.01 + 1e-3).to(torch.bfloat16)
-    return qweight, qzeros, scales
+    q = unpack_int4(qweight).to(torch.int16)  # [K, N] in [0, 15]
+    z = unpack_int4(qzeros).to(torch.float32)  # [K/g, N]
+    s = (q.t() - 8).contiguous()  # [N, K] in [-8, 7]
+    packed = ((s[:, 0::2] & 0xF) | ((s[:, 1::2] & 0xF) << 4)).to(torch.uint8).contiguous()
+    return packed, (8.0 - z) * scales.float()
+
+
+def check_packing() -> float:
+    """CPU: the largest difference between :func:`signed_k_major`'s weights, unpacked again, and
+    AutoAWQ's dequantization (``kernels.reference``) on random tensors; 0 when the packing is exact."""
+    from hotloop.kernels import reference
+
+    k, n = 2 * GROUP, 64
+    qweight, qzeros, scales = awq_weights(k, n, torch.bfloat16, torch.device("cpu"))
+    packed, zero = signed_k_major(qweight, qzeros, scales)
+    nib = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(n, k).to(torch.int16)
+    q = torch.where(nib > 7, nib - 16, nib).float()  # [N, K], sign-extended
+    w = q * scales.float().repeat_interleave(GROUP, 0).t() + zero.repeat_interleave(GROUP, 0).t()
+    ref = reference.w4a16_dequantize(qweight, qzeros, scales.float(), GROUP).t()  # [N, K]
+    return float((w - ref).abs().max())
 
 
 def to_cutlass(
     lib: ctypes.CDLL, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """AutoAWQ tensors -> (reordered int4 weight bytes [N, K/2], scales, zeros [K/g, N] in ``dtype``)."""
-    from hotloop.kernels.w4a16_layout import unpack_int4
-
-    q = unpack_int4(qweight).to(torch.int16)  # [K, N] in [0, 15]
-    z = unpack_int4(qzeros).to(torch.float32)  # [K/g, N]
-    s = (q.t() - 8).contiguous()  # [N, K] in [-8, 7]
-    packed = ((s[:, 0::2] & 0xF) | ((s[:, 1::2] & 0xF) << 4)).to(torch.uint8).contiguous()  # even k low
+    packed, zero = signed_k_major(qweight, qzeros, scales)
     out = torch.empty_like(packed)
-    n, k = s.shape
+    n, k = packed.shape[0], packed.shape[1] * 2
     torch.cuda.synchronize()
     if lib.w4probe_reorder(packed.data_ptr(), out.data_ptr(), n, k) != 0:
         raise RuntimeError("w4probe_reorder failed")
-    sc = scales.float()
-    return out, sc.to(dtype).contiguous(), ((8.0 - z) * sc).to(dtype).contiguous()
+    return out, scales.float().to(dtype).contiguous(), zero.to(dtype).contiguous()
 
 
 def copies(t: torch.Tensor) -> list[torch.Tensor]:
@@ -98,7 +111,7 @@ def one(lib: ctypes.CDLL, name: str, n: int, k: int, per_step: int, m: int, reps
 
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    qw, qz, sc = awq_weights(n, k, dev)
+    qw, qz, sc = awq_weights(k, n, torch.bfloat16, dev)
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     ref = reference.w4a16_matmul(x.float(), qw, qz, sc.float(), GROUP).float()
     scale = float(ref.abs().max())
@@ -123,9 +136,7 @@ def one(lib: ctypes.CDLL, name: str, n: int, k: int, per_step: int, m: int, reps
     for c in range(lib.w4probe_num_configs()):
         cname = lib.w4probe_config_name(c).decode()
         sdtype = torch.float16 if "fp16" in cname else torch.bfloat16
-        if sdtype not in prepared:
-            prepared.clear()
-            torch.cuda.empty_cache()
+        if sdtype not in prepared:  # (both scale types stay: the configurations interleave them)
             w0, s0, z0 = to_cutlass(lib, qw, qz, sc, sdtype)
             prepared[sdtype] = (copies(w0), s0, z0)
         wsize = lib.w4probe_workspace(c, m, n, k, GROUP, sms)
@@ -186,7 +197,27 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--lib", default=str(DEFAULT_LIB))
     p.add_argument("--out", default=None)
+    p.add_argument(
+        "--check-packing", action="store_true", help="only check the weight conversion (CPU) and exit"
+    )
     a = p.parse_args()
+    try:
+        ms = [int(v) for v in a.m.split(",")]
+    except ValueError:
+        p.error(f"--m {a.m!r}: want comma-separated positive row counts, e.g. 1,16,256")
+    if any(m < 1 for m in ms):
+        p.error(f"--m {a.m!r}: every row count must be at least 1")
+    if a.reps < 1:
+        p.error(f"--reps {a.reps}: must be at least 1")
+    packing_err = check_packing()
+    print(
+        f"weight conversion against AutoAWQ's dequantization (CPU): max difference {packing_err}", flush=True
+    )
+    if packing_err != 0.0:
+        print("the int4 conversion does not reproduce AutoAWQ's weights", file=sys.stderr)
+        return 1
+    if a.check_packing:
+        return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -196,7 +227,7 @@ def main() -> int:
     names = [lib.w4probe_config_name(c).decode() for c in range(lib.w4probe_num_configs())]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; configs: {names}", flush=True)
     rows = []
-    for m in (int(v) for v in a.m.split(",")):
+    for m in ms:
         for name, n, k, per_step in SHAPES:
             rows.append(one(lib, name, n, k, per_step, m, a.reps))
         got = [r for r in rows if r["m"] == m]
@@ -216,7 +247,13 @@ def main() -> int:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         with open(a.out, "w") as f:
             json.dump(
-                {"device": torch.cuda.get_device_name(), "commit": commit, "configs": names, "rows": rows},
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "commit": commit,
+                    "configs": names,
+                    "packing_max_diff": packing_err,
+                    "rows": rows,
+                },
                 f,
                 indent=1,
             )
