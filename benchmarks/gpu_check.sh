@@ -53,6 +53,11 @@
 #   w4cutlass one GPU: w4a16_cutlass_probe.py (CUTLASS's mixed-input int4 x bf16 GEMM against bf16 cuBLAS and the
 #            engine's w4a16_gemm at M = 1-2,048; W4_CUTLASS_M overrides), with
 #            build/cutlass_probe/libw4a16_cutlass_probe.so carried (benchmarks/build_cutlass_probe.sh w4a16).
+#   w4engine one GPU: the CUTLASS W4A16 GEMM's GPU tests (tests/kernels/test_w4a16_cutlass.py), then run_gpu.py's
+#            W4A16 rows (W4_ENGINE_ROWS, default llama3_awq_offline) with HOTLOOP_W4A16_KERNEL=cutlass and =triton
+#            (W4_ENGINE_KERNELS) while TABLE4_BUDGET_S allows. Carry build/hl_cache, where the library is built here by
+#            HOTLOOP_CACHE=build/hl_cache python3 -c "from hotloop.kernels import w4a16_cutlass as w; w.build()"
+#            (and .whl/nvidia_cutlass-*.whl: the headers' version is part of the library's key).
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -432,6 +437,19 @@ if [ "$what" = w4cutlass ]; then  # one GPU: CUTLASS's mixed-input int4 x bf16 G
     --m "${W4_CUTLASS_M:-1,16,256,384,1040,2048}" >"$out/w4a16_cutlass_probe.log" 2>&1
   echo "[w4a16_cutlass_probe] rc=$?"
   grep -v Warning "$out/w4a16_cutlass_probe.log"
+  exit 0
+fi
+if [ "$what" = w4engine ]; then  # one GPU: the CUTLASS W4A16 GEMM in the engine (HOTLOOP_W4A16_KERNEL=cutlass)
+  # carry the library built on the CPU machine (build/hl_cache: see this script's header)
+  export CUDA_VISIBLE_DEVICES=0
+  if [ -z "${HOTLOOP_CACHE:-}" ] && [ -d "$here/../build/hl_cache" ]; then export HOTLOOP_CACHE=$here/../build/hl_cache; fi
+  [ "${W4_ENGINE_TESTS:-1}" = 1 ] && gpu_tests cutlass_tests 200 tests/kernels/test_w4a16_cutlass.py
+  for v in ${W4_ENGINE_KERNELS:-cutlass triton}; do
+    left=$((TABLE4_BUDGET_S - SECONDS))
+    [ "$left" -gt 60 ] || break
+    HOTLOOP_W4A16_KERNEL=$v timeout "$left" python3 "$here/run_gpu.py" --out "$out/rows_$v" --skip-hf \
+      --only "${W4_ENGINE_ROWS:-llama3_awq_offline}" 2>&1 | grep -vE "Warning|warn\(" | tail -20 | sed "s/^/[$v] /"
+  done
   exit 0
 fi
 if [ "$what" = buckets ]; then  # one GPU: the serving mix's padding (1,024 + 16 tokens) by prefill buckets

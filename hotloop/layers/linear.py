@@ -77,7 +77,9 @@ class AWQLinearMethod:
     weights are rounded once, not at the scales and again at the product). A fused layer loads each
     shard into its own columns. After loading, a CPU layer dequantizes once into a dense ``weight``
     (plain matmuls from then on); a CUDA layer keeps the packed tensors, casts the scales to the
-    model dtype and runs the Triton W4A16 GEMM.
+    model dtype and runs the Triton W4A16 GEMM; with ``HOTLOOP_W4A16_KERNEL=cutlass`` it instead
+    converts them once into the CUTLASS GEMM's layout (``kernels/w4a16_cutlass.py``: the same bytes,
+    the AutoAWQ tensors are dropped) and runs that GEMM at every M.
     """
 
     def __init__(self, group_size: int) -> None:
@@ -107,6 +109,12 @@ class AWQLinearMethod:
         weight = layer._parameters.get("weight")
         if weight is not None:  # dequantized at load (CPU)
             return F.linear(x, weight, layer.bias)
+        cutlass_weight = getattr(layer, "cutlass_weight", None)
+        if cutlass_weight is not None:
+            from hotloop.kernels import w4a16_cutlass
+
+            y = w4a16_cutlass.gemm(x, cutlass_weight)
+            return y if layer.bias is None else y + layer.bias
         qweight, qzeros, scales = (cast(torch.Tensor, getattr(layer, n)) for n in AWQ_PARAM_NAMES)
         if ops.use_triton(x):
             from hotloop.kernels.w4a16_gemm import w4a16_gemm
@@ -126,6 +134,7 @@ class AWQLinearMethod:
             return None
         if (
             layer._parameters.get("weight") is not None
+            or getattr(layer, "cutlass_weight", None) is not None
             or layer.bias is not None
             or not ops.use_triton(gate_up)
         ):
@@ -137,9 +146,24 @@ class AWQLinearMethod:
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         """On the CPU, replace the packed tensors by the dequantized dense weight ``[out, in]``; on
-        CUDA, cast the scales to the model dtype (the kernels' activation dtype)."""
+        CUDA, cast the scales to the model dtype (the kernels' activation dtype), or with
+        ``HOTLOOP_W4A16_KERNEL=cutlass`` convert the three into ``layer.cutlass_weight``."""
         qweight = cast(torch.Tensor, layer.qweight)
         if qweight.is_cuda:
+            from hotloop.kernels import w4a16_cutlass
+
+            if w4a16_cutlass.selected():
+                qzeros, scales = cast(torch.Tensor, layer.qzeros), cast(torch.Tensor, layer.scales)
+                w4a16_cutlass.check_operands(
+                    layer.dtype, qweight.device, layer.out_features, layer.in_features, self.group_size
+                )
+                cw = w4a16_cutlass.convert(qweight, qzeros, scales, self.group_size)
+                for name in AWQ_PARAM_NAMES:
+                    del layer._parameters[name]
+                for name, t in zip(CUTLASS_PARAM_NAMES, (cw.w, cw.scales, cw.zeros), strict=True):
+                    layer.register_parameter(name, nn.Parameter(t, requires_grad=False))  # counted as weights
+                layer.__dict__["cutlass_weight"] = cw  # (a plain attribute: its tensors are the parameters)
+                return
             scales = cast(torch.Tensor, layer.scales)
             if scales.dtype != layer.dtype:
                 layer.scales = nn.Parameter(scales.to(layer.dtype), requires_grad=False)
@@ -152,6 +176,7 @@ class AWQLinearMethod:
 
 
 AWQ_PARAM_NAMES = ("qweight", "qzeros", "scales")
+CUTLASS_PARAM_NAMES = ("cutlass_w", "cutlass_scales", "cutlass_zeros")  # HOTLOOP_W4A16_KERNEL=cutlass
 SCALES_DTYPE = torch.float16  # AutoAWQ's; kept until after loading
 
 

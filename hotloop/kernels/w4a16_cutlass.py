@@ -1,0 +1,409 @@
+"""The CUTLASS W4A16 GEMM (``kernels/cuda/w4a16_cutlass.cu``): its build, weight layout, tuning and launch.
+
+Opt-in with ``HOTLOOP_W4A16_KERNEL=cutlass`` (Hopper, bf16 models). CUTLASS 3's mixed-input collective
+converts the int4 weights to bf16 in registers on their way to ``wgmma``; the Triton W4A16 GEMM
+(``w4a16_gemm.py``) takes its dequantized tile through shared memory, and at 256-384 token rows (the
+offline decode steps) it takes 1.8x bf16 cuBLAS's time where this takes 0.95-1.16x (H100, forty-ninth
+session, ``benchmarks/w4a16_cutlass_probe.py``). At one row it is slower than the CUDA one-row GEMV
+(3.0 against 1.85 ms for Llama-3-8B's 32 layers), so it is a throughput setting, not the default.
+
+The weight is stored in CUTLASS's layout *instead of* AutoAWQ's (the same 4 bits a weight, so the GPU
+memory is unchanged): int4 ``q - 8`` K-major ``[N, K]`` in the reordered layout the kernel's loads want,
+with bf16 scales and zero terms ``[K / g, N]`` (``W = (q - 8) * scale + zero``, ``zero = (8 - z) *
+scale``). :func:`convert` does it once after loading, on the GPU.
+
+Build: nvcc compiles the source once per configuration (six units in parallel, one to three minutes)
+against the ``nvidia-cutlass`` wheel's headers (``pip install nvidia-cutlass``, or ``HOTLOOP_CUTLASS_DIR``
+= a CUTLASS checkout) into ``$HOTLOOP_CACHE/cuda/w4a16_cutlass-<arch>-<key>.so``, keyed by the source
+and the CUTLASS headers' version; later starts load the library. The launches go on torch's current
+stream, so CUDA graphs capture them. Per (M bucket, N, K) the fastest configuration is timed once
+outside graph capture and kept in the tuning cache (``tuning_cache.py``, family ``w4a16_cutlass``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import logging
+import os
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from hotloop.kernels import cuda_jit, tuning_cache
+from hotloop.kernels.w4a16_layout import unpack_int4
+from hotloop.utils.env import cache_dir
+
+logger = logging.getLogger(__name__)
+
+ENV = "HOTLOOP_W4A16_KERNEL"
+KERNELS = ("triton", "cutlass")
+CUTLASS_DIR_ENV = "HOTLOOP_CUTLASS_DIR"
+CURAND_ENV = "HOTLOOP_CURAND_INCLUDE"  # a folder with curand_kernel.h, where the toolkit has none
+SOURCE = cuda_jit.SOURCE_DIR / "w4a16_cutlass.cu"
+TUNING_FAMILY = "w4a16_cutlass"
+WORKSPACE_BYTES = 32 << 20  # one per device, shared by the launches (one stream)
+# the configurations' rows of tokens per tile (the source's table, in order): 16-row tiles are timed
+# only up to M = 64, the wide ones only from M = 17
+TOKEN_TILE = (128, 256, 128, 256, 16, 16)
+
+
+class CutlassUnavailable(RuntimeError):
+    """The CUTLASS W4A16 GEMM cannot be built or run here; the message says what to install or set."""
+
+
+def selected() -> bool:
+    """Whether ``HOTLOOP_W4A16_KERNEL`` asks for this GEMM (``triton``, the default, or ``cutlass``);
+    another value raises ``ValueError`` naming the variable and the choices."""
+    value = os.environ.get(ENV, "triton").strip().lower() or "triton"
+    if value not in KERNELS:
+        raise ValueError(f"{ENV}={value!r}: use one of {', '.join(KERNELS)}")
+    return value == "cutlass"
+
+
+def check_operands(x_dtype: torch.dtype, device: torch.device, n: int, k: int, group_size: int) -> None:
+    """Raise :class:`CutlassUnavailable` naming what this GEMM cannot take: a non-bf16 model, a GPU
+    other than Hopper, group sizes that are not a multiple of 64, or N / K not multiples of 32."""
+    if x_dtype != torch.bfloat16:
+        raise CutlassUnavailable(
+            f"{ENV}=cutlass needs a bfloat16 model (got {x_dtype}): use --dtype bfloat16"
+        )
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+        raise CutlassUnavailable(f"{ENV}=cutlass needs a Hopper GPU (sm_90; this is {cap or device})")
+    if group_size % 64:
+        raise CutlassUnavailable(
+            f"{ENV}=cutlass needs a group size that is a multiple of 64 (got {group_size})"
+        )
+    if n % 32 or k % 32:
+        raise CutlassUnavailable(
+            f"{ENV}=cutlass needs in and out features that are multiples of 32 (got {k}, {n})"
+        )
+
+
+# ----------------------------------------------------------------------------------------------- build
+
+
+def cutlass_dir() -> Path:
+    """The CUTLASS source tree: ``$HOTLOOP_CUTLASS_DIR`` or the ``nvidia-cutlass`` wheel's copy."""
+    env = os.environ.get(CUTLASS_DIR_ENV)
+    if env:
+        root = Path(env)
+    else:
+        spec = importlib.util.find_spec("cutlass_library")
+        if spec is None or not spec.submodule_search_locations:
+            raise CutlassUnavailable(
+                f"{ENV}=cutlass needs the CUTLASS headers: pip install nvidia-cutlass "
+                f"(or set {CUTLASS_DIR_ENV} to a CUTLASS checkout)"
+            )
+        root = Path(next(iter(spec.submodule_search_locations))) / "source"
+    if not (root / "include" / "cutlass" / "cutlass.h").is_file():
+        raise CutlassUnavailable(
+            f"no CUTLASS headers under {root}/include (set {CUTLASS_DIR_ENV} to a CUTLASS checkout)"
+        )
+    return root
+
+
+def _curand_include(nvcc: str) -> list[str]:
+    """``-I`` for ``curand_kernel.h`` (CUTLASS's mixed-input utilities include it) where the toolkit
+    lacks it: the ``nvidia-curand`` wheel's copy (torch's CUDA wheels install it)."""
+    probe = subprocess.run(
+        [nvcc, "-x", "cu", "-E", "-"], input="#include <curand_kernel.h>\n", capture_output=True, text=True
+    )
+    if probe.returncode == 0:
+        return []
+    env = os.environ.get(CURAND_ENV)
+    if env:
+        if not (Path(env) / "curand_kernel.h").is_file():
+            raise CutlassUnavailable(f"{CURAND_ENV}={env}: no curand_kernel.h there")
+        return ["-I", env]
+    spec = importlib.util.find_spec("nvidia")
+    for base in spec.submodule_search_locations if spec and spec.submodule_search_locations else []:
+        for header in sorted(Path(base).glob("**/include/curand_kernel.h")):
+            return ["-I", str(header.parent)]
+    raise CutlassUnavailable(
+        "nvcc finds no curand_kernel.h (CUTLASS's mixed-input utilities include it): install the CUDA "
+        f"toolkit's cuRAND headers, pip install nvidia-curand, or set {CURAND_ENV} to their folder"
+    )
+
+
+def _flags(root: Path, arch: str) -> list[str]:
+    return [
+        "-std=c++17", "-O3", "-DNDEBUG", f"-arch={arch}", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+        "-I", str(root / "include"), "-I", str(root / "tools" / "util" / "include"),
+        "-DCUTLASS_ENABLE_TENSOR_CORE_MMA=1",
+    ]  # fmt: skip
+
+
+def num_configs_in_source() -> int:
+    for line in SOURCE.read_text().splitlines():
+        if line.startswith("#define W4C_NUM "):
+            return int(line.split()[2])
+    raise RuntimeError(f"{SOURCE.name} has no '#define W4C_NUM'")
+
+
+def library_path(arch: str = "sm_90a", root: Path | None = None) -> Path:
+    """Where the built library for ``arch`` lives: keyed by the source, the CUTLASS version header
+    and the flags (not the nvcc version: a built library stays valid)."""
+    root = root or cutlass_dir()
+    version = (root / "include" / "cutlass" / "version.h").read_bytes()
+    key = hashlib.sha256(SOURCE.read_bytes() + version + " ".join(_flags(Path("."), arch)).encode())
+    return cache_dir() / "cuda" / f"w4a16_cutlass-{arch}-{key.hexdigest()[:16]}.so"
+
+
+def build(arch: str = "sm_90a", jobs: int | None = None) -> Path:
+    """Compile and link the library for ``arch`` unless it is cached; returns its path. Raises
+    :class:`CutlassUnavailable` (no nvcc, no headers, a failed compile) with nvcc's message."""
+    root = cutlass_dir()
+    path = library_path(arch, root)
+    if path.is_file():
+        return path
+    nvcc = cuda_jit.find_nvcc()
+    if nvcc is None:
+        raise CutlassUnavailable(
+            f"{ENV}=cutlass needs nvcc (set HOTLOOP_NVCC or CUDA_HOME, or install the CUDA toolkit)"
+        )
+    flags = _flags(root, arch) + _curand_include(nvcc)
+    work = path.with_suffix(f".{os.getpid()}.build")
+    work.mkdir(parents=True, exist_ok=True)
+    n = num_configs_in_source()
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    units = [(f"-DW4C_CFG={i}", work / f"cfg{i}.o") for i in range(n)] + [("-DW4C_TABLE", work / "table.o")]
+    logger.info(
+        "compiling the CUTLASS W4A16 GEMM for %s: %d units, %d at a time, one to a few minutes (once; cached in %s)",
+        arch, len(units), jobs, path.parent,
+    )  # fmt: skip
+    t0 = time.monotonic()
+    try:
+        running: list[tuple[subprocess.Popen, Path]] = []
+        pending = list(units)
+        while pending or running:
+            while pending and len(running) < jobs:
+                define, obj = pending.pop(0)
+                cmd = [nvcc, *flags, define, "-c", str(SOURCE), "-o", str(obj)]
+                running.append(
+                    (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), obj)
+                )
+            proc, obj = running.pop(0)
+            out, _ = proc.communicate()
+            if proc.returncode != 0:
+                for p, _o in running:
+                    p.kill()
+                raise CutlassUnavailable(f"nvcc failed on {SOURCE.name} ({obj.stem}):\n{out[-4000:]}")
+            logger.info("  %s compiled (%.0f s)", obj.stem, time.monotonic() - t0)
+        tmp = work / path.name
+        link = [
+            nvcc,
+            f"-arch={arch}",
+            "-shared",
+            "-cudart",
+            "static",
+            *(str(o) for _d, o in units),
+            "-o",
+            str(tmp),
+        ]
+        linked = subprocess.run(link, capture_output=True, text=True)
+        if linked.returncode != 0:
+            raise CutlassUnavailable(f"linking the CUTLASS W4A16 GEMM failed:\n{linked.stderr[-4000:]}")
+        os.replace(tmp, path)
+    finally:
+        for f in work.glob("*"):
+            f.unlink(missing_ok=True)
+        work.rmdir()
+    logger.info("built %s in %.0f s", path.name, time.monotonic() - t0)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ load
+
+_lock = threading.Lock()
+_libs: dict[str, ctypes.CDLL] = {}
+_workspaces: dict[int, torch.Tensor] = {}
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    vp, i = ctypes.c_void_p, ctypes.c_int
+    lib.hl_w4c_num_configs.restype = i
+    lib.hl_w4c_config_name.restype = ctypes.c_char_p
+    lib.hl_w4c_config_name.argtypes = [i]
+    lib.hl_w4c_workspace.restype = ctypes.c_size_t
+    lib.hl_w4c_workspace.argtypes = [i] * 6
+    lib.hl_w4c_gemm.restype = i
+    lib.hl_w4c_gemm.argtypes = [i, vp, vp, vp, vp, vp, i, i, i, i, vp, i, vp]
+    lib.hl_w4c_reorder.restype = i
+    lib.hl_w4c_reorder.argtypes = [vp, vp, i, i]
+    return lib
+
+
+def library(device: torch.device) -> ctypes.CDLL:
+    """The loaded library for ``device``'s architecture, built first if need be."""
+    arch = cuda_jit.arch_of(device)
+    with _lock:
+        lib = _libs.get(arch)
+        if lib is None:
+            lib = _libs[arch] = _bind(ctypes.CDLL(str(build(arch))))
+        return lib
+
+
+def config_names(device: torch.device) -> list[str]:
+    lib = library(device)
+    return [lib.hl_w4c_config_name(c).decode() for c in range(lib.hl_w4c_num_configs())]
+
+
+def _workspace(device: torch.device) -> torch.Tensor:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ws = _workspaces.get(index)
+    if ws is None:
+        ws = _workspaces[index] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return ws
+
+
+# ---------------------------------------------------------------------------------------------- layout
+
+
+def signed_k_major(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """AutoAWQ tensors -> (int4 ``q - 8`` K-major ``[N, K/2]`` bytes, even k in the low nibble; float32
+    zero term ``(8 - z) * scale`` ``[K/g, N]``), so that ``W[k, n] = (q - 8) * scale + zero``. Any device."""
+    q = unpack_int4(qweight).to(torch.int16)  # [K, N] in [0, 15]
+    z = unpack_int4(qzeros).to(torch.float32)  # [K/g, N]
+    s = (q.t() - 8).contiguous()  # [N, K] in [-8, 7]
+    packed = ((s[:, 0::2] & 0xF) | ((s[:, 1::2] & 0xF) << 4)).to(torch.uint8).contiguous()
+    return packed, (8.0 - z) * scales.float()
+
+
+@dataclass(frozen=True)
+class CutlassWeight:
+    """One layer's weight in the CUTLASS layout: ``w`` uint8 ``[N, K/2]`` (reordered int4), ``scales``
+    and ``zeros`` bf16 ``[K/g, N]``."""
+
+    w: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    n: int
+    k: int
+    group_size: int
+
+
+def convert(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> CutlassWeight:
+    """AutoAWQ tensors on a CUDA device -> :class:`CutlassWeight` (synchronises the device)."""
+    k, n = qweight.shape[0], qweight.shape[1] * 8
+    check_operands(torch.bfloat16, qweight.device, n, k, group_size)
+    lib = library(qweight.device)
+    packed, zero = signed_k_major(qweight, qzeros, scales)
+    out = torch.empty_like(packed)
+    torch.cuda.synchronize(qweight.device)
+    with torch.cuda.device(qweight.device):
+        if lib.hl_w4c_reorder(packed.data_ptr(), out.data_ptr(), n, k) != 0:
+            raise RuntimeError("the CUTLASS W4A16 weight reorder failed")
+    return CutlassWeight(
+        out, scales.to(torch.bfloat16).contiguous(), zero.to(torch.bfloat16).contiguous(), n, k, group_size
+    )
+
+
+# ---------------------------------------------------------------------------------------------- launch
+
+_RC = {
+    1: "cannot implement these shapes",
+    2: "initialize failed",
+    3: "launch failed",
+    4: "no such config",
+    5: "CUDA error",
+}
+
+
+def _launch(cfg: int, x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor) -> None:
+    lib = library(x2.device)
+    m = x2.shape[0]
+    ws = _workspace(x2.device)
+    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
+    need = lib.hl_w4c_workspace(cfg, m, wt.n, wt.k, wt.group_size, sms)
+    if need > ws.numel():
+        raise RuntimeError(f"CUTLASS W4A16 config {cfg} wants {need} bytes of workspace (> {ws.numel()})")
+    rc = lib.hl_w4c_gemm(
+        cfg, x2.data_ptr(), wt.w.data_ptr(), wt.scales.data_ptr(), wt.zeros.data_ptr(), y.data_ptr(),
+        m, wt.n, wt.k, wt.group_size, ws.data_ptr(), sms, torch.cuda.current_stream(x2.device).cuda_stream,
+    )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(f"CUTLASS W4A16 config {cfg} at M={m} N={wt.n} K={wt.k}: {_RC.get(rc, rc)}")
+
+
+def candidates(m: int) -> tuple[int, ...]:
+    """The configurations timed for ``m`` rows: 16-row token tiles up to 64 rows, wide ones above 16."""
+    return tuple(c for c, t in enumerate(TOKEN_TILE) if (t == 16 and m <= 64) or (t > 16 and m > 16))
+
+
+def default_config(m: int) -> int:
+    """Before tuning (inside a graph capture): stream-K 16-row tiles up to 16 rows, else 128 x 128."""
+    return 5 if m <= 16 else 0
+
+
+_tuned: dict[tuple, int] = {}
+_disk: dict[str, dict] | None = None
+tuning_log: dict[tuple, list[tuple[int, float]]] = {}
+
+
+def _disk_key(tkey: tuple) -> str:
+    index, mb, n, k, g = tkey
+    name = torch.cuda.get_device_name(index)
+    return f"{tuning_cache.environment_key(name)}|{SOURCE.stat().st_size}|m{mb}|n{n}|k{k}|g{g}"
+
+
+def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
+    """The configuration for this call: tuned per (device, M bucket, N, K, group) outside capture."""
+    from hotloop.kernels.w4a16_gemm import graph_time_us, m_bucket
+
+    global _disk
+    m = x2.shape[0]
+    index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    tkey = (index, m_bucket(m), wt.n, wt.k, wt.group_size)
+    cfg = _tuned.get(tkey)
+    if cfg is not None:
+        return cfg
+    if _disk is None:
+        _disk = tuning_cache.load(TUNING_FAMILY)
+    stored = _disk.get(_disk_key(tkey))
+    if stored is not None:
+        _tuned[tkey] = int(stored["config"])
+        return _tuned[tkey]
+    if torch.cuda.is_current_stream_capturing():
+        return default_config(m)
+    y = torch.empty(m, wt.n, dtype=torch.bfloat16, device=x2.device)
+    timed = []
+    for c in candidates(m):
+        try:
+            timed.append((c, graph_time_us(partial(_launch, c, x2, wt, y), x2.device)))
+        except RuntimeError:
+            torch.cuda.synchronize(x2.device)
+    tuning_log[tkey] = timed
+    best = min(timed, key=lambda t: t[1])[0] if timed else default_config(m)
+    _tuned[tkey] = best
+    tuning_cache.store(TUNING_FAMILY, _disk_key(tkey), {"config": best})
+    _disk[_disk_key(tkey)] = {"config": best}
+    return best
+
+
+def gemm(x: torch.Tensor, wt: CutlassWeight, config: int | None = None) -> torch.Tensor:
+    """``x [..., K] @ W^T`` -> ``[..., N]`` in bf16 (x bf16 on the weight's device)."""
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"the CUTLASS W4A16 GEMM takes bfloat16 x (got {x.dtype})")
+    if x.shape[-1] != wt.k:
+        raise ValueError(f"x has {x.shape[-1]} input features; the weight has {wt.k}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, wt.k)
+    if x2.data_ptr() % 16 or not x2.is_contiguous():
+        x2 = x2.contiguous().clone()
+    y = torch.empty(x2.shape[0], wt.n, dtype=torch.bfloat16, device=x.device)
+    if x2.shape[0] == 0:
+        return y.reshape(*lead, wt.n)
+    _launch(choose(x2, wt) if config is None else config, x2, wt, y)
+    return y.reshape(*lead, wt.n)

@@ -1,0 +1,161 @@
+"""The CUTLASS W4A16 GEMM (``kernels/w4a16_cutlass.py``, ``HOTLOOP_W4A16_KERNEL=cutlass``).
+
+CPU: the switch and its errors, the int4 conversion against AutoAWQ's dequantization, the operand
+checks, the header lookup, the tuner's candidates. GPU (Hopper, nvcc and the nvidia-cutlass headers):
+every configuration and the tuned launch against float32 dequantize-then-matmul over M in {1, 7, 16,
+64, 256, 2048} on Llama-3-8B shapes; an AWQ ``Linear`` converted after loading against the Triton path;
+a CUDA-graph replay.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from kernel_checks import random_awq
+
+from hotloop.kernels import cuda_jit, reference, w4a16_cutlass
+
+LLAMA3_8B = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)]  # (K, N) of qkv, o, gate/up, down
+
+
+def test_switch_defaults_to_triton_and_names_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(w4a16_cutlass.ENV, raising=False)
+    assert not w4a16_cutlass.selected()
+    monkeypatch.setenv(w4a16_cutlass.ENV, "CUTLASS")
+    assert w4a16_cutlass.selected()
+    monkeypatch.setenv(w4a16_cutlass.ENV, "triton")
+    assert not w4a16_cutlass.selected()
+    monkeypatch.setenv(w4a16_cutlass.ENV, "marlin")
+    with pytest.raises(ValueError, match="HOTLOOP_W4A16_KERNEL='marlin': use one of triton, cutlass"):
+        w4a16_cutlass.selected()
+
+
+def test_signed_k_major_is_awq_dequantization() -> None:
+    k, n, g = 256, 64, 128
+    qweight, qzeros, scales = random_awq(k, n, g, torch.float32, "cpu", seed=3)
+    packed, zero = w4a16_cutlass.signed_k_major(qweight, qzeros, scales)
+    assert packed.shape == (n, k // 2) and packed.dtype == torch.uint8
+    nib = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(n, k).to(torch.int16)
+    q = torch.where(nib > 7, nib - 16, nib).float()  # sign-extended int4
+    w = q * scales.repeat_interleave(g, 0).t() + zero.repeat_interleave(g, 0).t()
+    want = reference.w4a16_dequantize(qweight, qzeros, scales, g).t()
+    # ((q - 8) s + (8 - z) s against (q - z) s: float32 rounding only; a wrong nibble is off by >= 1e-3)
+    torch.testing.assert_close(w, want, rtol=0, atol=1e-6)
+
+
+def test_operand_checks_name_the_limit() -> None:
+    cpu = torch.device("cpu")
+    with pytest.raises(w4a16_cutlass.CutlassUnavailable, match="bfloat16 model"):
+        w4a16_cutlass.check_operands(torch.float16, cpu, 4096, 4096, 128)
+    with pytest.raises(w4a16_cutlass.CutlassUnavailable, match="Hopper GPU"):
+        w4a16_cutlass.check_operands(torch.bfloat16, cpu, 4096, 4096, 128)
+
+
+def test_missing_headers_say_what_to_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(w4a16_cutlass.CUTLASS_DIR_ENV, str(tmp_path))
+    with pytest.raises(w4a16_cutlass.CutlassUnavailable, match="HOTLOOP_CUTLASS_DIR"):
+        w4a16_cutlass.cutlass_dir()
+
+
+def test_candidates_split_small_and_wide_tiles() -> None:
+    assert w4a16_cutlass.num_configs_in_source() == len(w4a16_cutlass.TOKEN_TILE)
+    assert w4a16_cutlass.candidates(1) == (4, 5)
+    assert w4a16_cutlass.candidates(64) == (0, 1, 2, 3, 4, 5)
+    assert w4a16_cutlass.candidates(256) == (0, 1, 2, 3)
+    assert w4a16_cutlass.default_config(16) in w4a16_cutlass.candidates(16)
+    assert w4a16_cutlass.default_config(300) in w4a16_cutlass.candidates(300)
+
+
+def _usable() -> str | None:
+    if not torch.cuda.is_available():
+        return "needs a GPU"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return "needs a Hopper GPU"
+    if cuda_jit.find_nvcc() is None:
+        return "needs nvcc"
+    try:
+        w4a16_cutlass.cutlass_dir()
+    except w4a16_cutlass.CutlassUnavailable as e:
+        return str(e)
+    return None
+
+
+gpu = pytest.mark.gpu
+
+
+def _require() -> None:
+    reason = _usable()
+    if reason:
+        pytest.skip(reason)
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want).abs().max() / want.abs().max())
+
+
+@gpu
+@pytest.mark.parametrize("k,n", LLAMA3_8B)
+def test_every_config_matches_float32_dequantize_then_matmul(k: int, n: int) -> None:
+    _require()
+    qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=k + n)
+    wt = w4a16_cutlass.convert(qweight, qzeros, scales, 128)
+    names = w4a16_cutlass.config_names(torch.device("cuda"))
+    for m in (1, 7, 16, 64, 256, 2048):
+        x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).bfloat16()
+        want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
+        for c in w4a16_cutlass.candidates(m):
+            got = w4a16_cutlass.gemm(x, wt, config=c)
+            assert got.shape == (m, n) and got.dtype == torch.bfloat16
+            assert _rel(got, want) < 1e-2, f"{names[c]} M={m} K={k} N={n}"
+        tuned = w4a16_cutlass.gemm(x, wt)  # the tuner's choice
+        assert _rel(tuned, want) < 1e-2, f"tuned M={m}"
+
+
+@gpu
+def test_awq_linear_converted_after_loading_matches_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    _require()
+    from hotloop.layers.linear import AWQ_PARAM_NAMES, CUTLASS_PARAM_NAMES, AWQLinearMethod, Linear
+
+    k, n = 1024, 768
+    tensors = random_awq(k, n, 128, torch.float16, "cuda", seed=7)
+    layers = {}
+    for kernel in ("triton", "cutlass"):
+        monkeypatch.setenv(w4a16_cutlass.ENV, kernel)
+        with torch.device("cuda"):
+            layer = Linear(k, n, dtype=torch.bfloat16, quant_method=AWQLinearMethod(128))
+        for name, t in zip(AWQ_PARAM_NAMES, tensors, strict=True):
+            getattr(layer, name).data.copy_(t)
+        layer.quant_method.process_weights_after_loading(layer)
+        layers[kernel] = layer
+    cut = layers["cutlass"]
+    assert all(name not in cut._parameters for name in AWQ_PARAM_NAMES)
+    assert all(name in cut._parameters for name in CUTLASS_PARAM_NAMES)
+    assert sum(p.numel() * p.element_size() for p in cut.parameters()) == n * k // 2 + 2 * 2 * (k // 128) * n
+    x = torch.randn(3, 5, k, device="cuda").bfloat16()
+    want = reference.w4a16_matmul(x.reshape(-1, k).float(), *tensors[:2], tensors[2].float(), 128)
+    got = cut(x)
+    assert got.shape == (3, 5, n)
+    assert _rel(got.reshape(-1, n), want) < 1e-2
+    assert _rel(layers["triton"](x).reshape(-1, n), want) < 1e-2
+    assert cut.quant_method.apply_silu_mul(cut, torch.randn(1, 2 * k, device="cuda").bfloat16()) is None
+
+
+@gpu
+def test_graph_replay_reads_new_inputs() -> None:
+    _require()
+    k, n = 4096, 4096
+    qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=11)
+    wt = w4a16_cutlass.convert(qweight, qzeros, scales, 128)
+    for m in (16, 256):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        w4a16_cutlass.gemm(x, wt)  # tuned outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = w4a16_cutlass.gemm(x, wt)
+        x.copy_(torch.randn(m, k, device="cuda").bfloat16())
+        graph.replay()
+        torch.cuda.synchronize()
+        want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
+        assert _rel(y, want) < 1e-2
