@@ -15,7 +15,8 @@ launch), and each configuration of ``benchmarks/cuda/w4a16_cutlass_probe.cu``, a
 ``--reps`` launches that cycle through enough weight copies (over 200 MB) that no launch finds its
 weight in L2. Each CUTLASS result is checked against the float32 dequantize-then-matmul reference.
 The weights are AutoAWQ's layout converted here (q - 8 as signed int4, K-major, CUTLASS's reordered
-layout; zero = (8 - z) * scale). A probe only: nothing in the engine uses these kernels.
+layout; zero = (8 - z) * scale). The engine's own copy of the GEMM, with the six configurations that won
+somewhere here, is ``hotloop/kernels/w4a16_cutlass.py`` (``HOTLOOP_W4A16_KERNEL=cutlass``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ import torch
 from cublaslt_sweep import SHAPES as CUBLASLT_SHAPES
 from cublaslt_sweep import _time_us
 from w4a16_large_sweep import _weights as awq_weights  # random AutoAWQ weights, (k, n, dtype, device)
+
+from hotloop.kernels.w4a16_cutlass import (
+    signed_k_major,
+)  # (the engine's conversion, HOTLOOP_W4A16_KERNEL=cutlass)
 
 DEFAULT_LIB = Path(__file__).resolve().parent.parent / "build" / "cutlass_probe" / "libw4a16_cutlass_probe.so"
 GROUP = 128
@@ -54,20 +59,6 @@ def load(path: Path) -> ctypes.CDLL:
     lib.w4probe_reorder.restype = ctypes.c_int
     lib.w4probe_reorder.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     return lib
-
-
-def signed_k_major(
-    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """AutoAWQ tensors -> (int4 ``q - 8`` K-major [N, K/2] bytes, even k in the low nibble; float32
-    zero term ``(8 - z) * scale`` [K/g, N]), so that ``W[n, k] = (q - 8) * scale + zero``."""
-    from hotloop.kernels.w4a16_layout import unpack_int4
-
-    q = unpack_int4(qweight).to(torch.int16)  # [K, N] in [0, 15]
-    z = unpack_int4(qzeros).to(torch.float32)  # [K/g, N]
-    s = (q.t() - 8).contiguous()  # [N, K] in [-8, 7]
-    packed = ((s[:, 0::2] & 0xF) | ((s[:, 1::2] & 0xF) << 4)).to(torch.uint8).contiguous()
-    return packed, (8.0 - z) * scales.float()
 
 
 def check_packing() -> float:
