@@ -279,6 +279,34 @@ def signed_k_major(
     return packed, (8.0 - z) * scales.float()
 
 
+def layout_offsets(n: int, k: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """int64 ``[n, k]``: where element ``(row, col)`` of a K-major int4 weight goes in CUTLASS's
+    reordered layout (in 4-bit elements). 16 x 16 atoms of 256 elements, atom ``(row // 16, col // 16)``
+    at ``(row // 16 + (col // 16) * n / 16) * 256``; inside one, with ``row % 16 = n0 + 8 n1`` and
+    ``col % 16 = k0 + 2 k1 + 8 k2``, offset ``32 n0 + n1 + 4 k0 + 8 k1 + 2 k2`` (CuTe's
+    ``compute_memory_reordering_atom`` for a bf16 MMA with the [0,2,4,6,1,3,5,7] value shuffle, tiled
+    by ``tile_to_shape``: the source's ``LayoutAtomQuant``). Needs ``n`` and ``k`` multiples of 16."""
+    if n % 16 or k % 16:
+        raise ValueError(f"the reordered layout needs N and K multiples of 16 (got {n}, {k})")
+    r = torch.arange(n, device=device)[:, None]
+    c = torch.arange(k, device=device)[None, :]
+    atom = (r // 16) + (c // 16) * (n // 16)
+    rr, cc = r % 16, c % 16
+    inside = 32 * (rr % 8) + rr // 8 + 4 * (cc % 2) + 8 * ((cc // 2) % 4) + 2 * (cc // 8)
+    return atom * 256 + inside
+
+
+def reorder_reference(packed: torch.Tensor) -> torch.Tensor:
+    """Torch model of the library's reorder: K-major int4 bytes ``[N, K/2]`` (even k in the low nibble)
+    -> the same values in the reordered layout (``layout_offsets``), as bytes ``[N, K/2]``."""
+    n, k = packed.shape[0], packed.shape[1] * 2
+    nib = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(n, k)
+    flat = torch.empty(n * k, dtype=torch.uint8, device=packed.device)
+    flat[layout_offsets(n, k, packed.device).reshape(-1)] = nib.reshape(-1)
+    pairs = flat.view(-1, 2)
+    return (pairs[:, 0] | (pairs[:, 1] << 4)).reshape(n, k // 2)
+
+
 @dataclass(frozen=True)
 class CutlassWeight:
     """One layer's weight in the CUTLASS layout: ``w`` uint8 ``[N, K/2]`` (reordered int4), ``scales``
@@ -322,6 +350,9 @@ _RC = {
 
 
 def _launch(cfg: int, x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor) -> None:
+    if cfg >= GEMV_BASE:
+        gemv(x2, wt, GEMV_VARIANTS[cfg - GEMV_BASE], out=y)
+        return
     lib = library(x2.device)
     m = x2.shape[0]
     ws = _workspace(x2.device)
@@ -337,9 +368,64 @@ def _launch(cfg: int, x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor) -> N
         raise RuntimeError(f"CUTLASS W4A16 config {cfg} at M={m} N={wt.n} K={wt.k}: {_RC.get(rc, rc)}")
 
 
-def candidates(m: int) -> tuple[int, ...]:
-    """The configurations timed for ``m`` rows: 16-row token tiles up to 64 rows, wide ones above 16."""
-    return tuple(c for c, t in enumerate(TOKEN_TILE) if (t == 16 and m <= 64) or (t > 16 and m > 16))
+def candidates(m: int, n: int = 0, k: int = 0, group_size: int = 0) -> tuple[int, ...]:
+    """The configurations timed for ``m`` rows: 16-row token tiles up to 64 rows, wide ones above 16,
+    and for one row the tensor-core GEMV's variants (ids from ``GEMV_BASE``) that fit ``(n, k, group)``."""
+    cut = tuple(c for c, t in enumerate(TOKEN_TILE) if (t == 16 and m <= 64) or (t > 16 and m > 16))
+    gemvs = tuple(
+        GEMV_BASE + i for i, v in enumerate(GEMV_VARIANTS) if m == 1 and gemv_fits(n, k, group_size, *v)
+    )
+    return gemvs + cut
+
+
+# ------------------------------------------------------------------------------ the one-row GEMV
+
+GEMV_SOURCE = "w4a16_cutlass_gemv.cu"
+GEMV_VARIANTS: tuple[tuple[int, int], ...] = (
+    (1, 4),
+    (2, 4),
+    (4, 4),
+    (1, 2),
+    (2, 2),
+)  # (groups a warp, warps)
+GEMV_BASE = 100  # configuration ids of the GEMV's variants: GEMV_BASE + index
+
+
+def gemv_name(groups: int, warps: int) -> str:
+    return f"w4c_gemv_g{groups}_w{warps}"
+
+
+def gemv_fits(n: int, k: int, group_size: int, groups: int, warps: int) -> bool:
+    """Whether variant ``(groups, warps)`` of the one-row GEMV (``kernels/cuda/w4a16_cutlass_gemv.cu``)
+    covers ``[1, k] @ [k, n]``: group 128, 64-row strips, whole K slices of ``groups * warps`` groups."""
+    return group_size == 128 and n > 0 and n % 64 == 0 and k > 0 and k % (128 * groups * warps) == 0
+
+
+def gemv(
+    x2: torch.Tensor, wt: CutlassWeight, variant: tuple[int, int], out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x2 [1, K]`` (bf16, contiguous) times the weight with the tensor-core GEMV's ``variant``; raises
+    ``ValueError`` where it does not fit and ``cuda_jit.CudaError`` where it cannot be built."""
+    from hotloop.kernels.w4a16_one_row import launch_buffers
+
+    groups, warps = variant
+    if x2.shape[0] != 1 or x2.dtype != torch.bfloat16 or not x2.is_contiguous():
+        raise ValueError(
+            f"the one-row GEMV takes a contiguous bf16 [1, K] x (got {x2.dtype} {tuple(x2.shape)})"
+        )
+    if not gemv_fits(wt.n, wt.k, wt.group_size, groups, warps):
+        raise ValueError(f"GEMV variant {variant} does not fit N={wt.n} K={wt.k} group={wt.group_size}")
+    names = [gemv_name(*v) for v in GEMV_VARIANTS]
+    kernels = cuda_jit.load(GEMV_SOURCE, x2.device, names)
+    if kernels is None:
+        raise cuda_jit.CudaError("the CUTLASS-layout W4A16 GEMV is not available on this machine")
+    split = wt.k // (128 * groups * warps)
+    tiles = wt.n // 64
+    out, ws, cnt = launch_buffers(x2, wt.n, split, tiles, "w4c_gemv", out)
+    kernels[gemv_name(groups, warps)](
+        (tiles, split), warps * 32, (x2, wt.w, wt.scales, wt.zeros, ws, out, cnt, wt.n)
+    )
+    return out
 
 
 def default_config(m: int) -> int:
@@ -379,10 +465,10 @@ def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
         return default_config(m)
     y = torch.empty(m, wt.n, dtype=torch.bfloat16, device=x2.device)
     timed = []
-    for c in candidates(m):
+    for c in candidates(m, wt.n, wt.k, wt.group_size):
         try:
             timed.append((c, graph_time_us(partial(_launch, c, x2, wt, y), x2.device)))
-        except RuntimeError:
+        except (RuntimeError, ValueError):  # (cuda_jit.CudaError is a RuntimeError)
             torch.cuda.synchronize(x2.device)
     tuning_log[tkey] = timed
     best = min(timed, key=lambda t: t[1])[0] if timed else default_config(m)

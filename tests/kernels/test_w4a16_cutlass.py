@@ -1,8 +1,9 @@
 """The CUTLASS W4A16 GEMM (``kernels/w4a16_cutlass.py``, ``HOTLOOP_W4A16_KERNEL=cutlass``).
 
-CPU: the switch and its errors, the int4 conversion against AutoAWQ's dequantization, the operand
-checks, the header lookup, the tuner's candidates. GPU (Hopper, nvcc and the nvidia-cutlass headers):
-every configuration and the tuned launch against float32 dequantize-then-matmul over M in {1, 7, 16,
+CPU: the switch and its errors, the int4 conversion against AutoAWQ's dequantization, the reordered
+layout against offsets CuTe printed, the operand checks, the header lookup, the tuner's candidates. GPU (Hopper, nvcc and the nvidia-cutlass headers):
+the library's reorder against the torch model of the layout; the one-row tensor-core GEMV's variants
+and every configuration and the tuned launch against float32 dequantize-then-matmul over M in {1, 7, 16,
 64, 256, 2048} on Llama-3-8B shapes; an AWQ ``Linear`` converted after loading against the Triton path;
 a CUDA-graph replay.
 """
@@ -43,6 +44,36 @@ def test_signed_k_major_is_awq_dequantization() -> None:
     want = reference.w4a16_dequantize(qweight, qzeros, scales, g).t()
     # ((q - 8) s + (8 - z) s against (q - z) s: float32 rounding only; a wrong nibble is off by >= 1e-3)
     torch.testing.assert_close(w, want, rtol=0, atol=1e-6)
+
+
+def test_layout_offsets_match_cute() -> None:
+    # offsets CuTe gives for LayoutW (tile_to_shape(LayoutAtomQuant, (64, 256, 1))), printed by a host
+    # program built against CUTLASS 4.2's headers: (row, col) -> element
+    printed = {(0, 0): 0, (0, 1): 4, (0, 2): 8, (0, 8): 2, (0, 9): 6, (0, 16): 1024, (1, 0): 32, (7, 0): 224}
+    printed |= {(8, 0): 1, (8, 1): 5, (9, 15): 63, (16, 0): 256, (17, 0): 288, (0, 128): 8192, (15, 15): 255}
+    off = w4a16_cutlass.layout_offsets(64, 256)
+    for (r, c), want in printed.items():
+        assert int(off[r, c]) == want, (r, c)
+    assert torch.equal(off.reshape(-1).sort().values, torch.arange(64 * 256))  # a permutation
+    with pytest.raises(ValueError, match="multiples of 16"):
+        w4a16_cutlass.layout_offsets(24, 256)
+
+
+def test_reorder_reference_puts_each_nibble_at_its_offset() -> None:
+    n, k = 32, 64
+    vals = torch.randint(0, 16, (n, k), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+    packed = vals[:, 0::2] | (vals[:, 1::2] << 4)
+    out = w4a16_cutlass.reorder_reference(packed)
+    flat = torch.stack([out & 0xF, out >> 4], dim=-1).reshape(-1)
+    assert torch.equal(flat[w4a16_cutlass.layout_offsets(n, k)], vals)
+
+
+def test_gemv_variants_fit_llama_shapes() -> None:
+    for k, n in LLAMA3_8B:
+        assert w4a16_cutlass.candidates(1, n, k, 128)[0] == w4a16_cutlass.GEMV_BASE
+    assert not w4a16_cutlass.gemv_fits(4096, 4096, 64, 1, 4)  # group 128 only
+    assert not w4a16_cutlass.gemv_fits(4000, 4096, 128, 1, 4)  # 64-row strips
+    assert w4a16_cutlass.candidates(2, 4096, 4096, 128) == (4, 5)
 
 
 def test_operand_checks_name_the_limit() -> None:
@@ -111,6 +142,33 @@ def test_every_config_matches_float32_dequantize_then_matmul(k: int, n: int) -> 
             assert _rel(got, want) < 1e-2, f"{names[c]} M={m} K={k} N={n}"
         tuned = w4a16_cutlass.gemm(x, wt)  # the tuner's choice
         assert _rel(tuned, want) < 1e-2, f"tuned M={m}"
+
+
+@gpu
+def test_library_reorder_equals_the_torch_model() -> None:
+    _require()
+    qweight, qzeros, scales = random_awq(512, 384, 128, torch.bfloat16, "cuda", seed=5)
+    wt = w4a16_cutlass.convert(qweight, qzeros, scales, 128)
+    packed, _ = w4a16_cutlass.signed_k_major(qweight, qzeros, scales)
+    assert torch.equal(wt.w, w4a16_cutlass.reorder_reference(packed))
+
+
+@gpu
+@pytest.mark.parametrize("k,n", LLAMA3_8B)
+def test_one_row_gemv_variants_match_float32(k: int, n: int) -> None:
+    _require()
+    qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=k - n)
+    wt = w4a16_cutlass.convert(qweight, qzeros, scales, 128)
+    gen = torch.Generator("cuda").manual_seed(k)
+    x = (torch.randn(1, k, device="cuda", generator=gen) * 3).bfloat16()
+    want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
+    for i, v in enumerate(w4a16_cutlass.GEMV_VARIANTS):
+        if not w4a16_cutlass.gemv_fits(n, k, 128, *v):
+            continue
+        got = w4a16_cutlass.gemm(x, wt, config=w4a16_cutlass.GEMV_BASE + i)
+        assert _rel(got, want) < 1e-2, f"GEMV {v} K={k} N={n}"
+        again = w4a16_cutlass.gemm(x, wt, config=w4a16_cutlass.GEMV_BASE + i)
+        assert torch.equal(got, again)  # the K split adds in a fixed order
 
 
 @gpu
