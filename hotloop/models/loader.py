@@ -119,6 +119,8 @@ def load_model(
         finish = getattr(getattr(module, "quant_method", None), "process_weights_after_loading", None)
         if finish is not None:
             finish(module)
+    if awq is not None and device.type == "cuda":
+        torch.cuda.empty_cache()  # (HOTLOOP_W4A16_KERNEL=cutlass: the conversion's temporaries)
     kind = str(dtype).removeprefix("torch.")
     if awq is not None:
         kind = f"W4A16 AWQ g{awq.group_size}" + (", dequantized to " + kind if device.type == "cpu" else "")
