@@ -4,20 +4,24 @@ Opt-in with ``HOTLOOP_W4A16_KERNEL=cutlass`` (Hopper, bf16 models). CUTLASS 3's 
 converts the int4 weights to bf16 in registers on their way to ``wgmma``; the Triton W4A16 GEMM
 (``w4a16_gemm.py``) takes its dequantized tile through shared memory, and at 256-384 token rows (the
 offline decode steps) it takes 1.8x bf16 cuBLAS's time where this takes 0.95-1.16x (H100, forty-ninth
-session, ``benchmarks/w4a16_cutlass_probe.py``). At one row it is slower than the CUDA one-row GEMV
-(3.0 against 1.85 ms for Llama-3-8B's 32 layers), so it is a throughput setting, not the default.
+session, ``benchmarks/w4a16_cutlass_probe.py``). In the engine on that H100: offline 1000 x 1024 / 1024
+at 0.970x bf16 against the default's 0.820x; batch 1 at 355.4 against 395.5 tokens/s. So it is a
+throughput setting, not the default.
 
-The weight is stored in CUTLASS's layout *instead of* AutoAWQ's (the same 4 bits a weight, so the GPU
-memory is unchanged): int4 ``q - 8`` K-major ``[N, K]`` in the reordered layout the kernel's loads want,
-with bf16 scales and zero terms ``[K / g, N]`` (``W = (q - 8) * scale + zero``, ``zero = (8 - z) *
-scale``). :func:`convert` does it once after loading, on the GPU.
+The weight is stored in CUTLASS's layout *instead of* AutoAWQ's: int4 ``q - 8`` K-major ``[N, K]`` in
+the reordered layout the kernel's loads want (:func:`layout_offsets`), with bf16 scales and zero terms
+``[K / g, N]`` (``W = (q - 8) * scale + zero``, ``zero = (8 - z) * scale``; +0.08 GB on Llama-3-8B over
+AutoAWQ's packed zeros). :func:`convert` does it once after loading, on the GPU. At one row the tuner
+also times a tensor-core GEMV written for that layout (``kernels/cuda/w4a16_cutlass_gemv.cu``, compiled
+by ``cuda_jit``).
 
-Build: nvcc compiles the source once per configuration (six units in parallel, one to three minutes)
+Build: nvcc compiles the source once per configuration (six units in parallel: 453 s on 2 cores)
 against the ``nvidia-cutlass`` wheel's headers (``pip install nvidia-cutlass``, or ``HOTLOOP_CUTLASS_DIR``
 = a CUTLASS checkout) into ``$HOTLOOP_CACHE/cuda/w4a16_cutlass-<arch>-<key>.so``, keyed by the source
 and the CUTLASS headers' version; later starts load the library. The launches go on torch's current
-stream, so CUDA graphs capture them. Per (M bucket, N, K) the fastest configuration is timed once
-outside graph capture and kept in the tuning cache (``tuning_cache.py``, family ``w4a16_cutlass``).
+stream, so CUDA graphs capture them (one GPU: the library's own CUDA runtime uses device 0's context).
+Per (M bucket, N, K) the fastest configuration is timed once outside graph capture and kept in the
+tuning cache (``tuning_cache.py``, family ``w4a16_cutlass``).
 """
 
 from __future__ import annotations
@@ -77,6 +81,12 @@ def check_operands(x_dtype: torch.dtype, device: torch.device, n: int, k: int, g
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
         cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
         raise CutlassUnavailable(f"{ENV}=cutlass needs a Hopper GPU (sm_90; this is {cap or device})")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index != 0:  # the library's static CUDA runtime works on its device 0
+        raise CutlassUnavailable(
+            f"{ENV}=cutlass runs on the process's first GPU only (got cuda:{index}): "
+            f"select the GPU with CUDA_VISIBLE_DEVICES instead"
+        )
     if group_size % 64:
         raise CutlassUnavailable(
             f"{ENV}=cutlass needs a group size that is a multiple of 64 (got {group_size})"
@@ -441,7 +451,9 @@ tuning_log: dict[tuple, list[tuple[int, float]]] = {}
 def _disk_key(tkey: tuple) -> str:
     index, mb, n, k, g = tkey
     name = torch.cuda.get_device_name(index)
-    return f"{tuning_cache.environment_key(name)}|{SOURCE.stat().st_size}|m{mb}|n{n}|k{k}|g{g}"
+    sources = SOURCE.read_bytes() + (cuda_jit.SOURCE_DIR / GEMV_SOURCE).read_bytes()
+    tag = hashlib.sha1(sources + repr(GEMV_VARIANTS).encode()).hexdigest()[:8]
+    return f"{tuning_cache.environment_key(name)}|{tag}|m{mb}|n{n}|k{k}|g{g}"
 
 
 def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
