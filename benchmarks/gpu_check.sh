@@ -55,7 +55,8 @@
 #            build/cutlass_probe/libw4a16_cutlass_probe.so carried (benchmarks/build_cutlass_probe.sh w4a16).
 #   w4engine one GPU: the CUTLASS W4A16 GEMM's GPU tests (tests/kernels/test_w4a16_cutlass.py), then run_gpu.py's
 #            W4A16 rows (W4_ENGINE_ROWS, default llama3_awq_offline) with HOTLOOP_W4A16_KERNEL=cutlass and =triton
-#            (W4_ENGINE_KERNELS) while TABLE4_BUDGET_S allows. Carry build/hl_cache, where the library is built here by
+#            (W4_ENGINE_KERNELS; cutlass_fused adds HOTLOOP_W4C_GEMV_PDL=1 HOTLOOP_W4C_FUSED_SILU=1) while
+#            TABLE4_BUDGET_S allows. Carry build/hl_cache, where the library is built here by
 #            HOTLOOP_CACHE=build/hl_cache python3 -c "from hotloop.kernels import w4a16_cutlass as w; w.build()"
 #            (and .whl/nvidia_cutlass-*.whl: the headers' version is part of the library's key).
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
@@ -447,7 +448,12 @@ if [ "$what" = w4engine ]; then  # one GPU: the CUTLASS W4A16 GEMM in the engine
   for v in ${W4_ENGINE_KERNELS:-cutlass triton}; do
     left=$((TABLE4_BUDGET_S - SECONDS))
     [ "$left" -gt 60 ] || break
-    HOTLOOP_W4A16_KERNEL=$v timeout "$left" python3 "$here/run_gpu.py" --out "$out/rows_$v" --skip-hf \
+    # cutlass_fused: the CUTLASS layout's one-row GEMV with its PDL early loads and the folded SiLU
+    case $v in
+      cutlass_fused) set -- HOTLOOP_W4A16_KERNEL=cutlass HOTLOOP_W4C_GEMV_PDL=1 HOTLOOP_W4C_FUSED_SILU=1 ;;
+      *) set -- HOTLOOP_W4A16_KERNEL="$v" ;;
+    esac
+    env "$@" timeout "$left" python3 "$here/run_gpu.py" --out "$out/rows_$v" --skip-hf \
       --only "${W4_ENGINE_ROWS:-llama3_awq_offline}" 2>&1 | grep -vE "Warning|warn\(" | tail -20 | sed "s/^/[$v] /"
   done
   exit 0

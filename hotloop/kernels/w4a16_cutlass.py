@@ -41,8 +41,9 @@ from pathlib import Path
 import torch
 
 from hotloop.kernels import cuda_jit, tuning_cache
+from hotloop.kernels.pdl import pdl
 from hotloop.kernels.w4a16_layout import unpack_int4
-from hotloop.utils.env import cache_dir
+from hotloop.utils.env import cache_dir, switch
 
 logger = logging.getLogger(__name__)
 
@@ -401,8 +402,24 @@ GEMV_VARIANTS: tuple[tuple[int, int], ...] = (
 GEMV_BASE = 100  # configuration ids of the GEMV's variants: GEMV_BASE + index
 
 
-def gemv_name(groups: int, warps: int) -> str:
-    return f"w4c_gemv_g{groups}_w{warps}"
+def gemv_name(groups: int, warps: int, pdl: bool = False, silu: bool = False) -> str:
+    return f"w4c_gemv_g{groups}_w{warps}" + ("_pdl" if pdl else "") + ("_silu" if silu else "")
+
+
+GEMV_PDL_ENV = "HOTLOOP_W4C_GEMV_PDL"
+GEMV_SILU_ENV = "HOTLOOP_W4C_FUSED_SILU"
+
+
+def gemv_pdl(device: torch.device) -> bool:
+    """``HOTLOOP_W4C_GEMV_PDL=1``: the one-row GEMV requests its first weights before it waits for the
+    kernel before (programmatic dependent launch). Off by default: not yet run on a GPU."""
+    return switch(GEMV_PDL_ENV, False, logger) and pdl(device)
+
+
+def silu_fusion() -> bool:
+    """``HOTLOOP_W4C_FUSED_SILU=1``: at one row the down projection's GEMV folds in the SiLU-and-mul
+    (:func:`gemv_silu_mul`). Off by default: not yet run on a GPU."""
+    return switch(GEMV_SILU_ENV, False, logger)
 
 
 def gemv_fits(n: int, k: int, group_size: int, groups: int, warps: int) -> bool:
@@ -412,30 +429,49 @@ def gemv_fits(n: int, k: int, group_size: int, groups: int, warps: int) -> bool:
 
 
 def gemv(
-    x2: torch.Tensor, wt: CutlassWeight, variant: tuple[int, int], out: torch.Tensor | None = None
+    x2: torch.Tensor,
+    wt: CutlassWeight,
+    variant: tuple[int, int],
+    out: torch.Tensor | None = None,
+    silu: bool = False,
 ) -> torch.Tensor:
-    """``x2 [1, K]`` (bf16, contiguous) times the weight with the tensor-core GEMV's ``variant``; raises
+    """``x2 [1, K]`` (bf16, contiguous) times the weight with the tensor-core GEMV's ``variant``; with
+    ``silu``, ``x2`` is the gate/up row ``[1, 2K]`` and the input ``silu(gate) * up``. Raises
     ``ValueError`` where it does not fit and ``cuda_jit.CudaError`` where it cannot be built."""
     from hotloop.kernels.w4a16_one_row import launch_buffers
 
     groups, warps = variant
-    if x2.shape[0] != 1 or x2.dtype != torch.bfloat16 or not x2.is_contiguous():
+    width = 2 * wt.k if silu else wt.k
+    if tuple(x2.shape) != (1, width) or x2.dtype != torch.bfloat16 or not x2.is_contiguous():
         raise ValueError(
-            f"the one-row GEMV takes a contiguous bf16 [1, K] x (got {x2.dtype} {tuple(x2.shape)})"
+            f"the one-row GEMV takes a contiguous bf16 [1, {width}] x (got {x2.dtype} {tuple(x2.shape)})"
         )
     if not gemv_fits(wt.n, wt.k, wt.group_size, groups, warps):
         raise ValueError(f"GEMV variant {variant} does not fit N={wt.n} K={wt.k} group={wt.group_size}")
-    names = [gemv_name(*v) for v in GEMV_VARIANTS]
+    names = [gemv_name(*v, p, f) for v in GEMV_VARIANTS for p in (False, True) for f in (False, True)]
     kernels = cuda_jit.load(GEMV_SOURCE, x2.device, names)
     if kernels is None:
         raise cuda_jit.CudaError("the CUTLASS-layout W4A16 GEMV is not available on this machine")
     split = wt.k // (128 * groups * warps)
     tiles = wt.n // 64
     out, ws, cnt = launch_buffers(x2, wt.n, split, tiles, "w4c_gemv", out)
-    kernels[gemv_name(groups, warps)](
-        (tiles, split), warps * 32, (x2, wt.w, wt.scales, wt.zeros, ws, out, cnt, wt.n)
+    early = gemv_pdl(x2.device)
+    kernels[gemv_name(groups, warps, early, silu)](
+        (tiles, split), warps * 32, (x2, wt.w, wt.scales, wt.zeros, ws, out, cnt, wt.n, wt.k), pdl=early
     )
     return out
+
+
+def gemv_silu_mul(gate_up: torch.Tensor, wt: CutlassWeight) -> torch.Tensor | None:
+    """``silu(gate) * up @ W^T`` -> ``[1, N]`` in one launch for the gate/up row ``[1, 2K]``, where the
+    tuned launch for one row of this weight is a GEMV variant; else None (the caller runs the two)."""
+    if gate_up.dim() != 2 or gate_up.shape[0] != 1 or gate_up.dtype != torch.bfloat16:
+        return None
+    gate_up = gate_up.contiguous()
+    cfg = choose(gate_up[:, : wt.k], wt)  # (the tuned choice for one row: the row's gate half stands in)
+    if cfg < GEMV_BASE:
+        return None
+    return gemv(gate_up, wt, GEMV_VARIANTS[cfg - GEMV_BASE], silu=True)
 
 
 def default_config(m: int) -> int:

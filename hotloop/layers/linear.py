@@ -126,15 +126,22 @@ class AWQLinearMethod:
 
     def apply_silu_mul(self, layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
         """``layer(silu_and_mul(gate_up))`` in one launch where the W4A16 kernels can fold the SiLU in
-        (one row on CUDA, unless ``HOTLOOP_W4A16_FUSED_SILU=0``: ``w4a16_gemm.w4a16_silu_mul_gemm``), else
-        None (the caller runs the two)."""
+        (one row on CUDA, unless ``HOTLOOP_W4A16_FUSED_SILU=0``: ``w4a16_gemm.w4a16_silu_mul_gemm``; in the
+        CUTLASS layout only with ``HOTLOOP_W4C_FUSED_SILU=1``: ``w4a16_cutlass.gemv_silu_mul``), else None
+        (the caller runs the two)."""
         from hotloop.kernels import w4a16_cuda
 
+        cutlass_weight = getattr(layer, "cutlass_weight", None)
+        if cutlass_weight is not None:  # HOTLOOP_W4A16_KERNEL=cutlass: its GEMV, if HOTLOOP_W4C_FUSED_SILU=1
+            from hotloop.kernels import w4a16_cutlass
+
+            if layer.bias is not None or gate_up.shape[0] != 1 or not w4a16_cutlass.silu_fusion():
+                return None
+            return w4a16_cutlass.gemv_silu_mul(gate_up, cutlass_weight)
         if not w4a16_cuda.silu_fusion():  # first: the common case costs one environment read
             return None
         if (
             layer._parameters.get("weight") is not None
-            or getattr(layer, "cutlass_weight", None) is not None
             or layer.bias is not None
             or not ops.use_triton(gate_up)
         ):

@@ -76,6 +76,19 @@ def test_gemv_variants_fit_llama_shapes() -> None:
     assert w4a16_cutlass.candidates(2, 4096, 4096, 128) == (4, 5)
 
 
+def test_gemv_forms_are_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(w4a16_cutlass.GEMV_SILU_ENV, raising=False)
+    monkeypatch.delenv(w4a16_cutlass.GEMV_PDL_ENV, raising=False)
+    assert not w4a16_cutlass.silu_fusion()
+    assert not w4a16_cutlass.gemv_pdl(torch.device("cpu"))
+    monkeypatch.setenv(w4a16_cutlass.GEMV_SILU_ENV, "1")
+    assert w4a16_cutlass.silu_fusion()
+    assert w4a16_cutlass.gemv_name(2, 4, pdl=True, silu=True) == "w4c_gemv_g2_w4_pdl_silu"
+    source = (cuda_jit.SOURCE_DIR / w4a16_cutlass.GEMV_SOURCE).read_text()
+    for v in w4a16_cutlass.GEMV_VARIANTS:  # every form the launcher may ask for is defined
+        assert f"W4C_GEMV({v[0]}, {v[1]})" in source
+
+
 def test_operand_checks_name_the_limit() -> None:
     cpu = torch.device("cpu")
     with pytest.raises(w4a16_cutlass.CutlassUnavailable, match="bfloat16 model"):
@@ -169,6 +182,39 @@ def test_one_row_gemv_variants_match_float32(k: int, n: int) -> None:
         assert _rel(got, want) < 1e-2, f"GEMV {v} K={k} N={n}"
         again = w4a16_cutlass.gemm(x, wt, config=w4a16_cutlass.GEMV_BASE + i)
         assert torch.equal(got, again)  # the K split adds in a fixed order
+
+
+@gpu
+@pytest.mark.parametrize("k,n", [(14336, 4096), (4096, 4096)])
+def test_gemv_silu_and_pdl_forms_equal_the_plain_launch(
+    monkeypatch: pytest.MonkeyPatch, k: int, n: int
+) -> None:
+    _require()
+    from hotloop.kernels.silu_and_mul import silu_and_mul
+
+    qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=k + 2 * n)
+    wt = w4a16_cutlass.convert(qweight, qzeros, scales, 128)
+    gate_up = (
+        torch.randn(1, 2 * k, device="cuda", generator=torch.Generator("cuda").manual_seed(3)) * 2
+    ).bfloat16()
+    x = silu_and_mul(gate_up)
+    for v in w4a16_cutlass.GEMV_VARIANTS:
+        if not w4a16_cutlass.gemv_fits(n, k, 128, *v):
+            continue
+        monkeypatch.setenv(w4a16_cutlass.GEMV_PDL_ENV, "0")
+        plain = w4a16_cutlass.gemv(x, wt, v)
+        fused = w4a16_cutlass.gemv(gate_up, wt, v, silu=True)
+        assert torch.equal(fused, plain), f"silu {v}"
+        monkeypatch.setenv(w4a16_cutlass.GEMV_PDL_ENV, "1")
+        assert torch.equal(w4a16_cutlass.gemv(x, wt, v), plain), f"pdl {v}"
+        assert torch.equal(w4a16_cutlass.gemv(gate_up, wt, v, silu=True), plain), f"pdl silu {v}"
+    monkeypatch.setenv(w4a16_cutlass.GEMV_PDL_ENV, "0")
+    w4a16_cutlass.gemm(x, wt)  # tunes one row
+    fused = w4a16_cutlass.gemv_silu_mul(gate_up, wt)
+    if fused is not None:  # (None where the tuner chose a CUTLASS tile for one row)
+        assert torch.equal(fused, w4a16_cutlass.gemm(x, wt))
+    with pytest.raises(ValueError, match=f"\\[1, {2 * k}\\]"):
+        w4a16_cutlass.gemv(x, wt, (1, 2), silu=True)
 
 
 @gpu

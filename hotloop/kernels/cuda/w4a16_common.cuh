@@ -1,6 +1,7 @@
-// What the CUDA C one-row W4A16 GEMVs share (w4a16_gemv.cu, w4a16_gemv_tc.cu): their loads, the
-// 16-bit <-> float32 conversions, the magic-number unpacking of AutoAWQ nibbles, and the end of a
-// block (its column sums to the output, or through a K split to the last block of the column tile).
+// What the CUDA C one-row W4A16 GEMVs share (w4a16_gemv.cu, w4a16_gemv_tc.cu, w4a16_cutlass_gemv.cu): their
+// loads, the 16-bit <-> float32 conversions, the magic-number unpacking of AutoAWQ nibbles, the folded
+// SiLU-and-mul, and the end of a block (its column sums to the output, or through a K split to the
+// last block of the column tile).
 #pragma once
 
 typedef unsigned int u32;
@@ -47,6 +48,36 @@ __device__ __forceinline__ u32 and_or_magic(u32 v, u32 m) {
   u32 d;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(v), "r"(m), "n"(BF16 ? 0x43004300u : 0x64006400u));
   return d;
+}
+
+// the two 16-bit floats of v as float32 (exact)
+template <bool BF16>
+__device__ __forceinline__ void halves(u32 v, float& lo, float& hi) {
+  if (BF16) {
+    lo = __uint_as_float(v << 16);
+    hi = __uint_as_float(v & 0xFFFF0000u);
+  } else {
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
+        : "=f"(lo), "=f"(hi)
+        : "r"(v));
+  }
+}
+
+// silu(gate) * up of two 16-bit pairs, rounded as kernels/silu_and_mul.py rounds (the SiLU to 16 bits,
+// then the product; the exponential and the division as Triton lowers them: ex2.approx, div.full)
+template <bool BF16>
+__device__ __forceinline__ u32 silu_mul2(u32 g, u32 u) {
+  float g0, g1, u0, u1;
+  halves<BF16>(g, g0, g1);
+  halves<BF16>(u, u0, u1);
+  float e0, e1, s0, s1;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(e0) : "f"(g0 * -1.4426950408889634f));
+  asm("ex2.approx.f32 %0, %1;" : "=f"(e1) : "f"(g1 * -1.4426950408889634f));
+  asm("div.full.f32 %0, %1, %2;" : "=f"(s0) : "f"(g0), "f"(1.0f + e0));
+  asm("div.full.f32 %0, %1, %2;" : "=f"(s1) : "f"(g1), "f"(1.0f + e1));
+  float a0, a1;
+  halves<BF16>((u32)to16<BF16>(s0) | ((u32)to16<BF16>(s1) << 16), a0, a1);
+  return (u32)to16<BF16>(a0 * u0) | ((u32)to16<BF16>(a1 * u1) << 16);
 }
 
 // The end of a block, called by all its T threads: thread tid holds the float32 sums part[q] of the

@@ -16,12 +16,27 @@
 // The work. A warp takes 64 rows (4 atoms along N: a warp's loads of one k atom are 512 contiguous bytes) and
 // G groups of K; a block of W warps takes W G groups of the same 64 rows and adds its warps' sums; blocks along
 // y split K, their float32 partials added by the last block of the 64 rows to finish (w4a16_common.cuh).
+// Each variant also comes with PDL early weight loads and / or the SiLU-and-mul folded in (below).
 #include "w4a16_common.cuh"
 
+// weights: streamed past L1; with PDL through the coherent path, which ptxas leaves before
+// griddepcontrol.wait (it moves .nc loads after it: w4a16_common.cuh)
+template <bool PDL>
 __device__ __forceinline__ u32 ldg_weight(const u32* p) {
   u32 v;
-  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  if (PDL) {
+    asm volatile("ld.global.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  } else {
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  }
   return v;
+}
+
+// x's 16-bit pair at word i: x itself, or with SILU silu(gate) * up from the row [gate (K) | up (K)]
+template <bool SILU>
+__device__ __forceinline__ u32 x_pair(const u32* __restrict__ x, int i, int K) {
+  if (SILU) return silu_mul2<true>(x[i], x[(K >> 1) + i]);
+  return x[i];
 }
 
 // (v & 0x000F000F) ^ 0x43084308: a bf16 pair 128 + q, q = nibble ^ 8 (lop3 LUT (a & b) ^ c = 0x6A)
@@ -43,11 +58,15 @@ __device__ __forceinline__ float bf16_lo(u32 v) { return __uint_as_float(v << 16
 __device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xFFFF0000u); }
 __device__ __forceinline__ float bf16_at(const unsigned short* p) { return __uint_as_float(((u32)*p) << 16); }
 
-template <int G, int W>
+// PDL: the first group's weights are requested before griddepcontrol.wait (the kernel before writes x,
+// the output and the split buffers, never the weights), so their latency overlaps that kernel's tail.
+// SILU: x is the gate/up projection's row and the product's input silu(gate) * up, rounded as
+// kernels/silu_and_mul.py rounds (the separate launch folded into the loads of x).
+template <int G, int W, bool PDL, bool SILU>
 __device__ __forceinline__ void gemv(const u32* __restrict__ x, const u32* __restrict__ w,
                                      const unsigned short* __restrict__ scales,
                                      const unsigned short* __restrict__ zeros, float* __restrict__ ws,
-                                     unsigned short* __restrict__ out, int* __restrict__ cnt, int N) {
+                                     unsigned short* __restrict__ out, int* __restrict__ cnt, int N, int K) {
   __shared__ float red[W][64];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
@@ -62,15 +81,16 @@ __device__ __forceinline__ void gemv(const u32* __restrict__ x, const u32* __res
     for (int j = 0; j < 8; ++j) {
       const size_t atom_k = (size_t)(grp * 8 + j) * atoms_n;
 #pragma unroll
-      for (int a = 0; a < 4; ++a) wv[a][j] = ldg_weight(w + ((atom_k + strip * 4 + a) << 5) + lane);
+      for (int a = 0; a < 4; ++a) wv[a][j] = ldg_weight<PDL>(w + ((atom_k + strip * 4 + a) << 5) + lane);
     }
+    if (PDL && gi == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
     u32 xb0[8], xb1[8];
     float xs = 0.f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int kb = (grp * 8 + j) * 16;
-      xb0[j] = x[(kb + 2 * c) >> 1];
-      xb1[j] = x[(kb + 2 * c + 8) >> 1];
+      xb0[j] = x_pair<SILU>(x, (kb + 2 * c) >> 1, K);
+      xb1[j] = x_pair<SILU>(x, (kb + 2 * c + 8) >> 1, K);
       xs += bf16_lo(xb0[j]) + bf16_hi(xb0[j]) + bf16_lo(xb1[j]) + bf16_hi(xb1[j]);
     }
     xs += __shfl_xor_sync(0xFFFFFFFFu, xs, 1);
@@ -107,16 +127,21 @@ __device__ __forceinline__ void gemv(const u32* __restrict__ x, const u32* __res
   finish_columns<true, 1, W * 32, 64>(part, ws, out, cnt, N);
 }
 
-#define W4C_GEMV(G, W)                                                                                         \
+#define W4C_GEMV_ONE(NAME, G, W, PDL, SILU)                                                                    \
   extern "C" __global__ void __launch_bounds__(W * 32)                                                         \
-      w4c_gemv_g##G##_w##W(const u32* __restrict__ x, const u32* __restrict__ w,                               \
-                           const unsigned short* __restrict__ scales, const unsigned short* __restrict__ zeros, \
-                           float* __restrict__ ws, unsigned short* __restrict__ out, int* __restrict__ cnt,     \
-                           int N) {                                                                            \
-    gemv<G, W>(x, w, scales, zeros, ws, out, cnt, N);                                                          \
+      NAME(const u32* __restrict__ x, const u32* __restrict__ w, const unsigned short* __restrict__ scales,    \
+           const unsigned short* __restrict__ zeros, float* __restrict__ ws, unsigned short* __restrict__ out, \
+           int* __restrict__ cnt, int N, int K) {                                                              \
+    gemv<G, W, PDL, SILU>(x, w, scales, zeros, ws, out, cnt, N, K);                                            \
   }
+#define W4C_GEMV(G, W)                                                \
+  W4C_GEMV_ONE(w4c_gemv_g##G##_w##W, G, W, false, false)              \
+  W4C_GEMV_ONE(w4c_gemv_g##G##_w##W##_pdl, G, W, true, false)         \
+  W4C_GEMV_ONE(w4c_gemv_g##G##_w##W##_silu, G, W, false, true)        \
+  W4C_GEMV_ONE(w4c_gemv_g##G##_w##W##_pdl_silu, G, W, true, true)
 
-// (G, W): groups of 128 k per warp, warps per block. Listed in w4a16_cutlass.py's GEMV_VARIANTS.
+// (G, W): groups of 128 k per warp, warps per block. Listed in w4a16_cutlass.py's GEMV_VARIANTS; each in
+// four forms (plain, _pdl, _silu, _pdl_silu: w4a16_cutlass.gemv_name).
 W4C_GEMV(1, 4)
 W4C_GEMV(2, 4)
 W4C_GEMV(4, 4)
