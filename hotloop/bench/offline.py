@@ -113,6 +113,7 @@ def _runner_stats(engine: Any) -> dict[str, Any]:
         "full_batch_steps": engine.full_batch_steps,
         "multi_step_launches": engine.num_multi_step_launches,
         "w4a16_launches": _w4a16_launches(),
+        "w4a16_cutlass_launches": _w4a16_cutlass_launches(),
     }
 
 
@@ -122,6 +123,14 @@ def _w4a16_launches() -> list[dict[str, Any]] | None:
 
     gemm = sys.modules.get("hotloop.kernels.w4a16_gemm")
     return gemm.tuned_launches() if gemm is not None else None
+
+
+def _w4a16_cutlass_launches() -> list[dict[str, Any]] | None:
+    """The CUTLASS W4A16 configurations chosen (``HOTLOOP_W4A16_KERNEL=cutlass``), else None."""
+    import sys
+
+    mod = sys.modules.get("hotloop.kernels.w4a16_cutlass")
+    return (mod.tuned_launches() or None) if mod is not None else None
 
 
 def _emit(result: dict[str, Any], path: str | None) -> None:

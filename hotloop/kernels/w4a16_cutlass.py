@@ -526,6 +526,29 @@ def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
     return best
 
 
+def config_label(cfg: int) -> str:
+    """A configuration id as a name: the GEMV's ``gemv GxW`` or the library's (where it is loaded)."""
+    if cfg >= GEMV_BASE:
+        groups, warps = GEMV_VARIANTS[cfg - GEMV_BASE]
+        return f"gemv {groups}x{warps}"
+    for lib in _libs.values():
+        return str(lib.hl_w4c_config_name(cfg).decode())
+    return f"config {cfg}"
+
+
+def tuned_launches() -> list[dict[str, object]]:
+    """The configurations chosen in this process (tuned or read from disk), one record per (M bucket,
+    N, K, group), with the candidates' times where they were timed here: for a benchmark's JSON."""
+    out: list[dict[str, object]] = []
+    for tkey, cfg in sorted(_tuned.items()):
+        _index, mb, n, k, group = tkey
+        timed = {config_label(c): round(us, 2) for c, us in tuning_log.get(tkey, [])}
+        out.append(
+            {"m_bucket": mb, "n": n, "k": k, "group": group, "config": config_label(cfg), "timed_us": timed}
+        )
+    return out
+
+
 def gemm(x: torch.Tensor, wt: CutlassWeight, config: int | None = None) -> torch.Tensor:
     """``x [..., K] @ W^T`` -> ``[..., N]`` in bf16 (x bf16 on the weight's device)."""
     if x.dtype != torch.bfloat16:

@@ -89,6 +89,18 @@ def test_gemv_forms_are_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
         assert f"W4C_GEMV({v[0]}, {v[1]})" in source
 
 
+def test_tuned_launches_name_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = (0, 256, 4096, 4096, 128)
+    monkeypatch.setattr(w4a16_cutlass, "_tuned", {key: w4a16_cutlass.GEMV_BASE + 1})
+    monkeypatch.setattr(w4a16_cutlass, "tuning_log", {key: [(w4a16_cutlass.GEMV_BASE + 1, 10.0), (0, 12.5)]})
+    monkeypatch.setattr(w4a16_cutlass, "_libs", {})
+    got = w4a16_cutlass.tuned_launches()
+    assert got == [
+        {"m_bucket": 256, "n": 4096, "k": 4096, "group": 128, "config": "gemv 2x4",
+         "timed_us": {"gemv 2x4": 10.0, "config 0": 12.5}}
+    ]  # fmt: skip
+
+
 def test_operand_checks_name_the_limit() -> None:
     cpu = torch.device("cpu")
     with pytest.raises(w4a16_cutlass.CutlassUnavailable, match="bfloat16 model"):
