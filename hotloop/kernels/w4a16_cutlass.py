@@ -15,8 +15,8 @@ AutoAWQ's packed zeros). :func:`convert` does it once after loading, on the GPU.
 also times a tensor-core GEMV written for that layout (``kernels/cuda/w4a16_cutlass_gemv.cu``, compiled
 by ``cuda_jit``).
 
-Build: nvcc compiles the source once per configuration (six units in parallel: 453 s on 2 cores)
-against the ``nvidia-cutlass`` wheel's headers (``pip install nvidia-cutlass``, or ``HOTLOOP_CUTLASS_DIR``
+Build: nvcc compiles the source once per configuration (six units and the table's, in parallel: 453 s on
+2 cores) against the ``nvidia-cutlass`` wheel's headers (``pip install nvidia-cutlass``, or ``HOTLOOP_CUTLASS_DIR``
 = a CUTLASS checkout) into ``$HOTLOOP_CACHE/cuda/w4a16_cutlass-<arch>-<key>.so``, keyed by the source
 and the CUTLASS headers' version; later starts load the library. The launches go on torch's current
 stream, so CUDA graphs capture them (one GPU: the library's own CUDA runtime uses device 0's context).
@@ -31,6 +31,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -73,12 +74,20 @@ def selected() -> bool:
 
 
 def check_operands(x_dtype: torch.dtype, device: torch.device, n: int, k: int, group_size: int) -> None:
-    """Raise :class:`CutlassUnavailable` naming what this GEMM cannot take: a non-bf16 model, a GPU
-    other than Hopper, group sizes that are not a multiple of 64, or N / K not multiples of 32."""
+    """Raise :class:`CutlassUnavailable` naming what this GEMM cannot take: a non-bf16 model, a group
+    size that is not a multiple of 64, in / out features not multiples of 32, a GPU other than Hopper,
+    or a GPU other than the process's first."""
     if x_dtype != torch.bfloat16:
         raise CutlassUnavailable(
             f"{ENV}=cutlass needs a bfloat16 model (got {x_dtype}): use --dtype bfloat16"
         )
+    if group_size % 64:
+        raise CutlassUnavailable(
+            f"{ENV}=cutlass needs a group size that is a multiple of 64 (got {group_size})"
+        )
+    for name, value in (("in_features", k), ("out_features", n)):
+        if value % 32:
+            raise CutlassUnavailable(f"{ENV}=cutlass needs {name} to be a multiple of 32 (got {value})")
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
         cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
         raise CutlassUnavailable(f"{ENV}=cutlass needs a Hopper GPU (sm_90; this is {cap or device})")
@@ -87,14 +96,6 @@ def check_operands(x_dtype: torch.dtype, device: torch.device, n: int, k: int, g
         raise CutlassUnavailable(
             f"{ENV}=cutlass runs on the process's first GPU only (got cuda:{index}): "
             f"select the GPU with CUDA_VISIBLE_DEVICES instead"
-        )
-    if group_size % 64:
-        raise CutlassUnavailable(
-            f"{ENV}=cutlass needs a group size that is a multiple of 64 (got {group_size})"
-        )
-    if n % 32 or k % 32:
-        raise CutlassUnavailable(
-            f"{ENV}=cutlass needs in and out features that are multiples of 32 (got {k}, {n})"
         )
 
 
@@ -191,8 +192,8 @@ def build(arch: str = "sm_90a", jobs: int | None = None) -> Path:
         arch, len(units), jobs, path.parent,
     )  # fmt: skip
     t0 = time.monotonic()
+    running: list[tuple[subprocess.Popen, Path]] = []
     try:
-        running: list[tuple[subprocess.Popen, Path]] = []
         pending = list(units)
         while pending or running:
             while pending and len(running) < jobs:
@@ -206,6 +207,7 @@ def build(arch: str = "sm_90a", jobs: int | None = None) -> Path:
             if proc.returncode != 0:
                 for p, _o in running:
                     p.kill()
+                    p.wait()
                 raise CutlassUnavailable(f"nvcc failed on {SOURCE.name} ({obj.stem}):\n{out[-4000:]}")
             logger.info("  %s compiled (%.0f s)", obj.stem, time.monotonic() - t0)
         tmp = work / path.name
@@ -224,9 +226,10 @@ def build(arch: str = "sm_90a", jobs: int | None = None) -> Path:
             raise CutlassUnavailable(f"linking the CUTLASS W4A16 GEMM failed:\n{linked.stderr[-4000:]}")
         os.replace(tmp, path)
     finally:
-        for f in work.glob("*"):
-            f.unlink(missing_ok=True)
-        work.rmdir()
+        for proc, _obj in running:  # (an exception in between: no compiler keeps writing into work)
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
     logger.info("built %s in %.0f s", path.name, time.monotonic() - t0)
     return path
 
@@ -334,7 +337,9 @@ class CutlassWeight:
 def convert(
     qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
 ) -> CutlassWeight:
-    """AutoAWQ tensors on a CUDA device -> :class:`CutlassWeight` (synchronises the device)."""
+    """AutoAWQ tensors on a CUDA device -> :class:`CutlassWeight` (synchronises the device). The
+    reorder is the library's (CUTLASS's ``reorder_tensor``, equal to :func:`reorder_reference` on the
+    GPU); a CUDA error inside it ends the process, as CUTLASS's utilities do."""
     k, n = qweight.shape[0], qweight.shape[1] * 8
     check_operands(torch.bfloat16, qweight.device, n, k, group_size)
     lib = library(qweight.device)
@@ -361,6 +366,11 @@ _RC = {
 
 
 def _launch(cfg: int, x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor) -> None:
+    if not (0 <= cfg < len(TOKEN_TILE) or GEMV_BASE <= cfg < GEMV_BASE + len(GEMV_VARIANTS)):
+        raise ValueError(
+            f"config={cfg}: the CUTLASS configurations are 0-{len(TOKEN_TILE) - 1} and the GEMV's "
+            f"{GEMV_BASE}-{GEMV_BASE + len(GEMV_VARIANTS) - 1}"
+        )
     if cfg >= GEMV_BASE:
         gemv(x2, wt, GEMV_VARIANTS[cfg - GEMV_BASE], out=y)
         return
@@ -447,7 +457,10 @@ def gemv(
             f"the one-row GEMV takes a contiguous bf16 [1, {width}] x (got {x2.dtype} {tuple(x2.shape)})"
         )
     if not gemv_fits(wt.n, wt.k, wt.group_size, groups, warps):
-        raise ValueError(f"GEMV variant {variant} does not fit N={wt.n} K={wt.k} group={wt.group_size}")
+        raise ValueError(
+            f"GEMV variant {variant} needs group 128 (got {wt.group_size}), N a multiple of 64 (got {wt.n}) "
+            f"and K a multiple of {128 * groups * warps} (got {wt.k})"
+        )
     names = [gemv_name(*v, p, f) for v in GEMV_VARIANTS for p in (False, True) for f in (False, True)]
     kernels = cuda_jit.load(GEMV_SOURCE, x2.device, names)
     if kernels is None:
@@ -487,8 +500,10 @@ tuning_log: dict[tuple, list[tuple[int, float]]] = {}
 def _disk_key(tkey: tuple) -> str:
     index, mb, n, k, g = tkey
     name = torch.cuda.get_device_name(index)
-    sources = SOURCE.read_bytes() + (cuda_jit.SOURCE_DIR / GEMV_SOURCE).read_bytes()
-    tag = hashlib.sha1(sources + repr(GEMV_VARIANTS).encode()).hexdigest()[:8]
+    sources = b"".join(
+        (cuda_jit.SOURCE_DIR / f).read_bytes() for f in (SOURCE.name, GEMV_SOURCE, "w4a16_common.cuh")
+    )
+    tag = hashlib.sha1(sources + repr((GEMV_VARIANTS, cuda_jit.enabled())).encode()).hexdigest()[:8]
     return f"{tuning_cache.environment_key(name)}|{tag}|m{mb}|n{n}|k{k}|g{g}"
 
 
@@ -519,7 +534,9 @@ def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
         except (RuntimeError, ValueError):  # (cuda_jit.CudaError is a RuntimeError)
             torch.cuda.synchronize(x2.device)
     tuning_log[tkey] = timed
-    best = min(timed, key=lambda t: t[1])[0] if timed else default_config(m)
+    if not timed:  # (nothing ran: not remembered, so the next call reports the launch's error)
+        return default_config(m)
+    best = min(timed, key=lambda t: t[1])[0]
     _tuned[tkey] = best
     tuning_cache.store(TUNING_FAMILY, _disk_key(tkey), {"config": best})
     _disk[_disk_key(tkey)] = {"config": best}

@@ -109,7 +109,7 @@ class AWQLinearMethod:
         weight = layer._parameters.get("weight")
         if weight is not None:  # dequantized at load (CPU)
             return F.linear(x, weight, layer.bias)
-        cutlass_weight = getattr(layer, "cutlass_weight", None)
+        cutlass_weight = layer.__dict__.get("cutlass_weight")  # (a plain attribute: no getattr miss)
         if cutlass_weight is not None:
             from hotloop.kernels import w4a16_cutlass
 
@@ -131,7 +131,7 @@ class AWQLinearMethod:
         (the caller runs the two)."""
         from hotloop.kernels import w4a16_cuda
 
-        cutlass_weight = getattr(layer, "cutlass_weight", None)
+        cutlass_weight = layer.__dict__.get("cutlass_weight")  # (a plain attribute: no getattr miss)
         if cutlass_weight is not None:  # HOTLOOP_W4A16_KERNEL=cutlass: its GEMV, if HOTLOOP_W4C_FUSED_SILU=1
             from hotloop.kernels import w4a16_cutlass
 

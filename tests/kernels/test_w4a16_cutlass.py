@@ -103,10 +103,28 @@ def test_tuned_launches_name_the_choices(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_operand_checks_name_the_limit() -> None:
     cpu = torch.device("cpu")
-    with pytest.raises(w4a16_cutlass.CutlassUnavailable, match="bfloat16 model"):
-        w4a16_cutlass.check_operands(torch.float16, cpu, 4096, 4096, 128)
-    with pytest.raises(w4a16_cutlass.CutlassUnavailable, match="Hopper GPU"):
-        w4a16_cutlass.check_operands(torch.bfloat16, cpu, 4096, 4096, 128)
+    bad = [
+        ((torch.float16, 4096, 4096, 128), "bfloat16 model \\(got torch.float16\\)"),
+        ((torch.bfloat16, 4096, 4096, 32), "group size that is a multiple of 64 \\(got 32\\)"),
+        ((torch.bfloat16, 4096, 4004, 128), "in_features to be a multiple of 32 \\(got 4004\\)"),
+        ((torch.bfloat16, 4084, 4096, 128), "out_features to be a multiple of 32 \\(got 4084\\)"),
+        ((torch.bfloat16, 4096, 4096, 128), "Hopper GPU"),
+    ]
+    for (dtype, n, k, g), message in bad:
+        with pytest.raises(w4a16_cutlass.CutlassUnavailable, match=message):
+            w4a16_cutlass.check_operands(dtype, cpu, n, k, g)
+
+
+def test_config_ids_outside_both_ranges_are_refused() -> None:
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    wt = w4a16_cutlass.CutlassWeight(torch.zeros(64, 32, dtype=torch.uint8), x, x, 64, 64, 64)
+    for cfg in (
+        -1,
+        len(w4a16_cutlass.TOKEN_TILE),
+        w4a16_cutlass.GEMV_BASE + len(w4a16_cutlass.GEMV_VARIANTS),
+    ):
+        with pytest.raises(ValueError, match=f"config={cfg}: the CUTLASS configurations are 0-5"):
+            w4a16_cutlass.gemm(x, wt, config=cfg)
 
 
 def test_missing_headers_say_what_to_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -230,6 +248,28 @@ def test_gemv_silu_and_pdl_forms_equal_the_plain_launch(
 
 
 @gpu
+def test_pdl_gemv_reads_the_x_the_kernel_before_wrote(monkeypatch: pytest.MonkeyPatch) -> None:
+    _require()
+    from hotloop.kernels.pdl import pdl
+    from hotloop.kernels.silu_and_mul import silu_and_mul
+
+    if not pdl(torch.device("cuda")):
+        pytest.skip("PDL is off on this GPU / torch")
+    k, n = 14336, 4096
+    qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=21)
+    wt = w4a16_cutlass.convert(qweight, qzeros, scales, 128)
+    rows = torch.randn(8, 1, 2 * k, device="cuda").bfloat16()
+    for v in [v for v in w4a16_cutlass.GEMV_VARIANTS if w4a16_cutlass.gemv_fits(n, k, 128, *v)]:
+        monkeypatch.setenv(w4a16_cutlass.GEMV_PDL_ENV, "0")
+        want = [w4a16_cutlass.gemv(silu_and_mul(r), wt, v) for r in rows]
+        monkeypatch.setenv(w4a16_cutlass.GEMV_PDL_ENV, "1")
+        got = [w4a16_cutlass.gemv(silu_and_mul(r), wt, v) for r in rows]  # x written just before, with PDL
+        torch.cuda.synchronize()
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert torch.equal(a, b), f"{v} row {i}"
+
+
+@gpu
 def test_awq_linear_converted_after_loading_matches_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     _require()
     from hotloop.layers.linear import AWQ_PARAM_NAMES, CUTLASS_PARAM_NAMES, AWQLinearMethod, Linear
@@ -255,7 +295,15 @@ def test_awq_linear_converted_after_loading_matches_triton(monkeypatch: pytest.M
     assert got.shape == (3, 5, n)
     assert _rel(got.reshape(-1, n), want) < 1e-2
     assert _rel(layers["triton"](x).reshape(-1, n), want) < 1e-2
-    assert cut.quant_method.apply_silu_mul(cut, torch.randn(1, 2 * k, device="cuda").bfloat16()) is None
+    gate_up = torch.randn(1, 2 * k, device="cuda").bfloat16()
+    monkeypatch.delenv(w4a16_cutlass.GEMV_SILU_ENV, raising=False)
+    assert cut.quant_method.apply_silu_mul(cut, gate_up) is None  # opt-in
+    monkeypatch.setenv(w4a16_cutlass.GEMV_SILU_ENV, "1")
+    from hotloop.kernels.silu_and_mul import silu_and_mul
+
+    fused = cut.quant_method.apply_silu_mul(cut, gate_up)
+    if fused is not None:  # (None where the tuner chose a CUTLASS tile for one row)
+        assert torch.equal(fused, cut(silu_and_mul(gate_up)))
 
 
 @gpu
@@ -264,12 +312,12 @@ def test_graph_replay_reads_new_inputs() -> None:
     k, n = 4096, 4096
     qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=11)
     wt = w4a16_cutlass.convert(qweight, qzeros, scales, 128)
-    for m in (16, 256):
+    for m, config in ((1, w4a16_cutlass.GEMV_BASE), (1, None), (16, None), (256, None)):
         x = torch.randn(m, k, device="cuda").bfloat16()
-        w4a16_cutlass.gemm(x, wt)  # tuned outside the capture
+        w4a16_cutlass.gemm(x, wt, config=config)  # tuned (and the split counters made) outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            y = w4a16_cutlass.gemm(x, wt)
+            y = w4a16_cutlass.gemm(x, wt, config=config)
         x.copy_(torch.randn(m, k, device="cuda").bfloat16())
         graph.replay()
         torch.cuda.synchronize()

@@ -32,11 +32,21 @@ __device__ __forceinline__ u32 ldg_weight(const u32* p) {
   return v;
 }
 
+// x (written by the kernel before): with PDL through the coherent path, in asm volatile, so that neither
+// the compiler nor ptxas (which moves ld.global.nc above griddepcontrol.wait) reads it before the wait
+template <bool PDL>
+__device__ __forceinline__ u32 ldg_x(const u32* p) {
+  if (!PDL) return *p;
+  u32 v;
+  asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // x's 16-bit pair at word i: x itself, or with SILU silu(gate) * up from the row [gate (K) | up (K)]
-template <bool SILU>
-__device__ __forceinline__ u32 x_pair(const u32* __restrict__ x, int i, int K) {
-  if (SILU) return silu_mul2<true>(x[i], x[(K >> 1) + i]);
-  return x[i];
+template <bool PDL, bool SILU>
+__device__ __forceinline__ u32 x_pair(const u32* x, int i, int K) {
+  if (SILU) return silu_mul2<true>(ldg_x<PDL>(x + i), ldg_x<PDL>(x + (K >> 1) + i));
+  return ldg_x<PDL>(x + i);
 }
 
 // (v & 0x000F000F) ^ 0x43084308: a bf16 pair 128 + q, q = nibble ^ 8 (lop3 LUT (a & b) ^ c = 0x6A)
@@ -59,7 +69,8 @@ __device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xF
 __device__ __forceinline__ float bf16_at(const unsigned short* p) { return __uint_as_float(((u32)*p) << 16); }
 
 // PDL: the first group's weights are requested before griddepcontrol.wait (the kernel before writes x,
-// the output and the split buffers, never the weights), so their latency overlaps that kernel's tail.
+// the output and the split buffers, never the weights), so their latency overlaps that kernel's tail;
+// x is read after the wait (ldg_x), and the kernel after may launch once this one has passed it.
 // SILU: x is the gate/up projection's row and the product's input silu(gate) * up, rounded as
 // kernels/silu_and_mul.py rounds (the separate launch folded into the loads of x).
 template <int G, int W, bool PDL, bool SILU>
@@ -83,14 +94,17 @@ __device__ __forceinline__ void gemv(const u32* __restrict__ x, const u32* __res
 #pragma unroll
       for (int a = 0; a < 4; ++a) wv[a][j] = ldg_weight<PDL>(w + ((atom_k + strip * 4 + a) << 5) + lane);
     }
-    if (PDL && gi == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (PDL && gi == 0) {
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+      asm volatile("griddepcontrol.launch_dependents;");
+    }
     u32 xb0[8], xb1[8];
     float xs = 0.f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int kb = (grp * 8 + j) * 16;
-      xb0[j] = x_pair<SILU>(x, (kb + 2 * c) >> 1, K);
-      xb1[j] = x_pair<SILU>(x, (kb + 2 * c + 8) >> 1, K);
+      xb0[j] = x_pair<PDL, SILU>(x, (kb + 2 * c) >> 1, K);
+      xb1[j] = x_pair<PDL, SILU>(x, (kb + 2 * c + 8) >> 1, K);
       xs += bf16_lo(xb0[j]) + bf16_hi(xb0[j]) + bf16_lo(xb1[j]) + bf16_hi(xb1[j]);
     }
     xs += __shfl_xor_sync(0xFFFFFFFFu, xs, 1);
