@@ -188,7 +188,7 @@ def build(arch: str = "sm_90a", jobs: int | None = None) -> Path:
     jobs = max(1, jobs or os.cpu_count() or 1)
     units = [(f"-DW4C_CFG={i}", work / f"cfg{i}.o") for i in range(n)] + [("-DW4C_TABLE", work / "table.o")]
     logger.info(
-        "compiling the CUTLASS W4A16 GEMM for %s: %d units, %d at a time, one to a few minutes (once; cached in %s)",
+        "compiling the CUTLASS W4A16 GEMM for %s: %d units, %d at a time: minutes (453 s on 2 cores; once, cached in %s)",
         arch, len(units), jobs, path.parent,
     )  # fmt: skip
     t0 = time.monotonic()
