@@ -26,7 +26,8 @@ if [ -z "${CUTLASS_DIR:-}" ]; then
   fi
 fi
 flags=(-std=c++17 -O3 -DNDEBUG -arch=sm_90a -Xcompiler -fPIC --expt-relaxed-constexpr
-  -I "$CUTLASS_DIR/include" -I "$CUTLASS_DIR/tools/util/include" -DCUTLASS_ENABLE_TENSOR_CORE_MMA=1)
+  -I "$CUTLASS_DIR/include" -I "$CUTLASS_DIR/tools/util/include" -DCUTLASS_ENABLE_TENSOR_CORE_MMA=1
+  -I hotloop/kernels/cuda)  # (the w4a16 probe takes the engine's Gemm4 template from w4a16_cutlass_gemm.cuh)
 case ${1:-gemm} in
   gemm) src=benchmarks/cuda/cutlass_gemm_probe.cu lib=libcutlass_probe.so tag=cfg ;;
   w4a16) src=benchmarks/cuda/w4a16_cutlass_probe.cu lib=libw4a16_cutlass_probe.so tag=w4cfg ;;

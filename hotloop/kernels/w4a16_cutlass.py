@@ -53,6 +53,7 @@ KERNELS = ("triton", "cutlass")
 CUTLASS_DIR_ENV = "HOTLOOP_CUTLASS_DIR"
 CURAND_ENV = "HOTLOOP_CURAND_INCLUDE"  # a folder with curand_kernel.h, where the toolkit has none
 SOURCE = cuda_jit.SOURCE_DIR / "w4a16_cutlass.cu"
+HEADER = cuda_jit.SOURCE_DIR / "w4a16_cutlass_gemm.cuh"  # the Gemm4 template (shared with the probe)
 TUNING_FAMILY = "w4a16_cutlass"
 WORKSPACE_BYTES = 32 << 20  # one per device, shared by the launches (one stream)
 # the configurations' rows of tokens per tile (the source's table, in order): 16-row tiles are timed
@@ -161,11 +162,12 @@ def num_configs_in_source() -> int:
 
 
 def library_path(arch: str = "sm_90a", root: Path | None = None) -> Path:
-    """Where the built library for ``arch`` lives: keyed by the source, the CUTLASS version header
-    and the flags (not the nvcc version: a built library stays valid)."""
+    """Where the built library for ``arch`` lives: keyed by the source and its Gemm4 header, the
+    CUTLASS version header and the flags (not the nvcc version: a built library stays valid)."""
     root = root or cutlass_dir()
     version = (root / "include" / "cutlass" / "version.h").read_bytes()
-    key = hashlib.sha256(SOURCE.read_bytes() + version + " ".join(_flags(Path("."), arch)).encode())
+    text = SOURCE.read_bytes() + HEADER.read_bytes() + version
+    key = hashlib.sha256(text + " ".join(_flags(Path("."), arch)).encode())
     return cache_dir() / "cuda" / f"w4a16_cutlass-{arch}-{key.hexdigest()[:16]}.so"
 
 
@@ -238,7 +240,7 @@ def build(arch: str = "sm_90a", jobs: int | None = None) -> Path:
 
 _lock = threading.Lock()
 _libs: dict[str, ctypes.CDLL] = {}
-_workspaces: dict[int, torch.Tensor] = {}
+_states: dict[int, tuple[ctypes.CDLL, int, torch.Tensor]] = {}
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -270,12 +272,16 @@ def config_names(device: torch.device) -> list[str]:
     return [lib.hl_w4c_config_name(c).decode() for c in range(lib.hl_w4c_num_configs())]
 
 
-def _workspace(device: torch.device) -> torch.Tensor:
+def _device_state(device: torch.device) -> tuple[ctypes.CDLL, int, torch.Tensor]:
+    """``(library, SM count, workspace)`` of ``device``, looked up once per device (a launch's hot path)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    ws = _workspaces.get(index)
-    if ws is None:
-        ws = _workspaces[index] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-    return ws
+    state = _states.get(index)
+    if state is None:
+        dev = torch.device("cuda", index)
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        ws = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+        state = _states[index] = (library(dev), sms, ws)
+    return state
 
 
 # ---------------------------------------------------------------------------------------------- layout
@@ -335,13 +341,17 @@ class CutlassWeight:
 
 
 def convert(
-    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> CutlassWeight:
     """AutoAWQ tensors on a CUDA device -> :class:`CutlassWeight` (synchronises the device). The
     reorder is the library's (CUTLASS's ``reorder_tensor``, equal to :func:`reorder_reference` on the
     GPU); a CUDA error inside it ends the process, as CUTLASS's utilities do."""
     k, n = qweight.shape[0], qweight.shape[1] * 8
-    check_operands(torch.bfloat16, qweight.device, n, k, group_size)
+    check_operands(dtype, qweight.device, n, k, group_size)  # (dtype: the model's, which x will have)
     lib = library(qweight.device)
     packed, zero = signed_k_major(qweight, qzeros, scales)
     out = torch.empty_like(packed)
@@ -374,10 +384,8 @@ def _launch(cfg: int, x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor) -> N
     if cfg >= GEMV_BASE:
         gemv(x2, wt, GEMV_VARIANTS[cfg - GEMV_BASE], out=y)
         return
-    lib = library(x2.device)
+    lib, sms, ws = _device_state(x2.device)
     m = x2.shape[0]
-    ws = _workspace(x2.device)
-    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
     need = lib.hl_w4c_workspace(cfg, m, wt.n, wt.k, wt.group_size, sms)
     if need > ws.numel():
         raise RuntimeError(f"CUTLASS W4A16 config {cfg} wants {need} bytes of workspace (> {ws.numel()})")
@@ -500,9 +508,8 @@ tuning_log: dict[tuple, list[tuple[int, float]]] = {}
 def _disk_key(tkey: tuple) -> str:
     index, mb, n, k, g = tkey
     name = torch.cuda.get_device_name(index)
-    sources = b"".join(
-        (cuda_jit.SOURCE_DIR / f).read_bytes() for f in (SOURCE.name, GEMV_SOURCE, "w4a16_common.cuh")
-    )
+    files = (SOURCE.name, HEADER.name, GEMV_SOURCE, "w4a16_common.cuh")
+    sources = b"".join((cuda_jit.SOURCE_DIR / f).read_bytes() for f in files)
     tag = hashlib.sha1(sources + repr((GEMV_VARIANTS, cuda_jit.enabled())).encode()).hexdigest()[:8]
     return f"{tuning_cache.environment_key(name)}|{tag}|m{mb}|n{n}|k{k}|g{g}"
 

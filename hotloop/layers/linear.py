@@ -78,8 +78,8 @@ class AWQLinearMethod:
     shard into its own columns. After loading, a CPU layer dequantizes once into a dense ``weight``
     (plain matmuls from then on); a CUDA layer keeps the packed tensors, casts the scales to the
     model dtype and runs the Triton W4A16 GEMM; with ``HOTLOOP_W4A16_KERNEL=cutlass`` it instead
-    converts them once into the CUTLASS GEMM's layout (``kernels/w4a16_cutlass.py``: the same bytes,
-    the AutoAWQ tensors are dropped) and runs that GEMM at every M.
+    converts them once into the CUTLASS GEMM's layout (``kernels/w4a16_cutlass.py``: the same 4 bits a
+    weight, zero terms in bf16; the AutoAWQ tensors are dropped) and runs that GEMM at every M.
     """
 
     def __init__(self, group_size: int) -> None:
@@ -161,10 +161,7 @@ class AWQLinearMethod:
 
             if w4a16_cutlass.selected():
                 qzeros, scales = cast(torch.Tensor, layer.qzeros), cast(torch.Tensor, layer.scales)
-                w4a16_cutlass.check_operands(
-                    layer.dtype, qweight.device, layer.out_features, layer.in_features, self.group_size
-                )
-                cw = w4a16_cutlass.convert(qweight, qzeros, scales, self.group_size)
+                cw = w4a16_cutlass.convert(qweight, qzeros, scales, self.group_size, layer.dtype)
                 for name in AWQ_PARAM_NAMES:
                     del layer._parameters[name]
                 for name, t in zip(CUTLASS_PARAM_NAMES, (cw.w, cw.scales, cw.zeros), strict=True):

@@ -239,10 +239,12 @@ def test_gemv_silu_and_pdl_forms_equal_the_plain_launch(
         assert torch.equal(w4a16_cutlass.gemv(x, wt, v), plain), f"pdl {v}"
         assert torch.equal(w4a16_cutlass.gemv(gate_up, wt, v, silu=True), plain), f"pdl silu {v}"
     monkeypatch.setenv(w4a16_cutlass.GEMV_PDL_ENV, "0")
-    w4a16_cutlass.gemm(x, wt)  # tunes one row
+    # gemv_silu_mul follows the one-row choice: a GEMV variant gives the fused launch, a CUTLASS tile None
+    monkeypatch.setattr(w4a16_cutlass, "choose", lambda x2, wt: w4a16_cutlass.GEMV_BASE)
     fused = w4a16_cutlass.gemv_silu_mul(gate_up, wt)
-    if fused is not None:  # (None where the tuner chose a CUTLASS tile for one row)
-        assert torch.equal(fused, w4a16_cutlass.gemm(x, wt))
+    assert fused is not None and torch.equal(fused, w4a16_cutlass.gemv(x, wt, w4a16_cutlass.GEMV_VARIANTS[0]))
+    monkeypatch.setattr(w4a16_cutlass, "choose", lambda x2, wt: 5)
+    assert w4a16_cutlass.gemv_silu_mul(gate_up, wt) is None
     with pytest.raises(ValueError, match=f"\\[1, {2 * k}\\]"):
         w4a16_cutlass.gemv(x, wt, (1, 2), silu=True)
 
@@ -301,9 +303,9 @@ def test_awq_linear_converted_after_loading_matches_triton(monkeypatch: pytest.M
     monkeypatch.setenv(w4a16_cutlass.GEMV_SILU_ENV, "1")
     from hotloop.kernels.silu_and_mul import silu_and_mul
 
+    monkeypatch.setattr(w4a16_cutlass, "choose", lambda x2, wt: w4a16_cutlass.GEMV_BASE)  # a GEMV at one row
     fused = cut.quant_method.apply_silu_mul(cut, gate_up)
-    if fused is not None:  # (None where the tuner chose a CUTLASS tile for one row)
-        assert torch.equal(fused, cut(silu_and_mul(gate_up)))
+    assert fused is not None and torch.equal(fused, cut(silu_and_mul(gate_up)))
 
 
 @gpu
