@@ -1,5 +1,7 @@
-// Probe (benchmarks only, not an engine path): CUTLASS 3's Hopper mixed-input GEMM (int4 weights
-// converted to bf16 in registers on the way to `wgmma`, group-wise scales and zero points) for issue
+// Probe (benchmarks only): CUTLASS 3's Hopper mixed-input GEMM (int4 weights converted to bf16 in
+// registers on the way to `wgmma`, group-wise scales and zero points) in nine configurations. The
+// engine's copy, with six of them, is hotloop/kernels/cuda/w4a16_cutlass.cu; both take the Gemm4
+// template from w4a16_cutlass_gemm.cuh there. Written for issue
 // 5's offline row, where W4A16 decode steps at M = 256-384 run at 0.84x bf16 because no W4A16 GEMM
 // here reaches bf16 cuBLAS's speed at large M (BENCHMARKS.md, thirtieth session).
 //
@@ -12,7 +14,7 @@
 //   scales and zeros [K / group, N] (N contiguous, AutoAWQ's `scales` layout), so that
 //   W[n, k] = (q - 8) * scale[k / g, n] + zero[k / g, n], with zero = (8 - z) * scale for AutoAWQ's z.
 //
-// Built by benchmarks/build_w4a16_cutlass_probe.sh (nvcc, the nvidia-cutlass wheel's headers). One
+// Built by `benchmarks/build_cutlass_probe.sh w4a16` (nvcc, the nvidia-cutlass wheel's headers). One
 // translation unit per configuration (PROBE_CFG = its index); the one built with PROBE_TABLE holds the
 // C entry points, the table and the reorder helper.
 
