@@ -15,7 +15,7 @@ AutoAWQ's packed zeros). :func:`convert` does it once after loading, on the GPU.
 also times a tensor-core GEMV written for that layout (``kernels/cuda/w4a16_cutlass_gemv.cu``, compiled
 by ``cuda_jit``).
 
-Build: nvcc compiles the source once per configuration (six units and the table's, in parallel: 453 s on
+Build: nvcc compiles the source once per configuration (nine units and the table's, in parallel: 696 s on
 2 cores) against the ``nvidia-cutlass`` wheel's headers (``pip install nvidia-cutlass``, or ``HOTLOOP_CUTLASS_DIR``
 = a CUTLASS checkout) into ``$HOTLOOP_CACHE/cuda/w4a16_cutlass-<arch>-<key>.so``, keyed by the source
 and the CUTLASS headers' version; later starts load the library. The launches go on torch's current
@@ -58,7 +58,7 @@ TUNING_FAMILY = "w4a16_cutlass"
 WORKSPACE_BYTES = 32 << 20  # one per device, shared by the launches (one stream)
 # the configurations' rows of tokens per tile (the source's table, in order): 16-row tiles are timed
 # only up to M = 64, the wide ones only from M = 17
-TOKEN_TILE = (128, 256, 128, 256, 16, 16)
+TOKEN_TILE = (128, 256, 128, 256, 16, 16, 128, 256, 192)
 
 
 class CutlassUnavailable(RuntimeError):
@@ -190,7 +190,7 @@ def build(arch: str = "sm_90a", jobs: int | None = None) -> Path:
     jobs = max(1, jobs or os.cpu_count() or 1)
     units = [(f"-DW4C_CFG={i}", work / f"cfg{i}.o") for i in range(n)] + [("-DW4C_TABLE", work / "table.o")]
     logger.info(
-        "compiling the CUTLASS W4A16 GEMM for %s: %d units, %d at a time: minutes (453 s on 2 cores; once, cached in %s)",
+        "compiling the CUTLASS W4A16 GEMM for %s: %d units, %d at a time: minutes (696 s on 2 cores; once, cached in %s)",
         arch, len(units), jobs, path.parent,
     )  # fmt: skip
     t0 = time.monotonic()

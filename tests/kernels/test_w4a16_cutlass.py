@@ -123,7 +123,7 @@ def test_config_ids_outside_both_ranges_are_refused() -> None:
         len(w4a16_cutlass.TOKEN_TILE),
         w4a16_cutlass.GEMV_BASE + len(w4a16_cutlass.GEMV_VARIANTS),
     ):
-        with pytest.raises(ValueError, match=f"config={cfg}: the CUTLASS configurations are 0-5"):
+        with pytest.raises(ValueError, match=f"config={cfg}: the CUTLASS configurations are 0-8"):
             w4a16_cutlass.gemm(x, wt, config=cfg)
 
 
@@ -136,8 +136,8 @@ def test_missing_headers_say_what_to_set(monkeypatch: pytest.MonkeyPatch, tmp_pa
 def test_candidates_split_small_and_wide_tiles() -> None:
     assert w4a16_cutlass.num_configs_in_source() == len(w4a16_cutlass.TOKEN_TILE)
     assert w4a16_cutlass.candidates(1) == (4, 5)
-    assert w4a16_cutlass.candidates(64) == (0, 1, 2, 3, 4, 5)
-    assert w4a16_cutlass.candidates(256) == (0, 1, 2, 3)
+    assert w4a16_cutlass.candidates(64) == (0, 1, 2, 3, 4, 5, 6, 7, 8)
+    assert w4a16_cutlass.candidates(256) == (0, 1, 2, 3, 6, 7, 8)
     assert w4a16_cutlass.default_config(16) in w4a16_cutlass.candidates(16)
     assert w4a16_cutlass.default_config(300) in w4a16_cutlass.candidates(300)
 
@@ -185,6 +185,45 @@ def test_every_config_matches_float32_dequantize_then_matmul(k: int, n: int) -> 
             assert _rel(got, want) < 1e-2, f"{names[c]} M={m} K={k} N={n}"
         tuned = w4a16_cutlass.gemm(x, wt)  # the tuner's choice
         assert _rel(tuned, want) < 1e-2, f"tuned M={m}"
+
+
+STREAM_K_WIDE = (6, 7, 8)  # the stream-K forms of the 128 x 128 / 256 / 192 tiles
+
+
+@gpu
+@pytest.mark.parametrize("k,n", [(4096, 6144), (14336, 4096)])
+def test_stream_k_wide_tiles_are_exact_repeatable_and_capturable(k: int, n: int) -> None:
+    """At row counts where the tiles are a little over one wave (q/k/v at 384, down at 1,040) the
+    stream-K launches split K across SMs: the result matches float32, is bit-for-bit the same on a
+    second launch (the fix-up is ordered), and a captured launch reads new inputs on replay."""
+    _require()
+    names = w4a16_cutlass.config_names(torch.device("cuda"))
+    assert [names[c] for c in STREAM_K_WIDE] == [
+        "coop 128x128 stream-K", "coop 128x256 stream-K", "coop 128x192 stream-K",
+    ]  # fmt: skip
+    qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=k + 3 * n)
+    wt = w4a16_cutlass.convert(qweight, qzeros, scales, 128)
+    for m in (384, 1040):
+        x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).bfloat16()
+        want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), 128)
+        for c in STREAM_K_WIDE:
+            first = w4a16_cutlass.gemm(x, wt, config=c)
+            assert _rel(first, want) < 1e-2, f"{names[c]} M={m} K={k} N={n}"
+            assert torch.equal(w4a16_cutlass.gemm(x, wt, config=c), first), (
+                f"{names[c]} M={m}: not repeatable"
+            )
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y = w4a16_cutlass.gemm(x, wt, config=c)
+            x2 = torch.randn(m, k, device="cuda").bfloat16()
+            x.copy_(x2)
+            graph.replay()
+            torch.cuda.synchronize()
+            want2 = reference.w4a16_matmul(x2.float(), qweight, qzeros, scales.float(), 128)
+            assert _rel(y, want2) < 1e-2, f"{names[c]} M={m}: replay"
+            x.copy_(
+                torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).bfloat16()
+            )
 
 
 @gpu

@@ -37,7 +37,18 @@ W4C_CFG_DEF(3, "ping 64x256", Gemm4<Shape<_64, _256, _64>, Shape<_1, _1, _1>, Pi
 W4C_CFG_DEF(4, "ping 64x16", Gemm4<Shape<_64, _16, _64>, Shape<_1, _1, _1>, Ping, PingEpi, Bf16>)
 W4C_CFG_DEF(5, "coop 128x16 stream-K", Gemm4<Shape<_128, _16, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, Bf16,
                                                 cutlass::gemm::StreamKScheduler>)
-#define W4C_NUM 6
+// Stream-K forms of the two wide cooperative tiles: where the tiles are a little over one wave (q/k/v at
+// 384 rows: 144 tiles of 128 x 128 on 132 SMs; o and down at 1,040: 160), the probe's data-parallel
+// launches run a second, nearly empty wave. CUTLASS's heuristic splits the K loop of the tail tiles
+// across the SMs (deterministic fix-up in the workspace), or keeps data-parallel where waves are whole.
+W4C_CFG_DEF(6, "coop 128x128 stream-K", Gemm4<Shape<_128, _128, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, Bf16,
+                                                 cutlass::gemm::StreamKScheduler>)
+W4C_CFG_DEF(7, "coop 128x256 stream-K", Gemm4<Shape<_128, _256, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, Bf16,
+                                                 cutlass::gemm::StreamKScheduler>)
+// 192 token rows: 384 rows (the offline decode steps on an H200) in two tiles, none half empty
+W4C_CFG_DEF(8, "coop 128x192 stream-K", Gemm4<Shape<_128, _192, _64>, Shape<_1, _1, _1>, Coop, CoopEpi, Bf16,
+                                                 cutlass::gemm::StreamKScheduler>)
+#define W4C_NUM 9
 
 #define W4C_PASTE2(a, b) a##b
 #define W4C_PASTE(a, b) W4C_PASTE2(a, b)
@@ -64,6 +75,9 @@ W4C_DECLARE(2)
 W4C_DECLARE(3)
 W4C_DECLARE(4)
 W4C_DECLARE(5)
+W4C_DECLARE(6)
+W4C_DECLARE(7)
+W4C_DECLARE(8)
 
 typedef size_t (*WsFn)(int, int, int, int, int);
 typedef int (*RunFn)(const void*, const void*, const void*, const void*, void*, int, int, int, int, void*, int,
@@ -73,7 +87,8 @@ static const struct {
   const char* name;
   WsFn ws;
   RunFn run;
-} kTable[] = {W4C_ENTRY(0) W4C_ENTRY(1) W4C_ENTRY(2) W4C_ENTRY(3) W4C_ENTRY(4) W4C_ENTRY(5)};
+} kTable[] = {W4C_ENTRY(0) W4C_ENTRY(1) W4C_ENTRY(2) W4C_ENTRY(3) W4C_ENTRY(4) W4C_ENTRY(5) W4C_ENTRY(6)
+                    W4C_ENTRY(7) W4C_ENTRY(8)};
 static_assert(sizeof(kTable) / sizeof(kTable[0]) == W4C_NUM, "one table entry per configuration");
 
 extern "C" int hl_w4c_num_configs() { return W4C_NUM; }
