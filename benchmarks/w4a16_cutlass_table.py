@@ -11,8 +11,8 @@ candidate's result is checked against the float32 dequantize-then-matmul referen
 ``w4a16_gemm.graph_time_us``: a CUDA graph of 8 launches, each after a write of twice the L2 (no
 launch finds its weight in L2), less the same graph without them; best of 3. Per M the table sums the
 four projections of a layer times 32 layers (one decode step's GEMMs). Floors, measured in the same
-run: the int4 weight bytes (with bf16 scales and zero terms) over the copy rate, and the FLOPs over
-bf16 ``torch.matmul``'s rate at 8,192^3. Random weights: the speed does not depend on the values.
+run (``run_gpu.measure_ceilings``): the int4 weight bytes (with bf16 scales and zero terms) over the
+copy rate, and the FLOPs over bf16 ``torch.matmul``'s rate at 8,192^3. Random weights: the speed does not depend on the values.
 """
 
 from __future__ import annotations
@@ -46,14 +46,12 @@ def random_awq(k: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, t
     return qweight, qzeros, scales
 
 
-def ceilings(device: torch.device) -> tuple[float, float]:
-    """(copy GB/s, bf16 matmul TFLOP/s) measured here."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    copy_us = graph_time_us(lambda: dst.copy_(src), device, reps=4)
-    a = torch.randn(8192, 8192, device=device).bfloat16()
-    mm_us = graph_time_us(lambda: a @ a, device, reps=4)
-    return 2 * (1 << 30) / copy_us / 1e3, 2 * 8192**3 / mm_us / 1e6
+def ceilings() -> tuple[float, float]:
+    """(copy GB/s, bf16 matmul TFLOP/s) measured here, as ``run_gpu.py`` measures them."""
+    from run_gpu import measure_ceilings  # (this script's folder is on the path)
+
+    c = measure_ceilings()
+    return c["copy_GBps"], c["bf16_matmul_TFLOPs"]
 
 
 def one(name: str, n: int, k: int, m: int, copy_gbps: float, tflops: float) -> dict[str, Any]:
@@ -105,7 +103,7 @@ def main() -> int:
     device = torch.device("cuda")
     w4a16_cutlass.check_operands(torch.bfloat16, device, 4096, 4096, GROUP)
     names = w4a16_cutlass.config_names(device)
-    copy_gbps, tflops = ceilings(device)
+    copy_gbps, tflops = ceilings()
     print(f"{torch.cuda.get_device_name()}: copy {copy_gbps:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s")
     rows = []
     summary = []

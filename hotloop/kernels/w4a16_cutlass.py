@@ -500,6 +500,24 @@ def default_config(m: int) -> int:
     return 5 if m <= 16 else 0
 
 
+UNBOUNDED = 1 << 62  # the bucket of every M above the last
+_LAST_BUCKET = 16384
+_TUNE_AT_TOP_UP_TO = 4096  # larger buckets are tuned on the call's own rows (no extra activations)
+
+
+def m_bucket(m: int) -> int:
+    """The tuning bucket of ``m`` rows, named by its largest M: powers of two up to 256, then two a
+    octave (384, 512, 768, 1,024, 1,536, ... 16,384), then one for all. The wide tiles' waves and
+    token-tile padding change within an octave (at 384 rows a 128 x 192 tile wins, at 512 it pads a
+    third), so the buckets above 256 are half-octaves; those up to 4,096 are tuned at their largest M."""
+    if m <= 256:
+        return 1 << max(m - 1, 0).bit_length()
+    if m > _LAST_BUCKET:
+        return UNBOUNDED
+    p = 1 << (m - 1).bit_length()  # the next power of two
+    return p * 3 // 4 if m <= p * 3 // 4 else p
+
+
 _tuned: dict[tuple, int] = {}
 _disk: dict[str, dict] | None = None
 tuning_log: dict[tuple, list[tuple[int, float]]] = {}
@@ -510,13 +528,20 @@ def _disk_key(tkey: tuple) -> str:
     name = torch.cuda.get_device_name(index)
     files = (SOURCE.name, HEADER.name, GEMV_SOURCE, "w4a16_common.cuh")
     sources = b"".join((cuda_jit.SOURCE_DIR / f).read_bytes() for f in files)
-    tag = hashlib.sha1(sources + repr((GEMV_VARIANTS, cuda_jit.enabled())).encode()).hexdigest()[:8]
+    tuning = (
+        "half-octave buckets above 256, tuned at the bucket's largest M",
+        GEMV_VARIANTS,
+        cuda_jit.enabled(),
+    )
+    tag = hashlib.sha1(sources + repr(tuning).encode()).hexdigest()[:8]
     return f"{tuning_cache.environment_key(name)}|{tag}|m{mb}|n{n}|k{k}|g{g}"
 
 
 def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
-    """The configuration for this call: tuned per (device, M bucket, N, K, group) outside capture."""
-    from hotloop.kernels.w4a16_gemm import graph_time_us, m_bucket
+    """The configuration for this call: tuned per (device, M bucket, N, K, group) outside capture, on
+    random rows as many as the bucket's largest M up to 4,096 (:func:`m_bucket`; above, the call's
+    own rows), so that the choice does not depend on which M of the bucket came first."""
+    from hotloop.kernels.w4a16_gemm import graph_time_us
 
     global _disk
     m = x2.shape[0]
@@ -533,11 +558,13 @@ def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
         return _tuned[tkey]
     if torch.cuda.is_current_stream_capturing():
         return default_config(m)
-    y = torch.empty(m, wt.n, dtype=torch.bfloat16, device=x2.device)
+    rows = tkey[1] if tkey[1] <= _TUNE_AT_TOP_UP_TO else m
+    xt = x2 if rows == m else torch.randn(rows, wt.k, device=x2.device).to(x2.dtype)
+    y = torch.empty(rows, wt.n, dtype=torch.bfloat16, device=x2.device)
     timed = []
-    for c in candidates(m, wt.n, wt.k, wt.group_size):
+    for c in candidates(rows, wt.n, wt.k, wt.group_size):
         try:
-            timed.append((c, graph_time_us(partial(_launch, c, x2, wt, y), x2.device)))
+            timed.append((c, graph_time_us(partial(_launch, c, xt, wt, y), x2.device)))
         except (RuntimeError, ValueError):  # (cuda_jit.CudaError is a RuntimeError)
             torch.cuda.synchronize(x2.device)
     tuning_log[tkey] = timed

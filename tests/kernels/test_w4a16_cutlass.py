@@ -142,6 +142,22 @@ def test_candidates_split_small_and_wide_tiles() -> None:
     assert w4a16_cutlass.default_config(300) in w4a16_cutlass.candidates(300)
 
 
+def test_tuning_buckets_are_half_octaves_above_256() -> None:
+    bucket = w4a16_cutlass.m_bucket
+    assert [bucket(m) for m in (1, 2, 3, 17, 256, 257, 384, 385, 1040, 16384)] == [
+        1, 2, 4, 32, 256, 384, 384, 512, 1536, 16384,
+    ]  # fmt: skip
+    assert bucket(16385) == bucket(10**6) == w4a16_cutlass.UNBOUNDED
+    previous = 0
+    for m in range(1, 16385):
+        b = bucket(m)
+        assert previous <= b and m <= b, m  # monotonic, and a bucket holds its rows
+        assert b < 2 * m, m  # up to 256: the next power of two
+        if m > 256:
+            assert 2 * b < 3 * m, m  # above: half-octaves, under 1.5 M
+        previous = b
+
+
 def _usable() -> str | None:
     if not torch.cuda.is_available():
         return "needs a GPU"
