@@ -60,7 +60,7 @@
 #            HOTLOOP_CACHE=build/hl_cache python3 -c "from hotloop.kernels import w4a16_cutlass as w; w.build()"
 #            (and .whl/nvidia_cutlass-*.whl: the headers' version is part of the library's key). bf16 in
 #            W4_ENGINE_KERNELS runs the rows' bf16 baseline (llama3_awq_offline -> llama3_offline);
-#            W4_ENGINE_TABLE_M=1,256,... first runs w4a16_cutlass_table.py (every configuration against bf16).
+#            W4_ENGINE_TABLE_M=1,256,... then runs w4a16_cutlass_table.py (every configuration against bf16).
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -446,13 +446,8 @@ if [ "$what" = w4engine ]; then  # one GPU: the CUTLASS W4A16 GEMM in the engine
   # carry the library built on the CPU machine (build/hl_cache: see this script's header)
   export CUDA_VISIBLE_DEVICES=0
   if [ -z "${HOTLOOP_CACHE:-}" ] && [ -d "$here/../build/hl_cache" ]; then export HOTLOOP_CACHE=$here/../build/hl_cache; fi
-  [ "${W4_ENGINE_TESTS:-1}" = 1 ] && gpu_tests cutlass_tests 200 tests/kernels/test_w4a16_cutlass.py
-  if [ -n "${W4_ENGINE_TABLE_M:-}" ]; then  # every configuration against bf16 per projection and M
-    timeout 240 python3 "$here/w4a16_cutlass_table.py" --out "$out/cutlass_table.json" --m "$W4_ENGINE_TABLE_M" \
-      >"$out/cutlass_table.log" 2>&1
-    echo "w4a16_cutlass_table rc=$?"
-    grep -E "GB/s|step's GEMMs|Error|error" "$out/cutlass_table.log" | tail -20
-  fi
+  [ "${W4_ENGINE_TESTS:-1}" = 1 ] &&
+    gpu_tests cutlass_tests 200 tests/kernels/test_w4a16_cutlass.py tests/kernels/test_w4a16_cutlass_dequant.py
   for v in ${W4_ENGINE_KERNELS:-cutlass triton}; do
     left=$((TABLE4_BUDGET_S - SECONDS))
     [ "$left" -gt 60 ] || break
@@ -467,6 +462,13 @@ if [ "$what" = w4engine ]; then  # one GPU: the CUTLASS W4A16 GEMM in the engine
     env "$@" timeout "$left" python3 "$here/run_gpu.py" --out "$out/rows_$v" --skip-hf \
       --only "$rows" 2>&1 | grep -vE "Warning|warn\(" | tail -20 | sed "s/^/[$v] /"
   done
+  left=$((TABLE4_BUDGET_S - SECONDS))
+  if [ -n "${W4_ENGINE_TABLE_M:-}" ] && [ "$left" -gt 30 ]; then  # every configuration against bf16 per M
+    timeout "$left" python3 "$here/w4a16_cutlass_table.py" --out "$out/cutlass_table.json" --m "$W4_ENGINE_TABLE_M" \
+      >"$out/cutlass_table.log" 2>&1
+    echo "w4a16_cutlass_table rc=$?"
+    grep -E "GB/s|M=|Error|error" "$out/cutlass_table.log" | tail -40
+  fi
   exit 0
 fi
 if [ "$what" = buckets ]; then  # one GPU: the serving mix's padding (1,024 + 16 tokens) by prefill buckets

@@ -355,6 +355,8 @@ def convert(
     lib = library(qweight.device)
     packed, zero = signed_k_major(qweight, qzeros, scales)
     out = torch.empty_like(packed)
+    index = qweight.device.index if qweight.device.index is not None else torch.cuda.current_device()
+    _largest[index] = max(_largest.get(index, 0), n * k)
     torch.cuda.synchronize(qweight.device)
     with torch.cuda.device(qweight.device):
         if lib.hl_w4c_reorder(packed.data_ptr(), out.data_ptr(), n, k) != 0:
@@ -375,14 +377,21 @@ _RC = {
 }
 
 
+def _is_gemv(cfg: int) -> bool:
+    return GEMV_BASE <= cfg < GEMV_BASE + len(GEMV_VARIANTS)
+
+
 def _launch(cfg: int, x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor) -> None:
-    if not (0 <= cfg < len(TOKEN_TILE) or GEMV_BASE <= cfg < GEMV_BASE + len(GEMV_VARIANTS)):
+    if not (0 <= cfg < len(TOKEN_TILE) or _is_gemv(cfg) or cfg == DEQUANT):
         raise ValueError(
-            f"config={cfg}: the CUTLASS configurations are 0-{len(TOKEN_TILE) - 1} and the GEMV's "
-            f"{GEMV_BASE}-{GEMV_BASE + len(GEMV_VARIANTS) - 1}"
+            f"config={cfg}: the CUTLASS configurations are 0-{len(TOKEN_TILE) - 1}, the GEMV's "
+            f"{GEMV_BASE}-{GEMV_BASE + len(GEMV_VARIANTS) - 1} and dequant + cuBLAS {DEQUANT}"
         )
-    if cfg >= GEMV_BASE:
+    if _is_gemv(cfg):
         gemv(x2, wt, GEMV_VARIANTS[cfg - GEMV_BASE], out=y)
+        return
+    if cfg == DEQUANT:
+        _dequant_matmul(x2, wt, y)
         return
     lib, sms, ws = _device_state(x2.device)
     m = x2.shape[0]
@@ -399,12 +408,49 @@ def _launch(cfg: int, x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor) -> N
 
 def candidates(m: int, n: int = 0, k: int = 0, group_size: int = 0) -> tuple[int, ...]:
     """The configurations timed for ``m`` rows: 16-row token tiles up to 64 rows, wide ones above 16,
-    and for one row the tensor-core GEMV's variants (ids from ``GEMV_BASE``) that fit ``(n, k, group)``."""
+    for one row the tensor-core GEMV's variants (ids from ``GEMV_BASE``) that fit ``(n, k, group)``,
+    and from ``DEQUANT_FROM_M`` rows dequantize + cuBLAS (``DEQUANT``) where the shape allows it."""
     cut = tuple(c for c, t in enumerate(TOKEN_TILE) if (t == 16 and m <= 64) or (t > 16 and m > 16))
     gemvs = tuple(
         GEMV_BASE + i for i, v in enumerate(GEMV_VARIANTS) if m == 1 and gemv_fits(n, k, group_size, *v)
     )
-    return gemvs + cut
+    dequant = (DEQUANT,) if m >= DEQUANT_FROM_M and not (n % 64 or k % 64 or group_size % 64) else ()
+    return gemvs + cut + dequant
+
+
+# ------------------------------------------------------------------- dequantize + cuBLAS (large M)
+
+DEQUANT = 200  # configuration id: dequantize the layer's weight into a bf16 scratch, then cuBLAS
+DEQUANT_FROM_M = 769  # timed in the buckets from 1,024 rows up (prefill chunks)
+_largest: dict[int, int] = {}  # device index -> the most N * K of a converted weight
+_scratch: dict[int, torch.Tensor] = {}  # device index -> the bf16 scratch (kept: graphs may read it)
+
+
+def _dequant_matmul(x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor) -> None:
+    """``y = x2 @ W^T`` with ``W`` dequantized into a per-device scratch (``w4a16_cutlass_dequant``)
+    and one ``torch.mm`` (cuBLAS). The scratch is sized once for the device's largest converted weight
+    and never freed, so graphs that captured it stay valid; inside a capture, where it cannot be
+    allocated, the launch falls back to the default configuration."""
+    from hotloop.kernels.w4a16_cutlass_dequant import dequantize
+
+    index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    need = wt.n * wt.k
+    buf = _scratch.get(index)
+    if buf is None or buf.numel() < need:
+        if torch.cuda.is_current_stream_capturing():
+            _launch(default_config(x2.shape[0]), x2, wt, y)
+            return
+        if buf is not None:
+            raise RuntimeError(
+                f"dequant + cuBLAS: a {wt.n} x {wt.k} weight is larger than the scratch sized at the "
+                f"first use ({buf.numel()} values); convert every weight before the first forward"
+            )
+        size = max(need, _largest.get(index, 0))
+        buf = _scratch[index] = torch.empty(size, dtype=torch.bfloat16, device=x2.device)
+        logger.info("CUTLASS W4A16: a %.0f MB bf16 scratch for dequant + cuBLAS at large M", size * 2 / 1e6)
+    w = buf[:need].view(wt.n, wt.k)
+    dequantize(wt.w, wt.scales, wt.zeros, wt.n, wt.k, wt.group_size, out=w)
+    torch.mm(x2, w.t(), out=y)
 
 
 # ------------------------------------------------------------------------------ the one-row GEMV
@@ -490,7 +536,7 @@ def gemv_silu_mul(gate_up: torch.Tensor, wt: CutlassWeight) -> torch.Tensor | No
         return None
     gate_up = gate_up.contiguous()
     cfg = choose(gate_up[:, : wt.k], wt)  # (the tuned choice for one row: the row's gate half stands in)
-    if cfg < GEMV_BASE:
+    if not _is_gemv(cfg):
         return None
     return gemv(gate_up, wt, GEMV_VARIANTS[cfg - GEMV_BASE], silu=True)
 
@@ -565,7 +611,9 @@ def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
     for c in candidates(rows, wt.n, wt.k, wt.group_size):
         try:
             timed.append((c, graph_time_us(partial(_launch, c, xt, wt, y), x2.device)))
-        except (RuntimeError, ValueError):  # (cuda_jit.CudaError is a RuntimeError)
+        except Exception as e:  # a candidate that cannot build or run here is skipped, and said
+            logger.warning("CUTLASS W4A16 tuning: %s at M=%d N=%d K=%d skipped: %s", config_label(c), rows,
+                           wt.n, wt.k, str(e).splitlines()[0] if str(e) else type(e).__name__)  # fmt: skip
             torch.cuda.synchronize(x2.device)
     tuning_log[tkey] = timed
     if not timed:  # (nothing ran: not remembered, so the next call reports the launch's error)
@@ -579,7 +627,9 @@ def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
 
 def config_label(cfg: int) -> str:
     """A configuration id as a name: the GEMV's ``gemv GxW`` or the library's (where it is loaded)."""
-    if cfg >= GEMV_BASE:
+    if cfg == DEQUANT:
+        return "dequant + cuBLAS"
+    if _is_gemv(cfg):
         groups, warps = GEMV_VARIANTS[cfg - GEMV_BASE]
         return f"gemv {groups}x{warps}"
     for lib in _libs.values():

@@ -158,6 +158,15 @@ def test_tuning_buckets_are_half_octaves_above_256() -> None:
         previous = b
 
 
+def test_dequant_joins_the_candidates_from_the_prefill_buckets() -> None:
+    dq = w4a16_cutlass.DEQUANT
+    assert dq not in w4a16_cutlass.candidates(768, 4096, 4096, 128)
+    assert w4a16_cutlass.candidates(769, 4096, 4096, 128)[-1] == dq
+    assert w4a16_cutlass.candidates(16384, 28672, 4096, 128)[-1] == dq
+    assert dq not in w4a16_cutlass.candidates(4096, 4096 + 32, 4096, 128)  # the dequant tiles want 64s
+    assert w4a16_cutlass.config_label(dq) == "dequant + cuBLAS"
+
+
 def _usable() -> str | None:
     if not torch.cuda.is_available():
         return "needs a GPU"
@@ -369,7 +378,8 @@ def test_graph_replay_reads_new_inputs() -> None:
     k, n = 4096, 4096
     qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=11)
     wt = w4a16_cutlass.convert(qweight, qzeros, scales, 128)
-    for m, config in ((1, w4a16_cutlass.GEMV_BASE), (1, None), (16, None), (256, None)):
+    cases = ((1, w4a16_cutlass.GEMV_BASE), (1, None), (16, None), (256, None), (1040, w4a16_cutlass.DEQUANT))
+    for m, config in cases:
         x = torch.randn(m, k, device="cuda").bfloat16()
         w4a16_cutlass.gemm(x, wt, config=config)  # tuned (and the split counters made) outside the capture
         graph = torch.cuda.CUDAGraph()

@@ -1,0 +1,66 @@
+"""kernels/w4a16_cutlass_dequant.py: the CUTLASS layout back to a dense bf16 ``[N, K]`` weight, against
+the AutoAWQ values it was converted from (``signed_k_major`` + ``reorder_reference``, the layout's
+torch model). Without a GPU the kernel runs under Triton's interpreter (tests/conftest.py), which
+truncates float32 -> bfloat16 where the GPU rounds: one bf16 ulp of tolerance either way (the GPU's
+fused multiply-add may round once where torch rounds twice)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_checks import random_awq
+
+from hotloop.kernels import w4a16_cutlass
+from hotloop.kernels.w4a16_cutlass_dequant import dequantize
+from hotloop.kernels.w4a16_layout import unpack_int4
+
+pytest.importorskip("triton")
+gpu = pytest.mark.gpu
+
+
+def _case(k: int, n: int, group: int, device: str, seed: int) -> tuple[torch.Tensor, ...]:
+    qweight, qzeros, scales = random_awq(k, n, group, torch.bfloat16, "cpu", seed=seed)
+    packed, zero = w4a16_cutlass.signed_k_major(qweight, qzeros, scales)
+    w = w4a16_cutlass.reorder_reference(packed)
+    zeros = zero.to(torch.bfloat16)
+    q = unpack_int4(qweight).float() - 8  # [K, N]
+    want = (q * scales.float().repeat_interleave(group, 0) + zeros.float().repeat_interleave(group, 0)).t()
+    return w.to(device), scales.to(device), zeros.to(device), want.to(device)
+
+
+@pytest.mark.parametrize(("k", "n", "group"), [(128, 64, 64), (256, 192, 128), (384, 128, 128)])
+def test_matches_the_awq_values(k: int, n: int, group: int) -> None:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    w, scales, zeros, want = _case(k, n, group, device, seed=k + n)
+    got = dequantize(w, scales, zeros, n, k, group)
+    assert got.shape == (n, k) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-6)
+
+
+def test_a_wrong_permutation_would_fail() -> None:
+    # the check above is sharp: the same values in a different order are far off
+    w, scales, zeros, want = _case(128, 64, 64, "cpu", seed=5)
+    got = dequantize(w, scales, zeros, 64, 128, 64)
+    assert (got.float()[:, torch.randperm(128)] - want).abs().max() > 0.1 * want.abs().max()
+
+
+def test_writes_into_out_and_names_bad_shapes() -> None:
+    w, scales, zeros, want = _case(128, 64, 64, "cpu", seed=7)
+    out = torch.empty(64, 128, dtype=torch.bfloat16)
+    assert dequantize(w, scales, zeros, 64, 128, 64, out=out) is out
+    torch.testing.assert_close(out.float(), want, rtol=2**-7, atol=1e-6)
+    with pytest.raises(ValueError, match="multiples of 64 \\(got N=96"):
+        dequantize(w, scales, zeros, 96, 128, 64)
+    with pytest.raises(ValueError, match="out must be contiguous bf16 \\[64, 128\\]"):
+        dequantize(w, scales, zeros, 64, 128, 64, out=torch.empty(64, 128))
+    with pytest.raises(ValueError, match="scales must be contiguous bf16 \\[2, 64\\]"):
+        dequantize(w, scales.float(), zeros, 64, 128, 64)
+
+
+@gpu
+def test_llama_gate_up_shape_on_the_gpu() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    w, scales, zeros, want = _case(4096, 28672, 128, "cuda", seed=1)
+    got = dequantize(w, scales, zeros, 28672, 4096, 128)
+    torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-6)
