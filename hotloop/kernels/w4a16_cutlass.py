@@ -3,10 +3,11 @@
 Opt-in with ``HOTLOOP_W4A16_KERNEL=cutlass`` (Hopper, bf16 models). CUTLASS 3's mixed-input collective
 converts the int4 weights to bf16 in registers on their way to ``wgmma``; the Triton W4A16 GEMM
 (``w4a16_gemm.py``) takes its dequantized tile through shared memory, and at 256-384 token rows (the
-offline decode steps) it takes 1.8x bf16 cuBLAS's time where this takes 0.95-1.16x (H100, forty-ninth
-session, ``benchmarks/w4a16_cutlass_probe.py``). In the engine on that H100: offline 1000 x 1024 / 1024
-at 0.970x bf16 against the default's 0.820x; batch 1 at 355.4 against 395.5 tokens/s. So it is a
-throughput setting, not the default.
+offline decode steps) it takes 1.8x bf16 cuBLAS's time where this takes 0.93-1.0x (H200, fiftieth
+session, ``benchmarks/w4a16_cutlass_table.py``). In the engine on that H200: offline 1000 x 1024 / 1024
+at 0.962x bf16 against the default's 0.84x; batch 1 at 383 (417 with the GEMV's PDL and SiLU forms)
+against 467 tokens/s. So it is a throughput setting, not the default. From 769 rows the tuner also
+times dequantize + cuBLAS (``w4a16_cutlass_dequant.py``, a kept per-device bf16 scratch).
 
 The weight is stored in CUTLASS's layout *instead of* AutoAWQ's: int4 ``q - 8`` K-major ``[N, K]`` in
 the reordered layout the kernel's loads want (:func:`layout_offsets`), with bf16 scales and zero terms
@@ -20,8 +21,8 @@ Build: nvcc compiles the source once per configuration (nine units and the table
 = a CUTLASS checkout) into ``$HOTLOOP_CACHE/cuda/w4a16_cutlass-<arch>-<key>.so``, keyed by the source
 and the CUTLASS headers' version; later starts load the library. The launches go on torch's current
 stream, so CUDA graphs capture them (one GPU: the library's own CUDA runtime uses device 0's context).
-Per (M bucket, N, K) the fastest configuration is timed once outside graph capture and kept in the
-tuning cache (``tuning_cache.py``, family ``w4a16_cutlass``).
+Per (M bucket, N, K) the fastest configuration is timed once outside graph capture (:func:`m_bucket`) and
+kept in the tuning cache (``tuning_cache.py``, family ``w4a16_cutlass``).
 """
 
 from __future__ import annotations
