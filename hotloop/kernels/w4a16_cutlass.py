@@ -584,6 +584,18 @@ def _disk_key(tkey: tuple) -> str:
     return f"{tuning_cache.environment_key(name)}|{tag}|m{mb}|n{n}|k{k}|g{g}"
 
 
+def _check_against_cutlass(cfg: int, x2: torch.Tensor, wt: CutlassWeight, tol: float = 1e-2) -> None:
+    """Raise unless launch ``cfg`` agrees with the cooperative 128 x 128 tile (config 0) on ``x2``,
+    relative to the largest output: the tuner's guard for the launches that are not CUTLASS's own."""
+    want = torch.empty(x2.shape[0], wt.n, dtype=torch.bfloat16, device=x2.device)
+    got = torch.empty_like(want)
+    _launch(0, x2, wt, want)
+    _launch(cfg, x2, wt, got)
+    err = float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
+    if not err < tol:
+        raise RuntimeError(f"its result is {err:.3g} (relative) from the CUTLASS tile's, over {tol}")
+
+
 def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
     """The configuration for this call: tuned per (device, M bucket, N, K, group) outside capture, on
     random rows as many as the bucket's largest M up to 4,096 (:func:`m_bucket`; above, the call's
@@ -611,6 +623,8 @@ def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
     timed = []
     for c in candidates(rows, wt.n, wt.k, wt.group_size):
         try:
+            if c == DEQUANT:
+                _check_against_cutlass(c, xt, wt)
             timed.append((c, graph_time_us(partial(_launch, c, xt, wt, y), x2.device)))
         except Exception as e:  # a candidate that cannot build or run here is skipped, and said
             logger.warning("CUTLASS W4A16 tuning: %s at M=%d N=%d K=%d skipped: %s", config_label(c), rows,

@@ -167,6 +167,22 @@ def test_dequant_joins_the_candidates_from_the_prefill_buckets() -> None:
     assert w4a16_cutlass.config_label(dq) == "dequant + cuBLAS"
 
 
+def test_dequant_candidate_must_agree_with_the_cutlass_tile(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = torch.randn(8, 64)
+    wrong = {"scale": 1.0}
+
+    def fake_launch(cfg: int, x2: torch.Tensor, wt: object, y: torch.Tensor) -> None:
+        y.copy_(base * (wrong["scale"] if cfg == w4a16_cutlass.DEQUANT else 1.0))
+
+    monkeypatch.setattr(w4a16_cutlass, "_launch", fake_launch)
+    x = torch.zeros(8, 64, dtype=torch.bfloat16)
+    wt = w4a16_cutlass.CutlassWeight(torch.zeros(64, 32, dtype=torch.uint8), x, x, 64, 64, 64)
+    w4a16_cutlass._check_against_cutlass(w4a16_cutlass.DEQUANT, x, wt)  # agrees: no error
+    wrong["scale"] = 1.1
+    with pytest.raises(RuntimeError, match="from the CUTLASS tile's"):
+        w4a16_cutlass._check_against_cutlass(w4a16_cutlass.DEQUANT, x, wt)
+
+
 def _usable() -> str | None:
     if not torch.cuda.is_available():
         return "needs a GPU"
