@@ -382,7 +382,9 @@ def _is_gemv(cfg: int) -> bool:
     return GEMV_BASE <= cfg < GEMV_BASE + len(GEMV_VARIANTS)
 
 
-def _launch(cfg: int, x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor) -> None:
+def _launch(cfg: int, x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor, strict: bool = True) -> None:
+    """Run configuration ``cfg``. ``strict=False`` (the tuned choice): where this M needs more
+    workspace than the device's, run the cooperative 128 x 128 tile (config 0) instead of raising."""
     if not (0 <= cfg < len(TOKEN_TILE) or _is_gemv(cfg) or cfg == DEQUANT):
         raise ValueError(
             f"config={cfg}: the CUTLASS configurations are 0-{len(TOKEN_TILE) - 1}, the GEMV's "
@@ -398,6 +400,9 @@ def _launch(cfg: int, x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor) -> N
     m = x2.shape[0]
     need = lib.hl_w4c_workspace(cfg, m, wt.n, wt.k, wt.group_size, sms)
     if need > ws.numel():
+        if not strict and cfg != 0:
+            _launch(0, x2, wt, y)
+            return
         raise RuntimeError(f"CUTLASS W4A16 config {cfg} wants {need} bytes of workspace (> {ws.numel()})")
     rc = lib.hl_w4c_gemm(
         cfg, x2.data_ptr(), wt.w.data_ptr(), wt.scales.data_ptr(), wt.zeros.data_ptr(), y.data_ptr(),
@@ -426,28 +431,47 @@ DEQUANT_FROM_M = 769  # timed in the buckets from 1,024 rows up (prefill chunks)
 _largest: dict[int, int] = {}  # device index -> the most N * K of a converted weight
 _scratch: dict[int, torch.Tensor] = {}  # device index -> the bf16 scratch (kept: graphs may read it)
 _retired: list[torch.Tensor] = []  # scratches outgrown by a later, larger weight (kept alive likewise)
+_dequant_chosen: set[int] = set()  # device indices where a tuned or explicit choice uses the scratch
+
+
+def _ensure_scratch(device: torch.device, need: int) -> torch.Tensor | None:
+    """The device's scratch of at least ``need`` values, allocated here outside a capture (sized for
+    the largest converted weight); None inside a capture when there is none big enough."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    buf = _scratch.get(index)
+    if buf is not None and buf.numel() >= need:
+        return buf
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    if buf is not None:  # (a weight converted after the first use: the old scratch stays alive,
+        _retired.append(buf)  # graphs may have captured it)
+    size = max(need, _largest.get(index, 0))
+    buf = _scratch[index] = torch.empty(size, dtype=torch.bfloat16, device=device)
+    logger.info("CUTLASS W4A16: a %.0f MB bf16 scratch for dequant + cuBLAS at large M", size * 2 / 1e6)
+    return buf
+
+
+def _release_unused_scratch(index: int) -> None:
+    """After tuning: drop the scratch where no choice uses it (the timing graphs are gone by now)."""
+    if index not in _dequant_chosen and index in _scratch:
+        del _scratch[index]
 
 
 def _dequant_matmul(x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor) -> None:
     """``y = x2 @ W^T`` with ``W`` dequantized into a per-device scratch (``w4a16_cutlass_dequant``)
     and one ``torch.mm`` (cuBLAS). The scratch is sized at its first use for the device's largest
-    converted weight (in the engine every weight is converted before the first forward) and never freed,
-    so graphs that captured it stay valid; inside a capture, where it cannot be allocated, the launch
-    falls back to the default configuration."""
+    converted weight (in the engine every weight is converted before the first forward). Tuning drops
+    it again unless a choice (tuned, or a caller's explicit ``config``) uses it; from then on it is never
+    freed, so graphs that captured it stay valid. Inside a capture, where it cannot be allocated, the
+    launch falls back to the default configuration."""
     from hotloop.kernels.w4a16_cutlass_dequant import dequantize
 
-    index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
     need = wt.n * wt.k
-    buf = _scratch.get(index)
-    if buf is None or buf.numel() < need:
-        if torch.cuda.is_current_stream_capturing():
-            _launch(default_config(x2.shape[0]), x2, wt, y)
-            return
-        if buf is not None:  # (a weight converted after the first use: the old scratch stays alive,
-            _retired.append(buf)  # graphs may have captured it)
-        size = max(need, _largest.get(index, 0))
-        buf = _scratch[index] = torch.empty(size, dtype=torch.bfloat16, device=x2.device)
-        logger.info("CUTLASS W4A16: a %.0f MB bf16 scratch for dequant + cuBLAS at large M", size * 2 / 1e6)
+    buf = _ensure_scratch(x2.device, need)
+    if buf is None:
+        logger.warning("CUTLASS W4A16: no dequant scratch inside a graph capture; config 0 runs instead")
+        _launch(default_config(x2.shape[0]), x2, wt, y)
+        return
     w = buf[:need].view(wt.n, wt.k)
     dequantize(wt.w, wt.scales, wt.zeros, wt.n, wt.k, wt.group_size, out=w)
     torch.mm(x2, w.t(), out=y)
@@ -574,8 +598,10 @@ def _disk_key(tkey: tuple) -> str:
     name = torch.cuda.get_device_name(index)
     files = (SOURCE.name, HEADER.name, GEMV_SOURCE, "w4a16_common.cuh")
     sources = b"".join((cuda_jit.SOURCE_DIR / f).read_bytes() for f in files)
+    sources += (Path(__file__).parent / "w4a16_cutlass_dequant.py").read_bytes()
     tuning = (
         "half-octave buckets above 256, tuned at the bucket's largest M",
+        (DEQUANT_FROM_M, _TUNE_AT_TOP_UP_TO, _LAST_BUCKET),
         GEMV_VARIANTS,
         cuda_jit.enabled(),
     )
@@ -598,8 +624,9 @@ def _check_against_cutlass(cfg: int, x2: torch.Tensor, wt: CutlassWeight, tol: f
 
 def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
     """The configuration for this call: tuned per (device, M bucket, N, K, group) outside capture, on
-    random rows as many as the bucket's largest M up to 4,096 (:func:`m_bucket`; above, the call's
-    own rows), so that the choice does not depend on which M of the bucket came first."""
+    random rows as many as the bucket's largest M up to 4,096 (:func:`m_bucket`), so that there the
+    choice does not depend on which M of the bucket came first; the larger buckets are tuned on the
+    call's own rows (the piecewise prefill graphs are captured largest first)."""
     from hotloop.kernels.w4a16_gemm import graph_time_us
 
     global _disk
@@ -613,13 +640,24 @@ def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
         _disk = tuning_cache.load(TUNING_FAMILY)
     stored = _disk.get(_disk_key(tkey))
     if stored is not None:
-        _tuned[tkey] = int(stored["config"])
-        return _tuned[tkey]
+        cfg = int(stored["config"])
+        if cfg == DEQUANT:
+            if _ensure_scratch(x2.device, wt.n * wt.k) is None:
+                return default_config(m)  # (inside a capture before any eager call: not remembered)
+            _dequant_chosen.add(index)
+        _tuned[tkey] = cfg
+        return cfg
     if torch.cuda.is_current_stream_capturing():
         return default_config(m)
     rows = tkey[1] if tkey[1] <= _TUNE_AT_TOP_UP_TO else m
-    xt = x2 if rows == m else torch.randn(rows, wt.k, device=x2.device).to(x2.dtype)
-    y = torch.empty(rows, wt.n, dtype=torch.bfloat16, device=x2.device)
+    try:
+        xt = x2 if rows == m else torch.randn(rows, wt.k, device=x2.device, dtype=x2.dtype)
+        y = torch.empty(rows, wt.n, dtype=torch.bfloat16, device=x2.device)
+    except torch.cuda.OutOfMemoryError:
+        logger.warning(
+            "CUTLASS W4A16 tuning at M=%d N=%d K=%d: out of memory; the default runs", rows, wt.n, wt.k
+        )
+        return default_config(m)
     timed = []
     for c in candidates(rows, wt.n, wt.k, wt.group_size):
         try:
@@ -631,9 +669,14 @@ def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
                            wt.n, wt.k, str(e).splitlines()[0] if str(e) else type(e).__name__)  # fmt: skip
             torch.cuda.synchronize(x2.device)
     tuning_log[tkey] = timed
+    del xt, y
     if not timed:  # (nothing ran: not remembered, so the next call reports the launch's error)
+        _release_unused_scratch(index)
         return default_config(m)
     best = min(timed, key=lambda t: t[1])[0]
+    if best == DEQUANT:
+        _dequant_chosen.add(index)
+    _release_unused_scratch(index)
     _tuned[tkey] = best
     tuning_cache.store(TUNING_FAMILY, _disk_key(tkey), {"config": best})
     _disk[_disk_key(tkey)] = {"config": best}
@@ -678,5 +721,10 @@ def gemm(x: torch.Tensor, wt: CutlassWeight, config: int | None = None) -> torch
     y = torch.empty(x2.shape[0], wt.n, dtype=torch.bfloat16, device=x.device)
     if x2.shape[0] == 0:
         return y.reshape(*lead, wt.n)
-    _launch(choose(x2, wt) if config is None else config, x2, wt, y)
+    if config is None:
+        _launch(choose(x2, wt), x2, wt, y, strict=False)
+    else:
+        if config == DEQUANT:  # (a caller's explicit choice may be captured: its scratch stays)
+            _dequant_chosen.add(x.device.index if x.device.index is not None else torch.cuda.current_device())
+        _launch(config, x2, wt, y)
     return y.reshape(*lead, wt.n)
