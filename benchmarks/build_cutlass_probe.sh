@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Build a CUTLASS probe (sm_90a): by default benchmarks/cuda/cutlass_gemm_probe.cu into
-# build/cutlass_probe/libcutlass_probe.so for benchmarks/cutlass_probe.py; with the argument `w4a16`,
-# benchmarks/cuda/w4a16_cutlass_probe.cu into build/cutlass_probe/libw4a16_cutlass_probe.so for
-# benchmarks/w4a16_cutlass_probe.py. Needs nvcc (CUDA 12.4 or newer) and the CUTLASS headers, which
-# the `nvidia-cutlass` wheel carries: CUTLASS_DIR defaults to its unpacked source folder.
+# Build the CUTLASS dense-GEMM probe (sm_90a): benchmarks/cuda/cutlass_gemm_probe.cu into
+# build/cutlass_probe/libcutlass_probe.so for benchmarks/cutlass_probe.py. Needs nvcc (CUDA 12.4 or
+# newer) and the CUTLASS headers, which the `nvidia-cutlass` wheel carries: CUTLASS_DIR defaults to its
+# unpacked source folder. (The mixed-input W4A16 probe, `w4a16`, is at d4a0eb1: the engine's own library
+# and benchmarks/w4a16_cutlass_table.py replaced it. This script still fetches curand_kernel.h into
+# build/cutlass_probe/curand where the toolkit lacks it: HOTLOOP_CURAND_INCLUDE can point there.)
 #
-#   bash benchmarks/build_cutlass_probe.sh [gemm|w4a16]   # unpacks nvidia-cutlass (pip download) if needed
+#   bash benchmarks/build_cutlass_probe.sh [gemm]   # unpacks nvidia-cutlass (pip download) if needed
 #   CUTLASS_DIR=/path/to/cutlass bash benchmarks/build_cutlass_probe.sh
 #
 # Each configuration compiles in its own unit (minutes each), JOBS at a time (default: the cores).
@@ -27,17 +28,16 @@ if [ -z "${CUTLASS_DIR:-}" ]; then
 fi
 flags=(-std=c++17 -O3 -DNDEBUG -arch=sm_90a -Xcompiler -fPIC --expt-relaxed-constexpr
   -I "$CUTLASS_DIR/include" -I "$CUTLASS_DIR/tools/util/include" -DCUTLASS_ENABLE_TENSOR_CORE_MMA=1
-  -I hotloop/kernels/cuda)  # (the w4a16 probe takes the engine's Gemm4 template from w4a16_cutlass_gemm.cuh)
+  -I hotloop/kernels/cuda)
 case ${1:-gemm} in
   gemm) src=benchmarks/cuda/cutlass_gemm_probe.cu lib=libcutlass_probe.so tag=cfg ;;
-  w4a16) src=benchmarks/cuda/w4a16_cutlass_probe.cu lib=libw4a16_cutlass_probe.so tag=w4cfg ;;
   *)
-    echo "unknown probe '$1': want gemm or w4a16" >&2
+    echo "unknown probe '$1': want gemm (the w4a16 probe is at d4a0eb1)" >&2
     exit 2
     ;;
 esac
 n=$(sed -n 's/^#define PROBE_NUM \([0-9]*\)/\1/p' "$src")
-# cutlass/util/mixed_dtype_utils.hpp (the w4a16 probe's reorder) includes curand_kernel.h, which a
+# cutlass/util/mixed_dtype_utils.hpp (the W4A16 reorder) includes curand_kernel.h, which a
 # toolkit without cuRAND lacks: take the header from the nvidia-curand wheel then
 if ! echo '#include <curand_kernel.h>' | "$NVCC" -x cu -E - >/dev/null 2>&1; then
   if [ -z "$(find "$out/curand" -name curand_kernel.h 2>/dev/null | head -1)" ]; then

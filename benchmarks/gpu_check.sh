@@ -50,9 +50,8 @@
 #            cutlass_probe.py where the probe's .so was carried; the probe's three rounds lost.)
 #   cutlass  one GPU: cutlass_probe.py (the CUTLASS configurations of benchmarks/cuda/cutlass_gemm_probe.cu against
 #            cuBLAS at M = 256 and 1,040; CUTLASS_M overrides), with build/cutlass_probe/libcutlass_probe.so carried.
-#   w4cutlass one GPU: w4a16_cutlass_probe.py (CUTLASS's mixed-input int4 x bf16 GEMM against bf16 cuBLAS and the
-#            engine's w4a16_gemm at M = 1-2,048; W4_CUTLASS_M overrides), with
-#            build/cutlass_probe/libw4a16_cutlass_probe.so carried (benchmarks/build_cutlass_probe.sh w4a16).
+#   (w4cutlass: the forty-ninth session's mixed-input W4A16 probe, w4a16_cutlass_probe.py; at d4a0eb1, replaced by
+#            w4engine's W4_ENGINE_TABLE_M, which times the engine's own configurations.)
 #   w4engine one GPU: the CUTLASS W4A16 GEMM's GPU tests (tests/kernels/test_w4a16_cutlass.py), then run_gpu.py's
 #            W4A16 rows (W4_ENGINE_ROWS, default llama3_awq_offline) with HOTLOOP_W4A16_KERNEL=cutlass and =triton
 #            (W4_ENGINE_KERNELS; cutlass_fused adds HOTLOOP_W4C_GEMV_PDL=1 HOTLOOP_W4C_FUSED_SILU=1) while
@@ -431,15 +430,6 @@ if [ "$what" = cutlass ]; then  # one GPU: CUTLASS persistent / stream-K GEMMs a
     >"$out/cutlass_probe.log" 2>&1
   echo "[cutlass_probe] rc=$?"
   grep -v Warning "$out/cutlass_probe.log"
-  exit 0
-fi
-if [ "$what" = w4cutlass ]; then  # one GPU: CUTLASS's mixed-input int4 x bf16 GEMM against bf16 cuBLAS and w4a16_gemm
-  # needs build/cutlass_probe/libw4a16_cutlass_probe.so (benchmarks/build_cutlass_probe.sh w4a16; carry it)
-  export CUDA_VISIBLE_DEVICES=0
-  PYTHONPATH="$PYTHONPATH:$here" timeout 300 python3 "$here/w4a16_cutlass_probe.py" --out "$out/w4a16_cutlass_probe.json" \
-    --m "${W4_CUTLASS_M:-1,16,256,384,1040,2048}" >"$out/w4a16_cutlass_probe.log" 2>&1
-  echo "[w4a16_cutlass_probe] rc=$?"
-  grep -v Warning "$out/w4a16_cutlass_probe.log"
   exit 0
 fi
 if [ "$what" = w4engine ]; then  # one GPU: the CUTLASS W4A16 GEMM in the engine (HOTLOOP_W4A16_KERNEL=cutlass)

@@ -54,7 +54,7 @@ KERNELS = ("triton", "cutlass")
 CUTLASS_DIR_ENV = "HOTLOOP_CUTLASS_DIR"
 CURAND_ENV = "HOTLOOP_CURAND_INCLUDE"  # a folder with curand_kernel.h, where the toolkit has none
 SOURCE = cuda_jit.SOURCE_DIR / "w4a16_cutlass.cu"
-HEADER = cuda_jit.SOURCE_DIR / "w4a16_cutlass_gemm.cuh"  # the Gemm4 template (shared with the probe)
+HEADER = cuda_jit.SOURCE_DIR / "w4a16_cutlass_gemm.cuh"  # the Gemm4 template the source instantiates
 TUNING_FAMILY = "w4a16_cutlass"
 WORKSPACE_BYTES = 32 << 20  # one per device, shared by the launches (one stream)
 # the configurations' rows of tokens per tile (the source's table, in order): 16-row tiles are timed

@@ -2,10 +2,12 @@
 ``[N, K]`` matrix (``nn.Linear``'s layout) in one Triton launch.
 
 The CUTLASS mode's ``dequant`` launch uses it at large M (prefill chunks of thousands of rows): the
-mixed-input GEMM converts every int4 weight once per token tile, and at those sizes it runs a few
-percent behind bf16 cuBLAS, while one pass over the weight (0.5 byte read and 2 bytes written per
-value) and one cuBLAS product cost about 1-2% more than the product alone. The tuner times it beside
-the CUTLASS tiles and keeps it only where it wins.
+mixed-input GEMM converts every int4 weight once per token tile, and at 1,040-2,048 rows it ran 2-13%
+behind bf16 cuBLAS on an H200 (``benchmarks/w4a16_cutlass_table.py``, fiftieth session). One pass over
+the weight costs 0.5 byte read and 2 bytes written per value: for the 28,672 x 4,096 gate/up weight
+about 70 us at the copy rate, against about 5 ms for its product at 16,384 rows (an estimate; this
+launch has not yet been timed on a GPU). The tuner times it beside the CUTLASS tiles and keeps it only
+where it wins.
 
 The layout (see :func:`w4a16_cutlass.layout_offsets`): 16 x 16 atoms of 256 nibbles (128 bytes, 32
 words), atom ``(row // 16, col // 16)`` at atom index ``row // 16 + (col // 16) * N / 16``. Inside an

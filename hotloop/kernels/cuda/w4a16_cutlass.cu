@@ -26,7 +26,7 @@ struct Cfg;
     static constexpr const char* name = label; \
   };
 // Tile = (weight rows N, token rows M, K); K = 64 (128 bytes of bf16 per row, a TMA box). Six of the eight
-// the probe (benchmarks/w4a16_cutlass_probe.py, forty-ninth session, H100) found fastest for some Llama-3-8B
+// the probe (benchmarks/w4a16_cutlass_probe.py at d4a0eb1, forty-ninth session, H100) found fastest for some Llama-3-8B
 // projection at some M: 16-row token tiles up to M = 16, the larger ones above. Left out for compile time:
 // a 2 x 1 cluster (down at M = 1,040, 2% ahead) and cooperative 128 x 16 without stream-K (gate/up at
 // M <= 16, 3% ahead).

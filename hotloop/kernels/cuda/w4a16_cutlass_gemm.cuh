@@ -1,7 +1,7 @@
-// The CUTLASS 3 Hopper mixed-input W4A16 GEMM as a template (Gemm4), shared by the engine's library
-// (w4a16_cutlass.cu) and the benchmarks' probe (benchmarks/cuda/w4a16_cutlass_probe.cu): the weight's
-// reordered layout, the collective builders, arguments, workspace and launch. The operand contract is in
-// w4a16_cutlass.cu's header.
+// The CUTLASS 3 Hopper mixed-input W4A16 GEMM as a template (Gemm4), instantiated once per configuration
+// by the engine's library (w4a16_cutlass.cu): the weight's reordered layout, the collective builders,
+// arguments, workspace and launch. The operand contract is in w4a16_cutlass.cu's header. (The forty-ninth
+// session's probe, benchmarks/cuda/w4a16_cutlass_probe.cu at d4a0eb1, included it too.)
 #pragma once
 
 #include <cstdint>
