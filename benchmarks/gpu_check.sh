@@ -451,6 +451,10 @@ if [ "$what" = w4engine ]; then  # one GPU: the CUTLASS W4A16 GEMM in the engine
     esac
     env "$@" timeout "$left" python3 "$here/run_gpu.py" --out "$out/rows_$v" --skip-hf \
       --only "$rows" 2>&1 | grep -vE "Warning|warn\(" | tail -20 | sed "s/^/[$v] /"
+    # an offline row's wall time split between eager (prefill-carrying) and CUDA-graph steps
+    for j in "$out/rows_$v"/*offline*.json; do
+      [ -f "$j" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('[$v]', sys.argv[1].rsplit('/',1)[-1], 'elapsed', round(d['elapsed_s'],2), 'tok/s', round(d['output_tokens_per_s'],1), 'wall by step kind', d.get('wall_s_by_step_kind'), 'load_s', round(d['load_s'],1))" "$j"
+    done
   done
   left=$((TABLE4_BUDGET_S - SECONDS))
   if [ -n "${W4_ENGINE_TABLE_M:-}" ] && [ "$left" -gt 30 ]; then  # every configuration against bf16 per M
