@@ -174,10 +174,14 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         encode_chat, state, body.messages, body.add_generation_prompt, images, body.tools
     )
     ids, mm_inputs = await expand_images(state, ids, images)
-    requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    max_new = resolve_max_tokens(state, len(ids), requested, "messages")
+    # (errors name the field the request used: max_completion_tokens wins over max_tokens)
+    requested: int | None = body.max_tokens
+    max_param = "max_tokens"
+    if body.max_completion_tokens is not None:
+        requested, max_param = body.max_completion_tokens, "max_completion_tokens"
+    max_new = resolve_max_tokens(state, len(ids), requested, "messages", max_param)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_config(state, body, max_new, logprobs)
+    params = sampling_config(state, body, max_new, logprobs, max_param)
     tools = _Tools(mode, state.tool_call_parser, parallel=body.parallel_tool_calls)
     if body.tools is not None:
         tools.names = set(tool_calls.function_names(body.tools))
@@ -197,7 +201,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             raise APIError(400, message, where, "invalid_value") from e
     elif mode == "auto" and tool_calls.needs_special_tokens(state.tool_call_parser):
         params = dataclasses.replace(params, skip_special_tokens=False)  # (the call markers)
-    validate_prompt(state, ids, params, "messages")
+    validate_prompt(state, ids, params, "messages", max_param)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     # the prompt's logprobs are the same for every choice: the first computes them
     rest = dataclasses.replace(params, prompt_logprobs=None)

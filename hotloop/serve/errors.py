@@ -89,13 +89,15 @@ _ENGINE_NAME = re.compile(
 )
 
 
-def from_request_error(e: RequestError, native: bool = False) -> APIError:
+def from_request_error(e: RequestError, native: bool = False, max_param: str = "max_tokens") -> APIError:
     """A ``RequestError`` of the engine as a 400; on the OpenAI routes the engine's field names,
-    in ``param`` and in the message, become the request's (``min_new_tokens`` -> ``min_tokens``)."""
+    in ``param`` and in the message, become the request's (``min_new_tokens`` -> ``min_tokens``).
+    ``max_param``: the request's name for ``max_new_tokens`` (chat's ``max_completion_tokens``)."""
     if native:
         return APIError(400, str(e), e.param, "invalid_value")
-    param = None if e.param is None else _OPENAI_PARAM.get(e.param, e.param)
-    message = _ENGINE_NAME.sub(lambda m: _OPENAI_PARAM[m.group(1)], str(e))
+    names = _OPENAI_PARAM if max_param == "max_tokens" else {**_OPENAI_PARAM, "max_new_tokens": max_param}
+    param = None if e.param is None else names.get(e.param, e.param)
+    message = _ENGINE_NAME.sub(lambda m: names[m.group(1)], str(e))
     return APIError(400, message, param, "invalid_value")
 
 
@@ -164,7 +166,8 @@ def _validation_message(request: Request, exc: RequestValidationError) -> tuple[
             return (f"Content-Type must be application/json (got {ctype!r})", None, "invalid_content_type")
         if etype == "missing":
             return "the request body is missing: send a JSON object", None, "invalid_request"
-        if isinstance(first.get("input"), (bytes, str)):  # a body that was never parsed as JSON
+        # a body that was never parsed as JSON (FastAPI hands it over as bytes; a str is a JSON string)
+        if isinstance(first.get("input"), bytes):
             return (
                 f"the request body was not read as JSON (Content-Type {ctype!r}): send a JSON object "
                 "with Content-Type: application/json",

@@ -16,9 +16,16 @@ from hotloop.serve.state import ServerState
 _MAX_STOP = 64
 
 
-def resolve_max_tokens(state: ServerState, prompt_len: int, max_tokens: int | None, prompt_param: str) -> int:
+def resolve_max_tokens(
+    state: ServerState,
+    prompt_len: int,
+    max_tokens: int | None,
+    prompt_param: str,
+    max_param: str = "max_tokens",
+) -> int:
     """The output budget: ``max_tokens`` if it fits the context, else a 400 naming the numbers;
-    when absent, whatever room the context leaves after the prompt."""
+    when absent, whatever room the context leaves after the prompt. ``max_param``: the request's
+    field that gave ``max_tokens`` (chat's ``max_completion_tokens``), named in the error."""
     limit = state.context_limit
     where = (
         f"session_len={state.session_len}"
@@ -40,10 +47,10 @@ def resolve_max_tokens(state: ServerState, prompt_len: int, max_tokens: int | No
     if prompt_len + max_tokens > limit:
         raise APIError(
             400,
-            f"the prompt has {prompt_len} tokens and max_tokens is {max_tokens}: {prompt_len + max_tokens} "
-            f"tokens exceed {where}; lower max_tokens to at most {limit - prompt_len} "
+            f"the prompt has {prompt_len} tokens and {max_param} is {max_tokens}: {prompt_len + max_tokens} "
+            f"tokens exceed {where}; lower {max_param} to at most {limit - prompt_len} "
             "or shorten the prompt",
-            "max_tokens",
+            max_param,
             "context_length_exceeded",
         )
     return max_tokens
@@ -129,9 +136,14 @@ def check_stream_fields(body: _SamplingFields) -> None:
 
 
 def sampling_config(
-    state: ServerState, body: _SamplingFields, max_new_tokens: int, logprobs: int | None
+    state: ServerState,
+    body: _SamplingFields,
+    max_new_tokens: int,
+    logprobs: int | None,
+    max_param: str = "max_tokens",
 ) -> GenerationConfig:
-    """The ``GenerationConfig`` for one choice (``choice_seed`` gives choice j its seed)."""
+    """The ``GenerationConfig`` for one choice (``choice_seed`` gives choice j its seed); errors name
+    ``max_new_tokens`` as ``max_param``, the request's field."""
     temperature = 1.0 if body.temperature is None else body.temperature
     top_k = body.top_k or 0
     response_format, json_schema = response_format_fields(body)
@@ -162,7 +174,7 @@ def sampling_config(
             prompt_logprobs=None if body.stream else body.prompt_logprobs,
         )
     except RequestError as e:
-        raise from_request_error(e) from e
+        raise from_request_error(e, max_param=max_param) from e
 
 
 def choice_seed(params: GenerationConfig, j: int) -> GenerationConfig:
@@ -172,12 +184,14 @@ def choice_seed(params: GenerationConfig, j: int) -> GenerationConfig:
     return params.replace(random_seed=(params.random_seed + j) % MAX_SEED)
 
 
-def validate_prompt(state: ServerState, ids: list[int], params: GenerationConfig, param: str) -> None:
+def validate_prompt(
+    state: ServerState, ids: list[int], params: GenerationConfig, param: str, max_param: str = "max_tokens"
+) -> None:
     """The engine's own checks (vocabulary, KV pool), reported against the user's field names."""
     try:
         state.engine.validate(ids, params)
     except RequestError as e:
-        err = from_request_error(e)
+        err = from_request_error(e, max_param=max_param)
         if err.param == "prompt":
             err.param = param
         raise err from e

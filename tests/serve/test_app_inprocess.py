@@ -309,6 +309,59 @@ def test_messages_and_tool_choice_openai_refuses() -> None:
     run(main())
 
 
+def test_errors_name_max_completion_tokens_when_the_request_used_it() -> None:
+    """A chat request that sets ``max_completion_tokens`` (max_tokens' successor in OpenAI's API)
+    hears about that field, not about a ``max_tokens`` it never sent."""
+
+    async def main() -> None:
+        async with app_client(session_len=64) as (c, state):
+            messages = [{"role": "user", "content": "x"}]
+            for field in ("max_completion_tokens", "max_tokens"):
+                r = await c.post("/v1/chat/completions", json={"messages": messages, field: 10_000})
+                err = r.json()["error"]
+                assert r.status_code == 400 and set(err) == {"message", "type", "param", "code"}, r.text
+                assert err["param"] == field and err["code"] == "context_length_exceeded", err
+                assert f"{field} is 10000" in err["message"] and str(state.context_limit) in err["message"]
+                r = await c.post(
+                    "/v1/chat/completions", json={"messages": messages, field: 3, "min_tokens": 5}
+                )
+                err = r.json()["error"]
+                assert r.status_code == 400 and err["param"] == "min_tokens", r.text
+                assert f"{field}=3" in err["message"] and "_new_tokens" not in err["message"], err
+            # both sent: max_completion_tokens is the one used, and the one named
+            both = {"messages": messages, "max_tokens": 2, "max_completion_tokens": 10_000}
+            r = await c.post("/v1/chat/completions", json=both)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens", r.text
+            r = await c.post("/v1/chat/completions", json={"messages": messages, "max_completion_tokens": 2})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+            assert state.engine.num_free_blocks == state.engine.num_total_blocks
+
+    run(main())
+
+
+def test_a_json_body_that_is_not_an_object_is_not_called_a_content_type_error() -> None:
+    """A JSON string sent as application/json was parsed: the error says it is not an object (as for
+    a number or a list), not that the Content-Type is wrong; a body not read as JSON still is."""
+
+    async def main() -> None:
+        async with app_client() as (c, _state):
+            for path in ("/v1/chat/completions", "/v1/completions", "/generate"):
+                for raw in (b'"hello"', b"123", b"[1]"):
+                    r = await c.post(path, content=raw, headers={"content-type": "application/json"})
+                    err = r.json()["error"]
+                    assert r.status_code == 400 and set(err) == {"message", "type", "param", "code"}, r.text
+                    assert err["code"] == "invalid_request" and "must be a JSON object" in err["message"], err
+                    assert "Content-Type" not in err["message"], err
+            r = await c.post(
+                "/v1/completions", content=b'{"prompt": "abc"}', headers={"content-type": "text/json"}
+            )
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_content_type", r.text
+            r = await c.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2})
+            assert r.status_code == 200, r.text
+
+    run(main())
+
+
 def test_a_prompt_with_no_room_names_the_prompt_not_max_tokens() -> None:
     async def main() -> None:
         async with app_client(session_len=64) as (c, state):

@@ -418,7 +418,7 @@ def test_context_length_400_names_the_numbers(server, model_name, tokenizer) -> 
     _assert_error(
         _post(server, "/v1/chat/completions", json={"messages": MSG, "max_completion_tokens": 10_000}),
         400,
-        "max_tokens",
+        "max_completion_tokens",  # the field the request used
         "512",
     )
 
