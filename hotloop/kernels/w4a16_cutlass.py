@@ -6,8 +6,10 @@ converts the int4 weights to bf16 in registers on their way to ``wgmma``; the Tr
 offline decode steps) it takes 1.8x bf16 cuBLAS's time where this takes 0.93-1.0x (H200, fiftieth
 session, ``benchmarks/w4a16_cutlass_table.py``). In the engine on that H200: offline 1000 x 1024 / 1024
 at 0.962x bf16 against the default's 0.84x; batch 1 at 383 (417 with the GEMV's PDL and SiLU forms)
-against 467 tokens/s. So it is a throughput setting, not the default. From 769 rows the tuner also
-times dequantize + cuBLAS (``w4a16_cutlass_dequant.py``, a kept per-device bf16 scratch).
+against 467 tokens/s. With half-octave buckets and dequant + cuBLAS, offline on an H100: 0.998x bf16
+(fifty-first session). So it is a throughput setting, not the default. From 769 rows the tuner also
+times dequantize + cuBLAS (``w4a16_cutlass_dequant.py``, a kept per-device bf16 scratch), with the
+scratch as ``[N, K]`` and as ``[K, N]`` (cuBLAS' speed depends on the operand's layout).
 
 The weight is stored in CUTLASS's layout *instead of* AutoAWQ's: int4 ``q - 8`` K-major ``[N, K]`` in
 the reordered layout the kernel's loads want (:func:`layout_offsets`), with bf16 scales and zero terms
@@ -385,16 +387,17 @@ def _is_gemv(cfg: int) -> bool:
 def _launch(cfg: int, x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor, strict: bool = True) -> None:
     """Run configuration ``cfg``. ``strict=False`` (the tuned choice): where this M needs more
     workspace than the device's, run the cooperative 128 x 128 tile (config 0) instead of raising."""
-    if not (0 <= cfg < len(TOKEN_TILE) or _is_gemv(cfg) or cfg == DEQUANT):
+    if not (0 <= cfg < len(TOKEN_TILE) or _is_gemv(cfg) or _is_dequant(cfg)):
         raise ValueError(
             f"config={cfg}: the CUTLASS configurations are 0-{len(TOKEN_TILE) - 1}, the GEMV's "
-            f"{GEMV_BASE}-{GEMV_BASE + len(GEMV_VARIANTS) - 1} and dequant + cuBLAS {DEQUANT}"
+            f"{GEMV_BASE}-{GEMV_BASE + len(GEMV_VARIANTS) - 1} and dequant + cuBLAS {DEQUANT} "
+            f"([N, K]) and {DEQUANT_KN} ([K, N])"
         )
     if _is_gemv(cfg):
         gemv(x2, wt, GEMV_VARIANTS[cfg - GEMV_BASE], out=y)
         return
-    if cfg == DEQUANT:
-        _dequant_matmul(x2, wt, y)
+    if _is_dequant(cfg):
+        _dequant_matmul(x2, wt, y, transpose=cfg == DEQUANT_KN)
         return
     lib, sms, ws = _device_state(x2.device)
     m = x2.shape[0]
@@ -415,18 +418,21 @@ def _launch(cfg: int, x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor, stri
 def candidates(m: int, n: int = 0, k: int = 0, group_size: int = 0) -> tuple[int, ...]:
     """The configurations timed for ``m`` rows: 16-row token tiles up to 64 rows, wide ones above 16,
     for one row the tensor-core GEMV's variants (ids from ``GEMV_BASE``) that fit ``(n, k, group)``,
-    and from ``DEQUANT_FROM_M`` rows dequantize + cuBLAS (``DEQUANT``) where the shape allows it."""
+    and from ``DEQUANT_FROM_M`` rows dequantize + cuBLAS in both layouts (``DEQUANT``, ``DEQUANT_KN``)
+    where the shape allows it."""
     cut = tuple(c for c, t in enumerate(TOKEN_TILE) if (t == 16 and m <= 64) or (t > 16 and m > 16))
     gemvs = tuple(
         GEMV_BASE + i for i, v in enumerate(GEMV_VARIANTS) if m == 1 and gemv_fits(n, k, group_size, *v)
     )
-    dequant = (DEQUANT,) if m >= DEQUANT_FROM_M and not (n % 64 or k % 64 or group_size % 64) else ()
+    dequant = DEQUANTS if m >= DEQUANT_FROM_M and not (n % 64 or k % 64 or group_size % 64) else ()
     return gemvs + cut + dequant
 
 
 # ------------------------------------------------------------------- dequantize + cuBLAS (large M)
 
-DEQUANT = 200  # configuration id: dequantize the layer's weight into a bf16 scratch, then cuBLAS
+DEQUANT = 200  # configuration id: dequantize the layer's weight into a bf16 scratch [N, K], then cuBLAS
+DEQUANT_KN = 201  # the same with the scratch holding the transpose [K, N] (cuBLAS' other operand layout)
+DEQUANTS = (DEQUANT, DEQUANT_KN)
 DEQUANT_FROM_M = 769  # timed in the buckets from 1,024 rows up (prefill chunks)
 _largest: dict[int, int] = {}  # device index -> the most N * K of a converted weight
 _scratch: dict[int, torch.Tensor] = {}  # device index -> the bf16 scratch (kept: graphs may read it)
@@ -457,9 +463,13 @@ def _release_unused_scratch(index: int) -> None:
         del _scratch[index]
 
 
-def _dequant_matmul(x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor) -> None:
-    """``y = x2 @ W^T`` with ``W`` dequantized into a per-device scratch (``w4a16_cutlass_dequant``)
-    and one ``torch.mm`` (cuBLAS). The scratch is sized at its first use for the device's largest
+def _is_dequant(cfg: int) -> bool:
+    return cfg in DEQUANTS
+
+
+def _dequant_matmul(x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor, transpose: bool = False) -> None:
+    """``y = x2 @ W^T`` with ``W`` dequantized into a per-device scratch (``w4a16_cutlass_dequant``;
+    ``[N, K]``, or ``[K, N]`` with ``transpose``) and one ``torch.mm`` (cuBLAS). The scratch is sized at its first use for the device's largest
     converted weight (in the engine every weight is converted before the first forward). Tuning drops
     it again unless a choice (tuned, or a caller's explicit ``config``) uses it; from then on it is never
     freed, so graphs that captured it stay valid. Inside a capture, where it cannot be allocated, the
@@ -471,6 +481,11 @@ def _dequant_matmul(x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor) -> Non
     if buf is None:
         logger.warning("CUTLASS W4A16: no dequant scratch inside a graph capture; config 0 runs instead")
         _launch(default_config(x2.shape[0]), x2, wt, y)
+        return
+    if transpose:
+        w = buf[:need].view(wt.k, wt.n)
+        dequantize(wt.w, wt.scales, wt.zeros, wt.n, wt.k, wt.group_size, out=w, transpose=True)
+        torch.mm(x2, w, out=y)
         return
     w = buf[:need].view(wt.n, wt.k)
     dequantize(wt.w, wt.scales, wt.zeros, wt.n, wt.k, wt.group_size, out=w)
@@ -601,7 +616,7 @@ def _disk_key(tkey: tuple) -> str:
     sources += (Path(__file__).parent / "w4a16_cutlass_dequant.py").read_bytes()
     tuning = (
         "half-octave buckets above 256, tuned at the bucket's largest M",
-        (DEQUANT_FROM_M, _TUNE_AT_TOP_UP_TO, _LAST_BUCKET),
+        (DEQUANTS, DEQUANT_FROM_M, _TUNE_AT_TOP_UP_TO, _LAST_BUCKET),
         GEMV_VARIANTS,
         cuda_jit.enabled(),
     )
@@ -641,7 +656,7 @@ def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
     stored = _disk.get(_disk_key(tkey))
     if stored is not None:
         cfg = int(stored["config"])
-        if cfg == DEQUANT:
+        if _is_dequant(cfg):
             if _ensure_scratch(x2.device, wt.n * wt.k) is None:
                 return default_config(m)  # (inside a capture before any eager call: not remembered)
             _dequant_chosen.add(index)
@@ -661,7 +676,7 @@ def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
     timed = []
     for c in candidates(rows, wt.n, wt.k, wt.group_size):
         try:
-            if c == DEQUANT:
+            if _is_dequant(c):
                 _check_against_cutlass(c, xt, wt)
             timed.append((c, graph_time_us(partial(_launch, c, xt, wt, y), x2.device)))
         except Exception as e:  # a candidate that cannot build or run here is skipped, and said
@@ -674,7 +689,7 @@ def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
         _release_unused_scratch(index)
         return default_config(m)
     best = min(timed, key=lambda t: t[1])[0]
-    if best == DEQUANT:
+    if _is_dequant(best):
         _dequant_chosen.add(index)
     _release_unused_scratch(index)
     _tuned[tkey] = best
@@ -687,6 +702,8 @@ def config_label(cfg: int) -> str:
     """A configuration id as a name: the GEMV's ``gemv GxW`` or the library's (where it is loaded)."""
     if cfg == DEQUANT:
         return "dequant + cuBLAS"
+    if cfg == DEQUANT_KN:
+        return "dequant [K, N] + cuBLAS"
     if _is_gemv(cfg):
         groups, warps = GEMV_VARIANTS[cfg - GEMV_BASE]
         return f"gemv {groups}x{warps}"
@@ -724,7 +741,7 @@ def gemm(x: torch.Tensor, wt: CutlassWeight, config: int | None = None) -> torch
     if config is None:
         _launch(choose(x2, wt), x2, wt, y, strict=False)
     else:
-        if config == DEQUANT:  # (a caller's explicit choice may be captured: its scratch stays)
+        if _is_dequant(config):  # (a caller's explicit choice may be captured: its scratch stays)
             _dequant_chosen.add(x.device.index if x.device.index is not None else torch.cuda.current_device())
         _launch(config, x2, wt, y)
     return y.reshape(*lead, wt.n)

@@ -1,13 +1,16 @@
 """Dequantize a weight in the CUTLASS W4A16 layout (``kernels/w4a16_cutlass.py``) to a dense bf16
-``[N, K]`` matrix (``nn.Linear``'s layout) in one Triton launch.
+``[N, K]`` matrix (``nn.Linear``'s layout), or its ``[K, N]`` transpose, in one Triton launch.
 
-The CUTLASS mode's ``dequant`` launch uses it at large M (prefill chunks of thousands of rows): the
-mixed-input GEMM converts every int4 weight once per token tile, and at 1,040-2,048 rows it ran 2-13%
-behind bf16 cuBLAS on an H200 (``benchmarks/w4a16_cutlass_table.py``, fiftieth session). One pass over
-the weight costs 0.5 byte read and 2 bytes written per value: for the 28,672 x 4,096 gate/up weight
-about 70 us at the copy rate, against about 5 ms for its product at 16,384 rows (an estimate; this
-launch has not yet been timed on a GPU). The tuner times it beside the CUTLASS tiles and keeps it only
-where it wins.
+The CUTLASS mode's two ``dequant`` launches use it at large M (prefill chunks of thousands of rows):
+the mixed-input GEMM converts every int4 weight once per token tile, and at 1,040-4,096 rows it ran up
+to 15% behind bf16 cuBLAS (``benchmarks/w4a16_cutlass_table.py``; fiftieth session on an H200,
+fifty-first on an H100). One pass over the weight costs 0.5 byte read and 2 bytes written per value:
+for the 28,672 x 4,096 gate/up weight about 100 us at an H100's copy rate. cuBLAS' speed depends on
+the operand's layout: on the H100 (fifty-first session, ``call3``) ``x @ W`` with ``W`` stored
+``[K, N]`` took 1,228 us for gate/up at 4,096 rows, where the ``[N, K]`` dequant launch took 1,468
+(the dequant included), and down at 16,384 rows 2,472 against 2,768; for down at 4,096 rows the
+``[N, K]`` form was ahead (665 against 706). So both layouts are candidates, and the tuner times them
+beside the CUTLASS tiles and keeps one only where it wins.
 
 The layout (see :func:`w4a16_cutlass.layout_offsets`): 16 x 16 atoms of 256 nibbles (128 bytes, 32
 words), atom ``(row // 16, col // 16)`` at atom index ``row // 16 + (col // 16) * N / 16``. Inside an
@@ -40,6 +43,7 @@ def _cutlass_dequant_kernel(
     GROUP: tl.constexpr,
     R: tl.constexpr,
     C: tl.constexpr,
+    TRANS: tl.constexpr,  # write [K, N] (the transpose) instead of [N, K]
 ):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -65,7 +69,10 @@ def _cutlass_dequant_kernel(
     z = tl.load(z_ptr + group * N + rows).to(tl.float32)
     w = q.to(tl.float32) * s[:, None] + z[:, None]
     cols = col_atom0 * 16 + tl.arange(0, C * 16)
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], w.to(tl.bfloat16))
+    if TRANS:
+        tl.store(out_ptr + cols.to(tl.int64)[None, :] * N + rows[:, None], w.to(tl.bfloat16))
+    else:
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], w.to(tl.bfloat16))
 
 
 def dequantize(
@@ -76,10 +83,12 @@ def dequantize(
     k: int,
     group_size: int,
     out: torch.Tensor | None = None,
+    transpose: bool = False,
 ) -> torch.Tensor:
     """The CUTLASS layout's ``w`` (uint8 ``[N, K/2]``, reordered int4 ``q - 8``), ``scales`` and
-    ``zeros`` (bf16 ``[K/g, N]``) -> bf16 ``[N, K]`` with ``W = (q - 8) * scale + zero``, into ``out``
-    where given. Needs ``N`` and ``K`` multiples of 64 and a group size that is a multiple of 64."""
+    ``zeros`` (bf16 ``[K/g, N]``) -> bf16 ``[N, K]`` with ``W = (q - 8) * scale + zero`` (``[K, N]``,
+    its transpose, with ``transpose``), into ``out`` where given. Needs ``N`` and ``K`` multiples of 64
+    and a group size that is a multiple of 64."""
     if n % (16 * ROW_ATOMS) or k % (16 * COL_ATOMS) or group_size % (16 * COL_ATOMS):
         raise ValueError(
             f"the CUTLASS dequantization needs N, K and the group size multiples of 64 "
@@ -94,12 +103,14 @@ def dequantize(
             raise ValueError(
                 f"{name} must be contiguous bf16 [{k // group_size}, {n}] (got {t.dtype} {list(t.shape)})"
             )
+    shape = (k, n) if transpose else (n, k)
     if out is None:
-        out = torch.empty(n, k, dtype=torch.bfloat16, device=w.device)
-    elif out.shape != (n, k) or out.dtype != torch.bfloat16 or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous bf16 [{n}, {k}] (got {out.dtype} {list(out.shape)})")
+        out = torch.empty(shape, dtype=torch.bfloat16, device=w.device)
+    elif out.shape != shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous bf16 {list(shape)} (got {out.dtype} {list(out.shape)})")
     grid = (n // (16 * ROW_ATOMS), k // (16 * COL_ATOMS))
     _cutlass_dequant_kernel[grid](
-        w.view(torch.int32), scales, zeros, out, n, k, GROUP=group_size, R=ROW_ATOMS, C=COL_ATOMS
-    )
+        w.view(torch.int32), scales, zeros, out, n, k, GROUP=group_size, R=ROW_ATOMS, C=COL_ATOMS,
+        TRANS=transpose,
+    )  # fmt: skip
     return out

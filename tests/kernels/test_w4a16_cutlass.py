@@ -159,12 +159,14 @@ def test_tuning_buckets_are_half_octaves_above_256() -> None:
 
 
 def test_dequant_joins_the_candidates_from_the_prefill_buckets() -> None:
-    dq = w4a16_cutlass.DEQUANT
-    assert dq not in w4a16_cutlass.candidates(768, 4096, 4096, 128)
-    assert w4a16_cutlass.candidates(769, 4096, 4096, 128)[-1] == dq
-    assert w4a16_cutlass.candidates(16384, 28672, 4096, 128)[-1] == dq
-    assert dq not in w4a16_cutlass.candidates(4096, 4096 + 32, 4096, 128)  # the dequant tiles want 64s
-    assert w4a16_cutlass.config_label(dq) == "dequant + cuBLAS"
+    both = (w4a16_cutlass.DEQUANT, w4a16_cutlass.DEQUANT_KN)  # the scratch as [N, K] and as [K, N]
+    assert not set(both) & set(w4a16_cutlass.candidates(768, 4096, 4096, 128))
+    assert w4a16_cutlass.candidates(769, 4096, 4096, 128)[-2:] == both
+    assert w4a16_cutlass.candidates(16384, 28672, 4096, 128)[-2:] == both
+    # the dequant tiles want multiples of 64
+    assert not set(both) & set(w4a16_cutlass.candidates(4096, 4096 + 32, 4096, 128))
+    assert w4a16_cutlass.config_label(both[0]) == "dequant + cuBLAS"
+    assert w4a16_cutlass.config_label(both[1]) == "dequant [K, N] + cuBLAS"
 
 
 def test_dequant_candidate_must_agree_with_the_cutlass_tile(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,6 +183,31 @@ def test_dequant_candidate_must_agree_with_the_cutlass_tile(monkeypatch: pytest.
     wrong["scale"] = 1.1
     with pytest.raises(RuntimeError, match="from the CUTLASS tile's"):
         w4a16_cutlass._check_against_cutlass(w4a16_cutlass.DEQUANT, x, wt)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_dequant_matmul_in_either_layout_is_x_times_w(
+    transpose: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the dequant launch's scratch viewed as [N, K] (x @ W^T) or [K, N] (x @ W): on the CPU through
+    # Triton's interpreter, with a CPU scratch standing in for the device's
+    pytest.importorskip("triton")
+    from hotloop.kernels.w4a16_layout import unpack_int4
+
+    k, n, group = 128, 64, 64
+    qweight, qzeros, scales = random_awq(k, n, group, torch.bfloat16, "cpu", seed=5)
+    packed, zero = w4a16_cutlass.signed_k_major(qweight, qzeros, scales)
+    w = w4a16_cutlass.reorder_reference(packed)
+    wt = w4a16_cutlass.CutlassWeight(w, scales.contiguous(), zero.to(torch.bfloat16), n, k, group)
+    scratch = torch.full((n * k + 64,), float("nan"), dtype=torch.bfloat16)  # (larger than needed)
+    monkeypatch.setattr(w4a16_cutlass, "_ensure_scratch", lambda device, need: scratch)
+    x = torch.randn(8, k).bfloat16()
+    y = torch.empty(8, n, dtype=torch.bfloat16)
+    w4a16_cutlass._dequant_matmul(x, wt, y, transpose=transpose)
+    q = unpack_int4(qweight).float() - 8  # [K, N]
+    dense = q * scales.float().repeat_interleave(group, 0) + zero.float().repeat_interleave(group, 0)
+    want = x.float() @ dense
+    assert _rel(y, want) < 1e-2
 
 
 def _usable() -> str | None:
@@ -394,7 +421,10 @@ def test_graph_replay_reads_new_inputs() -> None:
     k, n = 4096, 4096
     qweight, qzeros, scales = random_awq(k, n, 128, torch.bfloat16, "cuda", seed=11)
     wt = w4a16_cutlass.convert(qweight, qzeros, scales, 128)
-    cases = ((1, w4a16_cutlass.GEMV_BASE), (1, None), (16, None), (256, None), (1040, w4a16_cutlass.DEQUANT))
+    cases = (
+        (1, w4a16_cutlass.GEMV_BASE), (1, None), (16, None), (256, None),
+        (1040, w4a16_cutlass.DEQUANT), (1040, w4a16_cutlass.DEQUANT_KN),
+    )  # fmt: skip
     for m, config in cases:
         x = torch.randn(m, k, device="cuda").bfloat16()
         w4a16_cutlass.gemm(x, wt, config=config)  # tuned (and the split counters made) outside the capture

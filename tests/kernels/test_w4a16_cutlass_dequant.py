@@ -1,4 +1,5 @@
-"""kernels/w4a16_cutlass_dequant.py: the CUTLASS layout back to a dense bf16 ``[N, K]`` weight, against
+"""kernels/w4a16_cutlass_dequant.py: the CUTLASS layout back to a dense bf16 ``[N, K]`` weight (or its
+``[K, N]`` transpose), against
 the AutoAWQ values it was converted from (``signed_k_major`` + ``reorder_reference``, the layout's
 torch model). Without a GPU the kernel runs under Triton's interpreter (tests/conftest.py), which
 truncates float32 -> bfloat16 where the GPU rounds: one bf16 ulp of tolerance either way (the GPU's
@@ -35,6 +36,9 @@ def test_matches_the_awq_values(k: int, n: int, group: int) -> None:
     got = dequantize(w, scales, zeros, n, k, group)
     assert got.shape == (n, k) and got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-6)
+    got_t = dequantize(w, scales, zeros, n, k, group, transpose=True)
+    assert got_t.shape == (k, n) and got_t.is_contiguous()
+    assert torch.equal(got_t, got.t())  # the same values, stored transposed
 
 
 @pytest.mark.parametrize(
@@ -51,6 +55,8 @@ def test_one_nibble_lands_where_layout_offsets_says(row: int, col: int, nibble: 
     want = torch.zeros(n, k)
     want[row, col] = value
     assert torch.equal(got.float(), want)
+    got_t = dequantize(w.view(n, k // 2), ones, torch.zeros_like(ones), n, k, group, transpose=True)
+    assert torch.equal(got_t.float(), want.t())  # [K, N]: the value at (col, row)
 
 
 def test_writes_into_out_and_names_bad_shapes() -> None:
@@ -62,6 +68,11 @@ def test_writes_into_out_and_names_bad_shapes() -> None:
         dequantize(w, scales, zeros, 96, 128, 64)
     with pytest.raises(ValueError, match="out must be contiguous bf16 \\[64, 128\\]"):
         dequantize(w, scales, zeros, 64, 128, 64, out=torch.empty(64, 128))
+    out_t = torch.empty(128, 64, dtype=torch.bfloat16)
+    assert dequantize(w, scales, zeros, 64, 128, 64, out=out_t, transpose=True) is out_t
+    torch.testing.assert_close(out_t.float(), want.t(), rtol=2**-7, atol=1e-6)
+    with pytest.raises(ValueError, match="out must be contiguous bf16 \\[128, 64\\]"):
+        dequantize(w, scales, zeros, 64, 128, 64, out=out, transpose=True)  # [N, K] where [K, N] is due
     with pytest.raises(ValueError, match="scales must be contiguous bf16 \\[2, 64\\]"):
         dequantize(w, scales.float(), zeros, 64, 128, 64)
 
@@ -73,3 +84,4 @@ def test_llama_gate_up_shape_on_the_gpu() -> None:
     w, scales, zeros, want = _case(4096, 28672, 128, "cuda", seed=1)
     got = dequantize(w, scales, zeros, 28672, 4096, 128)
     torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-6)
+    assert torch.equal(dequantize(w, scales, zeros, 28672, 4096, 128, transpose=True), got.t())
