@@ -1,6 +1,8 @@
 """The engine's CUTLASS W4A16 GEMM (``HOTLOOP_W4A16_KERNEL=cutlass``) against bf16 ``torch.matmul``,
 per Llama-3-8B projection and row count: every configuration the engine's tuner would time, its
-choice, and the floors.
+choice, and the floors. The bf16 baseline is ``x @ W`` with ``W`` stored ``[K, N]`` (the issue's
+``torch.matmul``); beside it, ``F.linear`` on ``W`` stored ``[N, K]``, as the engine's bf16 layers run
+(cuBLAS' speed differs between the two layouts).
 
     PYTHONPATH=$PWD HOTLOOP_CACHE=build/hl_cache python3 benchmarks/w4a16_cutlass_table.py \
         --out table.json [--m 1,16,64,256,384,1040,2048]
@@ -62,6 +64,9 @@ def one(name: str, n: int, k: int, m: int, copy_gbps: float, tflops: float) -> d
     x = torch.randn(m, k, device=device).bfloat16()
     want = reference.w4a16_matmul(x.float(), qweight, qzeros, scales.float(), GROUP)
     bf16_us = graph_time_us(lambda: x @ dense, device)
+    # the engine's bf16 layers: F.linear on the weight stored [N, K] (cuBLAS' other operand layout)
+    dense_nk = dense.t().contiguous()
+    linear_us = graph_time_us(lambda: torch.nn.functional.linear(x, dense_nk), device)
     configs = []
     for c in w4a16_cutlass.candidates(m, n, k, GROUP):
         label = w4a16_cutlass.config_label(c)
@@ -82,12 +87,13 @@ def one(name: str, n: int, k: int, m: int, copy_gbps: float, tflops: float) -> d
     timed = [c for c in configs if c.get("ok")]
     best = min(timed, key=lambda c: c["us"]) if timed else None
     row = {
-        "name": name, "m": m, "n": n, "k": k, "bf16_us": bf16_us, "configs": configs, "best": best,
+        "name": name, "m": m, "n": n, "k": k, "bf16_us": bf16_us, "bf16_linear_us": linear_us,
+        "configs": configs, "best": best,
         "tuned_rel_err": tuned_err, "weight_bytes": wbytes,
         "bytes_floor_us": wbytes / copy_gbps / 1e3, "flop_floor_us": 2 * m * n * k / tflops / 1e6,
     }  # fmt: skip
     b = f"{best['config']} {best['us']:8.1f}" if best else "none ran"
-    print(f"M={m:5d} {name:8s} bf16 {bf16_us:8.1f} us | best {b} us | floors: bytes "
+    print(f"M={m:5d} {name:8s} bf16 {bf16_us:8.1f} us (F.linear {linear_us:8.1f}) | best {b} us | floors: bytes "
           f"{row['bytes_floor_us']:6.1f}, FLOPs {row['flop_floor_us']:6.1f}", flush=True)  # fmt: skip
     return row
 
@@ -111,11 +117,21 @@ def main() -> int:
         per = [one(name, n, k, m, copy_gbps, tflops) for name, n, k in SHAPES]
         rows += per
         bf16 = LAYERS * sum(r["bf16_us"] for r in per) / 1e3
+        linear = LAYERS * sum(r["bf16_linear_us"] for r in per) / 1e3
         if all(r["best"] for r in per):
             cut = LAYERS * sum(r["best"]["us"] for r in per) / 1e3
-            summary.append({"m": m, "bf16_ms": bf16, "cutlass_best_ms": cut, "ratio": cut / bf16})
+            summary.append(
+                {
+                    "m": m,
+                    "bf16_ms": bf16,
+                    "bf16_linear_ms": linear,
+                    "cutlass_best_ms": cut,
+                    "ratio": cut / bf16,
+                }
+            )
             print(f"M={m:5d} a step's GEMMs (32 layers): CUTLASS {cut:.3f} ms against bf16 {bf16:.3f} ms "
-                  f"({cut / bf16:.3f}x)", flush=True)  # fmt: skip
+                  f"({cut / bf16:.3f}x; bf16 as F.linear on [N, K] weights, the engine's: {linear:.3f} ms)",
+                  flush=True)  # fmt: skip
     out = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbps": copy_gbps,
         "bf16_tflops": tflops, "config_names": names, "rows": rows, "summary": summary,
