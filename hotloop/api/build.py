@@ -45,7 +45,13 @@ def choose_backend(requested: str, architecture: str) -> str:
 
 
 def build_engine(model: str | None, config: EngineConfig | None = None) -> BuiltEngine:
-    config = config or EngineConfig()
+    if config is None:
+        config = EngineConfig()
+    elif not isinstance(config, EngineConfig):  # (a dict or a GenerationConfig failed on a missing attribute)
+        raise TypeError(
+            "backend_config must be an EngineConfig (or TurbomindEngineConfig / PytorchEngineConfig), "
+            f"got {type(config).__name__}"
+        )
     # EngineConfig.seed: torch's global RNG (CPU and every GPU), which unseeded sampled requests and
     # dummy weights draw from, starts from it, as vLLM's seed does
     torch.manual_seed(config.seed)

@@ -17,6 +17,7 @@ from hotloop.config import EngineConfig
 from hotloop.engine.outputs import RequestOutput
 from hotloop.messages import MAX_SEED, GenerationConfig, RequestError, Response
 from hotloop.utils.logging import get_logger
+from hotloop.utils.text import unicode_error
 from hotloop.vl.image import DEFAULT_POLICY, ImageFetchPolicy
 from hotloop.vl.inputs import ImageInput
 from hotloop.vl.processor import build_vl_processor
@@ -107,12 +108,20 @@ class Pipeline:
     def encode(self, prompt: Prompt, do_preprocess: bool = True) -> list[int]:
         """Token ids for a string or an OpenAI message list (chat template applied by default)."""
         if isinstance(prompt, str):
+            problem = unicode_error(prompt, "prompt")
+            if problem is not None:  # (the tokenizer's own error names no field)
+                raise RequestError(problem, "prompt")
             if not do_preprocess or not self.has_chat_template:
                 return list(self.tokenizer.encode(prompt, add_special_tokens=True))
             prompt = [{"role": "user", "content": prompt}]
         if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
             raise RequestError(
                 "a prompt must be a string or a list of {'role', 'content'} messages", "prompt"
+            )
+        if not prompt:
+            raise RequestError(
+                "the message list is empty: a chat prompt needs at least one {'role', 'content'} message",
+                "messages",
             )
         prompt = [_text_message(m, i) for i, m in enumerate(prompt)]
         if not self.has_chat_template:
@@ -121,9 +130,15 @@ class Pipeline:
                 "pass a plain string with do_preprocess=False or set chat_template",
                 "messages",
             )
-        text = self.tokenizer.apply_chat_template(
-            prompt, add_generation_prompt=True, tokenize=False, chat_template=self.chat_template
-        )
+        try:
+            text = self.tokenizer.apply_chat_template(
+                prompt, add_generation_prompt=True, tokenize=False, chat_template=self.chat_template
+            )
+        except Exception as e:  # jinja's errors, and those templates raise themselves
+            raise RequestError(f"the chat template could not render these messages: {e}", "messages") from e
+        problem = unicode_error(text, "messages")
+        if problem is not None:
+            raise RequestError(problem, "messages")
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def encode_with_images(
@@ -196,11 +211,11 @@ class Pipeline:
         must follow (it releases the claim)."""
         configs = _per_prompt(gen_config, len(prompts))
         self._claim()
+        subs: list[tuple[int, int, str, list[int]]] = []
         try:
             encoded = [self.encode_with_images(p, do_preprocess) for p in prompts]
             for (ids, _mm), cfg in zip(encoded, configs, strict=True):
                 self.engine.validate(ids, cfg)
-            subs = []
             for i, ((ids, mm), cfg) in enumerate(zip(encoded, configs, strict=True)):
                 for j in range(cfg.n):
                     params = cfg
@@ -213,22 +228,38 @@ class Pipeline:
                         self.engine.add_request(rid, ids, params)
                     subs.append((i, j, rid, ids))
         except BaseException:
-            self._release()
+            # add_request may refuse a later prompt (a JSON schema that does not compile, image
+            # spans) after earlier ones were queued: take those back, or they would run unseen
+            # under the next call and hold KV blocks after it
+            try:
+                self._drop({rid for _i, _j, rid, _ids in subs})
+            finally:
+                self._release()
             raise
         return subs
 
     def _claim(self) -> None:
         """Take the engine for one call: wait while another thread's call generates; refuse while
-        this thread's own stream_infer iterator is open."""
+        this thread's own stream_infer iterator is open. A closed pipeline raises, also to a call
+        that was waiting when ``close()`` came (the open iterator it waited for may never end)."""
+        self._check_open()
         if self._owner == threading.get_ident():
             raise RuntimeError(
                 "this Pipeline is already generating: a stream_infer iterator is still open. One "
                 "call at a time steps the engine; finish or close() that iterator first, or pass "
                 "all prompts to one call"
             )
-        self._busy.acquire()
+        while not self._busy.acquire(timeout=0.1):
+            self._check_open()  # closed meanwhile
+        if self._built is None:  # (closed just as the engine came free)
+            self._busy.release()
+            self._check_open()
         self._owner = threading.get_ident()
         self._running = True
+
+    def _check_open(self) -> None:
+        if self._built is None:
+            raise RuntimeError("the pipeline is closed")
 
     def _release(self) -> None:
         self._running = False
@@ -248,13 +279,22 @@ class Pipeline:
                         yield o
         finally:
             try:
-                for rid in pending:  # the caller stopped early: free the blocks
-                    self.engine.abort_request(rid)
-                if pending:
-                    while self.engine.has_unfinished() and any(r in self.engine.requests for r in pending):
-                        self.engine.step()
+                self._drop(pending)  # the caller stopped early: free the blocks
             finally:
                 self._release()
+
+    def _drop(self, rids: set[str]) -> None:
+        """Abort the requests ``rids`` (queued or running) and step the engine until they are gone;
+        their outputs are dropped. Called with the claim held; a closed pipeline has no engine to
+        clean (an iterator left open across ``close()`` ends quietly)."""
+        if not rids or self._built is None:
+            return
+        engine = self.engine
+        for rid in rids:
+            engine.abort_request(rid)
+        engine.step()  # takes queued requests in and ends every aborted one
+        while engine.has_unfinished() and any(r in engine.requests for r in rids):
+            engine.step()
 
     def __call__(
         self,
@@ -424,11 +464,22 @@ def _per_prompt(gen_config: GenerationConfig | Sequence[GenerationConfig], n: in
 def _text_message(m: Message, i: int) -> Message:
     """A message whose content the chat template can take: a list of OpenAI text parts joined by
     newlines (as the server joins them), None as the empty string."""
+    role = m.get("role")
+    if not isinstance(role, str) or not role:
+        raise RequestError(
+            f"messages[{i}] needs a 'role' (a string such as 'user'), got {role!r}", f"messages[{i}].role"
+        )
     content = m.get("content")
     if content is None:
         return {**m, "content": ""}
-    if not isinstance(content, list):
+    if isinstance(content, str):
         return m
+    if not isinstance(content, list):
+        raise RequestError(
+            f"messages[{i}].content must be a string or a list of {{'type': 'text', 'text': str}} parts, "
+            f"got {type(content).__name__}",
+            f"messages[{i}].content",
+        )
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hotloop.utils.text import unicode_error  # (re-exported: the routes import it from here)
+
 
 class ChatTemplateError(ValueError):
     """The messages cannot be rendered (no template, or the template raised)."""
@@ -69,19 +71,6 @@ def check_template_text(text: str, where: str) -> None:
 
 def has_chat_template(tokenizer: Any, chat_template: str | None = None) -> bool:
     return bool(chat_template or getattr(tokenizer, "chat_template", None))
-
-
-def unicode_error(text: str, param: str) -> str | None:
-    """Why ``text`` cannot be tokenized, or None: a lone UTF-16 surrogate (a JSON string cut inside
-    an emoji by a UTF-16 client) has no UTF-8 form."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return (
-            f"{param} is not valid Unicode: an unpaired UTF-16 surrogate (U+{ord(text[e.start]):04X}) at "
-            f"character {e.start}; send whole characters"
-        )
-    return None
 
 
 def encode_messages(

@@ -92,3 +92,12 @@ def test_broken_model_files_are_named_before_the_weights_load(
             shutil.copy(f, notok / f.name)
     with pytest.raises(ValueError, match="its tokenizer cannot be loaded"):
         build_engine(str(notok), EngineConfig(device="cpu", cache_max_entry_count=4))
+
+
+@pytest.mark.parametrize("config", [{"device": "cpu"}, {}, "cpu"])
+def test_a_backend_config_that_is_not_an_engine_config_is_named(config: object) -> None:
+    """``pipeline(backend_config=...)`` with a dict (or another config) failed with "'dict' object has
+    no attribute 'seed'", and an empty dict silently meant the defaults; it is refused by name before
+    anything loads."""
+    with pytest.raises(TypeError, match="backend_config must be an EngineConfig.*got (dict|str)"):
+        build_engine(None, config)  # type: ignore[arg-type]

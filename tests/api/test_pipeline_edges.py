@@ -1,7 +1,8 @@
 """Edges of the Python pipeline API (LMDeploy-shaped) that an audit found broken (2026-12-01): calls
 from several threads, OpenAI text parts, special-token stop words, bad_words / bad_token_ids, one
 config per prompt, chat_template_config, GenerationConfig's checks, EngineConfig.seed, the
-over-long prompt's message, an empty chat turn.
+over-long prompt's message, an empty chat turn; and (2026-12-02) a batch refused half-way through
+submission, malformed chat messages, greedy parity of the pipeline with transformers.
 
 On the CPU with the embedded default model (SmolLM2-135M-Instruct), one module-scoped pipeline and
 short generations; the seed test uses a tiny random checkpoint.
@@ -235,3 +236,133 @@ def test_chat_with_empty_message_list_raises_request_error(pipe) -> None:
     """``pipe.chat([])`` raises RequestError naming the prompt (it failed with an AttributeError)."""
     with pytest.raises(RequestError):
         pipe.chat([])
+
+
+# -- 10. a batch refused half-way through submission ----------------------------------------------
+def test_a_prompt_refused_by_add_request_takes_back_the_ones_queued_before_it(pipe) -> None:
+    """A JSON schema that does not compile is refused by ``engine.add_request`` (not by
+    ``validate``), after the prompts before it were queued. Those stayed queued: the next call ran
+    them unseen and returned with their KV blocks still held (free 5 of 6 blocks, ``pipe-0`` in
+    ``engine.requests``). Now they are aborted with the refusal, and the next call is served alone."""
+    pytest.importorskip("xgrammar")
+    import json
+
+    long = GenerationConfig(max_new_tokens=200, ignore_eos=True)
+    bad = GenerationConfig(
+        max_new_tokens=4,
+        response_format="json_schema",
+        json_schema=json.dumps({"type": "string", "pattern": "(?<=a)b"}),  # lookbehind: not compilable
+    )
+    with pytest.raises(RequestError) as e:
+        pipe(["hi", "yo", "hey"], gen_config=[long, long, bad])
+    assert e.value.param == "json_schema"
+    _idle(pipe)
+    assert not pipe.engine._inbox  # nothing queued either: it would run under the next call
+    r = pipe("hi", gen_config=GenerationConfig(max_new_tokens=2, ignore_eos=True))
+    assert r.generate_token_len == 2
+    _idle(pipe)
+    with pytest.raises(RequestError):  # the same through stream_infer
+        list(pipe.stream_infer(["hi", "yo"], gen_config=[long, bad]))
+    _idle(pipe)
+    assert not pipe.engine._inbox
+
+
+# -- 11. malformed prompts ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "prompts,param,message",
+    [
+        ([[]], "messages", "message list is empty"),  # ValueError from transformers, no field
+        ([{"content": "hi"}], "messages[0].role", "needs a 'role'"),  # jinja UndefinedError
+        ([{"role": "user", "content": 5}], "messages[0].content", "got int"),  # TypeError in jinja
+        ([{"role": "user", "content": {"text": "hi"}}], "messages[0].content", "got dict"),
+        ("caf\ud83d", "prompt", "unpaired UTF-16 surrogate"),  # the tokenizer's "TextEncodeInput must be"
+        ([{"role": "user", "content": "\ud800"}], "messages", "unpaired UTF-16 surrogate"),
+    ],
+)
+def test_malformed_prompts_are_refused_naming_the_field(pipe, prompts, param: str, message: str) -> None:
+    """A message without a role or with content that is neither text nor text parts, and text that
+    is not valid Unicode raise ``RequestError`` naming the field (they failed inside jinja or the
+    tokenizer with errors that named none); the pipeline is idle afterwards and keeps working. (An
+    empty string is an empty user turn under the chat template, as in LMDeploy: it generates.)"""
+    for call in (
+        lambda: pipe(prompts, gen_config=GenerationConfig(max_new_tokens=2)),
+        lambda: list(pipe.stream_infer(prompts, gen_config=GenerationConfig(max_new_tokens=2))),
+    ):
+        with pytest.raises(RequestError, match=message) as e:
+            call()
+        assert e.value.param == param
+        _idle(pipe)
+
+
+def test_a_message_without_content_is_an_empty_turn(pipe) -> None:
+    """(Kept as it was: ``content`` None or absent renders as empty text, as for an assistant turn
+    that only called tools.)"""
+    assert pipe.encode("") == pipe.encode([{"role": "user", "content": ""}])  # an empty user turn
+    with_none = pipe.encode([{"role": "user", "content": None}])
+    assert with_none == pipe.encode([{"role": "user"}]) == pipe.encode([{"role": "user", "content": ""}])
+
+
+# -- 12. greedy parity with transformers on the default model -----------------------------------
+def test_greedy_pipeline_matches_transformers_batch_single_and_chat(pipe) -> None:
+    """Greedy tokens of ``pipe(batch)`` and ``pipe(one)`` equal transformers' ``generate`` on each
+    prompt alone, in input order: templated strings and a system + user chat. (Streaming against
+    ``pipe()``: test_default_model's test_batch_stream_and_chat.)"""
+    from transformers import AutoModelForCausalLM
+
+    prompts = [
+        "Name three colors.",
+        [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"}],
+        "Write a haiku about rivers.",
+    ]
+    g = GenerationConfig(max_new_tokens=6, ignore_eos=True)
+    batch = pipe(prompts[:2], gen_config=g)
+    single = pipe(prompts[2], gen_config=g)
+    model = AutoModelForCausalLM.from_pretrained(str(pipe.built.model_path), dtype=torch.float32)
+    model.generation_config.eos_token_id = None
+    expected = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([pipe.encode(p)])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
+            expected.append(out[0, ids.shape[1] :].tolist())
+    assert [r.token_ids for r in batch] + [single.token_ids] == expected
+    assert [r.index for r in batch] == [0, 1]
+    _idle(pipe)
+
+
+# -- 13. close() with a stream open ---------------------------------------------------------------
+def test_calls_after_close_raise_closed_even_with_a_stream_left_open(pipe, monkeypatch) -> None:
+    """A stream left open, then ``close()``: a later call from the same thread said "already
+    generating" (not that the pipeline is closed), and one from another thread, waiting for the
+    engine, waited forever (the stream is never resumed). Both now raise "the pipeline is closed"."""
+    p = _pipeline_on(pipe, monkeypatch)
+    stream = p.stream_infer("hi", gen_config=GenerationConfig(max_new_tokens=50, ignore_eos=True))
+    next(stream)
+    result: dict[str, BaseException | None] = {}
+
+    def other() -> None:
+        try:
+            p("yo", gen_config=GenerationConfig(max_new_tokens=2))
+            result["e"] = None
+        except BaseException as e:  # noqa: BLE001 - checked below
+            result["e"] = e
+
+    t = threading.Thread(target=other, daemon=True)
+    t.start()
+    t.join(timeout=0.5)
+    assert t.is_alive()  # waits for the engine, as documented
+    try:
+        p.close()
+        t.join(timeout=5)
+        assert not t.is_alive(), "a call waiting for the engine hung after close()"
+        assert isinstance(result["e"], RuntimeError) and "closed" in str(result["e"]), result
+        with pytest.raises(RuntimeError, match="the pipeline is closed"):
+            p("yo")
+        p.close()  # (closing twice is allowed, like a file's close)
+    finally:  # the stream's request lives on in the shared engine: end it
+        del stream
+        for rid in list(pipe.engine.requests):
+            pipe.engine.abort_request(rid)
+        while pipe.engine.has_unfinished():
+            pipe.engine.step()
+    _idle(pipe)
