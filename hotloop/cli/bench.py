@@ -112,4 +112,37 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError(f"--max-concurrency={args.max_concurrency} must be >= 1")
+    check_dataset_args(args)
     return run_bench(args)
+
+
+def check_dataset_args(args: argparse.Namespace) -> None:
+    """Dataset flags that the generators would take silently (a negative prefix length shrinks every
+    prompt's recorded length) or that make every request fail after the run (empty prompts), and a
+    --tokenizer that does not load (a transformers traceback): refused before any request."""
+    least = (
+        ("--random-prefix-len", args.random_prefix_len, 0),
+        ("--synthetic-max-input", args.synthetic_max_input, 1),
+        ("--synthetic-max-output", args.synthetic_max_output, 1),
+        ("--synthetic-input-sigma", args.synthetic_input_sigma, 0),
+        ("--synthetic-output-sigma", args.synthetic_output_sigma, 0),
+    )
+    for flag, value, low in least:
+        if not value >= low:  # (also NaN)
+            raise ValueError(f"{flag} {value}: must be >= {low}")
+    for flag, value in (
+        ("--synthetic-input-median", args.synthetic_input_median),
+        ("--synthetic-output-median", args.synthetic_output_median),
+    ):
+        if not value > 0:
+            raise ValueError(f"{flag} {value}: must be > 0")
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        try:
+            AutoTokenizer.from_pretrained(args.tokenizer)
+        except (OSError, ValueError) as e:
+            raise ValueError(
+                f"--tokenizer {args.tokenizer!r}: cannot load a tokenizer from it ({str(e).splitlines()[0]}); "
+                "pass a Hugging Face model or tokenizer folder, or leave the flag out (~1 token per word)"
+            ) from None

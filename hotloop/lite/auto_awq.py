@@ -123,15 +123,23 @@ def _tokenizer(path: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def _samples(path: Path, opts: AWQOptions) -> torch.Tensor:
+def _samples(path: Path, opts: AWQOptions, text: str | None = None) -> torch.Tensor:
+    """The calibration windows; ``text``: the calibration text when it was read already."""
     positions = getattr(load_hf_config(path), "max_position_embeddings", None)
     if isinstance(positions, int) and opts.calib_seqlen > positions:
         raise ValueError(
             f"--calib-seqlen {opts.calib_seqlen} exceeds the model's max_position_embeddings={positions}: "
             f"use at most {positions} (512 is AWQ's usual length)"
         )
-    text = calib_data.load_text(opts.calib_dataset, "calib")
-    samples = calib_data.token_windows(_tokenizer(path), text, opts.calib_samples, opts.calib_seqlen)
+    if text is None:
+        text = calib_data.load_text(opts.calib_dataset, "calib")
+    try:
+        samples = calib_data.token_windows(_tokenizer(path), text, opts.calib_samples, opts.calib_seqlen)
+    except ValueError as e:  # (the counts are checked already: the text is too short)
+        raise ValueError(
+            f"--calib-seqlen {opts.calib_seqlen}: --calib-dataset {opts.calib_dataset!r} is too short "
+            f"(its calibration part: {e}); pass a longer text or a smaller --calib-seqlen"
+        ) from None
     logger.info("calibration: %d samples x %d tokens of %s", *samples.shape, opts.calib_dataset)
     return samples
 
@@ -150,8 +158,9 @@ def calibrate(model: str | None, work_dir: str | Path, opts: AWQOptions | None =
     """Save per-channel ``absmean`` / ``absmax`` of every linear layer's input; returns the file."""
     opts = opts or AWQOptions()
     device = _device(opts.device)
+    text = calib_data.load_text(opts.calib_dataset, "calib")  # (a bad --calib-dataset fails before loading)
     path, net, _cfg = _load_source(model, device)
-    runner = BlockRunner(net, _samples(path, opts), opts.batch_size, device)
+    runner = BlockRunner(net, _samples(path, opts, text), opts.batch_size, device)
     stats: dict[str, dict[str, torch.Tensor]] = {}
     with _progress(runner.num_layers, "calibrate") as bar:
         for i, layer in enumerate(runner.layers):
@@ -221,13 +230,16 @@ def auto_awq(model: str | None, work_dir: str | Path, opts: AWQOptions | None = 
     opts = opts or AWQOptions()
     t0 = time.perf_counter()
     device = _device(opts.device)
+    text = None
+    if opts.method == "awq":  # (a bad --calib-dataset fails before loading; rtn reads none)
+        text = calib_data.load_text(opts.calib_dataset, "calib")
     path, net, _cfg = _load_source(model, device)
     check_group_size(net, opts.w_group_size)
     out = Path(work_dir)
     out.mkdir(parents=True, exist_ok=True)
     runner = None
     if opts.method == "awq":
-        runner = BlockRunner(net, _samples(path, opts), opts.batch_size, device)
+        runner = BlockRunner(net, _samples(path, opts, text), opts.batch_size, device)
     layers: Any = cast(Any, net).model.layers
     quantized: dict[str, QuantizedWeight] = {}
     search_log: list[dict[str, Any]] = []

@@ -33,7 +33,7 @@ def load_text(dataset: str, split: str = "calib") -> str:
         raise ValueError(f"split={split!r} must be one of {SPLITS}")
     text = _read_dataset(dataset)
     if not text.strip():
-        raise ValueError(f"calibration dataset {dataset!r} holds no text")
+        raise ValueError(f"--calib-dataset {dataset!r} holds no text; pass a file with some")
     cut = int(len(text) * (1 - HELDOUT_FRACTION))
     if split == "calib":
         return text[:cut]
@@ -58,16 +58,21 @@ def _read_dataset(dataset: str) -> str:
         raise ValueError(
             f"--calib-dataset {dataset!r} is neither one of {DATASETS} nor a path to a .txt/.jsonl file"
         )
+    try:  # (an unreadable file, or a .jsonl that is not UTF-8, as JSON must be)
+        raw = path.read_text(encoding="utf-8", errors="strict" if path.suffix == ".jsonl" else "replace")
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ValueError(f"--calib-dataset {dataset!r}: cannot read it ({why})") from None
     if path.suffix == ".jsonl":
         texts = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for n, line in enumerate(raw.splitlines(), 1):
             if line.strip():
                 try:
                     texts.append(_jsonl_text(line))
                 except ValueError as e:
                     raise ValueError(f"--calib-dataset {dataset}, line {n}: {e}") from None
         return "\n\n".join(texts)
-    return path.read_text(encoding="utf-8", errors="replace")
+    return raw
 
 
 def _gensim_file(dataset: str) -> Path:

@@ -446,3 +446,95 @@ def test_vllm_flag_names_are_accepted_where_the_meaning_is_the_same() -> None:
     for flag, value in (("--gpu-memory-utilization", "0.9"), ("--max-num-batched-tokens", "8192")):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", flag, value])
+
+
+# -- a third audit (2026-12-07) -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["serve", "--tp", "0"], "--tp 0 must be an integer >= 1"),
+        (["serve", "--session-len", "0"], "--session-len 0 must be"),
+        (["serve", "--cache-max-entry-count", "1.5"], "--cache-max-entry-count 1.5: a float must lie in (0, 1]"),
+        (["serve", "--dtype", "float8"], "--dtype 'float8' is not one of"),
+        (["serve", "--server-port", "70000"], "--server-port 70000 must lie in [0, 65535]"),
+        (["serve", "--max-concurrent-requests", "0"], "--max-concurrent-requests 0 must be >= 1"),
+        (["chat", "--top-p", "2"], "--top-p 2.0 must lie in (0, 1]"),
+        (["lite", "auto_awq", "--work-dir", "w", "--w-bits", "3"], "--w-bits 3: only 4-bit"),
+    ],
+)  # fmt: skip
+def test_config_errors_name_the_flag_not_the_field(
+    argv: list[str], words: str, no_engine: None, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """EngineConfig / ServerArgs / GenerationConfig / AWQOptions word their errors with field names
+    (``tp=0 must be an integer >= 1``); the command line said so too, not naming the flag typed."""
+    monkeypatch.setattr("hotloop.api.pipeline.Pipeline", _FakePipeline)
+    code, _out, err = _run([*argv, "--device", "cpu"], capsys)
+    assert code == 1 and words in err and "reached" not in err, err
+
+
+def test_name_the_flag_leaves_other_messages_alone() -> None:
+    from hotloop.cli.main import name_the_flag
+
+    flags = {"tp": "--tp", "server_port": "--server-port"}
+    assert name_the_flag("server_port=1 must be", flags) == "--server-port 1 must be"
+    assert name_the_flag("split=1 must be one of", flags) == "split=1 must be one of"  # not an option
+    assert name_the_flag("the model has tp=2 heads", flags) == "the model has tp=2 heads"
+
+
+@pytest.mark.parametrize("kind", ["unreadable", "not-utf8-jsonl", "too-short"])
+def test_lite_bad_calibration_file_is_a_one_line_error(
+    kind: str, make_tiny_model: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """An unreadable --calib-dataset was an OSError traceback (PermissionError for a non-root user;
+    /proc/self/mem fails to read even for root), a .jsonl that is not UTF-8 a bare "'utf-8' codec
+    can't decode" naming no flag, and a text shorter than --calib-seqlen "the text has 3 tokens,
+    fewer than calib_seqlen=512" - each only after the model had loaded."""
+    import importlib
+
+    module = importlib.import_module("hotloop.lite.auto_awq")
+    src = make_tiny_model("llama_gqa_llama3rope")
+    if kind == "unreadable":
+        dataset, words = "/proc/self/mem", "--calib-dataset '/proc/self/mem': cannot read it"
+    elif kind == "not-utf8-jsonl":
+        (tmp_path / "d.jsonl").write_bytes(b'\xff\xfe{"text": "a"}\n')
+        dataset, words = str(tmp_path / "d.jsonl"), "cannot read it ('utf-8' codec"
+    else:
+        (tmp_path / "d.txt").write_text("hello world")
+        dataset, words = str(tmp_path / "d.txt"), "--calib-seqlen 8: --calib-dataset"
+    if kind != "too-short":  # the text is read before the model loads
+        monkeypatch.setattr(module, "_load_source", lambda *a: pytest.fail("the model was loaded"))
+    for cmd in ("auto_awq", "calibrate"):
+        argv = ["lite", cmd, str(src), "--work-dir", str(tmp_path / "w"), "--calib-dataset", dataset]
+        argv += ["--calib-samples", "1", "--calib-seqlen", "8", "--device", "cpu"]
+        argv += ["--w-group-size", "32"] if cmd == "auto_awq" else []
+        code, _out, err = _run(argv, capsys)  # (_run fails the test on an exception: no traceback)
+        assert code == 1 and words in err, err
+        if kind == "too-short":
+            assert "pass a longer text or a smaller --calib-seqlen" in err, err
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--random-prefix-len", "-1"], "--random-prefix-len -1: must be >= 0"),  # was: rc 0, lengths off by one
+        (["--dataset-name", "synthetic-chat", "--synthetic-max-input", "0"], "--synthetic-max-input 0"),
+        (["--synthetic-output-median", "0"], "--synthetic-output-median 0.0: must be > 0"),
+        (["--tokenizer", "/nonexistent/tokenizer"], "--tokenizer '/nonexistent/tokenizer': cannot load"),
+    ],
+)  # fmt: skip
+def test_bench_serve_dataset_flags_checked_before_any_request(
+    extra: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--tokenizer with a bad path was a transformers OSError traceback; a negative prefix length
+    ran and recorded every prompt one token short; --synthetic-max-input 0 sent empty prompts that
+    all failed (400) after the run."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["bench", "serve", "--port", str(port), "--num-prompts", "1", "--disable-tqdm", *extra]
+    code, _out, err = _run(argv, capsys)
+    assert code == 1 and words in err and "no server answers" not in err, err
