@@ -392,7 +392,13 @@ def run(args: Any) -> int:
     if args.tokenizer:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        except (OSError, ValueError) as e:  # (transformers' own error names no flag)
+            raise ValueError(
+                f"--tokenizer {args.tokenizer!r}: cannot load a tokenizer from it ({str(e).splitlines()[0]}); "
+                "pass a Hugging Face model or tokenizer folder, or leave the flag out (~1 token per word)"
+            ) from None
     if getattr(args, "random_token_ids", None) and args.endpoint.rstrip("/").endswith("chat/completions"):
         raise ValueError("--random-token-ids sends token-id prompts, which only /v1/completions accepts")
     requests = build_requests(args, tokenizer)

@@ -77,6 +77,11 @@ def selected() -> bool:
     return value == "cutlass"
 
 
+def _index(device: torch.device) -> int:
+    """The CUDA device index of ``device`` (the current one where it names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def check_operands(x_dtype: torch.dtype, device: torch.device, n: int, k: int, group_size: int) -> None:
     """Raise :class:`CutlassUnavailable` naming what this GEMM cannot take: a non-bf16 model, a group
     size that is not a multiple of 64, in / out features not multiples of 32, a GPU other than Hopper,
@@ -95,7 +100,7 @@ def check_operands(x_dtype: torch.dtype, device: torch.device, n: int, k: int, g
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
         cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
         raise CutlassUnavailable(f"{ENV}=cutlass needs a Hopper GPU (sm_90; this is {cap or device})")
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     if index != 0:  # the library's static CUDA runtime works on its device 0
         raise CutlassUnavailable(
             f"{ENV}=cutlass runs on the process's first GPU only (got cuda:{index}): "
@@ -277,7 +282,7 @@ def config_names(device: torch.device) -> list[str]:
 
 def _device_state(device: torch.device) -> tuple[ctypes.CDLL, int, torch.Tensor]:
     """``(library, SM count, workspace)`` of ``device``, looked up once per device (a launch's hot path)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     state = _states.get(index)
     if state is None:
         dev = torch.device("cuda", index)
@@ -358,7 +363,7 @@ def convert(
     lib = library(qweight.device)
     packed, zero = signed_k_major(qweight, qzeros, scales)
     out = torch.empty_like(packed)
-    index = qweight.device.index if qweight.device.index is not None else torch.cuda.current_device()
+    index = _index(qweight.device)
     _largest[index] = max(_largest.get(index, 0), n * k)
     torch.cuda.synchronize(qweight.device)
     with torch.cuda.device(qweight.device):
@@ -443,7 +448,7 @@ _dequant_chosen: set[int] = set()  # device indices where a tuned or explicit ch
 def _ensure_scratch(device: torch.device, need: int) -> torch.Tensor | None:
     """The device's scratch of at least ``need`` values, allocated here outside a capture (sized for
     the largest converted weight); None inside a capture when there is none big enough."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     buf = _scratch.get(index)
     if buf is not None and buf.numel() >= need:
         return buf
@@ -469,11 +474,11 @@ def _is_dequant(cfg: int) -> bool:
 
 def _dequant_matmul(x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor, transpose: bool = False) -> None:
     """``y = x2 @ W^T`` with ``W`` dequantized into a per-device scratch (``w4a16_cutlass_dequant``;
-    ``[N, K]``, or ``[K, N]`` with ``transpose``) and one ``torch.mm`` (cuBLAS). The scratch is sized at its first use for the device's largest
-    converted weight (in the engine every weight is converted before the first forward). Tuning drops
-    it again unless a choice (tuned, or a caller's explicit ``config``) uses it; from then on it is never
-    freed, so graphs that captured it stay valid. Inside a capture, where it cannot be allocated, the
-    launch falls back to the default configuration."""
+    ``[N, K]``, or ``[K, N]`` with ``transpose``) and one ``torch.mm`` (cuBLAS). The scratch is sized at
+    its first use for the device's largest converted weight (in the engine every weight is converted
+    before the first forward). Tuning drops it again unless a choice (tuned, or a caller's explicit
+    ``config``) uses it; from then on it is never freed, so graphs that captured it stay valid. Inside a
+    capture, where it cannot be allocated, the launch falls back to the default configuration."""
     from hotloop.kernels.w4a16_cutlass_dequant import dequantize
 
     need = wt.n * wt.k
@@ -482,14 +487,9 @@ def _dequant_matmul(x2: torch.Tensor, wt: CutlassWeight, y: torch.Tensor, transp
         logger.warning("CUTLASS W4A16: no dequant scratch inside a graph capture; config 0 runs instead")
         _launch(default_config(x2.shape[0]), x2, wt, y)
         return
-    if transpose:
-        w = buf[:need].view(wt.k, wt.n)
-        dequantize(wt.w, wt.scales, wt.zeros, wt.n, wt.k, wt.group_size, out=w, transpose=True)
-        torch.mm(x2, w, out=y)
-        return
-    w = buf[:need].view(wt.n, wt.k)
-    dequantize(wt.w, wt.scales, wt.zeros, wt.n, wt.k, wt.group_size, out=w)
-    torch.mm(x2, w.t(), out=y)
+    w = buf[:need].view((wt.k, wt.n) if transpose else (wt.n, wt.k))
+    dequantize(wt.w, wt.scales, wt.zeros, wt.n, wt.k, wt.group_size, out=w, transpose=transpose)
+    torch.mm(x2, w if transpose else w.t(), out=y)
 
 
 # ------------------------------------------------------------------------------ the one-row GEMV
@@ -646,7 +646,7 @@ def choose(x2: torch.Tensor, wt: CutlassWeight) -> int:
 
     global _disk
     m = x2.shape[0]
-    index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    index = _index(x2.device)
     tkey = (index, m_bucket(m), wt.n, wt.k, wt.group_size)
     cfg = _tuned.get(tkey)
     if cfg is not None:
@@ -742,6 +742,6 @@ def gemm(x: torch.Tensor, wt: CutlassWeight, config: int | None = None) -> torch
         _launch(choose(x2, wt), x2, wt, y, strict=False)
     else:
         if _is_dequant(config):  # (a caller's explicit choice may be captured: its scratch stays)
-            _dequant_chosen.add(x.device.index if x.device.index is not None else torch.cuda.current_device())
+            _dequant_chosen.add(_index(x.device))
         _launch(config, x2, wt, y)
     return y.reshape(*lead, wt.n)
