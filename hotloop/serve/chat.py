@@ -17,7 +17,7 @@ from starlette.responses import Response
 from hotloop.engine.async_engine import EngineDeadError
 from hotloop.messages import RequestError
 from hotloop.serve import tool_calls
-from hotloop.serve.chat_template import ChatTemplateError, encode_messages, unicode_error
+from hotloop.serve.chat_template import ChatTemplateError, encode_messages
 from hotloop.serve.errors import APIError, error_body
 from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
 from hotloop.serve.logprobs import chat_logprobs, vllm_prompt_logprobs
@@ -30,6 +30,7 @@ from hotloop.serve.params import (
     validate_prompt,
 )
 from hotloop.serve.state import ServerState
+from hotloop.utils.text import unicode_error
 
 router = APIRouter()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hotloop.utils.text import unicode_error  # (re-exported: the routes import it from here)
+from hotloop.utils.text import unicode_error
 
 
 class ChatTemplateError(ValueError):

@@ -18,7 +18,7 @@ from hotloop.engine.async_engine import EngineDeadError
 from hotloop.engine.outputs import RequestOutput
 from hotloop.messages import GenerationConfig, RequestError
 from hotloop.serve.chat import encode_chat
-from hotloop.serve.chat_template import ChatTemplateError, encode_messages, unicode_error
+from hotloop.serve.chat_template import ChatTemplateError, encode_messages
 from hotloop.serve.errors import APIError, error_body, from_request_error
 from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
 from hotloop.serve.openai_protocol import (
@@ -31,6 +31,7 @@ from hotloop.serve.openai_protocol import (
 )
 from hotloop.serve.params import resolve_max_tokens, response_format_fields
 from hotloop.serve.state import ServerState
+from hotloop.utils.text import unicode_error
 
 router = APIRouter()
 

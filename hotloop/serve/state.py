@@ -14,9 +14,10 @@ from typing import Any
 from hotloop.engine.async_engine import AsyncEngine
 from hotloop.engine.detokenizer import byte_table
 from hotloop.serve import tool_calls
-from hotloop.serve.chat_template import load_chat_template, unicode_error
+from hotloop.serve.chat_template import load_chat_template
 from hotloop.serve.errors import APIError
 from hotloop.serve.metrics import ServerMetrics
+from hotloop.utils.text import unicode_error
 from hotloop.vl.image import ImageFetchPolicy
 from hotloop.vl.processor import VLProcessor, build_vl_processor
 
