@@ -60,6 +60,9 @@
 #            (and .whl/nvidia_cutlass-*.whl: the headers' version is part of the library's key). bf16 in
 #            W4_ENGINE_KERNELS runs the rows' bf16 baseline (llama3_awq_offline -> llama3_offline);
 #            W4_ENGINE_TABLE_M=1,256,... then runs w4a16_cutlass_table.py (every configuration against bf16).
+#   w4steps  one GPU: step_kernels.py on a batch-256 (W4_STEPS_BATCH) x 1k decode step with W4A16 weights
+#            (HOTLOOP_W4A16_KERNEL=cutlass, build/hl_cache carried) and bf16 (W4_STEPS_KINDS), top 40 kernels each:
+#            where the W4A16 step spends what its GEMMs save.
 #   settle   every GPU test, then the serving run with --jit-schedule and plain (one GPU, in turn).
 #   all      every GPU test, tests/cli included (one GPU, 8 workers).
 #   ncu      Nsight Compute on one launch of each W4A16 one-row kernel and read probe (benchmarks/ncu_w4a16.py).
@@ -463,6 +466,25 @@ if [ "$what" = w4engine ]; then  # one GPU: the CUTLASS W4A16 GEMM in the engine
     echo "w4a16_cutlass_table rc=$?"
     grep -E "GB/s|M=|Error|error" "$out/cutlass_table.log" | tail -40
   fi
+  exit 0
+fi
+if [ "$what" = w4steps ]; then  # one GPU: a batch-256 decode step's kernels, W4A16 (cutlass) against bf16
+  export CUDA_VISIBLE_DEVICES=0
+  if [ -z "${HOTLOOP_CACHE:-}" ] && [ -d "$here/../build/hl_cache" ]; then export HOTLOOP_CACHE=$here/../build/hl_cache; fi
+  for v in ${W4_STEPS_KINDS:-cutlass bf16}; do
+    left=$((TABLE4_BUDGET_S - SECONDS))
+    [ "$left" -gt 60 ] || break
+    case $v in
+      bf16) set -- ;;
+      *) set -- --model-format awq ;;
+    esac
+    HOTLOOP_W4A16_KERNEL=${v/bf16/triton} timeout "$left" python3 "$here/step_kernels.py" --model llama3-8b --load-format dummy \
+      --dtype bfloat16 --batch-size "${W4_STEPS_BATCH:-256}" --input-len 1024 --output-len 160 --session-len 2048 \
+      --max-batch-size "${W4_STEPS_BATCH:-256}" --max-prefill-token-num 16384 --top 40 "$@" \
+      --out "$out/w4steps_$v.json" >"$out/w4steps_$v.log" 2>&1
+    echo "[w4steps $v] rc=$?"
+    grep -vE "Warning|warn" "$out/w4steps_$v.log" | tail -45 | cut -c1-150
+  done
   exit 0
 fi
 if [ "$what" = buckets ]; then  # one GPU: the serving mix's padding (1,024 + 16 tokens) by prefill buckets
