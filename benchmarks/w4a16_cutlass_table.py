@@ -15,6 +15,11 @@ launch finds its weight in L2), less the same graph without them; best of 3. Per
 four projections of a layer times 32 layers (one decode step's GEMMs). Floors, measured in the same
 run (``run_gpu.measure_ceilings``): the int4 weight bytes (with bf16 scales and zero terms) over the
 copy rate, and the FLOPs over bf16 ``torch.matmul``'s rate at 8,192^3. Random weights: the speed does not depend on the values.
+
+Caveat (fifty-second session, H100, batch 256): inside an engine decode step (``step_kernels.py``,
+``gpu_check.sh w4steps``) cuBLAS's projections took 6.43 ms against this table's 7.016 ms for
+``F.linear``, while CUTLASS's matched it (5.96 against 5.957 ms). This table overstates bf16's cost by
+about 8% there; read a margin under that as level, and confirm one with ``w4steps``.
 """
 
 from __future__ import annotations
