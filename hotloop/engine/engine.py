@@ -584,13 +584,24 @@ class Engine:
         if len(token_ids) < 2:
             raise RequestError("scoring needs at least two tokens", param="input_ids")
         self._stash += self.sync()  # the runner's input buffers must be free; outputs wait for step()
-        self.validate(token_ids[:-1], GenerationConfig(max_new_tokens=1))
-        last, vocab = token_ids[-1], self.model_config.vocab_size
-        if isinstance(last, bool) or not isinstance(last, int) or not 0 <= last < vocab:
+        # every token goes through the cache, the last one included: the limit is on them all
+        limit, n = self.max_tokens_per_request, len(token_ids)
+        if n > limit:
+            where = (
+                f"session_len={self.session_len}"
+                if limit == self.session_len
+                else f"the KV cache's {limit} tokens (session_len={self.session_len})"
+            )
             raise RequestError(
-                f"input_ids[{len(token_ids) - 1}] = {last!r} is not a token id in [0, {vocab})",
+                f"input_ids has {n} tokens, which exceeds {where}; score at most {limit} tokens",
                 param="input_ids",
             )
+        vocab = self.model_config.vocab_size
+        for i, t in enumerate(token_ids):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise RequestError(
+                    f"input_ids[{i}] = {t!r} is not a token id in [0, {vocab})", param="input_ids"
+                )
         req = Request(f"score-{id(token_ids)}", list(token_ids), GenerationConfig(max_new_tokens=1))
         if self.block_manager.blocks_for(len(token_ids)) > self.block_manager.num_free_blocks:
             raise RequestError(
