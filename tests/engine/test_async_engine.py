@@ -8,8 +8,9 @@ import threading
 import time
 
 import pytest
+from toy_engine import toy_model_config
 
-from hotloop.config import CacheConfig, ModelConfig, SchedulerConfig
+from hotloop.config import CacheConfig, SchedulerConfig
 from hotloop.engine.async_engine import AsyncEngine, EngineDeadError
 from hotloop.engine.engine import Engine
 from hotloop.engine.outputs import SampledToken
@@ -50,18 +51,7 @@ class Executor:
 
 
 def make_engine(num_blocks: int = 32) -> Engine:
-    mc = ModelConfig(
-        path="toy",
-        architecture="Toy",
-        hf_config=None,
-        num_layers=1,
-        num_kv_heads=1,
-        head_dim=4,
-        vocab_size=27,
-        max_position_embeddings=128,
-        dtype="float32",
-        eos_token_ids=(EOS,),
-    )
+    mc = toy_model_config(27, 128, EOS, head_dim=4)
     return Engine(
         Executor(),
         Tokenizer(),

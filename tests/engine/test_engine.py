@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from toy_engine import toy_model_config
 
-from hotloop.config import CacheConfig, ModelConfig, SchedulerConfig
+from hotloop.config import CacheConfig, SchedulerConfig
 from hotloop.engine.engine import Engine
 from hotloop.engine.outputs import RequestOutput, SampledToken
 from hotloop.engine.request import Request
@@ -52,18 +53,7 @@ def make_engine(
     session_len: int = 64,
     reserve: float = 1.0,
 ) -> Engine:
-    mc = ModelConfig(
-        path="toy",
-        architecture="Toy",
-        hf_config=None,
-        num_layers=1,
-        num_kv_heads=1,
-        head_dim=8,
-        vocab_size=VOCAB,
-        max_position_embeddings=session_len,
-        dtype="float32",
-        eos_token_ids=(EOS,),
-    )
+    mc = toy_model_config(VOCAB, session_len, EOS)
     return Engine(
         ScriptedExecutor(script),
         CharTokenizer(),

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from toy_engine import toy_model_config
 
-from hotloop.config import CacheConfig, ModelConfig, SchedulerConfig
+from hotloop.config import CacheConfig, SchedulerConfig
 from hotloop.engine.block_manager import BlockManager
 from hotloop.engine.engine import Engine
 from hotloop.engine.outputs import SampledToken
@@ -112,18 +113,7 @@ def make_engine(
     prefix: bool = False,
     max_batch_size: int = 4,
 ) -> Engine:
-    mc = ModelConfig(
-        path="toy",
-        architecture="Toy",
-        hf_config=None,
-        num_layers=1,
-        num_kv_heads=1,
-        head_dim=8,
-        vocab_size=VOCAB,
-        max_position_embeddings=session_len,
-        dtype="float32",
-        eos_token_ids=(EOS,),
-    )
+    mc = toy_model_config(VOCAB, session_len, EOS)
     ex = KVExecutor() if mode == "plain" else OverlapKVExecutor()
     e = Engine(
         ex,
