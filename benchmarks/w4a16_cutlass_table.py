@@ -18,7 +18,8 @@ copy rate, and the FLOPs over bf16 ``torch.matmul``'s rate at 8,192^3. Random we
 
 Caveat (fifty-second session, H100, batch 256): inside an engine decode step (``step_kernels.py``,
 ``gpu_check.sh w4steps``) cuBLAS's projections took 6.43 ms against this table's 7.016 ms for
-``F.linear``, while CUTLASS's matched it (5.96 against 5.957 ms). This table overstates bf16's cost by
+``F.linear`` (measured on another H100 of the same kind), while CUTLASS's matched it (5.96 against
+5.957 ms). This table overstates bf16's cost by
 about 8% there; read a margin under that as level, and confirm one with ``w4steps``.
 """
 
