@@ -188,7 +188,13 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         tools.names = set(tool_calls.function_names(body.tools))
     if mode == "forced":
         assert body.tools is not None
-        schema, tools.name = tool_calls.forced_schema(body.tools, body.tool_choice, body.parallel_tool_calls)
+        try:
+            schema, tools.name = tool_calls.forced_schema(
+                body.tools, body.tool_choice, body.parallel_tool_calls
+            )
+        except ValueError as e:
+            message, param = e.args
+            raise APIError(400, message, param, "invalid_value") from None
         where = tool_calls.schema_param(body.tools, tools.name)
         try:
             params = dataclasses.replace(params, response_format="json_schema", json_schema=schema)

@@ -215,28 +215,55 @@ def schema_param(tools: list[dict[str, Any]], name: str | None) -> str:
     return f"tools[{i}].function.parameters"
 
 
+_DEFS_KEYS = ("$defs", "definitions")
+
+
 def forced_schema(
     tools: list[dict[str, Any]], tool_choice: Any, parallel: bool = True
 ) -> tuple[str, str | None]:
     """(JSON schema text, the named function or None) that constrain a forced call: the named
     function's parameters, or for ``"required"`` a non-empty array of ``{"name", "parameters"}``
-    objects, one shape per tool (one item only without ``parallel`` calls)."""
+    objects, one shape per tool (one item only without ``parallel`` calls), with the tools'
+    ``$defs`` / ``definitions`` at its root. Raises ValueError (message, param) where two tools
+    define one name differently."""
     if isinstance(tool_choice, dict):
         name = tool_choice["function"]["name"]
         tool = next(t for t in tools if t["function"]["name"] == name)
         return json.dumps(_parameters(tool)), name
-    shapes = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "enum": [t["function"]["name"]]},
-                "parameters": _parameters(t),
-            },
-            "required": ["name", "parameters"],
-        }
-        for t in tools
-    ]
-    array: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": shapes}}
+    shapes = []
+    # A tool's root-relative references ("#/$defs/X", "#/definitions/X") would not resolve once its
+    # parameters sit inside the array's items, so its definitions move to the array's root (as vLLM
+    # does); two tools that define one name differently cannot share it.
+    hoisted: dict[str, dict[str, Any]] = {}
+    for i, t in enumerate(tools):
+        params = dict(_parameters(t))
+        for key in _DEFS_KEYS:
+            defs = params.pop(key, None)
+            if defs is None:
+                continue
+            if not isinstance(defs, dict):
+                raise ValueError(f"tools[{i}].function.parameters.{key} must be an object", f"tools[{i}]")
+            into = hoisted.setdefault(key, {})
+            for name, d in defs.items():
+                if name in into and into[name] != d:
+                    raise ValueError(
+                        f"tools[{i}].function.parameters.{key}.{name} differs from another tool's definition "
+                        f"of the same name; with tool_choice='required' every tool's definitions share one "
+                        f"schema: rename one of them",
+                        f"tools[{i}]",
+                    )
+                into[name] = d
+        shapes.append(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "enum": [t["function"]["name"]]},
+                    "parameters": params,
+                },
+                "required": ["name", "parameters"],
+            }
+        )
+    array: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": shapes}, **hoisted}
     if not parallel:
         array["maxItems"] = 1
     return json.dumps(array), None

@@ -180,6 +180,39 @@ def test_forced_schema_and_calls() -> None:
     assert json.loads(one)["maxItems"] == 1 and "maxItems" not in s
 
 
+def _person(name: str, city_type: str = "string") -> dict[str, Any]:
+    """A tool as ``openai.pydantic_function_tool`` writes one for a nested model: a ``$ref`` into
+    the parameters' own ``$defs``."""
+    address = {"type": "object", "properties": {"city": {"type": city_type}}, "required": ["city"]}
+    params = {
+        "$defs": {"Address": address},
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/Address"}},
+        "required": ["name", "address"],
+    }
+    return {"type": "function", "function": {"name": name, "parameters": params}}
+
+
+def test_required_hoists_each_tools_defs_to_the_root() -> None:
+    xgrammar = pytest.importorskip("xgrammar")
+    schema, _ = tc.forced_schema([_person("a"), _person("b"), WEATHER], "required")
+    s = json.loads(schema)
+    # the references stay root-relative, and the root holds what they name
+    assert s["$defs"] == {"Address": _person("a")["function"]["parameters"]["$defs"]["Address"]}
+    shapes = s["items"]["anyOf"]
+    assert all("$defs" not in x["properties"]["parameters"] for x in shapes)
+    assert shapes[0]["properties"]["parameters"]["properties"]["address"] == {"$ref": "#/$defs/Address"}
+    xgrammar.Grammar.from_json_schema(schema)  # (raised "Cannot find field '$defs'" before)
+    # the tool itself is not changed
+    assert "$defs" in _person("a")["function"]["parameters"]
+    with pytest.raises(ValueError) as e:
+        tc.forced_schema([_person("a"), _person("b", city_type="integer")], "required")
+    assert e.value.args[1] == "tools[1]" and "$defs.Address" in e.value.args[0]
+    # a named function keeps its parameters whole (its own root)
+    one, name = tc.forced_schema([_person("a")], {"type": "function", "function": {"name": "a"}})
+    assert name == "a" and json.loads(one) == _person("a")["function"]["parameters"]
+
+
 # -- the route, over the toy engine ---------------------------------------------------------------
 def _chat(say: str, **kw: Any) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": f"SAY:{say}"}], "tools": [WEATHER, TIME], **kw}
@@ -280,6 +313,9 @@ def test_tool_errors_over_http() -> None:
             assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
             r = await c.post("/v1/chat/completions", json=_chat("x", tools=[{"type": "function"}]))
             assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0]"
+            clash = [_person("a"), _person("b", city_type="integer")]
+            r = await c.post("/v1/chat/completions", json=_chat("x", tools=clash, tool_choice="required"))
+            assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1]"
             # tool_choice none: the tools are shown to the template, the reply is plain text
             r = await c.post("/v1/chat/completions", json=_chat(CALL, tool_choice="none"))
             assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == CALL
