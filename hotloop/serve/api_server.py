@@ -27,7 +27,7 @@ from hotloop.serve import chat, completions, native
 from hotloop.serve.errors import error_response, install_error_handlers
 from hotloop.serve.gate import GateMiddleware, JSONByDefault
 from hotloop.serve.metrics import CONTENT_TYPE
-from hotloop.serve.openai_protocol import ModelList
+from hotloop.serve.openai_protocol import ModelCard, ModelList
 from hotloop.serve.state import ServerArgs, ServerState
 from hotloop.utils.logging import get_logger, set_log_level
 
@@ -83,27 +83,17 @@ def _add_basic_routes(app: FastAPI, state: ServerState) -> None:
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/v1/models", response_model=ModelList)
-    async def models() -> dict[str, Any]:
-        card = {
-            "id": state.model_name,
-            "object": "model",
-            "owned_by": "hotloop",
-            "root": str(state.built.model_path),
-            "max_model_len": state.context_limit,
-        }
-        return {"object": "list", "data": [card]}
+    # one card for both routes; ``created`` is when this app was made (not each response's time)
+    card = ModelCard(id=state.model_name, root=str(state.built.model_path), max_model_len=state.context_limit)
 
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str) -> dict[str, Any]:
+    @app.get("/v1/models", response_model=ModelList)
+    async def models() -> ModelList:
+        return ModelList(data=[card])
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard)
+    async def model(model_id: str) -> ModelCard:
         state.check_model(model_id)
-        return {
-            "id": state.model_name,
-            "object": "model",
-            "owned_by": "hotloop",
-            "root": str(state.built.model_path),
-            "max_model_len": state.context_limit,
-        }
+        return card
 
     @app.get("/", include_in_schema=False)
     async def root(_: Request) -> dict[str, Any]:

@@ -21,8 +21,15 @@ from hotloop.serve.chat_template import ChatTemplateError, encode_messages
 from hotloop.serve.errors import APIError, error_body
 from hotloop.serve.jobs import SSE_DONE, EventStreamResponse, GenerationJob, run_until_disconnect, sse
 from hotloop.serve.logprobs import chat_logprobs, vllm_prompt_logprobs
-from hotloop.serve.openai_protocol import ChatCompletionRequest, ChatCompletionResponse, ChatMessage, TextPart
+from hotloop.serve.openai_protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessage,
+    RefusalPart,
+    TextPart,
+)
 from hotloop.serve.params import (
+    check_extensions,
     check_stream_fields,
     choice_seed,
     resolve_max_tokens,
@@ -58,6 +65,18 @@ def message_dicts(
                     url = part.image_url  # type: ignore[union-attr]
                     images.append(url if isinstance(url, str) else url.url)
                     texts.append(placeholder)
+                    continue
+                if part.type == "refusal":
+                    where = f"messages[{i}].content[{j}]"
+                    if m.role != "assistant":
+                        raise APIError(
+                            400,
+                            f"{where} is a refusal part; only assistant messages hold one",
+                            where,
+                            "invalid_value",
+                        )
+                    _check_unicode(part.refusal, f"{where}.refusal")  # type: ignore[union-attr]
+                    texts.append(part.refusal)  # type: ignore[union-attr]
                     continue
                 if part.type != "text":
                     why = (
@@ -104,7 +123,11 @@ def _template_call(call: Any) -> Any:
 def _text_chars(content: str | list[Any] | None) -> int:
     if isinstance(content, str):
         return len(content)
-    return sum(len(p.text) for p in content or () if isinstance(p, TextPart))
+    return sum(
+        len(p.text) if isinstance(p, TextPart) else len(p.refusal)
+        for p in content or ()
+        if isinstance(p, TextPart | RefusalPart)
+    )
 
 
 def encode_chat(
@@ -146,21 +169,30 @@ def _tool_mode(state: ServerState, body: ChatCompletionRequest) -> str:
     except ValueError as e:
         message, param = e.args
         raise APIError(400, message, param, "invalid_value") from None
-    if mode == "forced" and body.response_format is not None and body.response_format.type != "text":
+    constrained = None
+    if body.response_format is not None and body.response_format.type != "text":
+        constrained = "response_format"
+    elif body.guided_json is not None:
+        constrained = "guided_json"
+    if mode == "forced" and constrained is not None:
         raise APIError(
             400,
             "a forced tool call (tool_choice required or a named function) constrains the reply itself; "
-            "it cannot be combined with response_format",
-            "response_format",
+            f"it cannot be combined with {constrained}",
+            constrained,
             "invalid_value",
         )
     return mode
 
 
 def _check_unsupported(body: ChatCompletionRequest) -> None:
-    if body.top_logprobs is not None and not body.logprobs:
-        raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs", "invalid_value")
+    # (0 asks for nothing and passes without logprobs, as vLLM lets it)
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(
+            400, f"top_logprobs={body.top_logprobs} needs logprobs=true", "top_logprobs", "invalid_value"
+        )
     check_stream_fields(body)
+    check_extensions(body)
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse)

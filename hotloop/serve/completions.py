@@ -31,6 +31,7 @@ from hotloop.serve.logprobs import (
 )
 from hotloop.serve.openai_protocol import CompletionRequest, CompletionResponse
 from hotloop.serve.params import (
+    check_extensions,
     check_stream_fields,
     choice_seed,
     resolve_max_tokens,
@@ -72,6 +73,7 @@ def _prompts(state: ServerState, prompt: Any, echo: bool = True) -> list[tuple[l
 
 def _check_unsupported(body: CompletionRequest) -> None:
     check_stream_fields(body)
+    check_extensions(body)
     if body.suffix:
         raise APIError(400, "suffix is not supported", "suffix", "unsupported_parameter")
     if body.best_of is not None and body.best_of != body.n:
@@ -129,7 +131,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
         subs.extend((ids, choice_seed(params if j == 0 else rest, j)) for j in range(body.n))
     request_id = f"cmpl-{uuid.uuid4().hex}"
     if body.stream:
-        job = await GenerationJob.start(state, request_id, subs)
+        job = await GenerationJob.start(state, request_id, subs, score_only=body.max_tokens == 0)
         return EventStreamResponse(_stream(state, body, job, request_id, prompts), job.close)
     return await run_until_disconnect(request, _complete(state, body, subs, request_id, prompts))
 
@@ -152,7 +154,7 @@ async def _complete(
     request_id: str,
     prompts: list[tuple[list[int], str]],
 ) -> Response | dict[str, Any]:
-    job = await GenerationJob.start(state, request_id, subs)
+    job = await GenerationJob.start(state, request_id, subs, score_only=body.max_tokens == 0)
     n = len(subs)
     texts = [prompts[i // body.n][1] if body.echo else "" for i in range(n)]
     accs = [CompletionLogprobAccumulator(state, body.logprobs or 0, len(texts[i])) for i in range(n)]

@@ -36,6 +36,7 @@ class GenerationJob:
         streams: list[RequestStream],
         release: Callable[[], None],
         choice_of: Sequence[bool] = (),
+        score_only: bool = False,
     ) -> None:
         self.state = state
         self.streams = streams
@@ -44,6 +45,9 @@ class GenerationJob:
         # per stream: True for the second and later choices of one prompt (n > 1), whose prompt
         # tokens the metrics do not count again (usage reports them once too)
         self._repeat = list(choice_of) or [False] * len(streams)
+        # a score-only request (/v1/completions with max_tokens 0) drops the one token it generates,
+        # and neither its usage nor the metrics count it
+        self._score_only = score_only
 
     @classmethod
     async def start(
@@ -53,6 +57,7 @@ class GenerationJob:
         submissions: list[tuple[list[int], GenerationConfig]],
         native: bool = False,
         mm_inputs: Sequence[Any] = (),
+        score_only: bool = False,
     ) -> GenerationJob:
         """Wait for a concurrency slot, then submit every ``(prompt_ids, params)`` at once
         (``mm_inputs``: the prompt's images, shared by every submission). JSON grammars are
@@ -86,7 +91,7 @@ class GenerationJob:
         for ids, _ in submissions:  # the choices of one prompt share its id list
             repeat.append(id(ids) in seen)
             seen.add(id(ids))
-        job = cls(state, streams, release, repeat)
+        job = cls(state, streams, release, repeat, score_only)
         state.jobs.add(job)
         return job
 
@@ -130,7 +135,9 @@ class GenerationJob:
         try:
             for s, repeat in zip(self.streams, self._repeat, strict=True):
                 s.close()
-                self.state.metrics.observe_stream(s, count_prompt=not repeat)
+                self.state.metrics.observe_stream(
+                    s, count_prompt=not repeat, count_generated=not self._score_only
+                )
         finally:
             self._release()
 

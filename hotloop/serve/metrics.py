@@ -123,14 +123,18 @@ class ServerMetrics:
         total = self.engine.num_total_blocks
         return 1.0 - self.engine.num_free_blocks / total if total else 0.0
 
-    def observe_stream(self, s: RequestStream, count_prompt: bool = True) -> None:
+    def observe_stream(
+        self, s: RequestStream, count_prompt: bool = True, count_generated: bool = True
+    ) -> None:
         """Record one request whose stream ended (finished, aborted, or failed). ``count_prompt``
-        False: another choice (``n`` > 1) of the same prompt already counted its prompt tokens."""
+        False: another choice (``n`` > 1) of the same prompt already counted its prompt tokens.
+        ``count_generated`` False: a score-only request, whose generated token is dropped."""
         reason = s.finish_reason or "error"
         self.request_success.labels(finished_reason=reason).inc()
         if count_prompt:
             self.prompt_tokens.inc(s.num_prompt_tokens)
-        self.generation_tokens.inc(s.num_generated_tokens)
+        if count_generated:
+            self.generation_tokens.inc(s.num_generated_tokens)
         if s.first_token_time is not None:
             self.ttft.observe(max(0.0, s.first_token_time - s.arrival_time))
         for gap in s.inter_token_latencies:

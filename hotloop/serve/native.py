@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from hotloop.engine.async_engine import EngineDeadError
 from hotloop.engine.outputs import RequestOutput
-from hotloop.messages import GenerationConfig, RequestError
+from hotloop.messages import MAX_SEED, GenerationConfig, RequestError
 from hotloop.serve.chat import encode_chat
 from hotloop.serve.chat_template import ChatTemplateError, encode_messages
 from hotloop.serve.errors import APIError, error_body, from_request_error
@@ -104,6 +104,8 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         state.check_token_ids(body.stop_token_ids, "stop_token_ids")
     try:
         fields = {k: getattr(body, k) for k in _GEN_FIELDS}
+        if body.random_seed is not None:  # any int64 / uint64, as the OpenAI routes take seed
+            fields["random_seed"] = body.random_seed % MAX_SEED
         response_format, json_schema = response_format_fields(body)
         params = GenerationConfig(
             max_new_tokens=max_new, response_format=response_format, json_schema=json_schema, **fields
@@ -196,7 +198,13 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
         ids = await state.tokenize_off_loop(encode_chat, state, body.messages, body.add_generation_prompt)
     else:
         assert body.prompt is not None
-        ids = await state.tokenize_off_loop(state.encode, body.prompt, "prompt", body.add_special_tokens)
+        ids = await state.tokenize_off_loop(
+            state.encode,
+            body.prompt,
+            "prompt",
+            body.add_special_tokens,
+            True,  # count_only
+        )
     return {"tokens": ids, "count": len(ids), "max_model_len": state.context_limit}
 
 

@@ -85,6 +85,13 @@ class _SamplingFields(_Body):
     # vLLM's extension: each prompt token's logprob given the tokens before it, its rank and the
     # top-k alternatives (non-streaming responses only)
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    # vLLM's structured-output extensions: guided_json is response_format json_schema by another
+    # name; the others are refused by name (params.check_extensions), not silently ignored
+    guided_json: dict[str, Any] | str | None = None
+    guided_choice: Any = None
+    guided_regex: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
 
 
 # -- chat ----------------------------------------------------------------------------------------
@@ -108,7 +115,14 @@ class AudioPart(_Body):
     input_audio: dict[str, Any]
 
 
-ContentPart = Annotated[TextPart | ImagePart | AudioPart, Field(discriminator="type")]
+class RefusalPart(_Body):
+    """An earlier assistant turn's refusal (OpenAI's assistant content parts: text or refusal)."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+ContentPart = Annotated[TextPart | ImagePart | AudioPart | RefusalPart, Field(discriminator="type")]
 
 
 class ChatMessage(_Body):
@@ -136,6 +150,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Any = None
     parallel_tool_calls: bool = True  # False: at most one call per reply
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # (vLLM's; refused when true: params.check_extensions)
 
 
 class ChatLogprobTop(BaseModel):

@@ -7,6 +7,7 @@ OpenAI semantics: ``temperature`` defaults to 1.0 and 0 means greedy; ``top_k`` 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from hotloop.messages import MAX_SEED, GenerationConfig, RequestError
 from hotloop.serve.errors import APIError, from_request_error
@@ -99,6 +100,27 @@ def response_format_fields(body: _SamplingFields | GenerateRequest) -> tuple[str
     object), ``json_schema`` with the schema as JSON text (OpenAI's ``{"name", "schema", "strict"}``
     wrapper, or a bare schema), or ``(None, None)`` for free text."""
     rf = body.response_format
+    guided = getattr(body, "guided_json", None)
+    if guided is not None:
+        if rf is not None and rf.type != "text":
+            raise APIError(
+                400, "send one of response_format and guided_json, not both", "guided_json", "invalid_value"
+            )
+        schema: Any = guided
+        if isinstance(guided, str):
+            try:
+                schema = json.loads(guided)
+            except ValueError:
+                schema = None
+        if not isinstance(schema, dict) or not schema:
+            raise APIError(
+                400,
+                "guided_json must be a JSON Schema object (or its JSON text), e.g. "
+                '{"type": "object", "properties": {...}, "required": [...]}',
+                "guided_json",
+                "invalid_value",
+            )
+        return "json_schema", json.dumps(schema)
     if rf is None or rf.type == "text":
         return None, None
     if rf.type == "json_object":
@@ -114,6 +136,30 @@ def response_format_fields(body: _SamplingFields | GenerateRequest) -> tuple[str
             "invalid_value",
         )
     return "json_schema", json.dumps(schema)
+
+
+# vLLM's request extensions hotloop does not implement, and what to send instead
+_UNSUPPORTED_EXTENSIONS = {
+    "guided_choice": "constrain the output with response_format json_schema, e.g. an enum",
+    "guided_regex": "constrain the output with response_format json_schema (a string's pattern)",
+    "guided_grammar": "constrain the output with response_format json_schema",
+    "structured_outputs": "send response_format json_schema (or guided_json)",
+}
+
+
+def check_extensions(body: _SamplingFields) -> None:
+    """vLLM's extension fields that hotloop does not implement get a 400 naming them: ignoring one
+    would return unconstrained output as if it had been honoured."""
+    for field, instead in _UNSUPPORTED_EXTENSIONS.items():
+        if getattr(body, field, None) is not None:
+            raise APIError(400, f"{field} is not supported: {instead}", field, "unsupported_parameter")
+    if getattr(body, "continue_final_message", False):
+        raise APIError(
+            400,
+            "continue_final_message is not supported: the reply always starts a new assistant turn",
+            "continue_final_message",
+            "unsupported_parameter",
+        )
 
 
 def check_stream_fields(body: _SamplingFields) -> None:

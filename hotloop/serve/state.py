@@ -21,6 +21,10 @@ from hotloop.utils.text import unicode_error
 from hotloop.vl.image import ImageFetchPolicy
 from hotloop.vl.processor import VLProcessor, build_vl_processor
 
+# /tokenize counts text that need not fit the context; this bounds the seconds one request may hold
+# the tokenizing thread (about 8 MiB of text)
+TOKENIZE_MAX_CHARS = 2**23
+
 
 @dataclass(frozen=True)
 class ServerArgs:
@@ -179,11 +183,12 @@ class ServerState:
         """``fn(*args)`` on the tokenizing thread (see ``__init__``)."""
         return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn, *args)
 
-    def check_text_length(self, n_chars: int, param: str) -> None:
+    def check_text_length(self, n_chars: int, param: str, count_only: bool = False) -> None:
         """A 400 for text far too long to fit the context, before it is tokenized (tokenizing
         megabytes takes seconds on the one tokenizing thread, which every other request waits for).
         No token holds more characters than the vocabulary's longest token, so text longer than the
-        context limit times that (twice over, for normalizers) cannot fit."""
+        context limit times that (twice over, for normalizers) cannot fit. ``count_only`` (``/tokenize``,
+        which counts text that need not fit) allows up to ``TOKENIZE_MAX_CHARS`` whatever the context."""
         if self._max_text_chars is None:
             if self._byte_table is None:
                 self._byte_table = byte_table(self.tokenizer, skip_special_tokens=False) or []
@@ -192,7 +197,16 @@ class ServerState:
                 vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
                 longest = max((len(t) for t in vocab), default=64)
             self._max_text_chars = 2 * max(longest, 1) * self.context_limit
-        if n_chars > self._max_text_chars:
+        if count_only:
+            limit = max(self._max_text_chars, TOKENIZE_MAX_CHARS)
+            if n_chars > limit:
+                raise APIError(
+                    400,
+                    f"{param} has {n_chars} characters; /tokenize takes at most {limit}: count it in parts",
+                    param,
+                    "invalid_value",
+                )
+        elif n_chars > self._max_text_chars:
             raise APIError(
                 400,
                 f"{param} has {n_chars} characters, far more than the context limit of {self.context_limit} "
@@ -201,10 +215,12 @@ class ServerState:
                 "context_length_exceeded",
             )
 
-    def encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(
+        self, text: str, param: str, add_special_tokens: bool = True, count_only: bool = False
+    ) -> list[int]:
         """Token ids of ``text`` (field ``param``); text that is not valid Unicode, or far too long
-        for the context (``check_text_length``), is a 400."""
-        self.check_text_length(len(text), param)
+        for the context (``check_text_length``; ``count_only`` for ``/tokenize``), is a 400."""
+        self.check_text_length(len(text), param, count_only)
         problem = unicode_error(text, param)
         if problem is not None:
             raise APIError(400, problem, param, "invalid_value")

@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx2 as httpx
+import pytest
 from fake_engine import make_built
 
+from hotloop.serve import state as state_module
 from hotloop.serve.api_server import ServerArgs, create_app
 from hotloop.serve.gate import key_is_valid
 from hotloop.serve.state import ServerState
@@ -383,7 +385,7 @@ def test_a_prompt_with_no_room_names_the_prompt_not_max_tokens() -> None:
     run(main())
 
 
-def test_text_far_too_long_is_refused_before_it_is_tokenized() -> None:
+def test_text_far_too_long_is_refused_before_it_is_tokenized(monkeypatch: pytest.MonkeyPatch) -> None:
     async def main() -> None:
         async with app_client() as (c, state):
             calls = []
@@ -393,7 +395,6 @@ def test_text_far_too_long_is_refused_before_it_is_tokenized() -> None:
             for path, body, param in (
                 ("/v1/completions", {"prompt": huge, "max_tokens": 2}, "prompt"),
                 ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}, "messages"),
-                ("/tokenize", {"prompt": huge}, "prompt"),
             ):
                 r = await c.post(path, json=body)
                 err = r.json()["error"]
@@ -402,6 +403,18 @@ def test_text_far_too_long_is_refused_before_it_is_tokenized() -> None:
             assert not calls, "the huge text was tokenized"
             r = await c.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2})
             assert r.status_code == 200
+            # /tokenize counts text that need not fit (as vLLM's does), up to its own bound
+            calls.clear()
+            r = await c.post("/tokenize", json={"prompt": huge})
+            assert r.status_code == 200 and r.json()["count"] > r.json()["max_model_len"], r.text
+            assert calls == [len(huge)]
+            monkeypatch.setattr(state_module, "TOKENIZE_MAX_CHARS", 1000)
+            r = await c.post("/tokenize", json={"prompt": huge})
+            err = r.json()["error"]
+            assert (
+                r.status_code == 400 and err["param"] == "prompt" and "1000000 characters" in err["message"]
+            )
+            assert calls == [len(huge)], "the refused text was tokenized"
 
     run(main())
 
@@ -451,6 +464,91 @@ def test_json_grammar_is_compiled_off_the_event_loop_and_its_absence_is_a_400() 
             err = r.json()["error"]
             assert r.status_code == 400 and err["param"] == "response_format" and "xgrammar" in err["message"]
             assert threads and threads[0] is not threading.main_thread()
+            assert state.engine.num_free_blocks == state.engine.num_total_blocks
+
+    run(main())
+
+
+def test_openai_and_vllm_fields_a_switching_client_sends() -> None:
+    """Fields of the OpenAI API and vLLM's extensions that clients send: each is honoured, or refused
+    by name; none is silently ignored."""
+    from hotloop.messages import RequestError
+
+    async def main() -> None:
+        async with app_client(session_len=512, num_blocks=64) as (c, state):
+            chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}
+            # top_logprobs 0 asks for nothing: accepted without logprobs (vLLM); above 0 it needs them
+            r = await c.post("/v1/chat/completions", json={**chat, "top_logprobs": 0})
+            assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None, r.text
+            r = await c.post("/v1/chat/completions", json={**chat, "top_logprobs": 2})
+            err = r.json()["error"]
+            assert (
+                r.status_code == 400 and err["param"] == "top_logprobs" and "logprobs=true" in err["message"]
+            )
+            # an assistant turn's refusal part is its text; in a user turn it is a 400 naming the part
+            refusal = {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}
+            msgs = [{"role": "user", "content": "a"}, refusal, {"role": "user", "content": "b"}]
+            r = await c.post("/v1/chat/completions", json={**chat, "messages": msgs})
+            assert r.status_code == 200, r.text
+            bad = [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]
+            r = await c.post("/v1/chat/completions", json={**chat, "messages": bad})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0]", r.text
+            # vLLM's extensions hotloop lacks are refused by name, on both routes
+            for field, value in (
+                ("guided_choice", ["yes", "no"]),
+                ("guided_regex", "[a-z]+"),
+                ("guided_grammar", "root ::= 'a'"),
+                ("structured_outputs", {"choice": ["a"]}),
+            ):
+                for path, body in (("/v1/chat/completions", chat), ("/v1/completions", {"prompt": "x"})):
+                    r = await c.post(path, json={**body, field: value})
+                    err = r.json()["error"]
+                    assert r.status_code == 400 and err["param"] == field, (path, r.text)
+                    assert err["code"] == "unsupported_parameter"
+            r = await c.post("/v1/chat/completions", json={**chat, "continue_final_message": True})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
+            r = await c.post("/v1/chat/completions", json={**chat, "continue_final_message": False})
+            assert r.status_code == 200
+            # guided_json is response_format json_schema by another name (a dict or its JSON text); the
+            # toy tokenizer has no vocabulary for xgrammar, so a spy records the schema and stops there
+            schemas: list[str | None] = []
+            compiled = state.engine.json_grammar.compiled
+
+            def spy(schema: str | None = None) -> object:
+                schemas.append(schema)
+                raise RequestError("(the test stops here)", param="response_format")
+
+            state.engine.json_grammar.compiled = spy  # type: ignore[method-assign]
+            schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+            for guided in (schema, json.dumps(schema)):
+                r = await c.post("/v1/chat/completions", json={**chat, "guided_json": guided})
+                assert "(the test stops here)" in r.text, r.text
+                assert json.loads(schemas.pop() or "null") == schema
+            state.engine.json_grammar.compiled = compiled  # type: ignore[method-assign]
+            both = {"guided_json": schema, "response_format": {"type": "json_object"}}
+            r = await c.post("/v1/chat/completions", json={**chat, **both})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "guided_json"
+            r = await c.post("/v1/completions", json={"prompt": "x", "guided_json": "{not json"})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "guided_json"
+            # the model card: one `created` (the server's), on the list and the single route alike
+            listed = (await c.get("/v1/models")).json()["data"][0]
+            one = (await c.get(f"/v1/models/{listed['id']}")).json()
+            assert one == listed and isinstance(one["created"], int)
+            # /generate's random_seed: any int64 / uint64, as the OpenAI routes take seed
+            gen = {"input_ids": [1, 2], "max_new_tokens": 2, "do_sample": True}
+            r = await c.post("/generate", json={**gen, "random_seed": -1})
+            assert r.status_code == 200, r.text
+
+            # a score-only completion (max_tokens 0, echo) generates no token, in usage or metrics
+            def generated() -> float:
+                return float(state.metrics.generation_tokens._value.get())
+
+            before = generated()
+            r = await c.post("/v1/completions", json={"prompt": "abc", "max_tokens": 0, "echo": True, "n": 3})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 0, r.text
+            assert generated() == before
+            r = await c.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2})
+            assert generated() == before + 2
             assert state.engine.num_free_blocks == state.engine.num_total_blocks
 
     run(main())
