@@ -255,6 +255,15 @@ def test_json_object_output_is_one_json_object(client, model_name) -> None:
     cat = json.loads(r.message.content)
     assert r.finish_reason == "stop" and set(cat) == {"name", "age"}, r
     assert isinstance(cat["name"], str) and isinstance(cat["age"], int)
+    # vLLM's guided_json: the same schema, the same greedy value
+    g = client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=64,
+        extra_body={"guided_json": schema},
+        **GREEDY,
+    ).choices[0]
+    assert json.loads(g.message.content) == cat, g
 
 
 def test_json_output_refuses_stop_strings_and_hides_its_end_marker(client, model_name, server) -> None:
