@@ -127,6 +127,8 @@ def response_format_fields(body: _SamplingFields | GenerateRequest) -> tuple[str
         return "json_object", None
     wrapper = rf.json_schema
     schema = wrapper.get("schema", wrapper) if isinstance(wrapper, dict) else None
+    if isinstance(wrapper, dict) and "schema" not in wrapper and ({"name", "strict"} & set(wrapper)):
+        schema = None  # OpenAI's wrapper without its schema: not a schema of {"name": ...} itself
     if not isinstance(schema, dict) or not schema:
         raise APIError(
             400,

@@ -530,6 +530,11 @@ def test_openai_and_vllm_fields_a_switching_client_sends() -> None:
             assert r.status_code == 400 and r.json()["error"]["param"] == "guided_json"
             r = await c.post("/v1/completions", json={"prompt": "x", "guided_json": "{not json"})
             assert r.status_code == 400 and r.json()["error"]["param"] == "guided_json"
+            nameless = {"type": "json_schema", "json_schema": {"name": "x"}}  # the wrapper, no schema
+            r = await c.post("/v1/chat/completions", json={**chat, "response_format": nameless})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.json_schema", (
+                r.text
+            )
             # the model card: one `created` (the server's), on the list and the single route alike
             listed = (await c.get("/v1/models")).json()["data"][0]
             one = (await c.get(f"/v1/models/{listed['id']}")).json()
