@@ -154,7 +154,8 @@ async def _complete(
     request_id: str,
     prompts: list[tuple[list[int], str]],
 ) -> Response | dict[str, Any]:
-    job = await GenerationJob.start(state, request_id, subs, score_only=body.max_tokens == 0)
+    score_only = body.max_tokens == 0  # (echo): the one generated token is dropped
+    job = await GenerationJob.start(state, request_id, subs, score_only=score_only)
     n = len(subs)
     texts = [prompts[i // body.n][1] if body.echo else "" for i in range(n)]
     accs = [CompletionLogprobAccumulator(state, body.logprobs or 0, len(texts[i])) for i in range(n)]
@@ -163,7 +164,6 @@ async def _complete(
     reasons: list[str | None] = [None] * n
     generated = [0] * n
     cached = [0] * len(prompts)
-    score_only = body.max_tokens == 0  # (echo): the one generated token is dropped
     try:
         async for i, o in job.outputs():
             if o.prompt_logprobs is not None and body.prompt_logprobs is not None:

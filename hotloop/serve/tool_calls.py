@@ -242,7 +242,8 @@ def forced_schema(
             if defs is None:
                 continue
             if not isinstance(defs, dict):
-                raise ValueError(f"tools[{i}].function.parameters.{key} must be an object", f"tools[{i}]")
+                where = f"tools[{i}].function.parameters.{key}"
+                raise ValueError(f"{where} must be an object", where)
             into = hoisted.setdefault(key, {})
             for name, d in defs.items():
                 if name in into and into[name] != d:
